@@ -1,0 +1,43 @@
+# GPUFlex tasks. `just demo` and `just test` create .venv on first use.
+
+set shell := ["bash", "-euo", "pipefail", "-c"]
+
+# Which torch to install: the CPU build by default. See README "GPU install paths".
+torch_spec := env_var_or_default("GPUFLEX_TORCH", "torch==2.13.0")
+torch_index := env_var_or_default("GPUFLEX_TORCH_INDEX", "")
+
+default:
+    @just --list
+
+# Create .venv and install GPUFlex with the chosen torch; does nothing when up to date.
+setup:
+    #!/usr/bin/env bash
+    set -euo pipefail
+    if [ ! -x .venv/bin/python ]; then python3 -m venv .venv; fi
+    want="$(cat pyproject.toml | sha256sum | cut -c1-16) {{torch_spec}} {{torch_index}}"
+    if [ -f .venv/.gpuflex-setup ] && [ "$(cat .venv/.gpuflex-setup)" = "$want" ]; then exit 0; fi
+    .venv/bin/python -m pip install --quiet --upgrade pip
+    if [ -n "{{torch_index}}" ]; then
+        .venv/bin/python -m pip install --quiet "{{torch_spec}}" --index-url "{{torch_index}}"
+    else
+        .venv/bin/python -m pip install --quiet "{{torch_spec}}"
+    fi
+    .venv/bin/python -m pip install --quiet -e '.[dev]'
+    echo "$want" > .venv/.gpuflex-setup
+
+# Run the main job on a local mesh of node processes on loopback.
+demo *ARGS: setup
+    .venv/bin/gpuflex demo {{ARGS}}
+
+# Run the whole test suite.
+test *ARGS: setup
+    .venv/bin/python -m pytest -q {{ARGS}}
+
+# Lint with ruff.
+lint: setup
+    .venv/bin/ruff check .
+    .venv/bin/ruff format --check mesh aggregation gpuflex tui tests benchmarks
+
+# Run the benchmarks and print ratios measured side by side.
+bench *ARGS: setup
+    .venv/bin/python -m benchmarks {{ARGS}}

@@ -1,0 +1,3 @@
+from gpuflex.cli.main import run
+
+run()

@@ -1,0 +1,1 @@
+"""The ``gpuflex`` command line; one module per command group."""

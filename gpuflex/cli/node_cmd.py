@@ -1,0 +1,80 @@
+"""``gpuflex keygen`` and ``gpuflex node start``."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+
+from gpuflex.cli.common import HomeOpt, emit_json, fail
+
+node_app = typer.Typer(help="Run a mesh node.", no_args_is_help=True)
+
+
+def keygen(home: Optional[str] = HomeOpt, force: bool = typer.Option(False, help="Replace an existing key."),
+           json_out: bool = typer.Option(False, "--json")) -> None:
+    """Create this node's Ed25519 identity (done automatically on first start)."""
+    from gpuflex.home import KEY_FILE, resolve_home
+    from mesh.identity import Identity, IdentityError
+
+    path = resolve_home(home) / KEY_FILE
+    try:
+        if path.exists() and not force:
+            ident, created = Identity.load(path), False
+        else:
+            ident, created = Identity.generate(), True
+            ident.save(path)
+    except (IdentityError, OSError) as exc:
+        fail(str(exc))
+    if json_out:
+        emit_json({"peer_id": ident.peer_id, "key_file": str(path), "created": created})
+    else:
+        verb = "created" if created else "exists"
+        typer.echo(f"{ident.peer_id}\n(key {verb}: {path})")
+
+
+@node_app.command("start")
+def start(
+    home: Optional[str] = HomeOpt,
+    listen: list[str] = typer.Option(["/ip4/0.0.0.0/tcp/4001"], "--listen", help="Multiaddr to listen on."),
+    announce: list[str] = typer.Option([], "--announce", help="Multiaddr to announce to peers."),
+    bootstrap: list[str] = typer.Option([], "--bootstrap", help="Multiaddr of a mesh peer (/p2p/<id> included)."),
+    client: bool = typer.Option(False, "--client", help="DHT client mode, for nodes others cannot reach."),
+    control_port: int = typer.Option(0, help="Port of the local control API on 127.0.0.1 (0: any free port)."),
+    suspect_after: float = typer.Option(4.0, help="Seconds of silence before a peer is 'suspect'."),
+    down_after: float = typer.Option(9.0, help="Seconds of silence before a peer is 'down'."),
+    log_level: str = typer.Option("info", help="debug, info, warning or error."),
+    log_format: str = typer.Option("text", help="text or json."),
+    adversary: Optional[str] = typer.Option(None, hidden=True, help="Test meshes only: behave as KIND."),
+) -> None:
+    """Start a node; it joins the mesh through --bootstrap, or starts a new mesh without one."""
+    import trio
+
+    from gpuflex import logs
+    from gpuflex.home import LOG_FILE, resolve_home
+    from gpuflex.node.runtime import NodeOptions, NodeRuntime, NodeStartError
+    from mesh.health import HealthConfig
+    from mesh.host import HostError
+    from mesh.node import BootstrapError
+
+    root = resolve_home(home)
+    if log_format not in ("text", "json"):
+        fail("--log-format must be 'text' or 'json'")
+    logs.configure(log_level, log_format, root / LOG_FILE)
+    if adversary:
+        from gpuflex.adversary import KINDS, loopback_only
+
+        if not loopback_only(listen):
+            fail("--adversary is only allowed on loopback test meshes (listen on 127.0.0.1)")
+        if adversary not in KINDS:
+            fail(f"unknown adversary {adversary!r}; choose from {', '.join(KINDS)}")
+    try:
+        health = HealthConfig(suspect_after_s=suspect_after, down_after_s=down_after)
+        runtime = NodeRuntime(NodeOptions(home=root, listen=listen, announce=announce, bootstrap=bootstrap,
+                                          client_mode=client, control_port=control_port, health=health,
+                                          adversary=adversary))
+        trio.run(runtime.serve)
+    except (NodeStartError, HostError, BootstrapError, ValueError, OSError) as exc:
+        fail(str(exc))
+    except KeyboardInterrupt:
+        typer.echo("stopped", err=True)

@@ -1,0 +1,53 @@
+"""``gpuflex peers``, ``gpuflex status`` and ``gpuflex version``: fast, read-only queries."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+
+from gpuflex.cli.common import HomeOpt, JsonOpt, ago, call_node, emit_json, hardware_summary, short
+
+
+def peers(home: Optional[str] = HomeOpt, json_out: bool = JsonOpt) -> None:
+    """List the peers this node knows, with their health and hardware."""
+    rows = call_node("peers", home=home)
+    if json_out:
+        emit_json(rows)
+        return
+    if not rows:
+        typer.echo("no peers yet")
+        return
+    typer.echo(f"{'PEER':54} {'STATE':8} {'RTT':>8} {'LAST SEEN':>10}  HARDWARE / ADDRESSES")
+    for r in rows:
+        rtt = "-" if r["rtt_ms"] is None else f"{r['rtt_ms']:.1f}ms"
+        typer.echo(f"{r['peer_id']:54} {r['state']:8} {rtt:>8} {ago(r['last_seen']):>10}  "
+                   f"{hardware_summary(r['info'])}  {' '.join(r['addrs'][:2])}")
+
+
+def status(home: Optional[str] = HomeOpt, json_out: bool = JsonOpt) -> None:
+    """Show this node's identity, mesh health and jobs."""
+    st = call_node("status", home=home)
+    if json_out:
+        emit_json(st)
+        return
+    m = st["mesh"]
+    typer.echo(f"node     {st['peer_id']}  (v{st['version']}, up {st['uptime_s']:.0f}s)")
+    typer.echo(f"home     {st['home']}")
+    for addr in st["addrs"]:
+        typer.echo(f"address  {addr}")
+    typer.echo(f"hardware {hardware_summary(st['node_info'])}")
+    typer.echo(f"mesh     {m['peers']} peers: {m['up']} up, {m['suspect']} suspect, {m['down']} down")
+    for job in st["jobs"]:
+        typer.echo(f"job      {job['job_id']} {job['name']}: {job['state']}, round {job['round']}/{job['rounds']}, "
+                   f"phase {job['phase']}, coordinator {short(job['coordinator'])}")
+
+
+def version(json_out: bool = JsonOpt) -> None:
+    """Print the GPUFlex version."""
+    from gpuflex import __version__
+
+    if json_out:
+        emit_json({"version": __version__})
+    else:
+        typer.echo(f"gpuflex {__version__}")

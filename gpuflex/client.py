@@ -1,0 +1,113 @@
+"""Synchronous client for a node's local control API (see docs/control-api.md).
+
+The CLI's query commands must start in well under a second, so this module uses only the
+standard library: no trio, no libp2p, no torch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gpuflex.home import CONTROL_FILE, TOKEN_FILE, resolve_home
+
+MAX_LINE = 1 << 20
+
+
+class ControlError(RuntimeError):
+    """The node could not be reached, or it answered with an error."""
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    host: str
+    port: int
+    token: str
+    home: Path
+
+
+def locate(home: str | os.PathLike[str] | None = None) -> Endpoint:
+    """Find a running node's API from the files in its home directory."""
+    root = resolve_home(home)
+    info_path = root / CONTROL_FILE
+    try:
+        info = json.loads(info_path.read_text())
+        token = (root / TOKEN_FILE).read_text().strip()
+    except FileNotFoundError:
+        raise ControlError(f"no node is running for home {root} (start one with 'gpuflex node start')") from None
+    except (OSError, ValueError) as exc:
+        raise ControlError(f"cannot read the control files in {root}: {exc}") from None
+    return Endpoint(str(info.get("host", "127.0.0.1")), int(info["port"]), token, root)
+
+
+class ControlClient:
+    """One connection to a node; requests are answered in order."""
+
+    def __init__(self, endpoint: Endpoint, timeout: float = 10.0) -> None:
+        self.endpoint = endpoint
+        try:
+            self._sock = socket.create_connection((endpoint.host, endpoint.port), timeout=timeout)
+        except OSError as exc:
+            raise ControlError(
+                f"no node answers for home {endpoint.home} at {endpoint.host}:{endpoint.port} ({exc.strerror or exc})"
+            ) from None
+        self._file = self._sock.makefile("rwb")
+
+    @classmethod
+    def for_home(cls, home: str | os.PathLike[str] | None = None, timeout: float = 10.0) -> ControlClient:
+        return cls(locate(home), timeout=timeout)
+
+    def close(self) -> None:
+        try:
+            self._file.close()
+        finally:
+            self._sock.close()
+
+    def __enter__(self) -> ControlClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _send(self, method: str, params: dict[str, Any] | None) -> None:
+        line = json.dumps({"token": self.endpoint.token, "method": method, "params": params or {}})
+        self._file.write(line.encode() + b"\n")
+        self._file.flush()
+
+    def _recv(self) -> Any:
+        try:
+            raw = self._file.readline(MAX_LINE + 1)
+        except (TimeoutError, OSError) as exc:
+            raise ControlError(f"the node did not answer: {exc}") from None
+        if not raw:
+            raise ControlError("the node closed the connection")
+        reply = json.loads(raw)
+        if not reply.get("ok"):
+            raise ControlError(str(reply.get("error", "unknown error")))
+        return reply.get("result")
+
+    def call(self, method: str, params: dict[str, Any] | None = None) -> Any:
+        """Send one request and return its result, raising ControlError on an error reply."""
+        self._send(method, params)
+        return self._recv()
+
+    def events(self, since: int = 0) -> Iterator[dict[str, Any]]:
+        """Yield the node's events, history first, until the connection ends."""
+        self._sock.settimeout(None)
+        self.call("events", {"since": since})
+        for raw in self._file:
+            msg = json.loads(raw)
+            if "event" in msg:
+                yield msg["event"]
+
+
+def call(method: str, params: dict[str, Any] | None = None, home: str | os.PathLike[str] | None = None,
+         timeout: float = 10.0) -> Any:
+    """One-shot request to the node that owns ``home``."""
+    with ControlClient.for_home(home, timeout=timeout) as client:
+        return client.call(method, params)

@@ -1,0 +1,1 @@
+"""The GPUFlex node process: mesh, jobs, rounds and the local control API."""

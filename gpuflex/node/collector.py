@@ -1,0 +1,100 @@
+"""The reduce side of a round at one tree node (a group leader, or the root).
+
+It folds each verified update or child partial into a running weighted sum the moment it
+arrives, so reduction overlaps with stragglers still training, and it finishes as soon as
+every direct child has reported or its deadline passes. Updates that arrive by failover from
+deeper in the tree (their own leader died) are accepted as well, so their work is not lost.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import trio
+
+from aggregation.tree import children
+from aggregation.weighted import WeightedAccumulator
+from gpuflex.node.messages import Partial, Plan, Update
+
+
+def subtree_height(parent: dict[str, str | None], node: str) -> int:
+    kids = children(parent, node)
+    return 0 if not kids else 1 + max(subtree_height(parent, k) for k in kids)
+
+
+def descendants(parent: dict[str, str | None], node: str) -> set[str]:
+    out: set[str] = set()
+    stack = list(children(parent, node))
+    while stack:
+        cur = stack.pop()
+        out.add(cur)
+        stack.extend(children(parent, cur))
+    return out
+
+
+def ancestors(parent: dict[str, str | None], node: str) -> list[str]:
+    chain = []
+    cur = parent.get(node)
+    while cur is not None and len(chain) <= len(parent):
+        chain.append(cur)
+        cur = parent.get(cur)
+    return chain
+
+
+@dataclass
+class Collector:
+    plan: Plan
+    me: str
+    expected: set[str] = field(init=False)
+    allowed: set[str] = field(init=False)
+    deadline: float = field(init=False)
+    acc: WeightedAccumulator = field(default_factory=WeightedAccumulator)
+    updates: list[Update] = field(default_factory=list)
+    partials: list[Partial] = field(default_factory=list)
+    reported: set[str] = field(default_factory=set)
+    covered: set[str] = field(default_factory=set)
+    samples: int = 0
+    done: trio.Event = field(default_factory=trio.Event)
+    closed: bool = False
+
+    def __post_init__(self) -> None:
+        self.expected = set(children(self.plan.parent, self.me)) | {self.me}
+        self.allowed = descendants(self.plan.parent, self.me) | {self.me}
+        height = subtree_height(self.plan.parent, self.me)
+        self.deadline = self.plan.train_deadline + height * self.plan.reduce_slack_s
+
+    def accepts(self, peer: str) -> bool:
+        return not self.closed and peer in self.allowed and peer not in self.covered
+
+    def _fold(self, reporter: str, vector: np.ndarray, samples: int, covers: set[str]) -> None:
+        self.acc.add(vector, float(samples))
+        self.samples += samples
+        self.covered |= covers
+        self.reported.add(reporter)
+        if self.expected <= self.reported:
+            self.done.set()
+
+    def add_update(self, update: Update, delta: np.ndarray) -> None:
+        self.updates.append(update)
+        self._fold(update.peer, delta, update.samples, {update.peer})
+
+    def add_partial(self, partial: Partial, delta: np.ndarray, covers: set[str]) -> None:
+        self.partials.append(partial)
+        self._fold(partial.leader, delta, partial.samples, covers | {partial.leader})
+
+    def mark_absent(self, peer: str) -> None:
+        """A child that will never report (it failed over to us already, or is known dead)."""
+        self.reported.add(peer)
+        if self.expected <= self.reported:
+            self.done.set()
+
+    async def wait(self) -> None:
+        with trio.move_on_after(max(0.0, self.deadline - time.time())):
+            await self.done.wait()
+        self.closed = True
+
+    @property
+    def progress(self) -> float:
+        return len(self.reported & self.expected) / max(1, len(self.expected))

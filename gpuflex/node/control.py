@@ -1,0 +1,152 @@
+"""The node's local control API server (protocol in docs/control-api.md).
+
+It binds to 127.0.0.1 only and checks a token from a 0600 file on every request, so only the
+node's owner (or someone they hand the token to over an SSH tunnel) can drive it.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import os
+import secrets
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from gpuflex.home import CONTROL_FILE, TOKEN_FILE
+from gpuflex.node.events import EventLog
+from mesh.fsutil import atomic_write_text
+
+log = logging.getLogger("gpuflex.control")
+MAX_LINE = 1 << 20
+
+Method = Callable[[dict[str, Any]], Awaitable[Any]]
+
+
+class ApiError(Exception):
+    """An error reply with a message meant for the user."""
+
+
+def load_or_create_token(home: Path) -> str:
+    path = home / TOKEN_FILE
+    if path.exists():
+        token = path.read_text().strip()
+        if len(token) == 64:
+            os.chmod(path, 0o600)
+            return token
+    token = secrets.token_hex(32)
+    atomic_write_text(path, token + "\n", mode=0o600)
+    return token
+
+
+class ControlServer:
+    def __init__(self, home: Path, methods: dict[str, Method], events: EventLog, peer_id: str,
+                 port: int = 0) -> None:
+        self.home = home
+        self.methods = methods
+        self.events = events
+        self.peer_id = peer_id
+        self.port = port
+        self.token = load_or_create_token(home)
+
+    async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        listeners = await trio.open_tcp_listeners(self.port, host="127.0.0.1")
+        port = listeners[0].socket.getsockname()[1]
+        info = {"host": "127.0.0.1", "port": port, "pid": os.getpid(), "peer_id": self.peer_id}
+        atomic_write_text(self.home / CONTROL_FILE, json.dumps(info), mode=0o600)
+        task_status.started(port)
+        try:
+            await trio.serve_listeners(self._serve, listeners)
+        finally:
+            self.remove_file()
+
+    def remove_file(self) -> None:
+        path = self.home / CONTROL_FILE
+        try:
+            if json.loads(path.read_text()).get("pid") == os.getpid():
+                path.unlink()
+        except (OSError, ValueError):
+            pass
+
+    async def _serve(self, stream: trio.SocketStream) -> None:
+        buf = bytearray()
+        try:
+            while True:
+                line, buf = await _read_line(stream, buf)
+                if line is None:
+                    return
+                keep_open = await self._handle_line(stream, line)
+                if not keep_open:
+                    return
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+        except Exception as exc:  # the API must never take the node down
+            log.warning("control connection failed: %s", exc)
+        finally:
+            await stream.aclose()
+
+    async def _handle_line(self, stream: trio.SocketStream, line: bytes) -> bool:
+        try:
+            req = json.loads(line)
+            if not isinstance(req, dict):
+                raise ValueError("not an object")
+        except ValueError:
+            await _send(stream, {"ok": False, "error": "request is not a JSON object"})
+            return True
+        token = req.get("token")
+        if not isinstance(token, str) or not hmac.compare_digest(token, self.token):
+            await _send(stream, {"ok": False, "error": "unauthorized"})
+            return False
+        method = req.get("method")
+        params = req.get("params") or {}
+        if method == "events":
+            await self._stream_events(stream, int(params.get("since", 0) or 0))
+            return False
+        handler = self.methods.get(method) if isinstance(method, str) else None
+        if handler is None or not isinstance(params, dict):
+            await _send(stream, {"ok": False, "error": f"unknown method {method!r}"})
+            return True
+        try:
+            result = await handler(params)
+        except ApiError as exc:
+            await _send(stream, {"ok": False, "error": str(exc)})
+            return True
+        except Exception as exc:
+            log.exception("control method %s failed", method)
+            await _send(stream, {"ok": False, "error": f"{method} failed: {exc}"})
+            return True
+        await _send(stream, {"ok": True, "result": result})
+        return True
+
+    async def _stream_events(self, stream: trio.SocketStream, since: int) -> None:
+        recv = self.events.subscribe()
+        await _send(stream, {"ok": True, "result": "subscribed"})
+        last = since
+        for event in self.events.history(since):
+            await _send(stream, {"event": event})
+            last = event["seq"]
+        async with recv:
+            async for event in recv:
+                if event["seq"] > last:
+                    await _send(stream, {"event": event})
+
+
+async def _send(stream: trio.SocketStream, obj: Any) -> None:
+    await stream.send_all(json.dumps(obj, default=str).encode() + b"\n")
+
+
+async def _read_line(stream: trio.SocketStream, buf: bytearray) -> tuple[bytes | None, bytearray]:
+    while b"\n" not in buf:
+        if len(buf) > MAX_LINE:
+            await _send(stream, {"ok": False, "error": "request line too long"})
+            return None, buf
+        chunk = await stream.receive_some(65536)
+        if not chunk:
+            return None, buf
+        buf += chunk
+    line, _, rest = bytes(buf).partition(b"\n")
+    return line, bytearray(rest)

@@ -1,0 +1,39 @@
+"""Writing a job's outcome for people and tools that never talk to the mesh."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from gpuflex.node.modelblob import unpack_model
+from mesh.fsutil import atomic_write, atomic_write_text
+
+if TYPE_CHECKING:
+    from gpuflex.node.rounds import JobRunner
+
+METRIC_COLUMNS = ("round", "loss", "accuracy", "train_loss", "contributors", "duration_s")
+
+
+def export_results(runner: JobRunner, out: Path) -> list[Path]:
+    """Final model (plain torch state_dict), metrics (CSV and JSON) and the ledger."""
+    out.mkdir(parents=True, exist_ok=True)
+    params, _ = unpack_model(runner.mesh.blobs.read(runner.head_model))
+    files = [runner.workload.save_state_dict(params, out / "model.pt")]
+    rows = runner.summary()["metrics"]
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=METRIC_COLUMNS, extrasaction="ignore")
+    writer.writeheader()
+    writer.writerows(rows)
+    for name, text in (("metrics.csv", buf.getvalue()), ("metrics.json", json.dumps(rows, indent=2)),
+                       ("ledger.json", json.dumps(runner.ledger_rows(), indent=2)),
+                       ("job.json", json.dumps({"job_id": runner.job_id, "spec": runner.spec.to_dict(),
+                                                "model_hash": runner.head_model}, indent=2))):
+        atomic_write_text(out / name, text, mode=0o644)
+        files.append(out / name)
+    atomic_write(out / "ledger.msgpack", runner.ledger.path.read_bytes() if runner.ledger.path.exists() else b"",
+                 mode=0o644)
+    files.append(out / "ledger.msgpack")
+    return files

@@ -1,0 +1,199 @@
+"""The round protocol's signed messages and their schemas.
+
+Each message is a ``mesh`` envelope; this module gives each kind a size limit, a builder and
+a parser that checks every field's type, so the round logic only ever sees well-formed
+values and any malformed body becomes a ``WireError`` (logged, dropped, penalised).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from mesh.codec import Envelope, WireError, open_envelope, register_kind, seal
+from mesh.identity import Identity
+
+JOB, PRESENCE, PLAN, UPDATE, PARTIAL, RESULT, ABORT, SYNC = (
+    "job", "presence", "plan", "update", "partial", "result", "abort", "sync_req")
+register_kind(JOB, 256 * 1024)
+register_kind(PRESENCE, 8 * 1024)
+register_kind(PLAN, 1024 * 1024)
+register_kind(UPDATE, 64 * 1024)
+register_kind(PARTIAL, 8 * 1024 * 1024)
+register_kind(RESULT, 12 * 1024 * 1024)
+register_kind(ABORT, 8 * 1024)
+register_kind(SYNC, 8 * 1024)
+
+
+def _get(body: Any, name: str, kind: type | tuple[type, ...], what: str) -> Any:
+    if not isinstance(body, dict) or name not in body:
+        raise WireError("garbled", f"{what} lacks field {name!r}")
+    value = body[name]
+    if not isinstance(value, kind) or (isinstance(value, bool) and kind in (int, float, (int, float))):
+        raise WireError("garbled", f"{what} field {name!r} has the wrong type")
+    return value
+
+
+def _str_list(body: Any, name: str, what: str) -> tuple[str, ...]:
+    items = _get(body, name, list, what)
+    if not all(isinstance(x, str) for x in items):
+        raise WireError("garbled", f"{what} field {name!r} must be a list of strings")
+    return tuple(items)
+
+
+def _bytes_list(body: Any, name: str, what: str) -> list[bytes]:
+    items = _get(body, name, list, what)
+    if not all(isinstance(x, bytes) for x in items):
+        raise WireError("garbled", f"{what} field {name!r} must be a list of frames")
+    return list(items)
+
+
+@dataclass(frozen=True)
+class Plan:
+    job: str
+    round: int
+    attempt: int
+    coordinator: str
+    base_hash: str
+    prev_result: str
+    members: tuple[str, ...]
+    parent: dict[str, str | None]
+    train_deadline: float
+    reduce_slack_s: float
+    env: Envelope
+
+    @property
+    def issued(self) -> float:
+        return self.env.ts
+
+
+def make_plan(identity: Identity, **body: Any) -> bytes:
+    return seal(identity, PLAN, body)
+
+
+def parse_plan(env: Envelope) -> Plan:
+    b, what = env.body, "plan"
+    members = _str_list(b, "members", what)
+    parent = _get(b, "parent", dict, what)
+    if set(parent) != set(members) or not all(v is None or v in parent for v in parent.values()):
+        raise WireError("garbled", "plan tree does not match its members")
+    plan = Plan(
+        job=_get(b, "job", str, what), round=_get(b, "round", int, what), attempt=_get(b, "attempt", int, what),
+        coordinator=_get(b, "coordinator", str, what), base_hash=_get(b, "base_hash", str, what),
+        prev_result=_get(b, "prev_result", str, what), members=members, parent=parent,
+        train_deadline=float(_get(b, "train_deadline", (int, float), what)),
+        reduce_slack_s=float(_get(b, "reduce_slack_s", (int, float), what)), env=env,
+    )
+    if plan.coordinator != env.sender or parent.get(plan.coordinator, "x") is not None:
+        raise WireError("garbled", "plan must be signed by its coordinator, the root of its tree")
+    return plan
+
+
+@dataclass(frozen=True)
+class Update:
+    job: str
+    round: int
+    peer: str
+    base_hash: str
+    samples: int
+    delta_hash: str
+    delta_size: int
+    metrics: dict[str, Any]
+    env: Envelope
+
+
+def parse_update(env: Envelope) -> Update:
+    b, what = env.body, "update"
+    up = Update(
+        job=_get(b, "job", str, what), round=_get(b, "round", int, what), peer=_get(b, "peer", str, what),
+        base_hash=_get(b, "base_hash", str, what), samples=_get(b, "samples", int, what),
+        delta_hash=_get(b, "delta_hash", str, what), delta_size=_get(b, "delta_size", int, what),
+        metrics=_get(b, "metrics", dict, what), env=env,
+    )
+    if up.peer != env.sender:
+        raise WireError("garbled", "update must be signed by its own peer")
+    if up.samples <= 0 or up.delta_size <= 0:
+        raise WireError("garbled", "update needs a positive sample count and size")
+    return up
+
+
+@dataclass(frozen=True)
+class Partial:
+    job: str
+    round: int
+    attempt: int
+    leader: str
+    samples: int
+    delta_hash: str
+    updates: list[bytes]
+    partials: list[bytes]
+    env: Envelope
+
+
+def parse_partial(env: Envelope) -> Partial:
+    b, what = env.body, "partial"
+    part = Partial(
+        job=_get(b, "job", str, what), round=_get(b, "round", int, what), attempt=_get(b, "attempt", int, what),
+        leader=_get(b, "leader", str, what), samples=_get(b, "samples", int, what),
+        delta_hash=_get(b, "delta_hash", str, what), updates=_bytes_list(b, "updates", what),
+        partials=_bytes_list(b, "partials", what), env=env,
+    )
+    if part.leader != env.sender or part.samples <= 0:
+        raise WireError("garbled", "partial must be signed by its leader and cover samples")
+    return part
+
+
+@dataclass(frozen=True)
+class Result:
+    job: str
+    round: int
+    attempt: int
+    coordinator: str
+    prev_result: str
+    base_hash: str
+    model_hash: str
+    plan_frame: bytes
+    updates: list[bytes]
+    partials: list[bytes]
+    contributors: list[dict[str, Any]]
+    absent: tuple[str, ...]
+    metrics: dict[str, Any]
+    strategy: str
+    env: Envelope
+
+    @property
+    def digest(self) -> str:
+        return self.env.digest
+
+
+def parse_result(env: Envelope) -> Result:
+    b, what = env.body, "result"
+    res = Result(
+        job=_get(b, "job", str, what), round=_get(b, "round", int, what), attempt=_get(b, "attempt", int, what),
+        coordinator=_get(b, "coordinator", str, what), prev_result=_get(b, "prev_result", str, what),
+        base_hash=_get(b, "base_hash", str, what), model_hash=_get(b, "model_hash", str, what),
+        plan_frame=_get(b, "plan", bytes, what), updates=_bytes_list(b, "updates", what),
+        partials=_bytes_list(b, "partials", what), contributors=_get(b, "contributors", list, what),
+        absent=_str_list(b, "absent", what), metrics=_get(b, "metrics", dict, what),
+        strategy=_get(b, "strategy", str, what), env=env,
+    )
+    if res.coordinator != env.sender:
+        raise WireError("garbled", "result must be signed by its coordinator")
+    return res
+
+
+def walk_contributions(updates: list[bytes], partials: list[bytes], job: str, round_: int,
+                       depth: int = 0) -> list[Update]:
+    """Every signed Update under a result or partial, each signature checked."""
+    if depth > 32:
+        raise WireError("garbled", "partial tree is too deep")
+    found = []
+    for frame in updates:
+        up = parse_update(open_envelope(frame, expect_kind=UPDATE))
+        if up.job != job or up.round != round_:
+            raise WireError("round", f"update from {up.peer[-8:]} belongs to another round")
+        found.append(up)
+    for frame in partials:
+        part = parse_partial(open_envelope(frame, expect_kind=PARTIAL))
+        found.extend(walk_contributions(part.updates, part.partials, job, round_, depth + 1))
+    return found

@@ -1,0 +1,36 @@
+"""Who coordinates a round, computed identically on every node with no messages.
+
+Members are ranked by ``H(job_id ‖ round ‖ peer_id)`` (rendezvous hashing). Plain rendezvous
+can pick the same peer several rounds running, so the coordinators of the last few committed
+rounds (read from the shared ledger, so every node agrees) are moved to the back: with four or
+more members the coordinator always changes, and the load spreads. A retried attempt rotates
+the ranking so the next backup leads.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+
+
+def rendezvous_rank(job_id: str, round_: int, members: Sequence[str]) -> list[str]:
+    def score(peer: str) -> bytes:
+        return hashlib.blake2b(f"{job_id}|{round_}|{peer}".encode(), digest_size=16).digest()
+
+    return sorted(set(members), key=lambda p: (score(p), p))
+
+
+def cooldown_size(n_members: int) -> int:
+    return 0 if n_members < 2 else max(1, (n_members - 1) // 2)
+
+
+def coordinator_ranking(job_id: str, round_: int, members: Sequence[str],
+                        recent_coordinators: Sequence[str] = (), attempt: int = 0) -> list[str]:
+    ranked = rendezvous_rank(job_id, round_, members)
+    k = cooldown_size(len(ranked))
+    cooling = set(recent_coordinators[-k:]) if k else set()
+    ordered = [p for p in ranked if p not in cooling] + [p for p in ranked if p in cooling]
+    if not ordered:
+        return ordered
+    shift = attempt % len(ordered)
+    return ordered[shift:] + ordered[:shift]

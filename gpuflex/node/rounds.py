@@ -1,0 +1,541 @@
+"""One job's rounds on one node: plan, train, reduce, commit (DESIGN.md, "Protocol of one round").
+
+Every node runs the same driver. For round r it computes the coordinator ranking; the first
+live candidate signs and gossips a plan, and each backup waits one plan timeout per rank
+before taking over. Members train from the plan's base model and stream signed updates up
+the group tree; leaders fold them as they arrive and pass a signed partial upward; the root
+applies the server optimizer and gossips a RoundResult chained to the previous one. A round
+that cannot commit is retried with a new plan from the same base, and a member re-sends the
+update it already computed instead of training again, so accepted work is not lost.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+import statistics
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import trio
+
+from aggregation.server_opt import make_server_optimizer
+from aggregation.tree import build_tree, children
+from gpuflex.node.collector import Collector, ancestors
+from gpuflex.node.ledger import Ledger, LedgerError, result_row
+from gpuflex.node.messages import (
+    ABORT,
+    PARTIAL,
+    PLAN,
+    RESULT,
+    UPDATE,
+    Partial,
+    Plan,
+    Result,
+    Update,
+    make_plan,
+    parse_partial,
+    parse_plan,
+    parse_result,
+    parse_update,
+    walk_contributions,
+)
+from gpuflex.node.modelblob import pack_delta, pack_model, unpack_delta, unpack_model
+from gpuflex.node.ranking import coordinator_ranking
+from mesh.blob import blob_hash
+from mesh.codec import WireError, open_envelope, seal
+from mesh.health import DOWN
+from mesh.messaging import Inbound, Rejected, SendError
+
+if TYPE_CHECKING:
+    from gpuflex.jobspec import JobSpec
+    from gpuflex.node.jobs import JobManager
+
+log = logging.getLogger("gpuflex.rounds")
+FIRST_ROUND_TRAIN_S = 120.0
+MIN_TRAIN_S = 15.0
+PLAN_TIMEOUT_S = 6.0
+REDUCE_SLACK_S = 5.0
+PRESENCE_FRESH_S = 8.0
+
+
+class JobRunner:
+    def __init__(self, manager: JobManager, job_id: str, spec: JobSpec, members: list[str], job_frame: bytes,
+                 submitted_by: str) -> None:
+        self.m = manager
+        self.mesh = manager.mesh
+        self.me = self.mesh.peer_id
+        self.job_id = job_id
+        self.spec = spec
+        self.initial_members = sorted(set(members))
+        self.job_frame = job_frame
+        self.submitted_by = submitted_by
+        self.dir: Path = manager.jobs_dir / job_id
+        self.ledger = Ledger(self.dir / "ledger.msgpack", job_id)
+        self.presence: dict[str, float] = {}
+        self.plans: dict[int, Plan] = {}
+        self.collectors: dict[tuple[int, int], Collector] = {}
+        self.cached_updates: dict[tuple[int, str], tuple[bytes, bytes]] = {}
+        self.aborted: set[tuple[int, int]] = set()
+        self.changed = trio.Event()
+        self.apply_lock = trio.Lock()
+        self.workload: Any = None
+        self.init_hash = ""
+        self.state = "pending"
+        self.phase = "idle"
+        self.phase_started = time.time()
+        self.phase_deadline: float | None = None
+        self.role = "idle"
+        self.error = ""
+        self._nursery: trio.Nursery | None = None
+        self.ready = trio.Event()
+
+    # -- bookkeeping -----------------------------------------------------------------------
+
+    def _notify(self) -> None:
+        self.changed.set()
+        self.changed = trio.Event()
+
+    def _set_phase(self, phase: str, deadline: float | None = None) -> None:
+        self.phase, self.phase_started, self.phase_deadline = phase, time.time(), deadline
+
+    def emit(self, type_: str, round_: int | None = None, peer: str | None = None, message: str = "",
+             **extra: Any) -> None:
+        self.m.events.emit(type_, job=self.job_id, round=round_, peer=peer, message=message, **extra)
+
+    @property
+    def head_model(self) -> str:
+        return self.ledger.results[-1].model_hash if self.ledger.results else self.init_hash
+
+    def recent_coordinators(self) -> list[str]:
+        return [r.coordinator for r in self.ledger.results]
+
+    def eligible(self) -> list[str]:
+        if self.ledger.results:
+            plan = parse_plan(open_envelope(self.ledger.results[-1].plan_frame, expect_kind=PLAN))
+            return list(plan.members)
+        return list(self.initial_members)
+
+    def live_members(self) -> list[str]:
+        now = time.time()
+        alive = set(self.mesh.peers.alive())
+        fresh = {p for p, t in self.presence.items() if now - t <= PRESENCE_FRESH_S and p in alive}
+        allow = set(self.spec.allowlist)
+        members = {self.me} | fresh
+        if allow:
+            members &= allow
+        return sorted(members)
+
+    def participates(self) -> bool:
+        return not self.spec.allowlist or self.me in self.spec.allowlist
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            try:
+                await self._prepare()
+                self.state = "running"
+                while len(self.ledger) < self.spec.rounds:
+                    await self._drive_round(len(self.ledger) + 1)
+                self.state, self.phase, self.role = "done", "done", "idle"
+                last = self.ledger.results[-1].metrics if self.ledger.results else {}
+                self.emit("job_done", len(self.ledger), message=(
+                    f"job {self.job_id} done after {len(self.ledger)} rounds: "
+                    f"accuracy {last.get('accuracy', float('nan')):.3f}"))
+                self._notify()
+            except Exception as exc:
+                self.state, self.error = "failed", str(exc)
+                log.exception("job %s failed", self.job_id)
+                self.emit("job_failed", message=f"job {self.job_id} failed: {exc}")
+            nursery.cancel_scope.cancel()
+
+    async def _prepare(self) -> None:
+        from gpuflex.ml.workload import Workload
+
+        problems = self.ledger.load()
+        for problem in problems:
+            self.emit("state_corrupt", message=f"ledger of job {self.job_id}: {problem}; recovering")
+        if self.me in self.initial_members:
+            index, parts = self.initial_members.index(self.me), len(self.initial_members)
+        else:
+            parts = max(1, len(self.initial_members))
+            index = int.from_bytes(hashlib.blake2b(self.me.encode(), digest_size=4).digest(), "big") % parts
+        self.workload = await trio.to_thread.run_sync(
+            lambda: Workload(self.spec, index, parts, self.m.home))
+        init = await trio.to_thread.run_sync(self.workload.initial_params)
+        self.init_hash = self.mesh.blobs.put(pack_model(init, {}))
+        if problems or (self.ledger.results and not self.mesh.blobs.has(self.head_model)):
+            await self.m.sync_from_peers(self)
+        self.ready.set()
+
+    # -- the driver ------------------------------------------------------------------------
+
+    def _plan_timeout(self) -> float:
+        return self.spec.plan_timeout_s or PLAN_TIMEOUT_S
+
+    def _train_budget(self) -> float:
+        if self.spec.train_timeout_s:
+            return self.spec.train_timeout_s
+        durations = [r.metrics.get("duration_s") for r in self.ledger.results[-5:]]
+        durations = [d for d in durations if isinstance(d, (int, float)) and d > 0]
+        if not durations:
+            return FIRST_ROUND_TRAIN_S
+        return max(MIN_TRAIN_S, 4.0 * statistics.median(durations))
+
+    async def _wait_change(self, until: float) -> None:
+        with trio.move_on_after(max(0.0, until - time.time())):
+            await self.changed.wait()
+
+    async def _drive_round(self, r: int) -> None:
+        attempt = max([p.attempt for p in self.plans.values() if p.round == r], default=-1) + 1
+        while len(self.ledger) < r:
+            self._set_phase("plan")
+            self.role = "idle"
+            ranking = coordinator_ranking(self.job_id, r, self.eligible(), self.recent_coordinators(), attempt)
+            plan = await self._obtain_plan(r, attempt, ranking)
+            if len(self.ledger) >= r:
+                return
+            if plan is None:
+                attempt += 1
+                continue
+            attempt = plan.attempt
+            finish = plan.train_deadline + (len(plan.members) + 2) * plan.reduce_slack_s + 10.0
+            while len(self.ledger) < r and time.time() < finish and (r, plan.attempt) not in self.aborted:
+                current = self.plans.get(r)
+                if current is not None and current.attempt != plan.attempt:
+                    plan = current
+                    finish = plan.train_deadline + (len(plan.members) + 2) * plan.reduce_slack_s + 10.0
+                await self._wait_change(min(finish, time.time() + 1.0))
+            if len(self.ledger) < r:
+                self.emit("round_retried", r, message=f"round {r} attempt {plan.attempt} did not commit; retrying")
+                attempt = plan.attempt + 1
+
+    async def _obtain_plan(self, r: int, attempt: int, ranking: list[str]) -> Plan | None:
+        start = time.time()
+        waited = 0
+        for cand in ranking:
+            plan = self.plans.get(r)
+            if plan is not None and plan.attempt >= attempt:
+                return plan
+            if cand == self.me:
+                if self.participates():
+                    return await self._coordinate(r, attempt)
+                continue
+            rec = self.mesh.peers.get(cand)
+            if rec is None or rec.state == DOWN:
+                continue
+            waited += 1
+            until = start + waited * self._plan_timeout()
+            while time.time() < until and len(self.ledger) < r:
+                plan = self.plans.get(r)
+                if plan is not None and plan.attempt >= attempt:
+                    return plan
+                await self._wait_change(until)
+        return self.plans.get(r)
+
+    async def _coordinate(self, r: int, attempt: int) -> Plan | None:
+        wait_until = time.time() + 60.0
+        members = self.live_members()
+        while len(members) < self.spec.min_nodes and time.time() < wait_until and len(self.ledger) < r:
+            self._set_phase("plan")
+            await trio.sleep(1.0)
+            members = self.live_members()
+        if len(members) < self.spec.min_nodes:
+            self.emit("round_waiting", r, message=(
+                f"round {r}: only {len(members)} of min_nodes={self.spec.min_nodes} members reachable; not planning"))
+            return None
+        ordered = [self.me] + [p for p in members if p != self.me]
+        parent = build_tree(ordered, self.spec.group_size, self.me)
+        now = time.time()
+        frame = make_plan(
+            self.mesh.identity, job=self.job_id, round=r, attempt=attempt, coordinator=self.me,
+            base_hash=self.head_model, prev_result=self.ledger.head, members=ordered, parent=parent,
+            train_deadline=now + self._train_budget(), reduce_slack_s=self.spec.reduce_timeout_s or REDUCE_SLACK_S,
+        )
+        await self.mesh.broadcast(frame)
+        return self.plans.get(r)
+
+    # -- inbound: plans --------------------------------------------------------------------
+
+    async def on_plan(self, msg: Inbound) -> None:
+        plan = parse_plan(msg.envelope)
+        with trio.move_on_after(30):
+            await self.ready.wait()
+        r = len(self.ledger) + 1
+        if plan.round != r or plan.prev_result != self.ledger.head or plan.base_hash != self.head_model:
+            raise Rejected(f"plan for round {plan.round} does not extend this node's ledger at round {r - 1}")
+        if plan.coordinator not in set(self.eligible()) | {self.me}:
+            raise WireError("round", f"plan from {plan.coordinator[-8:]}, who is not a member of this job")
+        current = self.plans.get(r)
+        if current is not None:
+            if plan.attempt < current.attempt:
+                raise Rejected("plan for an older attempt")
+            if plan.attempt == current.attempt:
+                ranking = coordinator_ranking(self.job_id, r, self.eligible(), self.recent_coordinators(),
+                                              plan.attempt)
+                rank = {p: i for i, p in enumerate(ranking)}
+                if rank.get(plan.coordinator, math.inf) >= rank.get(current.coordinator, math.inf):
+                    raise Rejected("a plan from a better-ranked coordinator is already in force")
+        self.plans[r] = plan
+        self.emit("plan_received", r, plan.coordinator, message=(
+            f"round {r}: plan from {plan.coordinator[-8:]} with {len(plan.members)} members"))
+        self._start_round_tasks(plan)
+        self._notify()
+
+    def _start_round_tasks(self, plan: Plan) -> None:
+        assert self._nursery is not None
+        if self.me not in plan.parent:
+            self.role = "idle"
+            return
+        is_root = plan.coordinator == self.me
+        has_children = bool(children(plan.parent, self.me))
+        self.role = "root" if is_root else ("leader" if has_children else "member")
+        if is_root or has_children:
+            col = Collector(plan, self.me)
+            self.collectors[(plan.round, plan.attempt)] = col
+            self._nursery.start_soon(self._reduce, plan, col)
+        self._nursery.start_soon(self._train_and_send, plan)
+
+    # -- member: train and send ------------------------------------------------------------
+
+    async def _model(self, digest: str, providers: list[str]) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        path = await self.mesh.fetch_blob(digest, providers)
+        return unpack_model(path.read_bytes())
+
+    async def _train_and_send(self, plan: Plan) -> None:
+        r = plan.round
+        try:
+            key = (r, plan.base_hash)
+            if key not in self.cached_updates:
+                self._set_phase("train", plan.train_deadline)
+                params, _ = await self._model(plan.base_hash, [plan.coordinator])
+                delta, metrics = await trio.to_thread.run_sync(self.workload.train, params)
+                delta = self.m.adversary.tamper(delta) if self.m.adversary else delta
+                payload = pack_delta(delta)
+                frame = seal(self.mesh.identity, UPDATE, {
+                    "job": self.job_id, "round": r, "peer": self.me, "base_hash": plan.base_hash,
+                    "samples": int(metrics.get("samples") or self.workload.num_samples),
+                    "delta_hash": blob_hash(payload), "delta_size": int(delta.size),
+                    "metrics": {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))},
+                })
+                self.cached_updates = {k: v for k, v in self.cached_updates.items() if k[0] >= r}
+                self.cached_updates[key] = (frame, payload)
+            frame, payload = self.cached_updates[key]
+            self._set_phase("reduce", plan.train_deadline)
+            col = self.collectors.get((r, plan.attempt))
+            if col is not None:
+                up = parse_update(open_envelope(frame, expect_kind=UPDATE))
+                col.add_update(up, unpack_delta(payload, up.delta_size))
+                return
+            await self._send_up(plan, frame, payload, "update")
+        except (SendError, WireError, OSError) as exc:
+            self.emit("update_failed", r, message=f"round {r}: could not deliver this node's update: {exc}")
+        except Exception as exc:
+            log.exception("training for round %d failed", r)
+            self.emit("update_failed", r, message=f"round {r}: local training failed: {exc}")
+
+    async def _send_up(self, plan: Plan, frame: bytes, payload: bytes, what: str) -> None:
+        """Deliver to the parent; if it is gone, to the next ancestor, up to the root."""
+        errors = []
+        for target in ancestors(plan.parent, self.me):
+            if (plan.round, plan.attempt) in self.aborted or len(self.ledger) >= plan.round:
+                return
+            try:
+                await self.mesh.request(target, frame, payload, timeout=max(10.0, plan.reduce_slack_s * 2))
+                self.emit(f"{what}_sent", plan.round, target, message=(
+                    f"round {plan.round}: {what} sent to {target[-8:]}"))
+                return
+            except SendError as exc:
+                errors.append(str(exc))
+                log.warning("round %d: %s to %s failed (%s); trying the next ancestor", plan.round, what,
+                            target[-8:], exc)
+        raise SendError("; ".join(errors) or "no ancestor to send to")
+
+    # -- leader / root: reduce --------------------------------------------------------------
+
+    def _collector_for(self, job: str, round_: int, sender: str) -> Collector:
+        if job != self.job_id or round_ != len(self.ledger) + 1:
+            raise WireError("round", f"message for round {round_}, this node is at round {len(self.ledger) + 1}")
+        plan = self.plans.get(round_)
+        col = self.collectors.get((round_, plan.attempt)) if plan else None
+        if col is None or not col.accepts(sender):
+            raise Rejected(f"not collecting from {sender[-8:]} for round {round_}")
+        return col
+
+    async def on_update(self, msg: Inbound) -> None:
+        up = parse_update(msg.envelope)
+        col = self._collector_for(up.job, up.round, up.peer)
+        if up.base_hash != col.plan.base_hash:
+            raise WireError("round", "update was trained from another base model")
+        if msg.payload is None or blob_hash(msg.payload) != up.delta_hash:
+            raise WireError("hash", f"delta from {up.peer[-8:]} does not match its signed hash")
+        col.add_update(up, unpack_delta(msg.payload, up.delta_size))
+        self.emit("update_received", up.round, up.peer, message=f"round {up.round}: update from {up.peer[-8:]}")
+
+    async def on_partial(self, msg: Inbound) -> None:
+        part = parse_partial(msg.envelope)
+        col = self._collector_for(part.job, part.round, part.leader)
+        if msg.payload is None or blob_hash(msg.payload) != part.delta_hash:
+            raise WireError("hash", f"partial from {part.leader[-8:]} does not match its signed hash")
+        ups = walk_contributions(part.updates, part.partials, part.job, part.round)
+        covers = {u.peer for u in ups}
+        if not covers <= col.allowed or covers & col.covered or sum(u.samples for u in ups) != part.samples:
+            raise WireError("round", f"partial from {part.leader[-8:]} covers the wrong contributions")
+        if any(u.base_hash != col.plan.base_hash for u in ups):
+            raise WireError("round", "partial mixes updates from another base model")
+        col.add_partial(part, unpack_delta(msg.payload, len(msg.payload) // 4), covers)
+        self.emit("partial_verified", part.round, part.leader, message=(
+            f"round {part.round}: partial from {part.leader[-8:]} verified ({len(ups)} updates)"))
+
+    async def _reduce(self, plan: Plan, col: Collector) -> None:
+        try:
+            await col.wait()
+            if (plan.round, plan.attempt) in self.aborted or len(self.ledger) >= plan.round:
+                return
+            if col.acc.count == 0:
+                self.emit("reduce_empty", plan.round, message=f"round {plan.round}: nothing reached this leader")
+                return
+            avg = col.acc.result()
+            upd_frames = [u.env.raw for u in col.updates]
+            part_frames = [p.env.raw for p in col.partials]
+            if plan.coordinator == self.me:
+                await self._commit(plan, col, avg, upd_frames, part_frames)
+                return
+            payload = pack_delta(avg)
+            frame = seal(self.mesh.identity, PARTIAL, {
+                "job": self.job_id, "round": plan.round, "attempt": plan.attempt, "leader": self.me,
+                "samples": col.samples, "delta_hash": blob_hash(payload), "updates": upd_frames,
+                "partials": part_frames,
+            })
+            await self._send_up(plan, frame, payload, "partial")
+        except (SendError, WireError, OSError) as exc:
+            self.emit("partial_failed", plan.round, message=f"round {plan.round}: partial not delivered: {exc}")
+        except Exception as exc:
+            log.exception("reduce for round %d failed", plan.round)
+            self.emit("partial_failed", plan.round, message=f"round {plan.round}: reduce failed: {exc}")
+
+    async def _commit(self, plan: Plan, col: Collector, avg: np.ndarray, upd_frames: list[bytes],
+                      part_frames: list[bytes]) -> None:
+        self._set_phase("commit")
+        contributions = walk_contributions(upd_frames, part_frames, self.job_id, plan.round)
+        if len(contributions) < self.spec.min_nodes:
+            self.aborted.add((plan.round, plan.attempt))
+            await self.mesh.broadcast(seal(self.mesh.identity, ABORT, {
+                "job": self.job_id, "round": plan.round, "attempt": plan.attempt,
+                "reason": f"{len(contributions)} contributions < min_nodes={self.spec.min_nodes}"}))
+            return
+        params, state = await self._model(plan.base_hash, [])
+        opt = make_server_optimizer(self.spec.strategy, **self._server_params())
+        new_params, new_state = opt.step(params, avg, state)
+        model_hash = self.mesh.blobs.put(pack_model(new_params, new_state))
+        evaluation = await trio.to_thread.run_sync(self.workload.evaluate, new_params)
+        total = sum(u.samples for u in contributions)
+        train_loss = sum(u.metrics.get("train_loss", 0.0) * u.samples for u in contributions) / max(1, total)
+        metrics = {**{k: float(v) for k, v in evaluation.items()}, "train_loss": float(train_loss),
+                   "contributors": len(contributions), "samples": total,
+                   "duration_s": round(time.time() - plan.issued, 3)}
+        present = {u.peer for u in contributions}
+        frame = seal(self.mesh.identity, RESULT, {
+            "job": self.job_id, "round": plan.round, "attempt": plan.attempt, "coordinator": self.me,
+            "prev_result": self.ledger.head, "base_hash": plan.base_hash, "model_hash": model_hash,
+            "plan": plan.env.raw, "updates": upd_frames, "partials": part_frames,
+            "contributors": [{"peer": u.peer, "samples": u.samples, "delta_hash": u.delta_hash}
+                             for u in contributions],
+            "absent": sorted(set(plan.members) - present), "metrics": metrics, "strategy": self.spec.strategy,
+        })
+        await self.mesh.broadcast(frame)
+
+    def _server_params(self) -> dict[str, float]:
+        s = self.spec
+        if s.strategy == "fedavg":
+            return {"lr": s.server_lr}
+        if s.strategy in ("fedavgm", "diloco"):
+            return {"lr": s.server_lr, "momentum": s.server_momentum}
+        return {"lr": s.server_lr}
+
+    # -- inbound: results and aborts ---------------------------------------------------------
+
+    async def on_abort(self, msg: Inbound) -> None:
+        body = msg.envelope.body
+        if not isinstance(body, dict) or body.get("job") != self.job_id:
+            raise WireError("garbled", "abort for another job")
+        plan = self.plans.get(body.get("round"))  # type: ignore[arg-type]
+        if plan is None or plan.coordinator != msg.envelope.sender or plan.attempt != body.get("attempt"):
+            raise Rejected("abort does not match the plan in force")
+        self.aborted.add((plan.round, plan.attempt))
+        self.emit("round_aborted", plan.round, msg.envelope.sender, message=(
+            f"round {plan.round}: coordinator aborted attempt {plan.attempt}: {body.get('reason', '')}"))
+        self._notify()
+
+    async def on_result(self, msg: Inbound) -> None:
+        res = parse_result(msg.envelope)
+        if res.job != self.job_id:
+            raise WireError("garbled", "result for another job")
+        if res.round <= len(self.ledger):
+            raise Rejected(f"round {res.round} is already committed here")
+        assert self._nursery is not None
+        self._nursery.start_soon(self._apply_result, msg.envelope.raw, res)
+
+    async def _apply_result(self, frame: bytes, res: Result) -> None:
+        async with self.apply_lock:
+            if res.round != len(self.ledger) + 1:
+                if res.round > len(self.ledger) + 1:
+                    await self.m.sync_from_peers(self, prefer=[res.coordinator])
+                return
+            try:
+                from gpuflex.node.ledger import verify_chain
+
+                verify_chain([*self.ledger.frames, frame], self.job_id)
+                if res.metrics.get("contributors", 0) < self.spec.min_nodes:
+                    raise LedgerError(f"round {res.round}: fewer contributions than min_nodes")
+                await self._model(res.model_hash, [res.coordinator])
+                self.ledger.append(frame, res)
+            except (LedgerError, WireError) as exc:
+                self.emit("rejected", res.round, res.coordinator, message=f"round {res.round}: result rejected: {exc}")
+                self.m.penalise(res.coordinator)
+                return
+            except Exception as exc:
+                self.emit("commit_failed", res.round, message=f"round {res.round}: could not record the result: {exc}")
+                return
+            for c in res.contributors:
+                self.m.credit(c.get("peer"))
+            met = res.metrics
+            self.emit("round_committed", res.round, res.coordinator, message=(
+                f"round {res.round} committed by {res.coordinator[-8:]}: loss {met.get('loss', float('nan')):.3f}, "
+                f"accuracy {met.get('accuracy', float('nan')):.3f}, {met.get('contributors')} contributors"),
+                metrics=met)
+            self._notify()
+
+    # -- reporting ---------------------------------------------------------------------------
+
+    def summary(self) -> dict[str, Any]:
+        r = len(self.ledger) + 1
+        plan = self.plans.get(r)
+        coordinator = plan.coordinator if plan else (
+            self.ledger.results[-1].coordinator if self.ledger.results else None)
+        if self.phase in ("train", "reduce") and self.phase_deadline:
+            span = max(1e-6, self.phase_deadline - self.phase_started)
+            progress = min(1.0, (time.time() - self.phase_started) / span)
+        else:
+            progress = 1.0 if self.state == "done" else 0.0
+        col = self.collectors.get((r, plan.attempt)) if plan else None
+        if col is not None and self.phase == "reduce":
+            progress = col.progress
+        return {
+            "job_id": self.job_id, "name": self.spec.name, "state": self.state, "round": len(self.ledger),
+            "rounds": self.spec.rounds, "phase": self.phase, "phase_progress": round(progress, 3),
+            "coordinator": coordinator, "is_coordinator": coordinator == self.me, "role": self.role,
+            "members": list(plan.members) if plan else self.eligible(), "error": self.error,
+            "model_hash": self.head_model,
+            "metrics": [{"round": x.round, **{k: x.metrics.get(k) for k in
+                         ("loss", "accuracy", "train_loss", "contributors", "duration_s")}}
+                        for x in self.ledger.results],
+        }
+
+    def ledger_rows(self) -> list[dict[str, Any]]:
+        return [result_row(x) for x in self.ledger.results]

@@ -1,0 +1,168 @@
+"""A running GPUFlex node: identity, mesh, jobs and the control API in one trio program."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from gpuflex import __version__
+from gpuflex.home import CONTROL_FILE, KEY_FILE
+from gpuflex.node.control import ApiError, ControlServer
+from gpuflex.node.events import EventLog
+from mesh.health import HealthConfig
+from mesh.identity import Identity
+from mesh.node import MeshConfig, MeshNode
+
+log = logging.getLogger("gpuflex.node")
+
+
+class NodeStartError(RuntimeError):
+    """The node cannot start; the message says why and what to do."""
+
+
+@dataclass
+class NodeOptions:
+    home: Path
+    listen: list[str] = field(default_factory=lambda: ["/ip4/0.0.0.0/tcp/4001"])
+    announce: list[str] = field(default_factory=list)
+    bootstrap: list[str] = field(default_factory=list)
+    client_mode: bool = False
+    control_port: int = 0
+    health: HealthConfig = field(default_factory=HealthConfig)
+    adversary: str | None = None
+
+
+def load_identity(home: Path) -> tuple[Identity, bool]:
+    from mesh.identity import IdentityError
+
+    try:
+        return Identity.load_or_create(home / KEY_FILE)
+    except IdentityError as exc:
+        raise NodeStartError(str(exc)) from None
+
+
+def running_pid(home: Path) -> int | None:
+    """The pid of a live node already serving ``home``, if any."""
+    try:
+        pid = int(json.loads((home / CONTROL_FILE).read_text())["pid"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return None
+    except PermissionError:
+        return pid
+    return pid if pid != os.getpid() else None
+
+
+class NodeRuntime:
+    def __init__(self, options: NodeOptions) -> None:
+        from gpuflex.node.jobs import JobManager
+
+        self.options = options
+        self.home = options.home
+        self.home.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.home, 0o700)
+        pid = running_pid(self.home)
+        if pid is not None:
+            raise NodeStartError(f"a node is already running for home {self.home} (pid {pid})")
+        self.identity, created = load_identity(self.home)
+        if created:
+            log.info("created a new identity in %s", self.home / KEY_FILE)
+        self.events = EventLog()
+        self.started_at = time.time()
+        self.mesh = MeshNode(
+            self.identity,
+            MeshConfig(
+                listen=options.listen,
+                announce=options.announce,
+                bootstrap=options.bootstrap,
+                client_mode=options.client_mode,
+                data_dir=self.home,
+                health=options.health,
+                node_info=self._hardware(),
+            ),
+            on_event=self._mesh_event,
+        )
+        self.jobs = JobManager(self)
+        self._stop = trio.Event()
+
+    @staticmethod
+    def _hardware() -> dict[str, Any]:
+        from gpuflex.hardware import collect_hardware
+
+        return collect_hardware()
+
+    def _mesh_event(self, type_: str, **fields: Any) -> None:
+        self.events.emit(type_, **fields)
+
+    async def serve(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        control = ControlServer(self.home, self.api_methods(), self.events, self.identity.peer_id,
+                                port=self.options.control_port)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(self.mesh.run)
+            for addr in self.mesh.multiaddrs():
+                log.info("gpuflex node %s listening on %s", self.identity.peer_id, addr)
+            await nursery.start(self.jobs.run)
+            port = await nursery.start(control.run)
+            log.info("control API on 127.0.0.1:%d (token in %s)", port, self.home / "control.token")
+            task_status.started(self)
+            await self._stop.wait()
+            self.mesh.stop()
+            nursery.cancel_scope.cancel()
+        control.remove_file()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    # -- control API -------------------------------------------------------------------------
+
+    def api_methods(self) -> dict[str, Any]:
+        return {
+            "status": self.api_status,
+            "peers": self.api_peers,
+            "jobs": self.jobs.api_jobs,
+            "job_status": self.jobs.api_job_status,
+            "job_submit": self.jobs.api_submit,
+            "job_results": self.jobs.api_results,
+            "ledger": self.jobs.api_ledger,
+            "shutdown": self.api_shutdown,
+        }
+
+    async def api_status(self, params: dict[str, Any]) -> dict[str, Any]:
+        mesh = self.mesh.status()
+        return {
+            "peer_id": self.identity.peer_id,
+            "version": __version__,
+            "home": str(self.home),
+            "addrs": mesh["addrs"],
+            "uptime_s": round(time.time() - self.started_at, 1),
+            "mesh": mesh["mesh"],
+            "bytes_sent": mesh["bytes_sent"],
+            "bytes_received": mesh["bytes_received"],
+            "node_info": self.mesh.node_info(),
+            "jobs": await self.jobs.api_jobs({}),
+        }
+
+    async def api_peers(self, params: dict[str, Any]) -> list[dict[str, Any]]:
+        rows = []
+        for rec in self.mesh.peers.all():
+            row = rec.row()
+            row["rounds_contributed"] = self.jobs.rounds_contributed(rec.peer_id)
+            rows.append(row)
+        return sorted(rows, key=lambda r: r["peer_id"])
+
+    async def api_shutdown(self, params: dict[str, Any]) -> dict[str, Any]:
+        self.stop()
+        return {"stopping": True}
+
+
+__all__ = ["ApiError", "NodeOptions", "NodeRuntime", "NodeStartError"]

@@ -1,0 +1,200 @@
+"""Signed, versioned msgpack envelopes: the only way application data crosses the wire.
+
+Every byte that arrives from a peer is untrusted. ``open_envelope`` is the single gate: any
+problem at all (garbage, truncation, an oversized frame, a bad signature, an unknown schema
+version or kind, a stale timestamp, a replayed nonce) becomes one typed ``WireError`` whose
+message says what was wrong, so callers log it, drop the message and keep serving.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from collections import OrderedDict
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+
+from mesh.identity import Identity, peer_id_from_public_key, verify
+
+SCHEMA_VERSION = 1
+SIGNING_DOMAIN = b"gpuflex/envelope/v1\0"
+MAX_FRAME = 16 * 1024 * 1024
+DEFAULT_KIND_LIMIT = 1024 * 1024
+
+# Per-kind size limits; layers above register their own kinds with ``register_kind``.
+_KIND_LIMITS: dict[str, int] = {
+    "nodeinfo": 64 * 1024,
+    "have": 16 * 1024,
+    "ping": 1024,
+}
+
+
+class WireError(ValueError):
+    """Untrusted input that was rejected; ``reason`` is a short machine-readable code."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(f"{reason}: {message}")
+        self.reason = reason
+
+
+def register_kind(kind: str, max_bytes: int = DEFAULT_KIND_LIMIT) -> None:
+    if not 0 < max_bytes <= MAX_FRAME:
+        raise ValueError(f"size limit for {kind!r} must be in 1..{MAX_FRAME}")
+    _KIND_LIMITS[kind] = max_bytes
+
+
+def kind_limit(kind: str) -> int:
+    return _KIND_LIMITS[kind]
+
+
+@dataclass(frozen=True)
+class Envelope:
+    kind: str
+    sender: str
+    public_key: bytes
+    ts: float
+    nonce: bytes
+    body: Any
+    raw: bytes
+
+    @property
+    def msg_id(self) -> bytes:
+        return hashlib.blake2b(self.raw, digest_size=16).digest()
+
+    @property
+    def digest(self) -> str:
+        """Hex BLAKE2b-256 of the signed frame: what hash chains and references point at."""
+        return hashlib.blake2b(self.raw, digest_size=32).hexdigest()
+
+
+def seal(identity: Identity, kind: str, body: Any, *, ts: float | None = None) -> bytes:
+    """Sign ``body`` as a message of ``kind`` from ``identity``."""
+    if kind not in _KIND_LIMITS:
+        raise ValueError(f"unregistered message kind {kind!r}")
+    header = msgpack.packb(
+        {
+            "v": SCHEMA_VERSION,
+            "k": kind,
+            "p": identity.public_key,
+            "t": int((time.time() if ts is None else ts) * 1000),
+            "n": os.urandom(16),
+            "b": body,
+        },
+        use_bin_type=True,
+    )
+    frame = msgpack.packb([header, identity.sign(SIGNING_DOMAIN + header)], use_bin_type=True)
+    if len(frame) > _KIND_LIMITS[kind]:
+        raise ValueError(f"{kind} message of {len(frame)} bytes exceeds its {_KIND_LIMITS[kind]} byte limit")
+    return frame
+
+
+def _reject_ext(code: int, data: bytes) -> Any:
+    raise WireError("garbled", f"msgpack extension type {code} is not allowed")
+
+
+def _unpack(data: bytes, what: str) -> Any:
+    try:
+        return msgpack.unpackb(
+            data,
+            raw=False,
+            strict_map_key=True,
+            ext_hook=_reject_ext,
+            max_bin_len=MAX_FRAME,
+            max_str_len=MAX_FRAME,
+            max_array_len=1_000_000,
+            max_map_len=1_000_000,
+        )
+    except WireError:
+        raise
+    except (msgpack.ExtraData, msgpack.FormatError, msgpack.StackError) as exc:
+        raise WireError("garbled", f"{what} is not valid msgpack ({exc.__class__.__name__})") from None
+    except ValueError as exc:
+        text = str(exc)
+        reason = "truncated" if "incomplete" in text.lower() else "garbled"
+        raise WireError(reason, f"{what} could not be decoded ({text})") from None
+    except Exception as exc:
+        raise WireError("garbled", f"{what} could not be decoded ({exc.__class__.__name__})") from None
+
+
+class ReplayGuard:
+    """Rejects envelopes outside a time window or whose (sender, nonce) was already seen."""
+
+    def __init__(self, window_s: float = 300.0, max_entries: int = 200_000) -> None:
+        self.window_s = window_s
+        self.max_entries = max_entries
+        self._seen: OrderedDict[bytes, float] = OrderedDict()
+
+    def check(self, env: Envelope, now: float | None = None) -> None:
+        now = time.time() if now is None else now
+        if abs(now - env.ts) > self.window_s:
+            raise WireError("stale", f"timestamp is {now - env.ts:+.0f}s away from now (window {self.window_s:.0f}s)")
+        key = env.public_key + env.nonce
+        if key in self._seen:
+            raise WireError("replay", f"{env.kind} from {env.sender} was already received")
+        self._seen[key] = env.ts
+        while self._seen and (len(self._seen) > self.max_entries):
+            self._seen.popitem(last=False)
+        # Entries older than the window can never pass the time check again.
+        while self._seen:
+            oldest_key, oldest_ts = next(iter(self._seen.items()))
+            if now - oldest_ts <= self.window_s:
+                break
+            self._seen.popitem(last=False)
+
+
+def open_envelope(
+    frame: bytes,
+    *,
+    expect_kind: str | None = None,
+    replay: ReplayGuard | None = None,
+    limits: Mapping[str, int] | None = None,
+    now: float | None = None,
+) -> Envelope:
+    """Decode and verify an untrusted frame, or raise ``WireError``."""
+    if not isinstance(frame, (bytes, bytearray, memoryview)):
+        raise WireError("garbled", "frame is not bytes")
+    frame = bytes(frame)
+    if len(frame) > MAX_FRAME:
+        raise WireError("oversized", f"frame of {len(frame)} bytes exceeds {MAX_FRAME}")
+    outer = _unpack(frame, "frame")
+    if not (isinstance(outer, list) and len(outer) == 2 and all(isinstance(x, bytes) for x in outer)):
+        raise WireError("garbled", "frame is not [header, signature]")
+    header_bytes, signature = outer
+    header = _unpack(header_bytes, "header")
+    if not isinstance(header, dict):
+        raise WireError("garbled", "header is not a map")
+    version = header.get("v")
+    if version != SCHEMA_VERSION:
+        raise WireError("version", f"unknown schema version {version!r} (this node speaks {SCHEMA_VERSION})")
+    kind, pub, ts, nonce = header.get("k"), header.get("p"), header.get("t"), header.get("n")
+    if not isinstance(kind, str) or not isinstance(pub, bytes) or len(pub) != 32:
+        raise WireError("garbled", "header lacks a kind or a 32-byte public key")
+    if not isinstance(ts, int) or isinstance(ts, bool) or not isinstance(nonce, bytes) or len(nonce) != 16:
+        raise WireError("garbled", "header lacks a timestamp or a 16-byte nonce")
+    if "b" not in header:
+        raise WireError("garbled", "header has no body")
+    table = _KIND_LIMITS if limits is None else limits
+    if kind not in table:
+        raise WireError("kind", f"unknown message kind {kind!r}")
+    if len(frame) > table[kind]:
+        raise WireError("oversized", f"{kind} frame of {len(frame)} bytes exceeds its {table[kind]} byte limit")
+    if expect_kind is not None and kind != expect_kind:
+        raise WireError("kind", f"expected a {expect_kind} message, got {kind}")
+    if not verify(pub, SIGNING_DOMAIN + header_bytes, signature):
+        raise WireError("signature", f"bad signature on {kind} message")
+    env = Envelope(
+        kind=kind,
+        sender=peer_id_from_public_key(pub),
+        public_key=pub,
+        ts=ts / 1000.0,
+        nonce=nonce,
+        body=header["b"],
+        raw=frame,
+    )
+    if replay is not None:
+        replay.check(env, now)
+    return env

@@ -1,0 +1,152 @@
+"""Peer health: who is up, who is slipping, who is gone.
+
+The state is derived from one fact per peer, when it was last heard from (a ping answer or
+any valid message), against two thresholds, so every node applies the same rule and a killed
+peer turns ``down`` within ``down_after_s`` plus one probe interval.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+UP, SUSPECT, DOWN = "up", "suspect", "down"
+
+
+@dataclass(frozen=True)
+class HealthConfig:
+    ping_interval_s: float = 1.0
+    ping_timeout_s: float = 2.0
+    suspect_after_s: float = 4.0
+    down_after_s: float = 9.0
+    penalty_ignore_threshold: float = 10.0
+    penalty_ignore_s: float = 60.0
+    penalty_decay_per_s: float = 0.05
+
+    def __post_init__(self) -> None:
+        if not 0 < self.suspect_after_s < self.down_after_s:
+            raise ValueError("thresholds must satisfy 0 < suspect_after_s < down_after_s")
+        if self.ping_interval_s <= 0 or self.ping_timeout_s <= 0:
+            raise ValueError("ping interval and timeout must be positive")
+
+
+@dataclass
+class PeerRecord:
+    peer_id: str
+    first_seen: float
+    last_seen: float | None = None
+    rtt_ms: float | None = None
+    state: str = SUSPECT
+    addrs: list[str] = field(default_factory=list)
+    info: dict[str, Any] | None = None
+    penalty: float = 0.0
+    penalty_at: float = 0.0
+    ignored_until: float = 0.0
+    faults: int = 0
+    rounds_contributed: int = 0
+
+    def row(self) -> dict[str, Any]:
+        return {
+            "peer_id": self.peer_id,
+            "state": self.state,
+            "rtt_ms": None if self.rtt_ms is None else round(self.rtt_ms, 3),
+            "last_seen": self.last_seen,
+            "addrs": list(self.addrs),
+            "info": self.info,
+            "rounds_contributed": self.rounds_contributed,
+            "penalty": round(self.penalty, 2),
+        }
+
+
+StateListener = Callable[[PeerRecord, str, str], None]
+
+
+class PeerTable:
+    """Every peer this node knows of, with its health; pure bookkeeping, no I/O."""
+
+    def __init__(self, config: HealthConfig | None = None, clock: Callable[[], float] = time.time) -> None:
+        self.config = config or HealthConfig()
+        self.clock = clock
+        self._peers: dict[str, PeerRecord] = {}
+        self._listeners: list[StateListener] = []
+
+    def on_change(self, listener: StateListener) -> None:
+        self._listeners.append(listener)
+
+    def __contains__(self, peer_id: object) -> bool:
+        return peer_id in self._peers
+
+    def get(self, peer_id: str) -> PeerRecord | None:
+        return self._peers.get(peer_id)
+
+    def add(self, peer_id: str, addrs: list[str] | None = None) -> PeerRecord:
+        rec = self._peers.get(peer_id)
+        if rec is None:
+            rec = PeerRecord(peer_id=peer_id, first_seen=self.clock())
+            self._peers[peer_id] = rec
+        if addrs:
+            rec.addrs = sorted(set(addrs))
+        return rec
+
+    def all(self) -> list[PeerRecord]:
+        return list(self._peers.values())
+
+    def ids(self, state: str | None = None) -> list[str]:
+        return [p.peer_id for p in self._peers.values() if state is None or p.state == state]
+
+    def alive(self) -> list[str]:
+        """Peers worth talking to: up, and not being ignored for misbehaviour."""
+        now = self.clock()
+        return [p.peer_id for p in self._peers.values() if p.state == UP and p.ignored_until <= now]
+
+    def counts(self) -> dict[str, int]:
+        out = {UP: 0, SUSPECT: 0, DOWN: 0}
+        for p in self._peers.values():
+            out[p.state] += 1
+        out["peers"] = len(self._peers)
+        return out
+
+    def seen(self, peer_id: str, rtt_ms: float | None = None) -> None:
+        rec = self.add(peer_id)
+        rec.last_seen = self.clock()
+        if rtt_ms is not None:
+            rec.rtt_ms = rtt_ms if rec.rtt_ms is None else 0.7 * rec.rtt_ms + 0.3 * rtt_ms
+        self._set_state(rec, UP)
+
+    def reevaluate(self) -> None:
+        """Apply the thresholds to every peer; called after each probe sweep."""
+        now = self.clock()
+        for rec in self._peers.values():
+            ref = rec.last_seen if rec.last_seen is not None else rec.first_seen
+            silent = now - ref
+            if silent >= self.config.down_after_s:
+                self._set_state(rec, DOWN)
+            elif silent >= self.config.suspect_after_s:
+                self._set_state(rec, SUSPECT)
+
+    def _set_state(self, rec: PeerRecord, state: str) -> None:
+        if rec.state == state:
+            return
+        old, rec.state = rec.state, state
+        for listener in self._listeners:
+            listener(rec, old, state)
+
+    # -- penalties for bad input ------------------------------------------------------------
+
+    def penalise(self, peer_id: str, points: float = 1.0) -> PeerRecord:
+        """Score a fault; past the threshold the peer is ignored for a while."""
+        rec = self.add(peer_id)
+        now = self.clock()
+        decayed = max(0.0, rec.penalty - (now - rec.penalty_at) * self.config.penalty_decay_per_s)
+        rec.penalty = decayed + points
+        rec.penalty_at = now
+        rec.faults += 1
+        if rec.penalty >= self.config.penalty_ignore_threshold:
+            rec.ignored_until = now + self.config.penalty_ignore_s
+        return rec
+
+    def is_ignored(self, peer_id: str) -> bool:
+        rec = self._peers.get(peer_id)
+        return rec is not None and rec.ignored_until > self.clock()

@@ -1,0 +1,84 @@
+"""Building the py-libp2p host.
+
+py-libp2p offers TLS, secio and plaintext next to Noise unless told otherwise; a GPUFlex host
+offers Noise alone, so there is no downgrade path to plaintext, and yamux alone as muxer.
+"""
+
+from __future__ import annotations
+
+import errno
+import socket
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from mesh.identity import Identity
+
+if TYPE_CHECKING:
+    from libp2p.abc import IHost
+
+DEFAULT_LISTEN = "/ip4/0.0.0.0/tcp/4001"
+
+
+class HostError(RuntimeError):
+    """The host could not be created or could not listen."""
+
+
+def parse_multiaddr(text: str, what: str = "address"):  # type: ignore[no-untyped-def]
+    import multiaddr
+
+    try:
+        return multiaddr.Multiaddr(text)
+    except Exception as exc:
+        raise HostError(f"invalid {what} {text!r}: {exc}") from None
+
+
+def check_tcp_port_free(listen: str) -> None:
+    """Fail early with a clear message when the listen port is taken."""
+    ma = parse_multiaddr(listen, "listen address")
+    try:
+        host = ma.value_for_protocol("ip4") or ma.value_for_protocol("ip6")
+        port = int(ma.value_for_protocol("tcp"))
+    except Exception:
+        return
+    if port == 0:
+        return
+    family = socket.AF_INET6 if ":" in str(host) else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((str(host), port))
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise HostError(f"port {port} on {host} is already in use (choose another with --listen)") from None
+            raise HostError(f"cannot listen on {listen}: {exc.strerror}") from None
+
+
+def quiet_libp2p() -> None:
+    """py-libp2p 0.8.1 warns about routine events (clean DHT stream ends, stores that did
+    succeed); unless LIBP2P_DEBUG asks for them, keep them off the user's terminal."""
+    import logging
+    import os
+
+    if not os.environ.get("LIBP2P_DEBUG"):
+        logging.getLogger("libp2p").setLevel(logging.CRITICAL)
+
+
+def build_host(identity: Identity, listen: Sequence[str], announce: Sequence[str] = ()) -> IHost:
+    from libp2p import create_yamux_muxer_option, new_host
+
+    quiet_libp2p()
+    from libp2p.crypto.x25519 import create_new_key_pair as new_x25519
+    from libp2p.security.noise.transport import PROTOCOL_ID as NOISE_ID
+    from libp2p.security.noise.transport import Transport as NoiseTransport
+
+    keypair = identity.libp2p_keypair()
+    security = {NOISE_ID: NoiseTransport(keypair, noise_privkey=new_x25519().private_key)}
+    listen_addrs = [parse_multiaddr(a, "listen address") for a in listen]
+    announce_addrs = [parse_multiaddr(a, "announce address") for a in announce] or None
+    return new_host(
+        key_pair=keypair,
+        sec_opt=security,
+        muxer_opt=create_yamux_muxer_option(),
+        listen_addrs=listen_addrs,
+        announce_addrs=announce_addrs,
+    )

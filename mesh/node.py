@@ -1,0 +1,557 @@
+"""MeshNode: one peer of the mesh, embeddable in any trio program.
+
+It owns the libp2p host and the Kademlia DHT, keeps the peer table healthy, publishes this
+node's signed NodeInfo, and exposes three verbs to the layers above: ``request`` (a direct,
+acknowledged message with an optional bulk payload), ``broadcast`` (flood gossip) and
+``fetch_blob`` (content-addressed download from whoever has it).
+
+    async with MeshNode.start(identity, MeshConfig(listen=["/ip4/127.0.0.1/tcp/0"])) as node:
+        print(node.multiaddrs())
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from mesh import __version__
+from mesh.blob import BLOB_PROTOCOL, BlobError, BlobIntegrityError, BlobStore, receive_blob, serve_blob
+from mesh.codec import MAX_FRAME, ReplayGuard, WireError, open_envelope, register_kind, seal
+from mesh.framing import read_frame, read_into, read_len64, read_obj, write_frame, write_len64, write_obj
+from mesh.health import DOWN, UP, HealthConfig, PeerTable
+from mesh.host import DEFAULT_LISTEN, HostError, build_host, check_tcp_port_free, parse_multiaddr
+from mesh.identity import Identity
+from mesh.messaging import (
+    GOSSIP_PROTOCOL,
+    MSG_PROTOCOL,
+    HandlerTable,
+    Inbound,
+    Rejected,
+    SeenCache,
+    SendError,
+)
+from mesh.records import NODEINFO_NS, RecordValidator, nodeinfo_key
+
+log = logging.getLogger("mesh.node")
+PING_PROTOCOL = "/ipfs/ping/1.0.0"
+INFO_REQUEST = "info_req"
+register_kind(INFO_REQUEST, 1024)
+
+EventSink = Callable[..., None]
+
+
+class BootstrapError(RuntimeError):
+    """None of the bootstrap addresses could be reached."""
+
+
+@dataclass
+class MeshConfig:
+    listen: list[str] = field(default_factory=lambda: [DEFAULT_LISTEN])
+    announce: list[str] = field(default_factory=list)
+    bootstrap: list[str] = field(default_factory=list)
+    client_mode: bool = False
+    data_dir: Path | None = None
+    health: HealthConfig = field(default_factory=HealthConfig)
+    node_info: dict[str, Any] = field(default_factory=dict)
+    bootstrap_timeout_s: float = 20.0
+    refresh_fast_s: float = 1.0
+    refresh_slow_s: float = 15.0
+    fast_refresh_period_s: float = 30.0
+    max_payload: int = 4 << 30
+    gossip_window_s: float = 600.0
+
+
+class MeshNode:
+    def __init__(self, identity: Identity, config: MeshConfig, on_event: EventSink | None = None) -> None:
+        self.identity = identity
+        self.config = config
+        self.peer_id = identity.peer_id
+        self.peers = PeerTable(config.health)
+        self.handlers = HandlerTable()
+        self.replay = ReplayGuard()
+        self.seen = SeenCache()
+        data_dir = config.data_dir or Path.cwd() / ".gpuflex-mesh"
+        self.blobs = BlobStore(Path(data_dir) / "blobs")
+        self.blob_holders: dict[str, set[str]] = {}
+        self._on_event = on_event or (lambda *a, **k: None)
+        self._nursery: trio.Nursery | None = None
+        self._stopped = trio.Event()
+        self._info_frame: bytes | None = None
+        self._info_loading: set[str] = set()
+        self.started_at = time.time()
+        self.host: Any = None
+        self.dht: Any = None
+        self.bytes_sent = 0
+        self.bytes_received = 0
+        self.peers.on_change(self._peer_state_changed)
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    @classmethod
+    @asynccontextmanager
+    async def start(
+        cls, identity: Identity, config: MeshConfig, on_event: EventSink | None = None
+    ) -> AsyncIterator[MeshNode]:
+        """Run a node for the duration of the ``async with`` block."""
+        node = cls(identity, config, on_event)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(node.run)
+            try:
+                yield node
+            finally:
+                node.stop()
+
+    def stop(self) -> None:
+        self._stopped.set()
+
+    async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        """Serve until ``stop()``; reports started once listening and bootstrapped."""
+        from libp2p.kad_dht.kad_dht import DHTMode, KadDHT
+        from libp2p.records.validator import NamespacedValidator
+        from libp2p.tools.anyio_service import background_trio_service
+
+        for addr in self.config.listen:
+            check_tcp_port_free(addr)
+        try:
+            self.host = build_host(self.identity, self.config.listen, self.config.announce)
+        except HostError:
+            raise
+        except Exception as exc:
+            raise HostError(f"could not create the libp2p host: {exc}") from exc
+        listen = [parse_multiaddr(a, "listen address") for a in self.config.listen]
+        async with self.host.run(listen), trio.open_nursery() as nursery:
+            self._nursery = nursery
+            validator = NamespacedValidator({NODEINFO_NS: RecordValidator("nodeinfo")})
+            mode = DHTMode.CLIENT if self.config.client_mode else DHTMode.SERVER
+            self.dht = KadDHT(self.host, mode, validator=validator, validator_changed=True)
+            self.host.set_stream_handler(MSG_PROTOCOL, self._guard(self._handle_msg))
+            self.host.set_stream_handler(GOSSIP_PROTOCOL, self._guard(self._handle_gossip))
+            self.host.set_stream_handler(BLOB_PROTOCOL, self._guard(self._handle_blob))
+            self.handlers.register(INFO_REQUEST, self._answer_info_request)
+            async with background_trio_service(self.dht):
+                self._info_frame = self._seal_node_info()
+                await self._bootstrap()
+                nursery.start_soon(self._discovery_loop)
+                nursery.start_soon(self._health_loop)
+                nursery.start_soon(self._publish_loop)
+                self._on_event("node_started", message=f"listening on {', '.join(self.multiaddrs())}")
+                task_status.started(self)
+                await self._stopped.wait()
+                nursery.cancel_scope.cancel()
+
+    # -- addresses and info ------------------------------------------------------------------
+
+    def multiaddrs(self) -> list[str]:
+        if self.host is None:
+            return []
+        return [f"{a}" if "/p2p/" in str(a) else f"{a}/p2p/{self.peer_id}" for a in self.host.get_addrs()]
+
+    def node_info(self) -> dict[str, Any]:
+        info = {"version": __version__, **self.config.node_info}
+        info["peer_id"] = self.peer_id
+        info["addrs"] = [str(a).split("/p2p/")[0] for a in self.multiaddrs()]
+        info["ts"] = time.time()
+        return info
+
+    def _seal_node_info(self) -> bytes:
+        return seal(self.identity, "nodeinfo", self.node_info())
+
+    async def _answer_info_request(self, msg: Inbound) -> bytes | None:
+        return self._info_frame
+
+    async def fetch_node_info(self, peer: str, timeout: float = 5.0) -> dict[str, Any] | None:
+        """NodeInfo of ``peer``: asked of the peer itself, else looked up in the DHT by PeerID."""
+        frame: Any = None
+        try:
+            frame = await self.request(peer, seal(self.identity, INFO_REQUEST, {}), timeout=timeout / 2)
+        except SendError:
+            with trio.move_on_after(timeout / 2):
+                try:
+                    frame = await self.dht.get_value(nodeinfo_key(peer))
+                except Exception as exc:
+                    log.debug("DHT lookup of NodeInfo for %s failed: %s", peer, exc)
+        if not isinstance(frame, bytes):
+            return None
+        try:
+            env = open_envelope(frame, expect_kind="nodeinfo")
+        except WireError as exc:
+            self._reject(peer, exc, "nodeinfo")
+            return None
+        if env.sender != peer or not isinstance(env.body, dict):
+            self._reject(peer, WireError("signature", "NodeInfo is signed by another peer"), "nodeinfo")
+            return None
+        return env.body
+
+    # -- background loops --------------------------------------------------------------------
+
+    async def _bootstrap(self) -> None:
+        if not self.config.bootstrap:
+            log.info("no bootstrap address: starting a new mesh")
+            return
+        from libp2p.peer.peerinfo import info_from_p2p_addr
+
+        errors: list[str] = []
+        reached = 0
+        with trio.move_on_after(self.config.bootstrap_timeout_s):
+            for attempt in range(1000):
+                for text in self.config.bootstrap:
+                    try:
+                        pinfo = info_from_p2p_addr(parse_multiaddr(text, "bootstrap address"))
+                    except HostError:
+                        raise
+                    except Exception as exc:
+                        raise HostError(f"bootstrap address {text!r} needs a /p2p/<peer id> part ({exc})") from None
+                    if str(pinfo.peer_id) == self.peer_id:
+                        continue
+                    try:
+                        with trio.fail_after(5):
+                            await self.host.connect(pinfo)
+                        await self.dht.add_peer(pinfo.peer_id)
+                        self.peers.seen(str(pinfo.peer_id))
+                        reached += 1
+                    except Exception as exc:
+                        errors.append(f"{text}: {exc.__class__.__name__} {exc}".strip())
+                if reached:
+                    return
+                await trio.sleep(min(2.0, 0.25 * (attempt + 1)))
+        if not reached and any(
+            str(parse_multiaddr(t, "bootstrap address")).split("/p2p/")[-1] != self.peer_id
+            for t in self.config.bootstrap
+        ):
+            detail = errors[-1] if errors else "timed out"
+            raise BootstrapError(f"cannot reach any bootstrap peer ({detail})")
+
+    def _learn_routing_table(self) -> None:
+        for pid in self.dht.routing_table.get_peer_ids():
+            self._learn(pid)
+        for pid in self.host.get_connected_peers():
+            self._learn(pid)
+
+    def _learn(self, pid: Any) -> None:
+        text = str(pid)
+        if text == self.peer_id:
+            return
+        try:
+            addrs = [str(a) for a in self.host.get_peerstore().addrs(pid)]
+        except Exception:
+            addrs = []
+        self.peers.add(text, addrs)
+
+    async def _load_info(self, peer: str) -> None:
+        try:
+            info = await self.fetch_node_info(peer)
+            rec = self.peers.get(peer)
+            if info is not None and rec is not None:
+                rec.info = info
+        finally:
+            self._info_loading.discard(peer)
+
+    async def _discovery_loop(self) -> None:
+        started = time.monotonic()
+        while True:
+            with trio.move_on_after(10):
+                try:
+                    await self.dht.refresh_routing_table()
+                except Exception as exc:
+                    log.debug("routing table refresh failed: %s", exc)
+            try:
+                self._learn_routing_table()
+            except Exception as exc:
+                log.warning("could not read the routing table: %s", exc)
+            fast = time.monotonic() - started < self.config.fast_refresh_period_s
+            await trio.sleep(self.config.refresh_fast_s if fast else self.config.refresh_slow_s)
+
+    async def _publish_loop(self) -> None:
+        delay = 1.0
+        while True:
+            self._info_frame = self._seal_node_info()
+            with trio.move_on_after(10):
+                try:
+                    await self.dht.put_value(nodeinfo_key(self.peer_id), self._info_frame)
+                except Exception as exc:
+                    log.debug("publishing NodeInfo failed: %s", exc)
+            await trio.sleep(delay)
+            delay = min(delay * 2, 60.0)
+
+    async def _health_loop(self) -> None:
+        cfg = self.config.health
+        while True:
+            async with trio.open_nursery() as sweep:
+                for rec in self.peers.all():
+                    due = rec.state != DOWN or int(time.time()) % 5 == 0
+                    if due:
+                        sweep.start_soon(self._probe, rec.peer_id)
+            self.peers.reevaluate()
+            for rec in self.peers.all():
+                if rec.info is None and rec.state == UP and rec.peer_id not in self._info_loading:
+                    self._info_loading.add(rec.peer_id)
+                    self._nursery.start_soon(self._load_info, rec.peer_id)  # type: ignore[union-attr]
+            await trio.sleep(cfg.ping_interval_s)
+
+    async def _probe(self, peer: str) -> None:
+        import os
+
+        with trio.move_on_after(self.config.health.ping_timeout_s):
+            try:
+                stream = await self._open(peer, PING_PROTOCOL, self.config.health.ping_timeout_s)
+                try:
+                    payload = os.urandom(32)
+                    t0 = time.perf_counter()
+                    await stream.write(payload)
+                    from mesh.framing import read_exactly
+
+                    echo = await read_exactly(stream, 32)
+                    rtt = (time.perf_counter() - t0) * 1000
+                finally:
+                    await _close(stream)
+                if echo == payload:
+                    self.peers.seen(peer, rtt)
+            except Exception as exc:
+                log.debug("ping %s failed: %s", peer, exc)
+
+    def _peer_state_changed(self, rec: Any, old: str, new: str) -> None:
+        self._on_event(f"peer_{new}", peer=rec.peer_id, message=f"peer {rec.peer_id[-8:]} is {new}")
+
+    # -- inbound streams ---------------------------------------------------------------------
+
+    def _guard(self, handler: Callable[[Any, str], Any]) -> Callable[[Any], Any]:
+        async def run(stream: Any) -> None:
+            remote = str(stream.muxed_conn.peer_id)
+            if self.peers.is_ignored(remote):
+                await _reset(stream)
+                return
+            try:
+                await handler(stream, remote)
+            except WireError as exc:
+                self._reject(remote, exc, stream.get_protocol() if hasattr(stream, "get_protocol") else "")
+                await _reset(stream)
+            except trio.Cancelled:
+                raise
+            except Exception as exc:
+                log.warning("error while serving %s: %s: %s", remote[-8:], exc.__class__.__name__, exc)
+                await _reset(stream)
+            else:
+                await _close(stream)
+
+        return run
+
+    def _reject(self, peer: str, exc: WireError, what: Any) -> None:
+        rec = self.peers.penalise(peer, 1.0)
+        log.warning("rejected input from %s (%s): %s; penalty now %.1f", peer[-8:], what, exc, rec.penalty)
+        self._on_event("rejected", peer=peer, reason=exc.reason, message=f"rejected {what} from {peer[-8:]}: {exc}")
+
+    async def _handle_msg(self, stream: Any, remote: str) -> None:
+        frame = await read_frame(stream, MAX_FRAME)
+        env = open_envelope(frame, replay=self.replay)
+        if env.sender != remote:
+            raise WireError("impersonation", f"{env.kind} signed by {env.sender[-8:]} arrived from {remote[-8:]}")
+        size = await read_len64(stream)
+        if size > self.config.max_payload:
+            raise WireError("oversized", f"payload of {size} bytes exceeds {self.config.max_payload}")
+        payload: bytes | None = None
+        if size:
+            buf = bytearray(size)
+            await read_into(stream, memoryview(buf))
+            payload = bytes(buf)
+        self.bytes_received += len(frame) + size
+        self.peers.seen(remote)
+        try:
+            reply = await self.handlers.dispatch(Inbound(env, payload, remote, gossip=False))
+        except Rejected as exc:
+            await write_obj(stream, {"ok": False, "error": str(exc)})
+            return
+        except WireError as exc:
+            await write_obj(stream, {"ok": False, "error": str(exc)})
+            raise
+        await write_frame(stream, _pack_reply(reply))
+
+    async def _handle_gossip(self, stream: Any, remote: str) -> None:
+        frame = await read_frame(stream, MAX_FRAME)
+        env = open_envelope(frame)
+        self.bytes_received += len(frame)
+        self.peers.seen(remote)
+        if abs(time.time() - env.ts) > self.config.gossip_window_s:
+            raise WireError("stale", f"gossiped {env.kind} is {time.time() - env.ts:.0f}s old")
+        if not self.seen.add(env.msg_id):
+            return
+        if self._nursery is not None:
+            self._nursery.start_soon(self._forward, frame, {remote, env.sender})
+        try:
+            await self.handlers.dispatch(Inbound(env, None, remote, gossip=True))
+        except Rejected as exc:
+            log.info("ignored gossiped %s from %s: %s", env.kind, env.sender[-8:], exc)
+
+    async def _handle_blob(self, stream: Any, remote: str) -> None:
+        digest = await serve_blob(stream, self.blobs)
+        if digest:
+            self.bytes_sent += self.blobs.size(digest)
+
+    # -- outbound ----------------------------------------------------------------------------
+
+    async def _open(self, peer: str, protocol: str, timeout: float) -> Any:
+        from libp2p.peer.id import ID
+
+        with trio.fail_after(timeout):
+            return await self.host.new_stream(ID.from_base58(peer), [protocol])
+
+    async def request(self, peer: str, frame: bytes, payload: bytes | memoryview | None = None,
+                      timeout: float = 30.0) -> Any:
+        """Deliver a signed frame (and payload) to ``peer`` and return its handler's reply."""
+        if peer == self.peer_id:
+            raise SendError("cannot send to self")
+        try:
+            with trio.fail_after(timeout):
+                stream = await self._open(peer, MSG_PROTOCOL, timeout)
+                try:
+                    await write_frame(stream, frame)
+                    size = 0 if payload is None else len(payload)
+                    await write_len64(stream, size)
+                    if payload is not None:
+                        view = memoryview(payload)
+                        for start in range(0, size, 1 << 20):
+                            await stream.write(bytes(view[start : start + (1 << 20)]))
+                    self.bytes_sent += len(frame) + size
+                    reply = await read_obj(stream, MAX_FRAME)
+                finally:
+                    await _close(stream)
+        except trio.TooSlowError:
+            raise SendError(f"peer {peer[-8:]} did not answer within {timeout:.0f}s") from None
+        except (WireError, OSError) as exc:
+            raise SendError(f"peer {peer[-8:]}: {exc}") from None
+        except Exception as exc:
+            raise SendError(f"peer {peer[-8:]}: {exc.__class__.__name__}: {exc}") from None
+        if not isinstance(reply, dict) or not reply.get("ok"):
+            err = reply.get("error", "refused") if isinstance(reply, dict) else "garbled reply"
+            raise SendError(f"peer {peer[-8:]} refused the message: {err}")
+        self.peers.seen(peer)
+        return reply.get("reply")
+
+    async def broadcast(self, frame: bytes) -> int:
+        """Flood a signed frame to the mesh; also delivers it to this node's own handler."""
+        env = open_envelope(frame)
+        self.seen.add(env.msg_id)
+        targets = await self._forward(frame, set())
+        try:
+            await self.handlers.dispatch(Inbound(env, None, self.peer_id, gossip=True))
+        except Rejected as exc:
+            log.info("own %s was not applied locally: %s", env.kind, exc)
+        return targets
+
+    async def _forward(self, frame: bytes, exclude: set[str]) -> int:
+        targets = [p for p in self.peers.alive() if p not in exclude]
+
+        async def push(peer: str) -> None:
+            with trio.move_on_after(10):
+                try:
+                    stream = await self._open(peer, GOSSIP_PROTOCOL, 5)
+                    try:
+                        await write_frame(stream, frame)
+                        self.bytes_sent += len(frame)
+                    finally:
+                        await _close(stream)
+                except Exception as exc:
+                    log.debug("gossip to %s failed: %s", peer[-8:], exc)
+
+        async with trio.open_nursery() as nursery:
+            for peer in targets:
+                nursery.start_soon(push, peer)
+        return len(targets)
+
+    # -- blobs -------------------------------------------------------------------------------
+
+    def note_holder(self, digest: str, peer: str) -> None:
+        self.blob_holders.setdefault(digest, set()).add(peer)
+
+    async def announce_blob(self, digest: str) -> None:
+        """Advertise a provider record so any peer can find this blob by hash."""
+        with trio.move_on_after(5):
+            try:
+                await self.dht.provide(digest)
+            except Exception as exc:
+                log.debug("provide %s failed: %s", digest[:12], exc)
+
+    async def fetch_blob(self, digest: str, providers: Sequence[str] = (), timeout: float = 120.0) -> Path:
+        """Download ``digest`` from the first provider that serves the right bytes."""
+        if self.blobs.has(digest):
+            return self.blobs.path(digest)
+        candidates = [p for p in providers if p != self.peer_id]
+        candidates += [p for p in sorted(self.blob_holders.get(digest, ())) if p not in candidates]
+        if not candidates:
+            with trio.move_on_after(5):
+                try:
+                    found = await self.dht.find_providers(digest, 8)
+                    candidates += [str(p.peer_id) for p in found if str(p.peer_id) != self.peer_id]
+                except Exception as exc:
+                    log.debug("find_providers %s failed: %s", digest[:12], exc)
+        errors: list[str] = []
+        for peer in candidates:
+            if self.peers.is_ignored(peer):
+                continue
+            try:
+                with trio.fail_after(timeout):
+                    stream = await self._open(peer, BLOB_PROTOCOL, 10)
+                    try:
+                        path = await receive_blob(stream, self.blobs, digest, peer, self.config.max_payload)
+                    finally:
+                        await _close(stream)
+                self.bytes_received += path.stat().st_size
+                self.peers.seen(peer)
+                return path
+            except BlobIntegrityError as exc:
+                self._reject(peer, WireError("hash", str(exc)), "blob")
+                errors.append(str(exc))
+            except (BlobError, WireError) as exc:
+                errors.append(str(exc))
+            except Exception as exc:
+                errors.append(f"{peer[-8:]}: {exc.__class__.__name__}: {exc}")
+        detail = "; ".join(errors) if errors else "no peer has it"
+        if any("wrong bytes" in e for e in errors):
+            raise BlobIntegrityError(candidates[0], digest, "mismatch") if len(candidates) == 1 else BlobError(
+                f"could not fetch blob {digest[:16]}…: {detail}")
+        raise BlobError(f"could not fetch blob {digest[:16]}…: {detail}")
+
+    # -- reporting ---------------------------------------------------------------------------
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "peer_id": self.peer_id,
+            "addrs": self.multiaddrs(),
+            "uptime_s": round(time.time() - self.started_at, 1),
+            "mesh": self.peers.counts(),
+            "routing_table": self.dht.get_routing_table_size() if self.dht else 0,
+            "bytes_sent": self.bytes_sent,
+            "bytes_received": self.bytes_received,
+        }
+
+    def up_peers(self) -> list[str]:
+        return [p for p in self.peers.ids(UP)]
+
+
+def _pack_reply(reply: Any) -> bytes:
+    import msgpack
+
+    return msgpack.packb({"ok": True, "reply": reply}, use_bin_type=True)
+
+
+async def _close(stream: Any) -> None:
+    with trio.move_on_after(2):
+        try:
+            await stream.close()
+        except Exception:
+            pass
+
+
+async def _reset(stream: Any) -> None:
+    with trio.move_on_after(2):
+        try:
+            await stream.reset()
+        except Exception:
+            pass
+
