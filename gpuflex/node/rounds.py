@@ -532,7 +532,7 @@ class JobRunner:
             "coordinator": coordinator, "is_coordinator": coordinator == self.me, "role": self.role,
             "members": list(plan.members) if plan else self.eligible(), "error": self.error,
             "model_hash": self.head_model,
-            "metrics": [{"round": x.round, **{k: x.metrics.get(k) for k in
+            "metrics": [{"round": x.round, "coordinator": x.coordinator, **{k: x.metrics.get(k) for k in
                          ("loss", "accuracy", "train_loss", "contributors", "duration_s")}}
                         for x in self.ledger.results],
         }

@@ -1,0 +1,172 @@
+"""A mesh of real node processes on loopback, for the demo, the tests and the benchmarks.
+
+Each node is a separate ``gpuflex node start`` process with its own home, listening on
+127.0.0.1 with an ephemeral port, and only the first node's address as bootstrap. Every wait
+is bounded, and ``close()`` (also run on Ctrl-C) leaves no process behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from gpuflex.client import ControlClient, ControlError, call
+from gpuflex.home import CONTROL_FILE
+
+
+class MeshStartError(RuntimeError):
+    """The local mesh did not come up in time."""
+
+
+class LocalMesh:
+    def __init__(self, base: Path, size: int, extra_args: Sequence[str] = (),
+                 node_args: Callable[[int], Sequence[str]] | None = None, log_level: str = "info",
+                 env: dict[str, str] | None = None) -> None:
+        self.base = Path(base)
+        self.size = size
+        self.extra_args = list(extra_args)
+        self.node_args = node_args
+        self.log_level = log_level
+        self.env = {**os.environ, "GPUFLEX_TORCH_THREADS": "1", "PYTHONUNBUFFERED": "1", **(env or {})}
+        self.procs: dict[int, subprocess.Popen[bytes]] = {}
+        self.bootstrap: str | None = None
+
+    def home(self, i: int) -> Path:
+        return self.base / f"node{i}"
+
+    def log_path(self, i: int) -> Path:
+        return self.base / f"node{i}.log"
+
+    # -- processes ---------------------------------------------------------------------------
+
+    def start_node(self, i: int, wait: bool = True, timeout: float = 60.0) -> None:
+        home = self.home(i)
+        home.mkdir(parents=True, exist_ok=True)
+        (home / CONTROL_FILE).unlink(missing_ok=True)
+        cmd = [sys.executable, "-m", "gpuflex", "node", "start", "--home", str(home),
+               "--listen", "/ip4/127.0.0.1/tcp/0", "--log-level", self.log_level, *self.extra_args]
+        if self.node_args is not None:
+            cmd += list(self.node_args(i))
+        if self.bootstrap and i != 0:
+            cmd += ["--bootstrap", self.bootstrap]
+        log = open(self.log_path(i), "ab")  # noqa: SIM115 - owned by the child process
+        self.procs[i] = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env,
+                                         start_new_session=True)
+        log.close()
+        if wait:
+            self.wait_api(i, timeout)
+
+    def wait_api(self, i: int, timeout: float = 60.0) -> dict[str, Any]:
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            proc = self.procs.get(i)
+            if proc is not None and proc.poll() is not None:
+                tail = self.log_path(i).read_text(errors="replace")[-2000:]
+                raise MeshStartError(f"node {i} exited with code {proc.returncode}:\n{tail}")
+            if (self.home(i) / CONTROL_FILE).exists():
+                try:
+                    return self.call(i, "status", timeout=5)
+                except ControlError:
+                    pass
+            time.sleep(0.2)
+        raise MeshStartError(f"node {i} did not start within {timeout:.0f}s")
+
+    def start(self, timeout: float = 90.0) -> None:
+        """Start every node; node 0 first, the rest bootstrapping from it."""
+        self.start_node(0, timeout=timeout)
+        self.bootstrap = self.call(0, "status")["addrs"][0]
+        for i in range(1, self.size):
+            self.start_node(i, wait=False)
+        for i in range(1, self.size):
+            self.wait_api(i, timeout)
+
+    def kill(self, i: int, sig: int = signal.SIGKILL) -> None:
+        proc = self.procs.get(i)
+        if proc is not None and proc.poll() is None:
+            os.killpg(proc.pid, sig)
+            proc.wait(timeout=30)
+
+    def alive(self, i: int) -> bool:
+        proc = self.procs.get(i)
+        return proc is not None and proc.poll() is None
+
+    def close(self, grace: float = 5.0) -> None:
+        for i in list(self.procs):
+            if self.alive(i):
+                try:
+                    call("shutdown", home=self.home(i), timeout=2)
+                except ControlError:
+                    pass
+        deadline = time.time() + grace
+        for i, proc in self.procs.items():
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.time()))
+            except subprocess.TimeoutExpired:
+                self.kill(i, signal.SIGKILL)
+        self.procs.clear()
+
+    def __enter__(self) -> LocalMesh:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- queries -----------------------------------------------------------------------------
+
+    def call(self, i: int, method: str, params: dict[str, Any] | None = None, timeout: float = 10.0) -> Any:
+        return call(method, params, home=self.home(i), timeout=timeout)
+
+    def client(self, i: int) -> ControlClient:
+        return ControlClient.for_home(self.home(i))
+
+    def wait_until(self, predicate: Callable[[], bool], timeout: float, interval: float = 0.5,
+                   what: str = "condition") -> float:
+        """Poll ``predicate`` until true; returns seconds waited, raises TimeoutError otherwise."""
+        start = time.time()
+        while time.time() - start < timeout:
+            try:
+                if predicate():
+                    return time.time() - start
+            except ControlError:
+                pass
+            time.sleep(interval)
+        raise TimeoutError(f"{what} not reached within {timeout:.0f}s")
+
+    def up_counts(self, nodes: Sequence[int] | None = None) -> list[int]:
+        idx = range(self.size) if nodes is None else nodes
+        return [sum(1 for p in self.call(i, "peers") if p["state"] == "up") for i in idx]
+
+    def wait_connected(self, timeout: float = 60.0) -> float:
+        live = [i for i in range(self.size) if self.alive(i)]
+        need = len(live) - 1
+        return self.wait_until(lambda: min(self.up_counts(live)) >= need, timeout, what="full discovery")
+
+    def submit(self, spec: dict[str, Any], node: int = 0) -> str:
+        return str(self.call(node, "job_submit", {"spec": spec}, timeout=30)["job_id"])
+
+    def job(self, i: int, job: str) -> dict[str, Any]:
+        return dict(self.call(i, "job_status", {"job": job}))
+
+    def wait_job(self, job: str, nodes: Sequence[int], timeout: float,
+                 on_tick: Callable[[dict[str, Any]], None] | None = None) -> None:
+        def done() -> bool:
+            states = [self.job(i, job) for i in nodes]
+            if on_tick is not None:
+                on_tick(states[0])
+            failed = [s for s in states if s["state"] == "failed"]
+            if failed:
+                raise RuntimeError(f"job failed: {failed[0].get('error')}")
+            return all(s["state"] == "done" for s in states)
+
+        self.wait_until(done, timeout, interval=0.5, what=f"job {job} completion")
+
+
+def write_json(path: Path, obj: Any) -> None:
+    path.write_text(json.dumps(obj, indent=2, default=str))

@@ -1,0 +1,156 @@
+"""Local training and evaluation with torch, on whatever device the machine has.
+
+Members of one job can mix CPUs and GPUs: the weights that travel are float32 on the CPU, so
+the device only matters inside a round. Several node processes often share a small machine,
+so torch is held to ``GPUFLEX_TORCH_THREADS`` (default 1) intra-op threads; otherwise each
+process would start one thread per core and they would all contend.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+
+from gpuflex.jobspec import JobSpec
+from gpuflex.plugins import PluginError, load_callable
+
+_threads_lock = threading.Lock()
+_threads_set = False
+
+
+def configure_threads() -> None:
+    """Apply ``GPUFLEX_TORCH_THREADS`` once per process."""
+    global _threads_set
+    with _threads_lock:
+        if not _threads_set:
+            torch.set_num_threads(max(1, int(os.environ.get("GPUFLEX_TORCH_THREADS", "1"))))
+            _threads_set = True
+
+
+def pick_device() -> torch.device:
+    """CUDA, then Apple MPS, then the CPU; ``GPUFLEX_DEVICE`` (e.g. ``cpu``, ``cuda:1``) wins."""
+    forced = os.environ.get("GPUFLEX_DEVICE", "").strip()
+    if forced:
+        return torch.device(forced)
+    if torch.cuda.is_available():
+        return torch.device("cuda")
+    mps = getattr(torch.backends, "mps", None)
+    if mps is not None and mps.is_available():
+        return torch.device("mps")
+    return torch.device("cpu")
+
+
+def make_optimizer(model: nn.Module, spec: JobSpec) -> torch.optim.Optimizer:
+    """A fresh inner optimizer every round: its state is local and never averaged (FedAvg)."""
+    params = model.parameters()
+    if spec.optimizer == "sgd":
+        return torch.optim.SGD(params, lr=spec.lr, weight_decay=spec.weight_decay)
+    if spec.optimizer == "momentum":
+        return torch.optim.SGD(params, lr=spec.lr, momentum=0.9, weight_decay=spec.weight_decay)
+    if spec.optimizer == "adam":
+        return torch.optim.Adam(params, lr=spec.lr, weight_decay=spec.weight_decay)
+    if spec.optimizer == "adamw":
+        return torch.optim.AdamW(params, lr=spec.lr, weight_decay=spec.weight_decay)
+    raise ValueError(f"unknown optimizer {spec.optimizer!r}")
+
+
+def _batches(loader: DataLoader, spec: JobSpec) -> Iterator[Any]:
+    """local_epochs full passes, or exactly local_steps batches cycling through the data."""
+    if spec.uses_steps:
+        done = 0
+        while done < spec.local_steps:
+            for batch in loader:
+                yield batch
+                done += 1
+                if done == spec.local_steps:
+                    return
+            if done == 0:  # an empty loader would otherwise spin forever
+                return
+    else:
+        for _ in range(spec.local_epochs):
+            yield from loader
+
+
+def _to_device(
+    x: torch.Tensor, y: torch.Tensor, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Move a batch; float64 features (numpy's default) become float32 like the weights."""
+    if x.dtype == torch.float64:
+        x = x.float()
+    return x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+
+
+def local_train(
+    model: nn.Module, loader: DataLoader, spec: JobSpec, device: torch.device
+) -> dict[str, Any]:
+    """Train in place; returns the mean loss, samples seen and optimizer steps taken."""
+    configure_threads()
+    model.to(device).train()
+    optimizer = make_optimizer(model, spec)
+    loss_fn = nn.CrossEntropyLoss()
+    total_loss, samples, steps = 0.0, 0, 0
+    for x, y in _batches(loader, spec):
+        x, y = _to_device(x, y, device)
+        optimizer.zero_grad(set_to_none=True)
+        loss = loss_fn(model(x), y)
+        loss.backward()
+        optimizer.step()
+        total_loss += float(loss.detach()) * len(y)
+        samples += len(y)
+        steps += 1
+    return {
+        "train_loss": total_loss / samples if samples else math.nan,
+        "samples": samples,
+        "steps": steps,
+    }
+
+
+def run_train_fn(
+    model: nn.Module, loader: DataLoader, spec: JobSpec, device: torch.device
+) -> dict[str, Any]:
+    """The user's own loop (``train_fn``) in place of :func:`local_train`.
+
+    ``settings`` is the job as a plain dict plus ``device``; the returned metrics must be a
+    dict, and numbers the node needs but the user left out are filled in.
+    """
+    configure_threads()
+    fn = load_callable(spec.train_fn, "train_fn")
+    model.to(device).train()
+    settings = {**spec.to_dict(), "device": device}
+    metrics = fn(model, loader, settings)
+    if not isinstance(metrics, dict):
+        raise PluginError(
+            f"train_fn {spec.train_fn!r} returned {type(metrics).__name__}, expected a dict of metrics"
+        )
+    metrics = dict(metrics)
+    metrics.setdefault("train_loss", math.nan)
+    metrics.setdefault("samples", len(loader.dataset))  # type: ignore[arg-type]
+    metrics.setdefault("steps", 0)
+    return metrics
+
+
+@torch.no_grad()
+def evaluate(
+    model: nn.Module, dataset: Dataset, device: torch.device, batch_size: int = 512
+) -> dict[str, float]:
+    """Mean cross-entropy and accuracy over the whole dataset."""
+    configure_threads()
+    model.to(device).eval()
+    loss_fn = nn.CrossEntropyLoss(reduction="sum")
+    total_loss, correct, count = 0.0, 0, 0
+    for x, y in DataLoader(dataset, batch_size=batch_size):
+        x, y = _to_device(x, y, device)
+        logits = model(x)
+        total_loss += float(loss_fn(logits, y))
+        correct += int((logits.argmax(dim=1) == y).sum())
+        count += len(y)
+    if count == 0:
+        return {"loss": math.nan, "accuracy": math.nan}
+    return {"loss": total_loss / count, "accuracy": correct / count}

@@ -1,0 +1,178 @@
+"""The node's one handle on torch: flat float32 vectors in, flat float32 vectors out.
+
+The node runtime deals in hashes, blobs and signatures; it should not know about modules,
+loaders or devices. A :class:`Workload` hides them behind ``initial_params``, ``train`` and
+``evaluate``. It is safe to call from a worker thread (a lock serialises use of its model),
+and data bundles are cached per process, so several in-process nodes (the SDK's quick local
+mesh, the tests) load a data set once.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Subset
+
+from gpuflex.jobspec import JobSpec
+from gpuflex.ml.datasets import DataBundle, load_data
+from gpuflex.ml.models import build_model
+from gpuflex.ml.params import flatten_params, load_flat_params, state_dict_from_flat
+from gpuflex.ml.partition import partition_indices
+from gpuflex.ml.train import evaluate, local_train, make_optimizer, pick_device, run_train_fn
+from gpuflex.plugins import PluginError, load_callable
+
+_cache_lock = threading.Lock()
+_bundles: dict[tuple[Any, ...], DataBundle] = {}
+
+
+def load_bundle(spec: JobSpec, data_path: str) -> DataBundle:
+    """Load once per process per (data, path, split); the split depends on nothing else."""
+    key = (spec.data, data_path, spec.seed, spec.test_fraction)
+    with _cache_lock:
+        if key not in _bundles:
+            _bundles[key] = load_data(spec, data_path)
+        return _bundles[key]
+
+
+def resolve_data_path(spec: JobSpec, home: Path | None) -> str:
+    """Where this node reads its data.
+
+    ``GPUFLEX_DATA_PATH`` lets one machine point at its own copy. Under ``partition="local"``
+    a relative data_path names a place inside each node's home, because the data is the
+    node's own and never leaves it.
+    """
+    override = os.environ.get("GPUFLEX_DATA_PATH", "")
+    if override:
+        return override
+    path = spec.data_path
+    if path and spec.partition == "local" and home is not None and not Path(path).is_absolute():
+        return str(Path(home) / path)
+    return path
+
+
+def split_for(
+    spec: JobSpec, bundle: DataBundle, part_index: int, num_parts: int
+) -> np.ndarray:
+    """This part's training indices, by the built-in schemes or the partitioner plug-in."""
+    labels = np.asarray(bundle.train_labels)
+    if spec.partitioner:
+        fn = load_callable(spec.partitioner, "partitioner")
+        parts = fn(
+            labels, num_parts, spec.partition, alpha=spec.alpha,
+            shards_per_node=spec.shards_per_node, seed=spec.seed, groups=bundle.groups,
+        )
+        if not isinstance(parts, (list, tuple)) or len(parts) != num_parts:
+            raise PluginError(
+                f"partitioner {spec.partitioner!r} returned {type(parts).__name__}, "
+                f"expected a list of {num_parts} index arrays"
+            )
+    else:
+        parts = partition_indices(
+            labels, num_parts, spec.partition, alpha=spec.alpha,
+            shards_per_node=spec.shards_per_node, seed=spec.seed, groups=bundle.groups,
+            min_size=spec.batch_size,
+        )
+    return np.asarray(parts[part_index], dtype=np.int64)
+
+
+class Workload:
+    """One node's share of a job: its data part, its model, and training on demand."""
+
+    def __init__(
+        self,
+        spec: JobSpec,
+        part_index: int,
+        num_parts: int,
+        home: Path | None = None,
+        device: torch.device | None = None,
+    ):
+        self.spec = spec
+        self.device = device or pick_device()
+        self._lock = threading.Lock()
+        self._bundle = load_bundle(spec, resolve_data_path(spec, home))
+        self._model = build_model(spec, self._bundle)
+        self._initial = flatten_params(self._model)
+        self._model.to(self.device)
+        # The first optimizer in a process imports torch._dynamo (about 2 s of CPU); pay it
+        # here, at join time, rather than inside round 1's training deadline.
+        make_optimizer(self._model, spec)
+        self._trained_rounds = 0
+        self.set_part(part_index, num_parts)
+
+    def set_part(self, part_index: int, num_parts: int) -> None:
+        """Re-split when membership changes between rounds; cheap, the data stays cached."""
+        if not 0 <= part_index < num_parts:
+            raise ValueError(f"part_index must be in [0, {num_parts}), got {part_index}")
+        indices = split_for(self.spec, self._bundle, part_index, num_parts)
+        with self._lock:
+            self.part_index, self.num_parts = part_index, num_parts
+            self._indices = indices
+            self._train = Subset(self._bundle.train, indices.tolist())
+
+    @property
+    def bundle(self) -> DataBundle:
+        return self._bundle
+
+    @property
+    def indices(self) -> np.ndarray:
+        """This node's rows of the shared training split (read-only by convention)."""
+        return self._indices
+
+    @property
+    def num_samples(self) -> int:
+        return len(self._indices)
+
+    @property
+    def num_params(self) -> int:
+        return int(self._initial.shape[0])
+
+    def initial_params(self) -> np.ndarray:
+        """Round 0's model, identical on every node because it depends only on the seed."""
+        return self._initial.copy()
+
+    def _loader(self) -> DataLoader:
+        # The shuffle order depends on (seed, part, round) so a rerun reproduces it exactly.
+        gen = torch.Generator().manual_seed(
+            (self.spec.seed * 1_000_003 + self.part_index * 7919 + self._trained_rounds) % 2**63
+        )
+        return DataLoader(self._train, batch_size=self.spec.batch_size, shuffle=True, generator=gen)
+
+    def train(self, base: np.ndarray) -> tuple[np.ndarray, dict[str, Any]]:
+        """Train from ``base``; returns (trained − base as float32, metrics)."""
+        base = np.asarray(base, dtype=np.float32)
+        with self._lock:
+            load_flat_params(self._model, base)
+            start = time.perf_counter()
+            step = run_train_fn if self.spec.train_fn else local_train
+            metrics = step(self._model, self._loader(), self.spec, self.device)
+            seconds = time.perf_counter() - start
+            self._trained_rounds += 1
+            delta = flatten_params(self._model) - base
+        metrics["seconds"] = seconds
+        metrics["samples_per_s"] = metrics["samples"] / seconds if seconds > 0 else 0.0
+        metrics["dataset_size"] = self.num_samples
+        return delta.astype(np.float32, copy=False), metrics
+
+    def evaluate(self, params: np.ndarray) -> dict[str, float]:
+        """Loss and accuracy on the shared held-out test split."""
+        with self._lock:
+            load_flat_params(self._model, np.asarray(params, dtype=np.float32))
+            return evaluate(self._model, self._bundle.test, self.device)
+
+    def state_dict(self, params: np.ndarray) -> dict[str, torch.Tensor]:
+        return state_dict_from_flat(self._model, params)
+
+    def save_state_dict(self, params: np.ndarray, path: str | os.PathLike[str]) -> Path:
+        """Write a CPU state_dict that plain ``torch.load`` reads; atomic via rename."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        torch.save(self.state_dict(params), tmp)
+        os.replace(tmp, path)
+        return path

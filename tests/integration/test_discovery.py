@@ -1,0 +1,55 @@
+"""Twelve real node processes find each other through the DHT; a killed one goes down."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+
+
+def cli_peers(home: str) -> list[dict]:
+    out = subprocess.run([sys.executable, "-m", "gpuflex", "peers", "--json", "--home", home],
+                         capture_output=True, text=True, timeout=30, check=True)
+    return json.loads(out.stdout)
+
+
+def test_twelve_nodes_discover_each_other_and_detect_a_kill(mesh_factory) -> None:
+    mesh = mesh_factory(12)
+    mesh.start(timeout=120)
+    homes = [str(mesh.home(i)) for i in range(12)]
+    ids = {mesh.call(i, "status")["peer_id"] for i in range(12)}
+
+    # Every node was given only node 0's address; all must list the other 11 as up, with NodeInfo.
+    def all_known() -> bool:
+        for home in homes:
+            rows = cli_peers(home)
+            good = [r for r in rows if r["state"] == "up" and r["info"] and r["info"]["peer_id"] == r["peer_id"]]
+            if len(good) < 11:
+                return False
+        return True
+
+    waited = mesh.wait_until(all_known, timeout=30, interval=1.0, what="12-node discovery")
+    assert waited <= 30
+    rows = cli_peers(homes[5])
+    assert {r["peer_id"] for r in rows} == ids - {mesh.call(5, "status")["peer_id"]}
+    info = rows[0]["info"]
+    for key in ("version", "os", "cpu_count", "ram_bytes", "accelerators", "torch", "legacy", "addrs"):
+        assert key in info
+
+    victim = mesh.call(7, "status")["peer_id"]
+    mesh.kill(7, signal.SIGKILL)
+    killed_at = time.time()
+    others = [i for i in range(12) if i != 7]
+
+    def marked_down() -> bool:
+        return all(next(p for p in mesh.call(i, "peers") if p["peer_id"] == victim)["state"] == "down"
+                   for i in others)
+
+    mesh.wait_until(marked_down, timeout=15, interval=0.5, what="killed peer marked down")
+    assert time.time() - killed_at <= 15.5

@@ -1,0 +1,54 @@
+"""Six real node processes train the digits job for four rounds in groups of two."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpuflex.node.ledger import Ledger, verify_chain
+from tests.integration.conftest import digits_spec
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(400)]
+
+
+def test_six_nodes_four_rounds(mesh_factory) -> None:
+    mesh = mesh_factory(6)
+    mesh.start(timeout=120)
+    mesh.wait_connected(60)
+    job = mesh.submit(digits_spec(rounds=4, group_size=2, local_epochs=1))
+    mesh.wait_job(job, list(range(6)), timeout=240)
+
+    ledgers = []
+    for i in range(6):
+        ledger = Ledger(mesh.home(i) / "jobs" / job / "ledger.msgpack", job)
+        assert ledger.load() == []
+        ledgers.append(ledger.frames)
+        verify_chain(ledger.frames, job)  # every signature and every hash link
+    assert all(frames == ledgers[0] for frames in ledgers)
+
+    rows = mesh.call(0, "ledger", {"job": job})
+    assert len(rows) == 4
+    assert len({r["coordinator"] for r in rows}) >= 3
+    assert all(r["prev_result_hash"] == (rows[i - 1]["result_hash"] if i else "") for i, r in enumerate(rows))
+    assert rows[-1]["metrics"]["accuracy"] > rows[0]["metrics"]["accuracy"]
+    # groups of two with six members need a two-level tree: leaders sent signed partials
+    assert any(len(r["contributors"]) == 6 for r in rows)
+
+    hashes = {mesh.job(i, job)["model_hash"] for i in range(6)}
+    assert len(hashes) == 1
+    assert hashes == {rows[-1]["model_hash"]}
+
+
+def test_results_export_loads_with_plain_torch(mesh_factory, tmp_path) -> None:
+    import torch
+
+    mesh = mesh_factory(3)
+    mesh.start(timeout=120)
+    mesh.wait_connected(60)
+    job = mesh.submit(digits_spec(rounds=2, local_epochs=1))
+    mesh.wait_job(job, [0, 1, 2], timeout=180)
+    out = tmp_path / "results"
+    files = mesh.call(1, "job_results", {"job": job, "out": str(out)}, timeout=60)["files"]
+    assert {p.rsplit("/", 1)[-1] for p in files} >= {"model.pt", "metrics.csv", "metrics.json", "ledger.json"}
+    state = torch.load(out / "model.pt")
+    assert isinstance(state, dict) and all(isinstance(v, torch.Tensor) for v in state.values())
+    assert (out / "metrics.csv").read_text().count("\n") == 3

@@ -1,0 +1,132 @@
+"""The envelope decoder is the gate for untrusted bytes: it must never crash, only reject."""
+
+from __future__ import annotations
+
+import time
+
+import msgpack
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mesh.codec import (
+    SIGNING_DOMAIN,
+    ReplayGuard,
+    WireError,
+    open_envelope,
+    register_kind,
+    seal,
+)
+from mesh.identity import Identity
+
+register_kind("test", 64 * 1024)
+ALICE = Identity(bytes(range(32)))
+MALLORY = Identity(bytes(range(1, 33)))
+bodies = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**63), 2**63 - 1) | st.text(max_size=20) | st.binary(max_size=40),
+    lambda kids: st.lists(kids, max_size=4) | st.dictionaries(st.text(max_size=8), kids, max_size=4),
+    max_leaves=12,
+)
+
+
+@given(bodies)
+@settings(max_examples=150, deadline=None)
+def test_round_trip(body: object) -> None:
+    env = open_envelope(seal(ALICE, "test", body))
+    assert env.body == body
+    assert env.sender == ALICE.peer_id
+    assert env.kind == "test"
+
+
+@given(st.binary(max_size=2048))
+@settings(max_examples=400, deadline=None)
+def test_random_bytes_always_raise_the_typed_error(data: bytes) -> None:
+    with pytest.raises(WireError):
+        open_envelope(data)
+
+
+@given(st.data())
+@settings(max_examples=300, deadline=None)
+def test_any_mutated_byte_is_rejected(data: st.DataObject) -> None:
+    frame = bytearray(seal(ALICE, "test", {"round": 3, "delta": b"x" * 64}))
+    pos = data.draw(st.integers(0, len(frame) - 1))
+    flip = data.draw(st.integers(1, 255))
+    frame[pos] ^= flip
+    with pytest.raises(WireError):
+        open_envelope(bytes(frame))
+
+
+@given(st.data())
+@settings(max_examples=200, deadline=None)
+def test_cut_frames_are_rejected(data: st.DataObject) -> None:
+    frame = seal(ALICE, "test", {"payload": b"y" * 200})
+    cut = data.draw(st.integers(0, len(frame) - 1))
+    with pytest.raises(WireError) as info:
+        open_envelope(frame[:cut])
+    assert info.value.reason in {"truncated", "garbled"}
+
+
+def _forge(header: dict, signer: Identity) -> bytes:
+    raw = msgpack.packb(header, use_bin_type=True)
+    return msgpack.packb([raw, signer.sign(SIGNING_DOMAIN + raw)], use_bin_type=True)
+
+
+def _header(**overrides: object) -> dict:
+    base = {"v": 1, "k": "test", "p": ALICE.public_key, "t": int(time.time() * 1000), "n": b"\1" * 16, "b": {}}
+    base.update(overrides)
+    return base
+
+
+def test_forged_signature_is_rejected() -> None:
+    # Mallory signs a message claiming to be Alice.
+    with pytest.raises(WireError) as info:
+        open_envelope(_forge(_header(), MALLORY))
+    assert info.value.reason == "signature"
+
+
+def test_unknown_version_is_rejected() -> None:
+    with pytest.raises(WireError) as info:
+        open_envelope(_forge(_header(v=2), ALICE))
+    assert info.value.reason == "version"
+    assert "version 2" in str(info.value)
+
+
+def test_unknown_kind_is_rejected() -> None:
+    with pytest.raises(WireError) as info:
+        open_envelope(_forge(_header(k="no-such-kind"), ALICE))
+    assert info.value.reason == "kind"
+
+
+def test_oversized_frame_is_rejected() -> None:
+    register_kind("tiny", 200)
+    big = _forge(_header(k="tiny", b=b"z" * 500), ALICE)
+    with pytest.raises(WireError) as info:
+        open_envelope(big)
+    assert info.value.reason == "oversized"
+    with pytest.raises(ValueError):
+        seal(ALICE, "tiny", b"z" * 500)
+
+
+def test_replay_and_stale_messages_are_rejected() -> None:
+    guard = ReplayGuard(window_s=60)
+    frame = seal(ALICE, "test", {"n": 1})
+    open_envelope(frame, replay=guard)
+    with pytest.raises(WireError) as info:
+        open_envelope(frame, replay=guard)
+    assert info.value.reason == "replay"
+    old = seal(ALICE, "test", {"n": 2}, ts=time.time() - 3600)
+    with pytest.raises(WireError) as info:
+        open_envelope(old, replay=guard)
+    assert info.value.reason == "stale"
+
+
+def test_expected_kind_is_enforced() -> None:
+    with pytest.raises(WireError):
+        open_envelope(seal(ALICE, "test", {}), expect_kind="nodeinfo")
+
+
+def test_extension_types_are_refused() -> None:
+    raw = msgpack.packb(_header(b=msgpack.ExtType(5, b"abc")), use_bin_type=True)
+    frame = msgpack.packb([raw, ALICE.sign(SIGNING_DOMAIN + raw)], use_bin_type=True)
+    with pytest.raises(WireError):
+        open_envelope(frame)

@@ -1,0 +1,50 @@
+from __future__ import annotations
+
+import pytest
+
+from mesh.health import DOWN, SUSPECT, UP, HealthConfig, PeerTable
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_states_follow_silence_thresholds() -> None:
+    clock = Clock()
+    table = PeerTable(HealthConfig(suspect_after_s=4, down_after_s=9), clock=clock)
+    changes: list[tuple[str, str]] = []
+    table.on_change(lambda rec, old, new: changes.append((old, new)))
+    table.seen("p1", rtt_ms=1.0)
+    assert table.get("p1").state == UP
+    clock.now += 5
+    table.reevaluate()
+    assert table.get("p1").state == SUSPECT
+    clock.now += 5
+    table.reevaluate()
+    assert table.get("p1").state == DOWN
+    assert table.counts() == {"up": 0, "suspect": 0, "down": 1, "peers": 1}
+    table.seen("p1")
+    assert table.get("p1").state == UP
+    assert changes == [("suspect", "up"), ("up", "suspect"), ("suspect", "down"), ("down", "up")]
+
+
+def test_repeated_faults_get_a_peer_ignored_for_a_while() -> None:
+    clock = Clock()
+    table = PeerTable(HealthConfig(penalty_ignore_threshold=3, penalty_ignore_s=30), clock=clock)
+    table.seen("bad")
+    for _ in range(3):
+        table.penalise("bad")
+    assert table.is_ignored("bad")
+    assert "bad" not in table.alive()
+    clock.now += 31
+    table.seen("bad")
+    assert not table.is_ignored("bad")
+
+
+def test_bad_thresholds_are_refused() -> None:
+    with pytest.raises(ValueError):
+        HealthConfig(suspect_after_s=10, down_after_s=5)

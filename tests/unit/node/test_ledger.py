@@ -1,0 +1,78 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import msgpack
+import pytest
+
+from gpuflex.node.ledger import Ledger, LedgerError, verify_chain
+from gpuflex.node.messages import RESULT, parse_result
+from mesh.codec import SIGNING_DOMAIN, open_envelope, seal
+from tests.unit.node.chain import JOB, make_chain
+
+
+def test_a_real_chain_verifies() -> None:
+    frames, _ = make_chain(4)
+    results = verify_chain(frames, JOB)
+    assert [r.round for r in results] == [1, 2, 3, 4]
+    assert results[1].prev_result == results[0].digest
+
+
+def test_any_flipped_byte_is_caught() -> None:
+    frames, _ = make_chain(3)
+    for i in range(len(frames)):
+        for pos in range(0, len(frames[i]), max(1, len(frames[i]) // 40)):
+            bad = bytearray(frames[i])
+            bad[pos] ^= 0x01
+            tampered = [*frames[:i], bytes(bad), *frames[i + 1 :]]
+            with pytest.raises(LedgerError):
+                verify_chain(tampered, JOB)
+
+
+def test_removed_round_is_caught() -> None:
+    frames, _ = make_chain(3)
+    with pytest.raises(LedgerError, match="round 2"):
+        verify_chain([frames[0], frames[2]], JOB)
+
+
+def test_swapped_contribution_is_caught() -> None:
+    frames, ids = make_chain(2)
+    env = open_envelope(frames[1])
+    body = dict(env.body)
+    # The coordinator re-signs a result whose contributor list no longer matches the updates.
+    contributors = [dict(c) for c in body["contributors"]]
+    contributors[0]["samples"], contributors[1]["samples"] = contributors[1]["samples"], contributors[0]["samples"]
+    body["contributors"] = contributors
+    coord = next(i for i in ids if i.peer_id == env.sender)
+    with pytest.raises(LedgerError, match="contributor"):
+        verify_chain([frames[0], seal(coord, RESULT, body)], JOB)
+
+
+def test_result_signed_by_someone_else_is_caught() -> None:
+    frames, ids = make_chain(1)
+    env = open_envelope(frames[0])
+    header = msgpack.unpackb(msgpack.unpackb(frames[0])[0])
+    other = next(i for i in ids if i.peer_id != env.sender)
+    raw = msgpack.packb(header, use_bin_type=True)
+    forged = msgpack.packb([raw, other.sign(SIGNING_DOMAIN + raw)], use_bin_type=True)
+    with pytest.raises(LedgerError, match="signature"):
+        verify_chain([forged], JOB)
+
+
+def test_ledger_file_falls_back_to_previous_good_copy(tmp_path: Path) -> None:
+    frames, _ = make_chain(3)
+    ledger = Ledger(tmp_path / "ledger.msgpack", JOB)
+    for frame in frames:
+        ledger.append(frame, parse_result(open_envelope(frame)))
+    ledger.path.write_bytes(ledger.path.read_bytes()[:-50])  # torn write
+    fresh = Ledger(tmp_path / "ledger.msgpack", JOB)
+    problems = fresh.load()
+    assert problems and "ledger.msgpack" in problems[0]
+    assert len(fresh) == 2  # the previous copy holds the chain up to round 2
+
+
+def test_append_refuses_a_result_that_does_not_extend_the_chain(tmp_path: Path) -> None:
+    frames, _ = make_chain(2)
+    ledger = Ledger(tmp_path / "l.msgpack", JOB)
+    with pytest.raises(LedgerError):
+        ledger.append(frames[1], parse_result(open_envelope(frames[1])))

@@ -1,0 +1,181 @@
+"""The jobs this node knows and, for the one under the cursor, its audited history: the
+committed rounds from the ledger, with who coordinated and who contributed."""
+
+from __future__ import annotations
+
+import asyncio
+
+from rich.table import Table
+from rich.text import Text
+from textual import on
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Vertical
+from textual.widgets import DataTable, Static
+
+from tui import format as fmt
+from tui.feed import Snapshot
+from tui.model import Job, LedgerRound, as_list
+from tui.screens.base import DashboardScreen
+from tui.widgets.keyed_table import Cell, KeyedTable
+
+JOB_COLUMNS = (
+    ("job", "job"),
+    ("name", "name"),
+    ("state", "state"),
+    ("round", "round"),
+    ("phase", "phase"),
+    ("role", "role"),
+    ("coordinator", "coordinator"),
+)
+LEDGER_COLUMNS = (
+    ("round", "rnd"),
+    ("coordinator", "coordinator"),
+    ("contributors", "contrib"),
+    ("samples", "samples"),
+    ("loss", "loss"),
+    ("accuracy", "acc"),
+    ("result", "result hash"),
+)
+
+
+def job_cells(job: Job) -> list[Cell]:
+    coordinator = fmt.short_id(job.coordinator) + (" (me)" if job.is_coordinator else "")
+    return [
+        fmt.short_hash(job.job_id, 8),
+        job.name or fmt.DASH,
+        Text(job.state, style=fmt.JOB_STATE_STYLES.get(job.state, "")),
+        f"{job.round}/{job.rounds}",
+        job.phase,
+        job.role,
+        coordinator,
+    ]
+
+
+def ledger_cells(entry: LedgerRound) -> list[Cell]:
+    metrics = entry.metrics
+    return [
+        Text(str(entry.round), justify="right"),
+        fmt.short_id(entry.coordinator),
+        Text(str(len(entry.contributors)), justify="right"),
+        Text(str(sum(c.samples for c in entry.contributors)), justify="right"),
+        fmt.number(metrics.loss if metrics else None),
+        fmt.percent(metrics.accuracy if metrics else None),
+        fmt.short_hash(entry.result_hash, 12),
+    ]
+
+
+def round_details(entry: LedgerRound) -> Table:
+    grid = Table.grid(padding=(0, 1))
+    grid.add_column(style="bold", no_wrap=True)
+    grid.add_column(overflow="fold")
+    grid.add_row(f"round {entry.round}", f"coordinator {entry.coordinator or fmt.DASH}")
+    grid.add_row("result", entry.result_hash or fmt.DASH)
+    grid.add_row("prev", entry.prev_result_hash or fmt.DASH)
+    grid.add_row("model", entry.model_hash or fmt.DASH)
+    grid.add_row(
+        "contributors",
+        ", ".join(f"{fmt.short_id(c.peer)}×{c.samples}" for c in entry.contributors) or fmt.DASH,
+    )
+    return grid
+
+
+class JobsScreen(DashboardScreen):
+    MODE = "jobs"
+    BINDINGS = [  # noqa: RUF012 - Textual's convention
+        Binding("escape", "focus_jobs", "Back to jobs", show=False),
+    ]
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ledgers: dict[str, tuple[int, tuple[LedgerRound, ...]]] = {}
+        self.ledger_error = ""
+        self._loading: str | None = None
+
+    def compose_body(self) -> ComposeResult:
+        with Vertical(id="jobs-body"):
+            yield KeyedTable(JOB_COLUMNS, id="job-table")
+            yield KeyedTable(LEDGER_COLUMNS, id="ledger-table")
+            yield Static(id="round-detail")
+
+    def on_mount(self) -> None:
+        self.query_one("#job-table", KeyedTable).focus()
+
+    def _selected_job(self) -> Job | None:
+        key = self.query_one("#job-table", KeyedTable).selected_key()
+        return next((j for j in self.dashboard.snapshot.jobs if j.job_id == key), None)
+
+    def show_body(self, snap: Snapshot) -> None:
+        jobs = self.query_one("#job-table", KeyedTable)
+        jobs.set_rows([(j.job_id, job_cells(j)) for j in snap.jobs])
+        jobs.border_title = f"jobs {len(snap.jobs)}"
+        self._show_ledger()
+
+    def _show_ledger(self, fetch: bool = True) -> None:
+        """Draw the cached ledger, and fetch it again when the job has committed rounds
+        since; the ledger only grows at a commit, so polling it every second is waste.
+        After a fetch, ``fetch=False`` leaves a retry to the next poll instead of looping."""
+        job = self._selected_job()
+        table = self.query_one("#ledger-table", KeyedTable)
+        if job is None:
+            table.set_rows([])
+            table.border_title = "ledger"
+            self._show_round()
+            return
+        cached_round, rounds = self.ledgers.get(job.job_id, (-1, ()))
+        if (
+            fetch
+            and cached_round != job.round
+            and self.dashboard.snapshot.connected
+            and self._loading != job.job_id
+        ):
+            self._loading = job.job_id
+            self.run_worker(self._load_ledger(job), group="ledger")
+        table.set_rows([(str(r.round), ledger_cells(r)) for r in reversed(rounds)])
+        note = f" · {self.ledger_error}" if self.ledger_error else ""
+        table.border_title = f"ledger of {job.name or fmt.short_hash(job.job_id, 8)}{note}"
+        self._show_round()
+
+    async def _load_ledger(self, job: Job) -> None:
+        app = self.dashboard
+        try:
+            raw = await asyncio.wait_for(app.source.ledger(job.job_id), app.call_timeout)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            self.ledger_error = f"cannot read ledger: {exc or type(exc).__name__}"
+        else:
+            self.ledger_error = ""
+            rounds = tuple(LedgerRound.parse(r) for r in as_list(raw))
+            self.ledgers[job.job_id] = (job.round, rounds)
+        finally:
+            self._loading = None
+        if self.is_mounted:
+            self._show_ledger(fetch=False)
+
+    def _show_round(self) -> None:
+        detail = self.query_one("#round-detail", Static)
+        job = self._selected_job()
+        key = self.query_one("#ledger-table", KeyedTable).selected_key()
+        rounds = self.ledgers.get(job.job_id, (0, ()))[1] if job else ()
+        entry = next((r for r in rounds if str(r.round) == key), None)
+        if entry is None:
+            detail.update(Text("no committed round selected", style="dim"))
+        else:
+            detail.update(round_details(entry))
+
+    @on(DataTable.RowHighlighted, "#job-table")
+    def _job_highlighted(self) -> None:
+        self._show_ledger()
+
+    @on(DataTable.RowHighlighted, "#ledger-table")
+    def _round_highlighted(self) -> None:
+        self._show_round()
+
+    @on(DataTable.RowSelected, "#job-table")
+    def _job_selected(self) -> None:
+        """Tab switches screens here, so Enter is the way down into the ledger."""
+        self.query_one("#ledger-table", KeyedTable).focus()
+
+    def action_focus_jobs(self) -> None:
+        self.query_one("#job-table", KeyedTable).focus()

@@ -1,0 +1,198 @@
+"""Every peer this node knows, sortable and filterable, with the full record of the one
+under the cursor. This is where "which box is dragging the round?" gets answered."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from rich.text import Text
+from textual import on
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Vertical
+from textual.widgets import DataTable, Input
+
+from tui import format as fmt
+from tui.feed import Snapshot
+from tui.model import Peer
+from tui.screens.base import DashboardScreen
+from tui.widgets.keyed_table import Cell, KeyedTable
+from tui.widgets.node_detail import NodeDetail
+
+STATE_ORDER = {"up": 0, "suspect": 1, "down": 2}
+
+
+@dataclass(frozen=True)
+class Column:
+    key: str
+    label: str
+    hotkey: str
+    sort_key: Callable[[Peer], Any]
+
+
+COLUMNS = (
+    Column("peer", "peer", "i", lambda p: p.peer_id),
+    Column("state", "state", "t", lambda p: (STATE_ORDER.get(p.state, 3), p.peer_id)),
+    Column("rtt", "rtt", "l", lambda p: math.inf if p.rtt_ms is None else p.rtt_ms),
+    Column("seen", "seen", "e", lambda p: -(p.last_seen or 0.0)),
+    Column("device", "device", "d", lambda p: p.info.device() if p.info else ""),
+    Column("legacy", "lgcy", "g", lambda p: bool(p.info and p.info.legacy)),
+    Column("rounds", "rnds", "c", lambda p: p.rounds_contributed),
+    Column("penalty", "pen", "p", lambda p: p.penalty),
+)
+COLUMN_BY_KEY = {c.key: c for c in COLUMNS}
+
+
+def peer_cells(peer: Peer, now: float) -> list[Cell]:
+    legacy = Text("yes", style="yellow") if peer.info and peer.info.legacy else Text("")
+    penalty = Text(f"{peer.penalty:.2f}", style="red" if peer.penalty > 0 else "dim")
+    return [
+        fmt.short_id(peer.peer_id),
+        Text(peer.state, style=fmt.STATE_STYLES.get(peer.state, "")),
+        Text(fmt.rtt(peer.rtt_ms), justify="right"),
+        Text(fmt.ago(peer.last_seen, now), justify="right"),
+        peer.info.device() if peer.info else fmt.DASH,
+        legacy,
+        Text(str(peer.rounds_contributed), justify="right"),
+        penalty,
+    ]
+
+
+def matches(peer: Peer, needle: str) -> bool:
+    """Case-insensitive substring over what a person would type: id, state, device."""
+    if not needle:
+        return True
+    haystack = " ".join(
+        [
+            peer.peer_id,
+            peer.state,
+            peer.info.device() if peer.info else "",
+            "legacy" if peer.info and peer.info.legacy else "",
+        ]
+    )
+    return needle.lower() in haystack.lower()
+
+
+class PeersScreen(DashboardScreen):
+    MODE = "peers"
+    BINDINGS = [  # noqa: RUF012 - Textual's convention
+        Binding("slash", "filter", "Filter"),
+        Binding("s", "cycle_sort", "Sort"),
+        Binding("S", "reverse_sort", "Reverse"),
+        Binding("escape", "clear_filter", "Clear filter", show=False),
+        *(Binding(c.hotkey, f"sort('{c.key}')", f"Sort by {c.label}", show=False) for c in COLUMNS),
+    ]
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sort_column = "state"
+        self.sort_reverse = False
+        self.filter_text = ""
+
+    def compose_body(self) -> ComposeResult:
+        with Vertical(id="peers-body"):
+            yield KeyedTable([(c.key, c.label) for c in COLUMNS], id="peer-table")
+            yield NodeDetail(id="peer-detail")
+        yield Input(
+            placeholder="filter peers: id, state, device… (enter keeps, esc clears)",
+            id="peer-filter",
+        )
+
+    def on_mount(self) -> None:
+        self._relabel()
+        self.query_one(KeyedTable).focus()
+
+    # -- data -------------------------------------------------------------------------
+
+    def visible_peers(self, snap: Snapshot) -> list[Peer]:
+        column = COLUMN_BY_KEY[self.sort_column]
+        shown = [p for p in snap.peers if matches(p, self.filter_text)]
+        return sorted(shown, key=column.sort_key, reverse=self.sort_reverse)
+
+    def show_body(self, snap: Snapshot) -> None:
+        now = self.dashboard.clock()
+        table = self.query_one(KeyedTable)
+        table.set_rows([(p.peer_id, peer_cells(p, now)) for p in self.visible_peers(snap)])
+        count = f"{table.row_count}/{len(snap.peers)}" if self.filter_text else str(table.row_count)
+        table.border_title = f"peers {count}" + (
+            f" · filter '{self.filter_text}'" if self.filter_text else ""
+        )
+        self._show_detail()
+
+    def _selected_peer(self) -> Peer | None:
+        key = self.query_one(KeyedTable).selected_key()
+        return next((p for p in self.dashboard.snapshot.peers if p.peer_id == key), None)
+
+    def _show_detail(self) -> None:
+        self.query_one(NodeDetail).show(self._selected_peer(), self.dashboard.clock())
+
+    def _relabel(self) -> None:
+        arrow = "▼" if self.sort_reverse else "▲"
+        self.query_one(KeyedTable).set_labels(
+            {c.key: f"{c.label}{arrow}" if c.key == self.sort_column else c.label for c in COLUMNS}
+        )
+
+    # -- sorting ----------------------------------------------------------------------
+
+    def action_sort(self, key: str) -> None:
+        """Pressing the current column's key again flips the order, as in htop."""
+        if key == self.sort_column:
+            self.sort_reverse = not self.sort_reverse
+        else:
+            self.sort_column, self.sort_reverse = key, False
+        self._relabel()
+        self.show_body(self.dashboard.snapshot)
+
+    def action_cycle_sort(self) -> None:
+        keys = [c.key for c in COLUMNS]
+        self.action_sort(keys[(keys.index(self.sort_column) + 1) % len(keys)])
+
+    def action_reverse_sort(self) -> None:
+        self.action_sort(self.sort_column)
+
+    @on(DataTable.HeaderSelected)
+    def _header_clicked(self, event: DataTable.HeaderSelected) -> None:
+        self.action_sort(str(event.column_key.value))
+
+    # -- selection --------------------------------------------------------------------
+
+    @on(DataTable.RowHighlighted)
+    def _row_highlighted(self) -> None:
+        self._show_detail()
+
+    @on(DataTable.RowSelected)
+    def _row_selected(self, event: DataTable.RowSelected) -> None:
+        """Enter copies the full id: the one thing people paste into other commands."""
+        peer_id = str(event.row_key.value)
+        self.app.copy_to_clipboard(peer_id)
+        self.notify(f"copied {peer_id}", title="peer id", timeout=3)
+        self._show_detail()
+
+    # -- filtering --------------------------------------------------------------------
+
+    def action_filter(self) -> None:
+        box = self.query_one("#peer-filter", Input)
+        box.display = True
+        # Focus now, not on the next tick (widget.focus() defers), so keys typed right
+        # after "/" (fast typists, pastes, tmux send-keys) land in the box, not the sort keys.
+        self.set_focus(box)
+
+    def action_clear_filter(self) -> None:
+        box = self.query_one("#peer-filter", Input)
+        box.value = ""
+        box.display = False
+        self.query_one(KeyedTable).focus()
+
+    @on(Input.Changed, "#peer-filter")
+    def _filter_changed(self, event: Input.Changed) -> None:
+        self.filter_text = event.value.strip()
+        self.show_body(self.dashboard.snapshot)
+
+    @on(Input.Submitted, "#peer-filter")
+    def _filter_submitted(self, event: Input.Submitted) -> None:
+        box = self.query_one("#peer-filter", Input)
+        box.display = bool(event.value.strip())
+        self.query_one(KeyedTable).focus()

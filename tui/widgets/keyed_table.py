@@ -1,0 +1,70 @@
+"""A DataTable that is refilled from data every second without the cursor jumping.
+
+Textual's DataTable keeps rows by key but sorting and filtering here are done on the data
+(sorting rendered cells would order "10ms" before "9ms"), so the table is rebuilt in the
+wanted order and the cursor is put back on the same key."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Sequence
+
+from rich.text import Text
+from textual.widgets import DataTable
+from textual.widgets.data_table import RowDoesNotExist
+
+Cell = str | Text
+Row = tuple[str, Sequence[Cell]]
+
+
+class KeyedTable(DataTable[Cell]):
+    def __init__(self, columns: Sequence[tuple[str, str]], **kwargs: object) -> None:
+        super().__init__(cursor_type="row", zebra_stripes=True, **kwargs)  # type: ignore[arg-type]
+        self._column_defs = columns
+        self._shown: list[tuple[str, tuple[object, ...]]] = []
+        self._keep: str | None = None
+
+    def on_mount(self) -> None:
+        self._add_columns({})
+
+    def _add_columns(self, labels: dict[str, str]) -> None:
+        for key, label in self._column_defs:
+            self.add_column(labels.get(key, label), key=key)
+
+    def set_labels(self, labels: dict[str, str]) -> None:
+        """Relabel headers (to mark the sort column). Columns are re-added because a
+        DataTable sizes a column from its label only when the column is added."""
+        self._keep = self.selected_key()
+        self.clear(columns=True)
+        self._add_columns(labels)
+        self._shown = []
+
+    def set_rows(self, rows: Sequence[Row]) -> None:
+        signature = [(key, tuple(_signature(c) for c in cells)) for key, cells in rows]
+        if signature == self._shown:
+            return
+        self._shown = signature
+        selected = self.selected_key() or self._keep
+        self._keep = None
+        self.clear()
+        for key, cells in rows:
+            self.add_row(*cells, key=key)
+        if selected is not None:
+            with contextlib.suppress(RowDoesNotExist):
+                self.move_cursor(row=self.get_row_index(selected), animate=False)
+
+    def selected_key(self) -> str | None:
+        if not self.row_count:
+            return None
+        try:
+            row_key, _ = self.coordinate_to_cell_key(self.cursor_coordinate)
+        except Exception:
+            return None
+        return None if row_key.value is None else str(row_key.value)
+
+
+def _signature(cell: Cell) -> object:
+    """Text compares by identity, so compare what is drawn: characters and styles."""
+    if isinstance(cell, str):
+        return cell
+    return (cell.plain, str(cell.style), tuple(cell.spans))
