@@ -74,7 +74,21 @@ def start(
                                           client_mode=client, control_port=control_port, health=health,
                                           adversary=adversary))
         trio.run(runtime.serve)
-    except (NodeStartError, HostError, BootstrapError, ValueError, OSError) as exc:
-        fail(str(exc))
     except KeyboardInterrupt:
         typer.echo("stopped", err=True)
+    except BaseException as exc:
+        known = first_error(exc, (NodeStartError, HostError, BootstrapError, ValueError, OSError))
+        if known is None:
+            raise
+        fail(str(known))
+
+
+def first_error(exc: BaseException, kinds: tuple[type[BaseException], ...]) -> BaseException | None:
+    """The first error of a known kind, looking inside trio's exception groups."""
+    if isinstance(exc, kinds):
+        return exc
+    for inner in getattr(exc, "exceptions", ()):
+        found = first_error(inner, kinds)
+        if found is not None:
+            return found
+    return None

@@ -1,0 +1,59 @@
+"""Blob transfer between two real libp2p hosts over TCP on loopback."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import trio
+
+from mesh.blob import BlobError, BlobIntegrityError, blob_hash
+from mesh.identity import Identity
+from mesh.node import MeshConfig, MeshNode
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
+
+
+def config(tmp: Path, name: str, bootstrap: list[str] | None = None) -> MeshConfig:
+    return MeshConfig(listen=["/ip4/127.0.0.1/tcp/0"], bootstrap=bootstrap or [], data_dir=tmp / name)
+
+
+async def test_200mb_blob_moves_and_its_hash_is_checked(tmp_path: Path) -> None:
+    payload = os.urandom(1 << 20) * 200  # 200 MiB
+    async with MeshNode.start(Identity.generate(), config(tmp_path, "a")) as a:
+        digest = a.blobs.put(payload)
+        async with MeshNode.start(Identity.generate(), config(tmp_path, "b", a.multiaddrs()[:1])) as b:
+            path = await b.fetch_blob(digest, [a.peer_id])
+            assert path.stat().st_size == len(payload)
+            assert blob_hash(path.read_bytes()) == digest
+            a.stop()
+            b.stop()
+
+
+async def test_a_peer_serving_wrong_bytes_is_detected_and_penalised(tmp_path: Path) -> None:
+    honest = b"the real model weights" * 1000
+    digest = blob_hash(honest)
+    async with MeshNode.start(Identity.generate(), config(tmp_path, "liar")) as liar:
+        # The liar's store holds other bytes under the honest hash.
+        liar.blobs.path(digest).write_bytes(b"poisoned weights!!!!!" * 1000)
+        async with MeshNode.start(Identity.generate(), config(tmp_path, "victim", liar.multiaddrs()[:1])) as victim:
+            with pytest.raises(BlobError, match="wrong bytes"):
+                await victim.fetch_blob(digest, [liar.peer_id])
+            assert not victim.blobs.has(digest)
+            assert victim.peers.get(liar.peer_id).penalty > 0
+            assert isinstance(BlobIntegrityError("p", digest, "x"), BlobError)
+            # The victim still works: it can fetch an honest blob from the same peer.
+            good = liar.blobs.put(b"honest")
+            assert (await victim.fetch_blob(good, [liar.peer_id])).read_bytes() == b"honest"
+            liar.stop()
+            victim.stop()
+
+
+async def test_unknown_blob_fails_cleanly(tmp_path: Path) -> None:
+    async with MeshNode.start(Identity.generate(), config(tmp_path, "a")) as a:
+        async with MeshNode.start(Identity.generate(), config(tmp_path, "b", a.multiaddrs()[:1])) as b:
+            with trio.fail_after(60), pytest.raises(BlobError, match="not found|could not fetch"):
+                await b.fetch_blob(blob_hash(b"nobody has this"), [a.peer_id])
+            a.stop()
+            b.stop()
