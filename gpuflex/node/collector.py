@@ -15,8 +15,8 @@ import numpy as np
 import trio
 
 from aggregation.tree import children
-from aggregation.weighted import WeightedAccumulator
 from gpuflex.node.messages import Partial, Plan, Update
+from gpuflex.node.pipeline import Reducer
 
 
 def subtree_height(parent: dict[str, str | None], node: str) -> int:
@@ -47,10 +47,10 @@ def ancestors(parent: dict[str, str | None], node: str) -> list[str]:
 class Collector:
     plan: Plan
     me: str
+    acc: Reducer
     expected: set[str] = field(init=False)
     allowed: set[str] = field(init=False)
     deadline: float = field(init=False)
-    acc: WeightedAccumulator = field(default_factory=WeightedAccumulator)
     updates: list[Update] = field(default_factory=list)
     partials: list[Partial] = field(default_factory=list)
     reported: set[str] = field(default_factory=set)
@@ -69,7 +69,7 @@ class Collector:
         return not self.closed and peer in self.allowed and peer not in self.covered
 
     def _fold(self, reporter: str, vector: np.ndarray, samples: int, covers: set[str]) -> None:
-        self.acc.add(vector, float(samples))
+        self.acc.add(vector, float(samples), reporter)
         self.samples += samples
         self.covered |= covers
         self.reported.add(reporter)

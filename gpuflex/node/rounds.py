@@ -44,6 +44,7 @@ from gpuflex.node.messages import (
     walk_contributions,
 )
 from gpuflex.node.modelblob import pack_delta, pack_model, unpack_delta, unpack_model
+from gpuflex.node.pipeline import DeltaEncoder, decode_payload, make_reducer
 from gpuflex.node.ranking import coordinator_ranking
 from mesh.blob import blob_hash
 from mesh.codec import WireError, open_envelope, seal
@@ -92,6 +93,7 @@ class JobRunner:
         self.error = ""
         self._nursery: trio.Nursery | None = None
         self.ready = trio.Event()
+        self.encoder = DeltaEncoder(spec)
 
     # -- bookkeeping -----------------------------------------------------------------------
 
@@ -296,7 +298,7 @@ class JobRunner:
         has_children = bool(children(plan.parent, self.me))
         self.role = "root" if is_root else ("leader" if has_children else "member")
         if is_root or has_children:
-            col = Collector(plan, self.me)
+            col = Collector(plan, self.me, make_reducer(self.spec, is_root))
             self.collectors[(plan.round, plan.attempt)] = col
             self._nursery.start_soon(self._reduce, plan, col)
         self._nursery.start_soon(self._train_and_send, plan)
@@ -316,7 +318,10 @@ class JobRunner:
                 params, _ = await self._model(plan.base_hash, [plan.coordinator])
                 delta, metrics = await trio.to_thread.run_sync(self.workload.train, params)
                 delta = self.m.adversary.tamper(delta) if self.m.adversary else delta
-                payload = pack_delta(delta)
+                self.emit("trained", r, self.me, message=(
+                    f"round {r}: trained on {metrics.get('samples')} samples in {metrics.get('seconds', 0):.2f}s"),
+                    samples=metrics.get("samples"), seconds=metrics.get("seconds"))
+                payload = self.encoder.encode(delta)
                 frame = seal(self.mesh.identity, UPDATE, {
                     "job": self.job_id, "round": r, "peer": self.me, "base_hash": plan.base_hash,
                     "samples": int(metrics.get("samples") or self.workload.num_samples),
@@ -330,7 +335,7 @@ class JobRunner:
             col = self.collectors.get((r, plan.attempt))
             if col is not None:
                 up = parse_update(open_envelope(frame, expect_kind=UPDATE))
-                col.add_update(up, unpack_delta(payload, up.delta_size))
+                col.add_update(up, decode_payload(self.spec, payload, up.delta_size))
                 return
             await self._send_up(plan, frame, payload, "update")
         except (SendError, WireError, OSError) as exc:
@@ -374,7 +379,7 @@ class JobRunner:
             raise WireError("round", "update was trained from another base model")
         if msg.payload is None or blob_hash(msg.payload) != up.delta_hash:
             raise WireError("hash", f"delta from {up.peer[-8:]} does not match its signed hash")
-        col.add_update(up, unpack_delta(msg.payload, up.delta_size))
+        col.add_update(up, decode_payload(self.spec, msg.payload, up.delta_size))
         self.emit("update_received", up.round, up.peer, message=f"round {up.round}: update from {up.peer[-8:]}")
 
     async def on_partial(self, msg: Inbound) -> None:
