@@ -78,13 +78,14 @@ class LocalMesh:
             time.sleep(0.2)
         raise MeshStartError(f"node {i} did not start within {timeout:.0f}s")
 
-    def start(self, timeout: float = 90.0) -> None:
-        """Start every node; node 0 first, the rest bootstrapping from it."""
+    def start(self, timeout: float = 90.0, count: int | None = None) -> None:
+        """Start nodes 0..count-1 (all by default); node 0 first, the rest bootstrapping from it."""
         self.start_node(0, timeout=timeout)
         self.bootstrap = self.call(0, "status")["addrs"][0]
-        for i in range(1, self.size):
+        rest = range(1, self.size if count is None else count)
+        for i in rest:
             self.start_node(i, wait=False)
-        for i in range(1, self.size):
+        for i in rest:
             self.wait_api(i, timeout)
 
     def kill(self, i: int, sig: int = signal.SIGKILL) -> None:

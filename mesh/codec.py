@@ -140,7 +140,7 @@ class ReplayGuard:
             self._seen.popitem(last=False)
         # Entries older than the window can never pass the time check again.
         while self._seen:
-            oldest_key, oldest_ts = next(iter(self._seen.items()))
+            _oldest_key, oldest_ts = next(iter(self._seen.items()))
             if now - oldest_ts <= self.window_s:
                 break
             self._seen.popitem(last=False)

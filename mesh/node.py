@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,9 +22,24 @@ from typing import Any
 import trio
 
 from mesh import __version__
-from mesh.blob import BLOB_PROTOCOL, BlobError, BlobIntegrityError, BlobStore, receive_blob, serve_blob
+from mesh.blob import (
+    BLOB_PROTOCOL,
+    BlobError,
+    BlobIntegrityError,
+    BlobStore,
+    receive_blob,
+    serve_blob,
+)
 from mesh.codec import MAX_FRAME, ReplayGuard, WireError, open_envelope, register_kind, seal
-from mesh.framing import read_frame, read_into, read_len64, read_obj, write_frame, write_len64, write_obj
+from mesh.framing import (
+    read_frame,
+    read_into,
+    read_len64,
+    read_obj,
+    write_frame,
+    write_len64,
+    write_obj,
+)
 from mesh.health import DOWN, UP, HealthConfig, PeerTable
 from mesh.host import DEFAULT_LISTEN, HostError, build_host, check_tcp_port_free, parse_multiaddr
 from mesh.identity import Identity
@@ -542,16 +557,12 @@ def _pack_reply(reply: Any) -> bytes:
 
 async def _close(stream: Any) -> None:
     with trio.move_on_after(2):
-        try:
+        with suppress(Exception):
             await stream.close()
-        except Exception:
-            pass
 
 
 async def _reset(stream: Any) -> None:
     with trio.move_on_after(2):
-        try:
+        with suppress(Exception):
             await stream.reset()
-        except Exception:
-            pass
 

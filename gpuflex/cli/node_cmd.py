@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Optional
-
 import typer
 
 from gpuflex.cli.common import HomeOpt, emit_json, fail
@@ -11,7 +9,7 @@ from gpuflex.cli.common import HomeOpt, emit_json, fail
 node_app = typer.Typer(help="Run a mesh node.", no_args_is_help=True)
 
 
-def keygen(home: Optional[str] = HomeOpt, force: bool = typer.Option(False, help="Replace an existing key."),
+def keygen(home: str | None = HomeOpt, force: bool = typer.Option(False, help="Replace an existing key."),
            json_out: bool = typer.Option(False, "--json")) -> None:
     """Create this node's Ed25519 identity (done automatically on first start)."""
     from gpuflex.home import KEY_FILE, resolve_home
@@ -35,7 +33,7 @@ def keygen(home: Optional[str] = HomeOpt, force: bool = typer.Option(False, help
 
 @node_app.command("start")
 def start(
-    home: Optional[str] = HomeOpt,
+    home: str | None = HomeOpt,
     listen: list[str] = typer.Option(["/ip4/0.0.0.0/tcp/4001"], "--listen", help="Multiaddr to listen on."),
     announce: list[str] = typer.Option([], "--announce", help="Multiaddr to announce to peers."),
     bootstrap: list[str] = typer.Option([], "--bootstrap", help="Multiaddr of a mesh peer (/p2p/<id> included)."),
@@ -45,7 +43,9 @@ def start(
     down_after: float = typer.Option(9.0, help="Seconds of silence before a peer is 'down'."),
     log_level: str = typer.Option("info", help="debug, info, warning or error."),
     log_format: str = typer.Option("text", help="text or json."),
-    adversary: Optional[str] = typer.Option(None, hidden=True, help="Test meshes only: behave as KIND."),
+    metrics: str | None = typer.Option(None, "--metrics", metavar="ADDR",
+                                          help="Serve Prometheus metrics on ADDR (PORT or HOST:PORT; loopback if only a port)."),
+    adversary: str | None = typer.Option(None, hidden=True, help="Test meshes only: behave as KIND."),
 ) -> None:
     """Start a node; it joins the mesh through --bootstrap, or starts a new mesh without one."""
     import trio
@@ -61,6 +61,13 @@ def start(
     if log_format not in ("text", "json"):
         fail("--log-format must be 'text' or 'json'")
     logs.configure(log_level, log_format, root / LOG_FILE)
+    if metrics:
+        from gpuflex.node.metrics_http import MetricsAddrError, parse_metrics_addr
+
+        try:
+            parse_metrics_addr(metrics)
+        except MetricsAddrError as exc:
+            fail(str(exc))
     if adversary:
         from gpuflex.adversary import KINDS, loopback_only
 
@@ -72,7 +79,7 @@ def start(
         health = HealthConfig(suspect_after_s=suspect_after, down_after_s=down_after)
         runtime = NodeRuntime(NodeOptions(home=root, listen=listen, announce=announce, bootstrap=bootstrap,
                                           client_mode=client, control_port=control_port, health=health,
-                                          adversary=adversary))
+                                          adversary=adversary, metrics=metrics))
         trio.run(runtime.serve)
     except KeyboardInterrupt:
         typer.echo("stopped", err=True)

@@ -8,7 +8,6 @@ deeper in the tree (their own leader died) are accepted as well, so their work i
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -84,16 +83,12 @@ class Collector:
         self.partials.append(partial)
         self._fold(partial.leader, delta, partial.samples, covers | {partial.leader})
 
-    def mark_absent(self, peer: str) -> None:
-        """A child that will never report (it failed over to us already, or is known dead)."""
-        self.reported.add(peer)
+    def child_down(self, child: str) -> None:
+        """A dead child's own children fail over to this node: wait for them instead."""
+        self.reported.add(child)
+        self.expected |= set(children(self.plan.parent, child))
         if self.expected <= self.reported:
             self.done.set()
-
-    async def wait(self) -> None:
-        with trio.move_on_after(max(0.0, self.deadline - time.time())):
-            await self.done.wait()
-        self.closed = True
 
     @property
     def progress(self) -> float:

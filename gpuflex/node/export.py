@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gpuflex.node.modelblob import unpack_model
+from gpuflex.plot import plot_metrics
 from mesh.fsutil import atomic_write, atomic_write_text
 
 if TYPE_CHECKING:
@@ -18,7 +19,10 @@ METRIC_COLUMNS = ("round", "loss", "accuracy", "train_loss", "contributors", "du
 
 
 def export_results(runner: JobRunner, out: Path) -> list[Path]:
-    """Final model (plain torch state_dict), metrics (CSV and JSON) and the ledger."""
+    """Final model (plain torch state_dict), metrics (CSV, JSON and a PNG plot) and the ledger.
+
+    MLflow export reads these files (``gpuflex.tracking``), so there is one writer of results.
+    """
     out.mkdir(parents=True, exist_ok=True)
     params, _ = unpack_model(runner.mesh.blobs.read(runner.head_model))
     files = [runner.workload.save_state_dict(params, out / "model.pt")]
@@ -36,4 +40,7 @@ def export_results(runner: JobRunner, out: Path) -> list[Path]:
     atomic_write(out / "ledger.msgpack", runner.ledger.path.read_bytes() if runner.ledger.path.exists() else b"",
                  mode=0o644)
     files.append(out / "ledger.msgpack")
+    plot = plot_metrics(rows, out / "metrics.png", title=f"job {runner.job_id} ({runner.spec.name})")
+    if plot is not None:
+        files.append(plot)
     return files

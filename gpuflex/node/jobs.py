@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from gpuflex.node.control import ApiError
-from gpuflex.node.ledger import LedgerError, verify_chain
+from gpuflex.node.ledger import LedgerError, prefer_chain, verify_chain
 from gpuflex.node.messages import ABORT, JOB, PARTIAL, PLAN, PRESENCE, RESULT, SYNC, UPDATE
 from gpuflex.node.rounds import JobRunner
 from mesh.codec import Envelope, WireError, open_envelope, seal
@@ -130,12 +130,15 @@ class JobManager:
             raise WireError("garbled", "presence without a job map")
         now = time.time()
         unknown = False
-        for job in jobs:
+        for job, last_round in jobs.items():
             runner = self.runners.get(job)
-            if runner is not None:
-                runner.presence[msg.envelope.sender] = now
-            else:
+            if runner is None:
                 unknown = True
+                continue
+            runner.presence[msg.envelope.sender] = now
+            ahead = isinstance(last_round, int) and last_round > len(runner.ledger)
+            if ahead and not runner.syncing and self._nursery is not None:
+                self._nursery.start_soon(self._catch_up, runner, msg.envelope.sender)
         if unknown and self._nursery is not None and msg.envelope.sender != self.mesh.peer_id:
             self._nursery.start_soon(self.sync_from_peer, msg.envelope.sender)
 
@@ -155,6 +158,13 @@ class JobManager:
                     await self.sync_from_peer(peer)
                 return
             await trio.sleep(1.0)
+
+    async def _catch_up(self, runner: JobRunner, peer: str) -> None:
+        runner.syncing = True
+        try:
+            await self.sync_from_peer(peer)
+        finally:
+            runner.syncing = False
 
     async def sync_from_peer(self, peer: str) -> bool:
         """Learn jobs and adopt any longer verified ledger that ``peer`` holds."""
@@ -178,14 +188,18 @@ class JobManager:
 
     async def _adopt_ledger(self, runner: JobRunner, frames: list[Any], peer: str) -> None:
         async with runner.apply_lock:
-            if len(frames) <= len(runner.ledger):
+            if frames == runner.ledger.frames[: len(frames)]:
                 return
             try:
                 results = verify_chain(frames, runner.job_id)
-                if runner.ledger.frames and frames[: len(runner.ledger.frames)] != runner.ledger.frames:
-                    raise LedgerError("the peer's ledger forks from this node's")
+                if not prefer_chain(runner.ledger.results, results):
+                    return
+                forked = frames[: len(runner.ledger.frames)] != runner.ledger.frames
                 await runner._model(results[-1].model_hash, [peer, results[-1].coordinator])
                 runner.ledger.replace(frames)
+                if forked:
+                    self.events.emit("ledger_fork_resolved", job=runner.job_id, peer=peer, round=len(results),
+                                     message=f"job {runner.job_id}: switched to the winning branch from {peer[-8:]}")
             except (LedgerError, WireError) as exc:
                 self.events.emit("rejected", job=runner.job_id, peer=peer, message=f"ledger from {peer[-8:]}: {exc}")
                 self.penalise(peer)

@@ -58,6 +58,20 @@ def verify_chain(frames: list[bytes], job: str | None = None) -> list[Result]:
     return results
 
 
+def result_key(res: Result) -> tuple[int, str]:
+    """Fork choice: of two results for the same round, the earlier attempt wins, then the
+    smaller digest. Every node applies the same total order, so all settle on one ledger."""
+    return (res.attempt, res.digest)
+
+
+def prefer_chain(ours: list[Result], theirs: list[Result]) -> bool:
+    """Whether a verified chain ``theirs`` should replace ``ours``."""
+    for a, b in zip(ours, theirs):
+        if a.digest != b.digest:
+            return result_key(b) < result_key(a)
+    return len(theirs) > len(ours)
+
+
 def result_row(res: Result) -> dict[str, Any]:
     """JSON view of one result for the API, the CLI and exports."""
     return {

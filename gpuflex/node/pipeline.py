@@ -1,24 +1,44 @@
 """How a delta is prepared by a member and combined by a leader: the job's aggregation pipeline.
 
 The round driver only moves bytes and signatures; everything about the numbers lives here:
-the wire codec (none, fp16, int8, top-k), and the reducer a collector folds updates into
-(a streaming weighted mean by default). Keeping this seam narrow lets the job file choose the
-math without touching the protocol.
+the wire codec (none, fp16, int8, top-k), client-side DP (clip, then Gaussian noise), secure
+aggregation masks, and the reducer a collector folds updates into: a streaming weighted mean
+by default, or a buffering reducer that applies norm bounding and a robust rule (median,
+trimmed mean, Krum, centered clipping) once all inputs are in. Keeping this seam narrow lets
+the job file choose the math without touching the protocol.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
+import logging
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
+from aggregation.clipping import norm_bound
 from aggregation.compression import decode_delta, make_codec
+from aggregation.dp import add_gaussian_noise, clip_to_norm
 from aggregation.errors import AggregationError
+from aggregation.robust import Rule, make_rule
+from aggregation.secagg import default_threshold
 from aggregation.weighted import WeightedAccumulator
+from gpuflex.secure import (
+    GroupContext,
+    SecAggMember,
+    SecAggReducer,
+    decode_masked,
+    mask_group,
+)
 from mesh.codec import WireError
 
 if TYPE_CHECKING:
     from gpuflex.jobspec import JobSpec
+    from gpuflex.node.messages import Plan
+    from mesh.identity import Identity
+
+log = logging.getLogger("gpuflex.pipeline")
+#: Secure aggregation clips each coordinate to this range (wider under DP, whose noise is large).
+SECAGG_RANGE = 4.0
 
 
 class Reducer(Protocol):
@@ -49,24 +69,149 @@ class MeanReducer:
         return self._acc.result()
 
 
-def make_reducer(spec: JobSpec, is_root: bool) -> Reducer:
-    return MeanReducer()
+class RobustReducer:
+    """Buffers every input, then bounds norms and applies the job's robust rule.
+
+    Robust rules need all inputs at once (a median cannot stream), so this keeps one vector
+    per child: fine for a group of ``group_size``, and in flat-robust mode for the root alone.
+    Inputs are updates at the lowest level and partials above it; each counts once, whatever
+    sample count it claims (see aggregation.robust).
+    """
+
+    def __init__(self, rule: Rule, rule_name: str, norm_factor: float = 0.0, norm_mode: str = "clip",
+                 fallback: Rule | None = None) -> None:
+        self.rule, self.rule_name = rule, rule_name
+        self.norm_factor, self.norm_mode = norm_factor, norm_mode
+        self.fallback = fallback
+        self.vectors: list[np.ndarray] = []
+        self.weights: list[float] = []
+        self.reporters: list[str] = []
+        self.rejected: list[str] = []
+        self.applied = ""
+
+    @property
+    def count(self) -> int:
+        return len(self.vectors)
+
+    def add(self, vector: np.ndarray, weight: float, reporter: str) -> None:
+        if not np.all(np.isfinite(vector)):
+            raise WireError("garbled", f"update from {reporter[-8:]} has non-finite values")
+        if self.vectors and vector.shape != self.vectors[0].shape:
+            raise WireError("garbled", f"update from {reporter[-8:]} has the wrong size")
+        self.vectors.append(np.asarray(vector, dtype=np.float32))
+        self.weights.append(float(weight))
+        self.reporters.append(reporter)
+
+    def result(self) -> np.ndarray:
+        vectors, weights = self.vectors, self.weights
+        if not vectors:
+            raise AggregationError("no vector was added: nothing to aggregate")
+        if self.norm_factor > 0 and len(vectors) > 1:
+            vectors, dropped = norm_bound(vectors, self.norm_factor, self.norm_mode)  # type: ignore[arg-type]
+            self.rejected = [self.reporters[i] for i in dropped]
+            weights = [w for i, w in enumerate(weights) if i not in set(dropped)]
+        try:
+            out = self.rule(vectors, weights)
+            self.applied = self.rule_name
+        except AggregationError as exc:
+            # Krum needs n >= 2f + 3; a small group (or a round with dropouts) may have fewer.
+            if self.fallback is None:
+                raise
+            log.warning("rule %s cannot run on %d inputs (%s); using the median", self.rule_name,
+                        len(vectors), exc)
+            out = self.fallback(vectors, weights)
+            self.applied = "median"
+        return np.asarray(out, dtype=np.float32)
+
+
+def secagg_context(spec: JobSpec, plan: Plan, node: str) -> GroupContext | None:
+    """The secure-aggregation group ``node`` masks in (as member) or unmasks (as leader)."""
+    if not spec.secure_aggregation:
+        return None
+    leader, group = mask_group(plan.parent, node)
+    if not group:
+        return None
+    threshold = spec.secagg_threshold or default_threshold(len(group))
+    return GroupContext(job=plan.job, round=plan.round, attempt=plan.attempt, leader=leader,
+                        group=group, threshold=min(threshold, max(1, len(group) - 2)),
+                        clip_range=secagg_range(spec))
+
+
+def secagg_range(spec: JobSpec) -> float:
+    """Per-coordinate range of the ring encoding: DP noise (std z*C) must fit inside it."""
+    return max(SECAGG_RANGE, 6.0 * spec.dp_noise_multiplier * spec.dp_clip)
+
+
+def make_reducer(spec: JobSpec, is_root: bool, plan: Plan | None = None,
+                 me: str | None = None) -> Reducer:
+    """The reducer a leader or root folds its inputs into, per the job's rule and settings.
+
+    ``plan`` and ``me`` are only needed for secure aggregation (to know the masking group).
+    """
+    if spec.secure_aggregation and plan is not None and me is not None:
+        ctx = secagg_context(spec, plan, me)
+        if ctx is not None and ctx.leader == me:
+            return SecAggReducer(ctx)  # type: ignore[return-value]
+    if spec.rule == "mean" and spec.norm_bound <= 0:
+        return MeanReducer()
+    rule = make_rule(spec.rule, **spec.rule_params)
+    fallback = make_rule("median") if spec.rule in ("krum", "multi-krum") else None
+    return RobustReducer(rule, spec.rule, spec.norm_bound, spec.norm_bound_mode, fallback)
+
+
+def describe_rule(spec: JobSpec) -> dict[str, Any]:
+    """The aggregation settings a RoundResult records, so an audit shows how it was combined."""
+    return {"rule": spec.rule, "params": dict(sorted(spec.rule_params.items())),
+            "mode": spec.aggregation_mode, "norm_bound": spec.norm_bound,
+            "norm_bound_mode": spec.norm_bound_mode, "secure_aggregation": spec.secure_aggregation,
+            "dp_clip": spec.dp_clip, "dp_noise_multiplier": spec.dp_noise_multiplier}
 
 
 class DeltaEncoder:
-    """A member's side: turns its delta into wire bytes with the job's codec."""
+    """A member's side: DP clip and noise, then secure-aggregation masks or the job's codec.
 
-    def __init__(self, spec: JobSpec) -> None:
+    The DP noise generator is seeded from the operating system on purpose: noise that anyone
+    could regenerate from the job seed would protect nothing.
+    """
+
+    def __init__(self, spec: JobSpec, rng: np.random.Generator | None = None) -> None:
+        self.spec = spec
         self.codec = make_codec(spec.codec) if spec.codec != "none" else None
+        self.rng = rng or np.random.default_rng()
+        self.last_clip_scale = 1.0
 
-    def encode(self, delta: np.ndarray) -> bytes:
+    def privatize(self, delta: np.ndarray) -> np.ndarray:
+        """Clip to dp_clip and add N(0, (z * dp_clip)^2) per coordinate, when DP is on."""
+        if not self.spec.uses_dp:
+            return delta
+        clipped, self.last_clip_scale = clip_to_norm(delta, self.spec.dp_clip)
+        return add_gaussian_noise(clipped, self.spec.dp_noise_multiplier, self.spec.dp_clip, self.rng)
+
+    def encode(self, delta: np.ndarray, samples: int = 1, secagg: SecAggMember | None = None) -> bytes:
+        delta = self.privatize(np.ascontiguousarray(delta, dtype=np.float32))
+        if secagg is not None:
+            return secagg.encode(delta, samples)
         if self.codec is None:
             return np.ascontiguousarray(delta, dtype="<f4").tobytes()
         return self.codec.encode(np.ascontiguousarray(delta, dtype=np.float32)).to_bytes()
 
 
+def secagg_member(spec: JobSpec, identity: Identity, plan: Plan) -> SecAggMember | None:
+    """The masking side for this node's update, or None if it sends in clear (or leads)."""
+    ctx = secagg_context(spec, plan, identity.peer_id)
+    if ctx is None or identity.peer_id not in ctx.group:
+        return None
+    return SecAggMember(identity, ctx)
+
+
 def decode_payload(spec: JobSpec, payload: bytes, size: int) -> np.ndarray:
-    """A leader's side: wire bytes back to a float32 vector of ``size`` entries."""
+    """A leader's side: wire bytes back to a float32 vector of ``size`` entries.
+
+    Under secure aggregation a masked payload decodes to a MaskedUpdate instead, which only
+    the SecAggReducer accepts.
+    """
+    if spec.secure_aggregation and payload[:4] == b"GFSA":
+        return decode_masked(payload, size)  # type: ignore[return-value]
     if spec.codec == "none":
         if len(payload) != size * 4:
             raise WireError("garbled", f"delta has {len(payload)} bytes, expected {size * 4}")

@@ -25,17 +25,15 @@ import trio
 from aggregation.server_opt import make_server_optimizer
 from aggregation.tree import build_tree, children
 from gpuflex.node.collector import Collector, ancestors
-from gpuflex.node.ledger import Ledger, LedgerError, result_row
+from gpuflex.node.ledger import Ledger, LedgerError, result_key, result_row
 from gpuflex.node.messages import (
     ABORT,
     PARTIAL,
     PLAN,
     RESULT,
     UPDATE,
-    Partial,
     Plan,
     Result,
-    Update,
     make_plan,
     parse_partial,
     parse_plan,
@@ -93,6 +91,7 @@ class JobRunner:
         self.error = ""
         self._nursery: trio.Nursery | None = None
         self.ready = trio.Event()
+        self.syncing = False
         self.encoder = DeltaEncoder(spec)
 
     # -- bookkeeping -----------------------------------------------------------------------
@@ -194,7 +193,7 @@ class JobRunner:
             await self.changed.wait()
 
     async def _drive_round(self, r: int) -> None:
-        attempt = max([p.attempt for p in self.plans.values() if p.round == r], default=-1) + 1
+        attempt = max((p.attempt for p in self.plans.values() if p.round == r), default=0)
         while len(self.ledger) < r:
             self._set_phase("plan")
             self.role = "idle"
@@ -205,17 +204,33 @@ class JobRunner:
             if plan is None:
                 attempt += 1
                 continue
-            attempt = plan.attempt
-            finish = plan.train_deadline + (len(plan.members) + 2) * plan.reduce_slack_s + 10.0
-            while len(self.ledger) < r and time.time() < finish and (r, plan.attempt) not in self.aborted:
-                current = self.plans.get(r)
-                if current is not None and current.attempt != plan.attempt:
-                    plan = current
-                    finish = plan.train_deadline + (len(plan.members) + 2) * plan.reduce_slack_s + 10.0
-                await self._wait_change(min(finish, time.time() + 1.0))
-            if len(self.ledger) < r:
-                self.emit("round_retried", r, message=f"round {r} attempt {plan.attempt} did not commit; retrying")
-                attempt = plan.attempt + 1
+            reason = await self._await_commit(r, plan)
+            if reason is None:
+                return
+            latest = self.plans.get(r)
+            attempt = max(plan.attempt, latest.attempt if latest else 0) + 1
+            self.emit("round_retried", r, message=f"round {r} attempt {plan.attempt} did not commit ({reason}); "
+                                                   f"retrying as attempt {attempt}")
+
+    def _round_end(self, plan: Plan) -> float:
+        return plan.train_deadline + (len(plan.members) + 2) * plan.reduce_slack_s + 10.0
+
+    async def _await_commit(self, r: int, plan: Plan) -> str | None:
+        """Wait for round ``r`` to commit; the reason it will not, otherwise."""
+        grace_until = time.time() + 2.0
+        while len(self.ledger) < r:
+            current = self.plans.get(r)
+            if current is not None and current.attempt > plan.attempt:
+                plan = current
+            if (r, plan.attempt) in self.aborted:
+                return "aborted by its coordinator"
+            if time.time() >= self._round_end(plan):
+                return "deadline passed"
+            rec = self.mesh.peers.get(plan.coordinator)
+            if plan.coordinator != self.me and rec is not None and rec.state == DOWN and time.time() > grace_until:
+                return f"coordinator {plan.coordinator[-8:]} is down"
+            await self._wait_change(min(self._round_end(plan), time.time() + 1.0))
+        return None
 
     async def _obtain_plan(self, r: int, attempt: int, ranking: list[str]) -> Plan | None:
         start = time.time()
@@ -264,10 +279,21 @@ class JobRunner:
 
     # -- inbound: plans --------------------------------------------------------------------
 
+    async def _wait_for(self, predicate: Any, timeout: float) -> bool:
+        """Let a message that arrived early wait for this node's state to catch up."""
+        deadline = time.time() + timeout
+        while not predicate():
+            if time.time() >= deadline:
+                return False
+            await self._wait_change(min(deadline, time.time() + 0.5))
+        return True
+
     async def on_plan(self, msg: Inbound) -> None:
         plan = parse_plan(msg.envelope)
         with trio.move_on_after(30):
             await self.ready.wait()
+        # The previous round's result may still be being applied here (model download).
+        await self._wait_for(lambda: len(self.ledger) >= plan.round - 1, 15.0)
         r = len(self.ledger) + 1
         if plan.round != r or plan.prev_result != self.ledger.head or plan.base_hash != self.head_model:
             raise Rejected(f"plan for round {plan.round} does not extend this node's ledger at round {r - 1}")
@@ -306,8 +332,17 @@ class JobRunner:
     # -- member: train and send ------------------------------------------------------------
 
     async def _model(self, digest: str, providers: list[str]) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-        path = await self.mesh.fetch_blob(digest, providers)
-        return unpack_model(path.read_bytes())
+        """The model blob ``digest``, re-fetched from peers if the local copy fails its hash."""
+        from mesh.blob import BlobError
+
+        await self.mesh.fetch_blob(digest, providers)
+        try:
+            data = self.mesh.blobs.read(digest, verify=True)
+        except BlobError as exc:
+            self.emit("state_corrupt", message=f"{exc}; fetching it again from peers")
+            await self.mesh.fetch_blob(digest, providers or self.mesh.peers.alive())
+            data = self.mesh.blobs.read(digest, verify=True)
+        return unpack_model(data)
 
     async def _train_and_send(self, plan: Plan) -> None:
         r = plan.round
@@ -363,7 +398,13 @@ class JobRunner:
 
     # -- leader / root: reduce --------------------------------------------------------------
 
-    def _collector_for(self, job: str, round_: int, sender: str) -> Collector:
+    async def _collector_for(self, job: str, round_: int, sender: str) -> Collector:
+        def ready() -> bool:
+            plan = self.plans.get(round_)
+            return len(self.ledger) >= round_ - 1 and plan is not None and (round_, plan.attempt) in self.collectors
+
+        if job == self.job_id and round_ >= len(self.ledger) + 1:
+            await self._wait_for(ready, 5.0)  # the plan may reach this leader after the update
         if job != self.job_id or round_ != len(self.ledger) + 1:
             raise WireError("round", f"message for round {round_}, this node is at round {len(self.ledger) + 1}")
         plan = self.plans.get(round_)
@@ -374,7 +415,7 @@ class JobRunner:
 
     async def on_update(self, msg: Inbound) -> None:
         up = parse_update(msg.envelope)
-        col = self._collector_for(up.job, up.round, up.peer)
+        col = await self._collector_for(up.job, up.round, up.peer)
         if up.base_hash != col.plan.base_hash:
             raise WireError("round", "update was trained from another base model")
         if msg.payload is None or blob_hash(msg.payload) != up.delta_hash:
@@ -384,7 +425,7 @@ class JobRunner:
 
     async def on_partial(self, msg: Inbound) -> None:
         part = parse_partial(msg.envelope)
-        col = self._collector_for(part.job, part.round, part.leader)
+        col = await self._collector_for(part.job, part.round, part.leader)
         if msg.payload is None or blob_hash(msg.payload) != part.delta_hash:
             raise WireError("hash", f"partial from {part.leader[-8:]} does not match its signed hash")
         ups = walk_contributions(part.updates, part.partials, part.job, part.round)
@@ -397,9 +438,22 @@ class JobRunner:
         self.emit("partial_verified", part.round, part.leader, message=(
             f"round {part.round}: partial from {part.leader[-8:]} verified ({len(ups)} updates)"))
 
+    async def _collect(self, col: Collector) -> None:
+        """Wait for the children, expecting the children of any child that goes down instead."""
+        while not col.done.is_set() and time.time() < col.deadline:
+            for child in sorted(col.expected - col.reported - {self.me}):
+                rec = self.mesh.peers.get(child)
+                if rec is not None and rec.state == DOWN:
+                    col.child_down(child)
+                    self.emit("leader_down", col.plan.round, child, message=(
+                        f"round {col.plan.round}: {child[-8:]} is down; expecting its group directly"))
+            with trio.move_on_after(max(0.0, min(1.0, col.deadline - time.time()))):
+                await col.done.wait()
+        col.closed = True
+
     async def _reduce(self, plan: Plan, col: Collector) -> None:
         try:
-            await col.wait()
+            await self._collect(col)
             if (plan.round, plan.attempt) in self.aborted or len(self.ledger) >= plan.round:
                 return
             if col.acc.count == 0:
@@ -482,15 +536,21 @@ class JobRunner:
         if res.job != self.job_id:
             raise WireError("garbled", "result for another job")
         if res.round <= len(self.ledger):
+            ours = self.ledger.results[res.round - 1]
+            if ours.digest != res.digest and result_key(res) < result_key(ours):
+                assert self._nursery is not None
+                self._nursery.start_soon(self.m.sync_from_peers, self, [res.coordinator, msg.via])
+                raise Rejected(f"competing result for round {res.round}; fetching its chain")
             raise Rejected(f"round {res.round} is already committed here")
         assert self._nursery is not None
         self._nursery.start_soon(self._apply_result, msg.envelope.raw, res)
 
     async def _apply_result(self, frame: bytes, res: Result) -> None:
         async with self.apply_lock:
-            if res.round != len(self.ledger) + 1:
-                if res.round > len(self.ledger) + 1:
-                    await self.m.sync_from_peers(self, prefer=[res.coordinator])
+            if res.round != len(self.ledger) + 1 or res.prev_result != self.ledger.head:
+                if res.round >= len(self.ledger) + 1 and self._nursery is not None:
+                    # Behind, or on another branch: fetch the chain (outside this lock).
+                    self._nursery.start_soon(self.m.sync_from_peers, self, [res.coordinator])
                 return
             try:
                 from gpuflex.node.ledger import verify_chain
@@ -536,6 +596,7 @@ class JobRunner:
             "rounds": self.spec.rounds, "phase": self.phase, "phase_progress": round(progress, 3),
             "coordinator": coordinator, "is_coordinator": coordinator == self.me, "role": self.role,
             "members": list(plan.members) if plan else self.eligible(), "error": self.error,
+            "attempt": plan.attempt if plan else 0, "tree": dict(plan.parent) if plan else {},
             "model_hash": self.head_model,
             "metrics": [{"round": x.round, "coordinator": x.coordinator, **{k: x.metrics.get(k) for k in
                          ("loss", "accuracy", "train_loss", "contributors", "duration_s")}}

@@ -37,6 +37,7 @@ class NodeOptions:
     control_port: int = 0
     health: HealthConfig = field(default_factory=HealthConfig)
     adversary: str | None = None
+    metrics: str | None = None  # Prometheus endpoint, e.g. "127.0.0.1:9464"; off when None
 
 
 def load_identity(home: Path) -> tuple[Identity, bool]:
@@ -61,6 +62,17 @@ def running_pid(home: Path) -> int | None:
     except PermissionError:
         return pid
     return pid if pid != os.getpid() else None
+
+
+def warm_up_torch() -> None:
+    """The first optimizer step in a process imports torch's compiler stack (seconds of CPU);
+    pay it while the node idles rather than inside the first round's deadline."""
+    import torch
+
+    param = torch.zeros(4, requires_grad=True)
+    opt = torch.optim.SGD([param], lr=0.1, momentum=0.9)
+    param.sum().backward()
+    opt.step()
 
 
 class NodeRuntime:
@@ -94,6 +106,7 @@ class NodeRuntime:
         )
         self.jobs = JobManager(self)
         self._stop = trio.Event()
+        self.metrics_addr: tuple[str, int] | None = None
 
     @staticmethod
     def _hardware() -> dict[str, Any]:
@@ -111,9 +124,14 @@ class NodeRuntime:
             await nursery.start(self.mesh.run)
             for addr in self.mesh.multiaddrs():
                 log.info("gpuflex node %s listening on %s", self.identity.peer_id, addr)
+            nursery.start_soon(trio.to_thread.run_sync, warm_up_torch)
             await nursery.start(self.jobs.run)
             port = await nursery.start(control.run)
             log.info("control API on 127.0.0.1:%d (token in %s)", port, self.home / "control.token")
+            if self.options.metrics:
+                from gpuflex.node.metrics_http import MetricsServer
+
+                self.metrics_addr = await nursery.start(MetricsServer(self, self.options.metrics).run)
             task_status.started(self)
             await self._stop.wait()
             self.mesh.stop()
@@ -135,7 +153,12 @@ class NodeRuntime:
             "job_results": self.jobs.api_results,
             "ledger": self.jobs.api_ledger,
             "shutdown": self.api_shutdown,
+            "clock": self.api_clock,
         }
+
+    async def api_clock(self, params: dict[str, Any]) -> dict[str, Any]:
+        """This node's wall clock, for ``gpuflex doctor``'s skew estimate (precision ± RTT/2)."""
+        return {"now": time.time()}
 
     async def api_status(self, params: dict[str, Any]) -> dict[str, Any]:
         mesh = self.mesh.status()

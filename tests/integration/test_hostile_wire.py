@@ -9,7 +9,6 @@ import pytest
 import trio
 
 from mesh.codec import register_kind, seal
-from mesh.framing import write_frame
 from mesh.identity import Identity
 from mesh.messaging import GOSSIP_PROTOCOL, MSG_PROTOCOL, Inbound
 from mesh.node import MeshConfig, MeshNode

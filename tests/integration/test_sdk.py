@@ -1,0 +1,52 @@
+"""The Python SDK runs a 3-node in-process job end to end, and the control client agrees with it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gpuflex import doctor, sdk
+from gpuflex.client import ControlClient
+from tests.unit.workflow import sdk_fixtures as fx
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
+
+
+def test_three_node_in_process_job_returns_a_loadable_state_dict(tmp_path: Path) -> None:
+    # An in-process callable (a lambda) next to importable ones and a custom training loop.
+    handle = sdk.run_local(lambda num_classes, input_shape: fx.make_model(num_classes, input_shape),
+                           fx.make_data, train_fn=fx.sgd_loop, nodes=3, rounds=3, local_steps=5,
+                           batch_size=16, lr=0.1, workdir=tmp_path / "mesh")
+    with handle:
+        rows = list(handle.stream(timeout=120))
+        assert [r["round"] for r in rows] == [1, 2, 3]
+        assert all(r["contributors"] == 3 for r in rows)
+        final = handle.wait(timeout=10)
+        assert final["state"] == "done" and final["metrics"] == rows
+        assert rows[-1]["accuracy"] > 0.8
+
+        model = fx.make_model(3, (5,))
+        model.load_state_dict(handle.state_dict())
+
+        files = {p.name for p in handle.results(tmp_path / "results")}
+        assert {"model.pt", "metrics.csv", "metrics.png", "job.json"} <= files
+
+        with ControlClient.for_home(handle.home) as client:  # the CLI's --json data, from Python
+            assert client.status()["mesh"]["up"] == 2
+            assert len(client.peers()) == 2
+            assert client.jobs()[0]["job_id"] == handle.job_id
+            assert client.job_status(handle.job_id)["state"] == "done"
+            assert [r["round"] for r in client.ledger(handle.job_id)] == [1, 2, 3]
+
+        checks = {f.check: f for f in doctor.run_checks(handle.home, "/ip4/127.0.0.1/tcp/0")}
+        assert checks["clock"].status == "OK" and checks["clock"].data["peers_compared"] == 2
+        assert abs(checks["clock"].data["node_offset_s"]) < 1.0
+    assert handle.state_dict().keys() == model.state_dict().keys()  # kept after the mesh stopped
+
+
+def test_a_model_function_of_the_wrong_shape_fails_the_job_clearly(tmp_path: Path) -> None:
+    with sdk.run_local(fx.not_a_model, fx.make_data, nodes=2, rounds=1, local_steps=1,
+                       workdir=tmp_path / "mesh") as handle, pytest.raises(sdk.JobFailed) as err:
+        handle.wait(timeout=60)
+    assert "expected a torch.nn.Module" in str(err.value)
