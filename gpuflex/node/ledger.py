@@ -66,7 +66,7 @@ def result_key(res: Result) -> tuple[int, str]:
 
 def prefer_chain(ours: list[Result], theirs: list[Result]) -> bool:
     """Whether a verified chain ``theirs`` should replace ``ours``."""
-    for a, b in zip(ours, theirs):
+    for a, b in zip(ours, theirs, strict=False):
         if a.digest != b.digest:
             return result_key(b) < result_key(a)
     return len(theirs) > len(ours)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -41,10 +42,8 @@ async def test_garbage_truncated_oversized_and_replayed_frames_are_rejected(tmp_
                 except Exception:
                     pass
                 finally:
-                    try:
+                    with contextlib.suppress(Exception):
                         await stream.close()
-                    except Exception:
-                        pass
 
             await raw(MSG_PROTOCOL, os.urandom(512))  # random bytes
             valid = seal(hostile.identity, "echo", {"x": 1})

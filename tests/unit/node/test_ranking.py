@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import itertools
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -25,7 +27,7 @@ def test_every_node_computes_the_same_ranking() -> None:
 @settings(max_examples=200)
 def test_coordinator_changes_every_round_with_four_or_more_members(job: str, n: int) -> None:
     history = simulate(job, PEERS[:n], 8)
-    assert all(a != b for a, b in zip(history, history[1:]))
+    assert all(a != b for a, b in itertools.pairwise(history))
 
 
 @given(st.text(min_size=1, max_size=12))
