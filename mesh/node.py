@@ -12,6 +12,7 @@ acknowledged message with an optional bulk payload), ``broadcast`` (flood gossip
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager, suppress
@@ -32,6 +33,7 @@ from mesh.blob import (
 )
 from mesh.codec import MAX_FRAME, ReplayGuard, WireError, open_envelope, register_kind, seal
 from mesh.framing import (
+    read_exactly,
     read_frame,
     read_into,
     read_len64,
@@ -100,6 +102,7 @@ class MeshNode:
         self._stopped = trio.Event()
         self._info_frame: bytes | None = None
         self._info_loading: set[str] = set()
+        self._ping_streams: dict[str, Any] = {}
         self.started_at = time.time()
         self.host: Any = None
         self.dht: Any = None
@@ -311,25 +314,25 @@ class MeshNode:
             await trio.sleep(cfg.ping_interval_s)
 
     async def _probe(self, peer: str) -> None:
-        import os
-
+        """One libp2p ping on a kept-open stream, so the RTT is the network's, not a handshake's."""
+        stream = self._ping_streams.get(peer)
         with trio.move_on_after(self.config.health.ping_timeout_s):
             try:
-                stream = await self._open(peer, PING_PROTOCOL, self.config.health.ping_timeout_s)
-                try:
-                    payload = os.urandom(32)
-                    t0 = time.perf_counter()
-                    await stream.write(payload)
-                    from mesh.framing import read_exactly
-
-                    echo = await read_exactly(stream, 32)
-                    rtt = (time.perf_counter() - t0) * 1000
-                finally:
-                    await _close(stream)
+                if stream is None:
+                    stream = await self._open(peer, PING_PROTOCOL, self.config.health.ping_timeout_s)
+                    self._ping_streams[peer] = stream
+                payload = os.urandom(32)
+                t0 = time.perf_counter()
+                await stream.write(payload)
+                echo = await read_exactly(stream, 32)
                 if echo == payload:
-                    self.peers.seen(peer, rtt)
+                    self.peers.seen(peer, (time.perf_counter() - t0) * 1000)
+                    return
             except Exception as exc:
                 log.debug("ping %s failed: %s", peer, exc)
+        dropped = self._ping_streams.pop(peer, None)
+        if dropped is not None:
+            self._nursery.start_soon(_reset, dropped)  # type: ignore[union-attr]
 
     def _peer_state_changed(self, rec: Any, old: str, new: str) -> None:
         self._on_event(f"peer_{new}", peer=rec.peer_id, message=f"peer {rec.peer_id[-8:]} is {new}")

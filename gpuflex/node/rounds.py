@@ -359,7 +359,7 @@ class JobRunner:
                 payload = self.encoder.encode(delta)
                 frame = seal(self.mesh.identity, UPDATE, {
                     "job": self.job_id, "round": r, "peer": self.me, "base_hash": plan.base_hash,
-                    "samples": int(metrics.get("samples") or self.workload.num_samples),
+                    "samples": int(metrics.get("dataset_size") or self.workload.num_samples),
                     "delta_hash": blob_hash(payload), "delta_size": int(delta.size),
                     "metrics": {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))},
                 })
