@@ -62,6 +62,8 @@ INFO_REQUEST = "info_req"
 register_kind(INFO_REQUEST, 1024)
 
 EventSink = Callable[..., None]
+# A cut stream can be an honest peer's timeout; forged or garbled input cannot.
+PENALTY = {"truncated": 0.5, "stale": 0.5}
 
 
 class BootstrapError(RuntimeError):
@@ -361,7 +363,11 @@ class MeshNode:
         return run
 
     def _reject(self, peer: str, exc: WireError, what: Any) -> None:
-        rec = self.peers.penalise(peer, 1.0)
+        if exc.reason == "truncated" and "after 0 of" in str(exc):
+            # The peer closed before sending anything: a timeout or a crash, not an attack.
+            log.info("stream from %s (%s) ended before any data: %s", peer[-8:], what, exc)
+            return
+        rec = self.peers.penalise(peer, PENALTY.get(exc.reason, 1.0))
         log.warning("rejected input from %s (%s): %s; penalty now %.1f", peer[-8:], what, exc, rec.penalty)
         self._on_event("rejected", peer=peer, reason=exc.reason, message=f"rejected {what} from {peer[-8:]}: {exc}")
 
@@ -455,12 +461,12 @@ class MeshNode:
         """Flood a signed frame to the mesh; also delivers it to this node's own handler."""
         env = open_envelope(frame)
         self.seen.add(env.msg_id)
-        targets = await self._forward(frame, set())
+        # Apply locally first: a coordinator must hold its own plan before members can answer it.
         try:
             await self.handlers.dispatch(Inbound(env, None, self.peer_id, gossip=True))
         except Rejected as exc:
             log.info("own %s was not applied locally: %s", env.kind, exc)
-        return targets
+        return await self._forward(frame, set())
 
     async def _forward(self, frame: bytes, exclude: set[str]) -> int:
         targets = [p for p in self.peers.alive() if p not in exclude]

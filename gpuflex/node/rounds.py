@@ -379,22 +379,41 @@ class JobRunner:
             log.exception("training for round %d failed", r)
             self.emit("update_failed", r, message=f"round {r}: local training failed: {exc}")
 
+    def _round_open(self, plan: Plan) -> bool:
+        current = self.plans.get(plan.round)
+        return (len(self.ledger) < plan.round and (plan.round, plan.attempt) not in self.aborted
+                and (current is None or current.attempt == plan.attempt))
+
     async def _send_up(self, plan: Plan, frame: bytes, payload: bytes, what: str) -> None:
-        """Deliver to the parent; if it is gone, to the next ancestor, up to the root."""
-        errors = []
-        for target in ancestors(plan.parent, self.me):
-            if (plan.round, plan.attempt) in self.aborted or len(self.ledger) >= plan.round:
-                return
+        """Deliver to the parent, or the next live ancestor; then keep watching the receiver,
+        and deliver again one level up if it dies before the round commits, so work a leader
+        accepted is not lost with it."""
+        chain = ancestors(plan.parent, self.me)
+        errors: list[str] = []
+        index = 0
+        while index < len(chain) and self._round_open(plan):
+            target = chain[index]
             try:
                 await self.mesh.request(target, frame, payload, timeout=max(10.0, plan.reduce_slack_s * 2))
-                self.emit(f"{what}_sent", plan.round, target, message=(
-                    f"round {plan.round}: {what} sent to {target[-8:]}"))
-                return
             except SendError as exc:
                 errors.append(str(exc))
                 log.warning("round %d: %s to %s failed (%s); trying the next ancestor", plan.round, what,
                             target[-8:], exc)
-        raise SendError("; ".join(errors) or "no ancestor to send to")
+                index += 1
+                continue
+            self.emit(f"{what}_sent", plan.round, target, message=f"round {plan.round}: {what} sent to {target[-8:]}")
+            while self._round_open(plan) and time.time() < self._round_end(plan):
+                rec = self.mesh.peers.get(target)
+                if rec is not None and rec.state == DOWN:
+                    self.emit("resend", plan.round, target, message=(
+                        f"round {plan.round}: {target[-8:]} died holding this node's {what}; sending it higher"))
+                    break
+                await self._wait_change(time.time() + 1.0)
+            else:
+                return
+            index += 1
+        if errors and self._round_open(plan):
+            raise SendError("; ".join(errors))
 
     # -- leader / root: reduce --------------------------------------------------------------
 

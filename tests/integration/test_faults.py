@@ -82,15 +82,21 @@ def test_member_death_late_joiner_and_hostile_peer(mesh_factory, tmp_path) -> No
     joiner = mesh.call(4, "status")["peer_id"]
 
     wait_round(mesh, 0, job, 3)
-    victim = 3
-    mesh.wait_until(lambda: mesh.job(victim, job)["phase"] == "train", 60, interval=0.05,
-                    what="victim in local training")
+    training: list[int] = []
+
+    def someone_training() -> bool:
+        training[:] = [i for i in (1, 2, 3) if mesh.job(i, job)["phase"] == "train"]
+        return bool(training)
+
+    mesh.wait_until(someone_training, 120, interval=0.05, what="a member in local training")
+    victim = training[0]
     killed_in = mesh.job(victim, job)["round"] + 1
     mesh.kill(victim, signal.SIGKILL)
+    survivors = [i for i in (0, 1, 2, 3, 4) if i != victim]
     victim_id = next(p for p, i in ids.items() if i == victim)
 
-    mesh.wait_job(job, [0, 1, 2, 4], timeout=300)
-    rows = assert_one_ledger(mesh, [0, 1, 2, 4], job, 7)
+    mesh.wait_job(job, survivors, timeout=300)
+    rows = assert_one_ledger(mesh, survivors, job, 7)
     row = rows[killed_in - 1]
     contributors = {c["peer"] for c in row["contributors"]}
     assert victim_id not in contributors

@@ -63,7 +63,7 @@ async def test_garbage_truncated_oversized_and_replayed_frames_are_rejected(tmp_
                     await trio.sleep(0.1)
             reasons = {e["reason"] for e in events if e["type"] == "rejected"}
             assert {"truncated", "oversized", "replay"} <= reasons
-            assert target.peers.get(hostile.peer_id).penalty >= 4  # five faults, minus a little decay
+            assert target.peers.get(hostile.peer_id).penalty >= 3  # five faults (a cut frame weighs less), minus decay
 
             # The node keeps serving everyone else.
             third_cfg = MeshConfig(listen=["/ip4/127.0.0.1/tcp/0"], bootstrap=target.multiaddrs()[:1],

@@ -1,0 +1,297 @@
+"""Helpers every benchmark shares: timing, percentiles, tables, JSON output, bounded waits,
+and worker processes that talk JSON lines.
+
+The benchmarks move data between *processes*, because two peers sharing one Python thread
+measure the GIL rather than the mesh. A worker is this same package run with a hidden
+``--role`` argument: it reads one JSON command per line on stdin and answers one JSON line per
+command on stdout. Closing its stdin tells it to stop, every wait on it is bounded, and
+:class:`Worker` kills it (and its process group) on exit, so a failed run leaves nothing
+behind.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import os
+import queue
+import resource
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import IO, Any
+
+import trio
+
+MB = 1_000_000
+MIB = 1 << 20
+
+
+# -- timing and statistics ---------------------------------------------------------------------
+
+
+class Stopwatch:
+    """``with Stopwatch() as sw: ...`` then ``sw.seconds``; perf_counter, so monotonic."""
+
+    def __init__(self) -> None:
+        self.start = 0.0
+        self.seconds = 0.0
+
+    def __enter__(self) -> Stopwatch:
+        self.start = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.seconds = time.perf_counter() - self.start
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile (no interpolation, so the figure is one that was measured)."""
+    if not values:
+        return math.nan
+    ordered = sorted(values)
+    rank = max(1, math.ceil(q / 100.0 * len(ordered)))
+    return ordered[rank - 1]
+
+
+def ratio(a: float, b: float) -> float:
+    """a / b, NaN rather than an exception when b is zero or missing."""
+    if not b or math.isnan(b) or math.isnan(a):
+        return math.nan
+    return a / b
+
+
+def peak_rss_mb() -> float:
+    """Peak resident set size of this process in MB (Linux reports ru_maxrss in KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / MB
+
+
+# -- output ------------------------------------------------------------------------------------
+
+
+def _cell(value: Any, fmt: str) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    return format(value, fmt) if fmt else str(value)
+
+
+def format_table(rows: Sequence[dict[str, Any]], columns: Sequence[tuple[str, str, str]]) -> str:
+    """A Markdown table (pastes into BENCHMARKS.md as is). Columns are (key, header, format
+    spec); a column with a format spec holds numbers and is right-aligned, text is left-aligned."""
+    cells = [[_cell(row.get(key), fmt) for key, _, fmt in columns] for row in rows]
+    headers = [header for _, header, _ in columns]
+    right = [bool(fmt) for _, _, fmt in columns]
+    widths = [max([len(h)] + [len(r[i]) for r in cells]) for i, h in enumerate(headers)]
+
+    def line(values: Sequence[str]) -> str:
+        parts = [v.rjust(w) if r else v.ljust(w) for v, w, r in zip(values, widths, right, strict=True)]
+        return "| " + " | ".join(parts) + " |"
+
+    rule = "|" + "|".join("-" * (w + 1) + (":" if r else "-") for w, r in zip(widths, right, strict=True)) + "|"
+    return "\n".join([line(headers), rule, *(line(r) for r in cells)])
+
+
+def add_json_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
+
+
+def emit(result: dict[str, Any], as_json: bool, render: Callable[[dict[str, Any]], str]) -> None:
+    """Print ``result`` as JSON (for scripts and the runner) or as text from ``render``."""
+    if as_json:
+        print(json.dumps(result, indent=2, default=str), flush=True)
+    else:
+        print(render(result), flush=True)
+
+
+def stop_on_sigterm() -> None:
+    """Turn SIGTERM into KeyboardInterrupt, so ``finally`` blocks stop the processes a
+    benchmark started even when a runner or CI job terminates it."""
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, interrupt)
+
+
+def stop_process(proc: subprocess.Popen[Any], grace: float) -> None:
+    """SIGINT (clean-up runs), then SIGKILL after ``grace`` seconds; waits either way."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+
+
+def log(message: str) -> None:
+    """Progress goes to stderr, so stdout stays a clean table or JSON document."""
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+# -- bounded waits -----------------------------------------------------------------------------
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float, interval: float = 0.5,
+               what: str = "condition") -> float:
+    """Poll ``predicate`` until true; returns seconds waited, raises TimeoutError at ``timeout``."""
+    start = time.monotonic()
+    while True:
+        if predicate():
+            return time.monotonic() - start
+        if time.monotonic() - start >= timeout:
+            raise TimeoutError(f"{what} not reached within {timeout:.0f}s")
+        time.sleep(interval)
+
+
+async def await_until(predicate: Callable[[], bool], timeout: float, interval: float = 0.5) -> bool:
+    """The trio twin of :func:`wait_until`; returns False at ``timeout`` instead of raising,
+    because inside a worker a partial result (reported as such) beats none."""
+    with trio.move_on_after(timeout):
+        while not predicate():
+            await trio.sleep(interval)
+        return True
+    return False
+
+
+# -- worker processes --------------------------------------------------------------------------
+
+
+def add_role_flag(parser: argparse.ArgumentParser) -> None:
+    """Hidden option that turns a benchmark module into one of its own worker processes."""
+    parser.add_argument("--role", default="", help=argparse.SUPPRESS)
+    parser.add_argument("--role-args", default="{}", help=argparse.SUPPRESS)
+
+
+class WorkerError(RuntimeError):
+    """A worker died, answered with an error, or did not answer in time."""
+
+
+class Worker:
+    """One worker process: ``python -m benchmarks.<module> --role <role>``.
+
+    ``args`` reach the worker's main with ``scratch`` added: a directory of its own inside the
+    coordinator's temporary directory, so files survive no worker, even a killed one. Its stdout is read by a thread into a queue so that :meth:`recv` can time out; its stderr
+    goes to a log file whose tail is quoted when it fails.
+    """
+
+    def __init__(self, module: str, role: str, args: dict[str, Any], log_dir: Path, name: str) -> None:
+        self.name = name
+        self.log_path = log_dir / f"{name}.log"
+        scratch = log_dir / name
+        scratch.mkdir()
+        args = {**args, "scratch": str(scratch)}
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        with open(self.log_path, "wb") as err:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", f"benchmarks.{module}", "--role", role, "--role-args", json.dumps(args)],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, env=env, start_new_session=True,
+            )
+        self._lines: queue.Queue[bytes] = queue.Queue()
+        assert self.proc.stdout is not None
+        threading.Thread(target=self._pump, args=(self.proc.stdout,), daemon=True).start()
+
+    def _pump(self, stream: IO[bytes]) -> None:
+        for line in iter(stream.readline, b""):
+            self._lines.put(line)
+        self._lines.put(b"")
+
+    def send(self, message: dict[str, Any]) -> None:
+        assert self.proc.stdin is not None
+        try:
+            self.proc.stdin.write(json.dumps(message).encode() + b"\n")
+            self.proc.stdin.flush()
+        except BrokenPipeError:
+            raise WorkerError(f"{self.name} is gone:\n{self.log_tail()}") from None
+
+    def recv(self, timeout: float) -> dict[str, Any]:
+        """The next reply; raises WorkerError on an error reply, exit or timeout."""
+        try:
+            line = self._lines.get(timeout=timeout)
+        except queue.Empty:
+            raise WorkerError(f"{self.name} did not answer within {timeout:.0f}s:\n{self.log_tail()}") from None
+        if not line:
+            self.proc.wait(timeout=10)
+            raise WorkerError(f"{self.name} exited with code {self.proc.returncode}:\n{self.log_tail()}")
+        reply = json.loads(line)
+        if "error" in reply:
+            raise WorkerError(f"{self.name}: {reply['error']}\n{self.log_tail()}")
+        return dict(reply)
+
+    def ask(self, message: dict[str, Any], timeout: float) -> dict[str, Any]:
+        self.send(message)
+        return self.recv(timeout)
+
+    def log_tail(self, chars: int = 2000) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-chars:]
+        except OSError:
+            return "(no log)"
+
+    def close_stdin(self) -> None:
+        """The polite stop signal: a worker ends when its command stream ends."""
+        with contextlib.suppress(OSError):
+            if self.proc.stdin is not None:
+                self.proc.stdin.close()
+
+    def close(self, grace: float = 10.0) -> None:
+        """Ask politely (stdin EOF), then SIGKILL the whole process group."""
+        self.close_stdin()
+        try:
+            self.proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=10)
+
+
+@contextlib.contextmanager
+def workers(prefix: str) -> Iterator[tuple[Path, list[Worker]]]:
+    """A scratch directory and a list to add workers to; all are closed and removed on exit."""
+    with tempfile.TemporaryDirectory(prefix=f"gpuflex-bench-{prefix}-") as tmp:
+        started: list[Worker] = []
+        try:
+            yield Path(tmp), started
+        finally:
+            for worker in started:  # all at once, so the grace periods overlap
+                worker.close_stdin()
+            deadline = time.monotonic() + 10.0
+            for worker in started:
+                worker.close(grace=max(0.1, deadline - time.monotonic()))
+
+
+class Channel:
+    """The worker side of :class:`Worker`: JSON commands on stdin, JSON replies on stdout."""
+
+    async def recv(self, timeout: float) -> dict[str, Any] | None:
+        """The next command, or None when the parent closed stdin or went quiet too long."""
+        with trio.move_on_after(timeout):
+            line = await trio.to_thread.run_sync(sys.stdin.readline, abandon_on_cancel=True)
+            return json.loads(line) if line.strip() else None
+        return None
+
+    def send(self, message: dict[str, Any]) -> None:
+        sys.stdout.write(json.dumps(message, default=str) + "\n")
+        sys.stdout.flush()
+
+
+def run_worker(main: Callable[[Channel, dict[str, Any]], Any], args_json: str, deadline_s: float) -> None:
+    """Run a worker's trio ``main`` under a hard deadline; errors go back as ``{"error"}``."""
+    channel = Channel()
+
+    async def guarded() -> None:
+        with trio.fail_after(deadline_s):
+            await main(channel, json.loads(args_json))
+
+    try:
+        trio.run(guarded)
+    except BaseException as exc:
+        channel.send({"error": f"{exc.__class__.__name__}: {exc}"})
+        raise
