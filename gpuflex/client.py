@@ -96,6 +96,36 @@ class ControlClient:
         self._send(method, params)
         return self._recv()
 
+    # Convenience wrappers: the same data as the CLI's --json commands, named like them.
+
+    def status(self) -> dict[str, Any]:
+        """``gpuflex status --json``: this node, its mesh and its jobs."""
+        return dict(self.call("status"))
+
+    def peers(self) -> list[dict[str, Any]]:
+        """``gpuflex peers --json``: every known peer with health and hardware."""
+        return list(self.call("peers"))
+
+    def jobs(self) -> list[dict[str, Any]]:
+        """Every job this node knows, newest first."""
+        return list(self.call("jobs"))
+
+    def job_status(self, job: str | None = None) -> dict[str, Any]:
+        """``gpuflex job status --json``: one job (default: the newest)."""
+        return dict(self.call("job_status", {"job": job} if job else {}))
+
+    def ledger(self, job: str | None = None) -> list[dict[str, Any]]:
+        """The job's committed rounds, oldest first."""
+        return list(self.call("ledger", {"job": job} if job else {}))
+
+    def job_results(self, job: str, out: str | os.PathLike[str]) -> list[str]:
+        """``gpuflex job results --json``: write model, metrics and ledger into ``out``."""
+        return list(self.call("job_results", {"job": job, "out": str(Path(out).resolve())})["files"])
+
+    def submit(self, spec: dict[str, Any]) -> dict[str, Any]:
+        """``gpuflex job submit --json``: publish a validated spec; returns ``{"job_id", ...}``."""
+        return dict(self.call("job_submit", {"spec": spec}))
+
     def events(self, since: int = 0) -> Iterator[dict[str, Any]]:
         """Yield the node's events, history first, until the connection ends."""
         self._sock.settimeout(None)

@@ -34,6 +34,9 @@ GROUPED_DATA: tuple[str, ...] = ("shakespeare",)
 PARTITIONS = ("iid", "dirichlet", "shards", "groups", "local")
 OPTIMIZERS = ("sgd", "momentum", "adam", "adamw")
 STRATEGIES = ("fedavg", "fedavgm", "fedadam", "diloco")
+AGGREGATION_MODES = ("tree", "flat-robust")
+NORM_BOUND_MODES = ("clip", "reject")
+DP_ON_BUDGET = ("stop", "warn")
 
 TEMPLATE = "templates/job.toml"
 
@@ -68,6 +71,10 @@ class JobSpec:
     server_lr: float = 1.0
     server_momentum: float = 0.9
     rule: str = "mean"
+    rule_params: dict[str, Any] = field(default_factory=dict)
+    aggregation_mode: str = "tree"
+    norm_bound: float = 0.0
+    norm_bound_mode: str = "clip"
     codec: str = "none"
     group_size: int = 4
     min_nodes: int = 2
@@ -79,6 +86,13 @@ class JobSpec:
     allowlist: tuple[str, ...] = field(default_factory=tuple)
     train_fn: str = ""
     partitioner: str = ""
+    dp_clip: float = 0.0
+    dp_noise_multiplier: float = 0.0
+    dp_delta: float = 1e-5
+    dp_epsilon_budget: float = 0.0
+    dp_on_budget: str = "stop"
+    secure_aggregation: bool = False
+    secagg_threshold: int = 0
 
     @classmethod
     def from_dict(
@@ -150,6 +164,7 @@ class JobSpec:
         """Plain data (str, int, float, list) that survives JSON and msgpack unchanged."""
         out = asdict(self)
         out["allowlist"] = list(self.allowlist)
+        out["rule_params"] = dict(sorted(self.rule_params.items()))
         return out
 
     def canonical_bytes(self) -> bytes:
@@ -157,6 +172,11 @@ class JobSpec:
         return json.dumps(
             self.to_dict(), sort_keys=True, separators=(",", ":"), ensure_ascii=False
         ).encode("utf-8")
+
+    @property
+    def uses_dp(self) -> bool:
+        """Client-side DP is on when both a clip norm and a noise multiplier are set."""
+        return self.dp_clip > 0 and self.dp_noise_multiplier > 0
 
     @property
     def uses_steps(self) -> bool:
@@ -264,6 +284,21 @@ def _rule(value: Any) -> str:
     return value
 
 
+def _rule_params(value: Any) -> dict[str, Any]:
+    """Rule hyper-parameters (beta, f, m, tau, iterations): names are checked by make_rule."""
+    if not isinstance(value, Mapping) or not all(
+        isinstance(k, str) and (_is_int(v) or isinstance(v, float)) for k, v in value.items()
+    ):
+        raise _Invalid(f"must be a table of numbers, e.g. {{ f = 1 }}, got {value!r}")
+    return dict(value)
+
+
+def _bool(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise _Invalid(f"must be true or false, got {value!r}")
+    return value
+
+
 def _allowlist(value: Any) -> tuple[str, ...]:
     if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
         raise _Invalid(f"must be a list of peer id strings, got {value!r}")
@@ -290,6 +325,10 @@ _CHECKS: dict[str, Callable[[Any], Any]] = {
     "server_lr": _float(0.0, strict=True),
     "server_momentum": _float(0.0, strict=False, maximum=1.0),
     "rule": _rule,
+    "rule_params": _rule_params,
+    "aggregation_mode": _choice(AGGREGATION_MODES),
+    "norm_bound": _float(0.0, strict=False),
+    "norm_bound_mode": _choice(NORM_BOUND_MODES),
     "codec": _text(allow_empty=False),
     "group_size": _int(2),
     "min_nodes": _int(1),
@@ -301,6 +340,13 @@ _CHECKS: dict[str, Callable[[Any], Any]] = {
     "allowlist": _allowlist,
     "train_fn": _optional_plugin,
     "partitioner": _optional_plugin,
+    "dp_clip": _float(0.0, strict=False),
+    "dp_noise_multiplier": _float(0.0, strict=False),
+    "dp_delta": _float(0.0, strict=True, maximum=1.0),
+    "dp_epsilon_budget": _float(0.0, strict=False),
+    "dp_on_budget": _choice(DP_ON_BUDGET),
+    "secure_aggregation": _bool,
+    "secagg_threshold": _int(0),
 }
 assert set(_CHECKS) == {f.name for f in fields(JobSpec)}, "every JobSpec field needs a check"
 
@@ -351,4 +397,40 @@ def _cross_checks(
         errors.append(
             ("partition", f"'groups' needs data with natural groups ({', '.join(GROUPED_DATA)}), got {data!r}")
         )
+    errors.extend(_trust_checks(values, failed))
+    return errors
+
+
+def _trust_checks(values: dict[str, Any], failed: set[str]) -> list[tuple[str, str]]:
+    """Combinations of robust rules, DP and secure aggregation that cannot work together."""
+    errors: list[tuple[str, str]] = []
+    rule = values.get("rule", "mean")
+    params = values.get("rule_params", {})
+    if "rule" not in failed and "rule_params" not in failed and not is_plugin_path(rule) and (
+        rule != "mean" or params
+    ):
+        try:
+            # Imported only for robust jobs, so plain job files still validate without numpy.
+            from aggregation.robust import make_rule
+
+            make_rule(rule, **params)
+        except ValueError as exc:
+            errors.append(("rule", str(exc)))
+    if values.get("aggregation_mode") == "flat-robust" and rule == "mean":
+        errors.append(("aggregation_mode", "'flat-robust' needs a robust rule; with 'mean' use 'tree'"))
+    if (values.get("dp_clip", 0.0) > 0) != (values.get("dp_noise_multiplier", 0.0) > 0):
+        errors.append(("dp_clip", "dp_clip and dp_noise_multiplier must be set together (both > 0)"))
+    if values.get("dp_epsilon_budget", 0.0) > 0 and not values.get("dp_noise_multiplier", 0.0) > 0:
+        errors.append(("dp_epsilon_budget", "a privacy budget needs dp_clip and dp_noise_multiplier"))
+    if values.get("secure_aggregation"):
+        # A leader only ever sees the group sum, so nothing that needs single updates can run.
+        if rule != "mean":
+            errors.append(("secure_aggregation", f"cannot be combined with rule {rule!r}: robust "
+                           "rules need each update, secure aggregation reveals only the group sum"))
+        if values.get("norm_bound", 0.0) > 0:
+            errors.append(("secure_aggregation", "cannot be combined with norm_bound (needs each norm)"))
+        if values.get("codec", "none") != "none":
+            errors.append(("secure_aggregation", "needs codec = 'none' (it quantises on its own)"))
+    elif values.get("secagg_threshold", 0):
+        errors.append(("secagg_threshold", "is only used with secure_aggregation = true"))
     return errors

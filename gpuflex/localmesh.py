@@ -7,6 +7,7 @@ is bounded, and ``close()`` (also run on Ctrl-C) leaves no process behind.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -101,10 +102,8 @@ class LocalMesh:
     def close(self, grace: float = 5.0) -> None:
         for i in list(self.procs):
             if self.alive(i):
-                try:
+                with contextlib.suppress(ControlError):
                     call("shutdown", home=self.home(i), timeout=2)
-                except ControlError:
-                    pass
         deadline = time.time() + grace
         for i, proc in self.procs.items():
             try:

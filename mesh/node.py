@@ -466,7 +466,10 @@ class MeshNode:
             await self.handlers.dispatch(Inbound(env, None, self.peer_id, gossip=True))
         except Rejected as exc:
             log.info("own %s was not applied locally: %s", env.kind, exc)
-        return await self._forward(frame, set())
+        # Applying our own frame can end the job and cancel the caller (the root's last result);
+        # it must still go out. Each push is bounded by its own timeout.
+        with trio.CancelScope(shield=True):
+            return await self._forward(frame, set())
 
     async def _forward(self, frame: bytes, exclude: set[str]) -> int:
         targets = [p for p in self.peers.alive() if p not in exclude]

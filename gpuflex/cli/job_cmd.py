@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import typer
 
@@ -45,7 +45,7 @@ def load_job_file(path: Path) -> dict[str, Any]:
 
 
 @job_app.command("submit")
-def submit(job_file: Path = typer.Argument(..., help="The job's TOML file."), node: Optional[str] = NodeOpt,
+def submit(job_file: Path = typer.Argument(..., help="The job's TOML file."), node: str | None = NodeOpt,
            json_out: bool = JsonOpt) -> None:
     """Validate the job file, then sign and publish it to the mesh; prints the job id."""
     spec = load_job_file(job_file)
@@ -62,6 +62,9 @@ def format_status(js: dict[str, Any]) -> str:
         f"state        {js['state']}  round {js['round']}/{js['rounds']}  phase {js['phase']}",
         f"coordinator  {js['coordinator'] or '-'}{'  (this node)' if js['is_coordinator'] else ''}",
         f"role         {js['role']}",
+        *([f"privacy      ε = {js['epsilon']:.2f} spent"
+           + (f" of budget {js['epsilon_budget']:g}" if js.get("epsilon_budget") else "")]
+          if js.get("epsilon") is not None else []),
         f"members      {len(js['members'])}: {', '.join(short(m) for m in js['members'])}",
     ]
     if js.get("error"):
@@ -75,8 +78,8 @@ def format_status(js: dict[str, Any]) -> str:
 
 
 @job_app.command("status")
-def status(job: Optional[str] = typer.Argument(None, help="Job id or prefix (default: the newest)."),
-           node: Optional[str] = NodeOpt, json_out: bool = JsonOpt,
+def status(job: str | None = typer.Argument(None, help="Job id or prefix (default: the newest)."),
+           node: str | None = NodeOpt, json_out: bool = JsonOpt,
            watch: bool = typer.Option(False, help="Refresh every second until the job ends.")) -> None:
     """Round, phase, coordinator, members, and loss and accuracy so far."""
     while True:
@@ -94,9 +97,19 @@ def status(job: Optional[str] = typer.Argument(None, help="Job id or prefix (def
 @job_app.command("results")
 def results(job: str = typer.Argument(..., help="Job id or prefix."),
             out: Path = typer.Option(..., "--out", help="Directory to write into."),
-            node: Optional[str] = NodeOpt, json_out: bool = JsonOpt) -> None:
-    """Write the final model (torch state_dict), per-round metrics (CSV, JSON) and the ledger."""
+            node: str | None = NodeOpt, json_out: bool = JsonOpt,
+            mlflow: str | None = typer.Option(None, "--mlflow", metavar="URI",
+                                              help="Also log the job to MLflow (pip install 'gpuflex[mlflow]').")
+            ) -> None:
+    """Write the final model (torch state_dict), per-round metrics (CSV, JSON), a plot and the ledger."""
     reply = call_node("job_results", {"job": job, "out": str(out.resolve())}, home=node, timeout=120)
+    if mlflow:
+        from gpuflex.tracking import TrackingError, export_mlflow
+
+        try:
+            reply["mlflow_run_id"] = export_mlflow(out, mlflow)
+        except TrackingError as exc:
+            fail(str(exc))
     if json_out:
         emit_json(reply)
     else:

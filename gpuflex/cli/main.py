@@ -6,11 +6,9 @@ inside the commands that need them, so ``gpuflex peers`` and ``gpuflex status`` 
 
 from __future__ import annotations
 
-from typing import Optional
-
 import typer
 
-from gpuflex.cli import job_cmd, node_cmd, query
+from gpuflex.cli import audit_cmd, doctor_cmd, job_cmd, node_cmd, query
 from gpuflex.cli.common import HomeOpt
 
 app = typer.Typer(help="GPUFlex: federated training on a peer-to-peer mesh of the GPUs people own.",
@@ -21,13 +19,15 @@ app.command("peers")(query.peers)
 app.command("status")(query.status)
 app.command("version")(query.version)
 app.add_typer(job_cmd.job_app, name="job")
+app.add_typer(audit_cmd.audit_app, name="audit")
+app.command("doctor")(doctor_cmd.doctor)
 
 
 @app.command("demo")
 def demo(nodes: int = typer.Option(4, "--nodes", min=2, max=32, help="Node processes to start."),
          rounds: int = typer.Option(15, "--rounds", min=1, help="Rounds of training."),
          tui: bool = typer.Option(False, "--tui", help="Follow the job in the dashboard."),
-         workdir: Optional[str] = typer.Option(None, help="Keep node homes and results here."),
+         workdir: str | None = typer.Option(None, help="Keep node homes and results here."),
          baseline: bool = typer.Option(True, help="Also train the same CNN centrally and compare.")) -> None:
     """Start a local mesh on loopback, train the digits CNN across it, and report."""
     from gpuflex.demo import run_demo
@@ -36,7 +36,7 @@ def demo(nodes: int = typer.Option(4, "--nodes", min=2, max=32, help="Node proce
 
 
 @app.command("dashboard")
-def dashboard(home: Optional[str] = HomeOpt) -> None:
+def dashboard(home: str | None = HomeOpt) -> None:
     """Open the terminal dashboard on a running node."""
     from tui.app import run_dashboard
 

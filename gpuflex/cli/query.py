@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Optional
-
 import typer
 
 from gpuflex.cli.common import HomeOpt, JsonOpt, ago, call_node, emit_json, hardware_summary, short
 
 
-def peers(home: Optional[str] = HomeOpt, json_out: bool = JsonOpt) -> None:
+def peers(home: str | None = HomeOpt, json_out: bool = JsonOpt) -> None:
     """List the peers this node knows, with their health and hardware."""
     rows = call_node("peers", home=home)
     if json_out:
@@ -25,7 +23,7 @@ def peers(home: Optional[str] = HomeOpt, json_out: bool = JsonOpt) -> None:
                    f"{hardware_summary(r['info'])}  {' '.join(r['addrs'][:2])}")
 
 
-def status(home: Optional[str] = HomeOpt, json_out: bool = JsonOpt) -> None:
+def status(home: str | None = HomeOpt, json_out: bool = JsonOpt) -> None:
     """Show this node's identity, mesh health and jobs."""
     st = call_node("status", home=home)
     if json_out:

@@ -12,12 +12,13 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Subset
+from torch.utils.data import DataLoader, Dataset, Subset
 
 from gpuflex.jobspec import JobSpec
 from gpuflex.ml.datasets import DataBundle, load_data
@@ -91,8 +92,11 @@ class Workload:
         num_parts: int,
         home: Path | None = None,
         device: torch.device | None = None,
+        data_hook: Callable[[Dataset, int], Dataset] | None = None,
     ):
         self.spec = spec
+        # Test meshes only: the label-flip adversary wraps the training set (gpuflex/adversary.py).
+        self.data_hook = data_hook
         self.device = device or pick_device()
         self._lock = threading.Lock()
         self._bundle = load_bundle(spec, resolve_data_path(spec, home))
@@ -113,7 +117,8 @@ class Workload:
         with self._lock:
             self.part_index, self.num_parts = part_index, num_parts
             self._indices = indices
-            self._train = Subset(self._bundle.train, indices.tolist())
+            train: Dataset = Subset(self._bundle.train, indices.tolist())
+            self._train = self.data_hook(train, self._bundle.num_classes) if self.data_hook else train
 
     @property
     def bundle(self) -> DataBundle:

@@ -24,8 +24,12 @@ def export_results(runner: JobRunner, out: Path) -> list[Path]:
     MLflow export reads these files (``gpuflex.tracking``), so there is one writer of results.
     """
     out.mkdir(parents=True, exist_ok=True)
-    params, _ = unpack_model(runner.mesh.blobs.read(runner.head_model))
+    blob = runner.mesh.blobs.read(runner.head_model)
+    params, _ = unpack_model(blob)
     files = [runner.workload.save_state_dict(params, out / "model.pt")]
+    # The exact bytes the ledger's model_hash names, for `gpuflex audit verify --model`.
+    atomic_write(out / "model.blob", blob, mode=0o644)
+    files.append(out / "model.blob")
     rows = runner.summary()["metrics"]
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=METRIC_COLUMNS, extrasaction="ignore")

@@ -52,6 +52,12 @@ class Reducer(Protocol):
     def result(self) -> np.ndarray: ...
 
 
+def _require_plain(vector: object, reporter: str) -> None:
+    """A masked update can only be unmasked by its own group's leader, never after failover."""
+    if not isinstance(vector, np.ndarray):
+        raise WireError("round", f"masked update from {reporter[-8:]} reached a node outside its group")
+
+
 class MeanReducer:
     """Sample-weighted mean, folded as updates arrive (no buffering)."""
 
@@ -63,6 +69,7 @@ class MeanReducer:
         return self._acc.count
 
     def add(self, vector: np.ndarray, weight: float, reporter: str) -> None:
+        _require_plain(vector, reporter)
         self._acc.add(vector, weight)
 
     def result(self) -> np.ndarray:
@@ -94,6 +101,7 @@ class RobustReducer:
         return len(self.vectors)
 
     def add(self, vector: np.ndarray, weight: float, reporter: str) -> None:
+        _require_plain(vector, reporter)
         if not np.all(np.isfinite(vector)):
             raise WireError("garbled", f"update from {reporter[-8:]} has non-finite values")
         if self.vectors and vector.shape != self.vectors[0].shape:

@@ -42,8 +42,15 @@ from gpuflex.node.messages import (
     walk_contributions,
 )
 from gpuflex.node.modelblob import pack_delta, pack_model, unpack_delta, unpack_model
-from gpuflex.node.pipeline import DeltaEncoder, decode_payload, make_reducer
+from gpuflex.node.pipeline import (
+    DeltaEncoder,
+    decode_payload,
+    describe_rule,
+    make_reducer,
+    secagg_member,
+)
 from gpuflex.node.ranking import coordinator_ranking
+from gpuflex.privacy import STOP, WARN, budget_status, epsilon_spent
 from mesh.blob import blob_hash
 from mesh.codec import WireError, open_envelope, seal
 from mesh.health import DOWN
@@ -142,6 +149,15 @@ class JobRunner:
                 await self._prepare()
                 self.state = "running"
                 while len(self.ledger) < self.spec.rounds:
+                    budget = budget_status(self.spec, len(self.ledger))
+                    if budget == STOP:
+                        self.emit("privacy_budget", len(self.ledger), message=(
+                            f"job {self.job_id}: stopping, round {len(self.ledger) + 1} would exceed "
+                            f"ε={self.spec.dp_epsilon_budget:g}"))
+                        break
+                    if budget == WARN:
+                        self.emit("privacy_budget", len(self.ledger), message=(
+                            f"job {self.job_id}: privacy budget ε={self.spec.dp_epsilon_budget:g} exceeded"))
                     await self._drive_round(len(self.ledger) + 1)
                 self.state, self.phase, self.role = "done", "done", "idle"
                 last = self.ledger.results[-1].metrics if self.ledger.results else {}
@@ -166,8 +182,9 @@ class JobRunner:
         else:
             parts = max(1, len(self.initial_members))
             index = int.from_bytes(hashlib.blake2b(self.me.encode(), digest_size=4).digest(), "big") % parts
+        hook = self.m.adversary.data_hook() if self.m.adversary else None
         self.workload = await trio.to_thread.run_sync(
-            lambda: Workload(self.spec, index, parts, self.m.home))
+            lambda: Workload(self.spec, index, parts, self.m.home, data_hook=hook))
         init = await trio.to_thread.run_sync(self.workload.initial_params)
         self.init_hash = self.mesh.blobs.put(pack_model(init, {}))
         if problems or (self.ledger.results and not self.mesh.blobs.has(self.head_model)):
@@ -267,7 +284,8 @@ class JobRunner:
                 f"round {r}: only {len(members)} of min_nodes={self.spec.min_nodes} members reachable; not planning"))
             return None
         ordered = [self.me] + [p for p in members if p != self.me]
-        parent = build_tree(ordered, self.spec.group_size, self.me)
+        flat = self.spec.aggregation_mode == "flat-robust"  # leaders only forward: the root sees all
+        parent = build_tree(ordered, max(2, len(ordered)) if flat else self.spec.group_size, self.me)
         now = time.time()
         frame = make_plan(
             self.mesh.identity, job=self.job_id, round=r, attempt=attempt, coordinator=self.me,
@@ -324,7 +342,7 @@ class JobRunner:
         has_children = bool(children(plan.parent, self.me))
         self.role = "root" if is_root else ("leader" if has_children else "member")
         if is_root or has_children:
-            col = Collector(plan, self.me, make_reducer(self.spec, is_root))
+            col = Collector(plan, self.me, make_reducer(self.spec, is_root, plan=plan, me=self.me))
             self.collectors[(plan.round, plan.attempt)] = col
             self._nursery.start_soon(self._reduce, plan, col)
         self._nursery.start_soon(self._train_and_send, plan)
@@ -356,10 +374,11 @@ class JobRunner:
                 self.emit("trained", r, self.me, message=(
                     f"round {r}: trained on {metrics.get('samples')} samples in {metrics.get('seconds', 0):.2f}s"),
                     samples=metrics.get("samples"), seconds=metrics.get("seconds"))
-                payload = self.encoder.encode(delta)
+                samples = int(metrics.get("dataset_size") or self.workload.num_samples)
+                payload = self.encoder.encode(delta, samples, secagg_member(self.spec, self.mesh.identity, plan))
                 frame = seal(self.mesh.identity, UPDATE, {
                     "job": self.job_id, "round": r, "peer": self.me, "base_hash": plan.base_hash,
-                    "samples": int(metrics.get("dataset_size") or self.workload.num_samples),
+                    "samples": samples,
                     "delta_hash": blob_hash(payload), "delta_size": int(delta.size),
                     "metrics": {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))},
                 })
@@ -517,6 +536,8 @@ class JobRunner:
         metrics = {**{k: float(v) for k, v in evaluation.items()}, "train_loss": float(train_loss),
                    "contributors": len(contributions), "samples": total,
                    "duration_s": round(time.time() - plan.issued, 3)}
+        if self.spec.uses_dp:
+            metrics["epsilon"] = round(epsilon_spent(self.spec, plan.round), 4)
         present = {u.peer for u in contributions}
         frame = seal(self.mesh.identity, RESULT, {
             "job": self.job_id, "round": plan.round, "attempt": plan.attempt, "coordinator": self.me,
@@ -525,6 +546,7 @@ class JobRunner:
             "contributors": [{"peer": u.peer, "samples": u.samples, "delta_hash": u.delta_hash}
                              for u in contributions],
             "absent": sorted(set(plan.members) - present), "metrics": metrics, "strategy": self.spec.strategy,
+            "rule": describe_rule(self.spec), "spec_hash": blob_hash(self.spec.canonical_bytes()),
         })
         await self.mesh.broadcast(frame)
 
@@ -617,6 +639,8 @@ class JobRunner:
             "members": list(plan.members) if plan else self.eligible(), "error": self.error,
             "attempt": plan.attempt if plan else 0, "tree": dict(plan.parent) if plan else {},
             "model_hash": self.head_model,
+            "epsilon": epsilon_spent(self.spec, len(self.ledger)) if self.spec.uses_dp else None,
+            "epsilon_budget": self.spec.dp_epsilon_budget or None,
             "metrics": [{"round": x.round, "coordinator": x.coordinator, **{k: x.metrics.get(k) for k in
                          ("loss", "accuracy", "train_loss", "contributors", "duration_s")}}
                         for x in self.ledger.results],

@@ -67,13 +67,6 @@ def running_pid(home: Path) -> int | None:
 def warm_up_torch() -> None:
     """The first optimizer step in a process imports torch's compiler stack (seconds of CPU);
     pay it while the node idles rather than inside the first round's deadline."""
-    import os
-    import threading
-
-    try:  # best effort: never compete with the event loop for the CPU
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
-    except (AttributeError, OSError):
-        pass
     import torch
 
     param = torch.zeros(4, requires_grad=True)

@@ -50,3 +50,18 @@ def test_a_model_function_of_the_wrong_shape_fails_the_job_clearly(tmp_path: Pat
                        workdir=tmp_path / "mesh") as handle, pytest.raises(sdk.JobFailed) as err:
         handle.wait(timeout=60)
     assert "expected a torch.nn.Module" in str(err.value)
+
+
+def test_readme_sdk_example_runs(tmp_path: Path) -> None:
+    import re
+    import subprocess
+    import sys
+
+    text = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    match = re.search(r"<!-- sdk-example -->\s*```python\n(.*?)```", text, re.S)
+    assert match, "README lost its SDK example"
+    script = tmp_path / "sdk_example.py"
+    script.write_text(match.group(1))
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=150, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert [line.split()[0] for line in proc.stdout.splitlines()] == ["1", "2", "3"]

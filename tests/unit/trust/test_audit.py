@@ -1,0 +1,95 @@
+"""Offline audit: every tampering is caught, credit is counted, and the CLI exit codes say so."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import msgpack
+import pytest
+from typer.testing import CliRunner
+
+from gpuflex.audit import AuditError, credit, load_results, verify_ledger
+from gpuflex.cli.main import app
+from gpuflex.node.messages import RESULT
+from mesh.codec import open_envelope, seal
+from tests.unit.node.chain import JOB, make_chain
+
+
+def write(path: Path, frames: list[bytes], job: str = JOB) -> Path:
+    path.write_bytes(msgpack.packb({"v": 1, "job": job, "frames": frames}, use_bin_type=True))
+    return path
+
+
+@pytest.fixture
+def chain() -> tuple[list[bytes], list]:
+    return make_chain(3, 3)
+
+
+def test_clean_ledger_verifies_and_credits(tmp_path: Path, chain: tuple) -> None:
+    frames, ids = chain
+    report = verify_ledger(write(tmp_path / "l", frames))
+    assert report.rounds == 3 and report.job == JOB
+    # each peer k reports 10 + k samples in each of the 3 rounds
+    assert report.credit == {ids[2].peer_id: 36, ids[1].peer_id: 33, ids[0].peer_id: 30}
+    assert credit(load_results(tmp_path / "l")) == report.credit
+
+
+def test_tampering_any_byte_is_caught(tmp_path: Path, chain: tuple) -> None:
+    frames, _ = chain
+    data = (write(tmp_path / "l", frames)).read_bytes()
+    bad = tmp_path / "bad"
+    for pos in range(0, len(data), max(1, len(data) // 400)):
+        bad.write_bytes(data[:pos] + bytes([data[pos] ^ 0x01]) + data[pos + 1:])
+        with pytest.raises(AuditError):
+            verify_ledger(bad)
+
+
+def test_removed_round_is_caught(tmp_path: Path, chain: tuple) -> None:
+    frames, _ = chain
+    with pytest.raises(AuditError) as info:
+        verify_ledger(write(tmp_path / "l", [frames[0], frames[2]]))
+    assert info.value.round == 2 and "missing" in info.value.reason
+
+
+def test_swapped_contribution_is_caught(tmp_path: Path, chain: tuple) -> None:
+    """A coordinator that re-signs a result with another round's update cannot hide it."""
+    frames, ids = chain
+    env = open_envelope(frames[1])
+    body = dict(env.body)
+    other = open_envelope(frames[2]).body["updates"][0]
+    body["updates"] = [other, *body["updates"][1:]]
+    coordinator = next(i for i in ids if i.peer_id == body["coordinator"])
+    forged = seal(coordinator, RESULT, body)
+    with pytest.raises(AuditError) as info:
+        verify_ledger(write(tmp_path / "l", [frames[0], forged, frames[2]]))
+    assert info.value.round == 2
+
+
+def test_model_must_match_the_last_result(tmp_path: Path, chain: tuple) -> None:
+    frames, _ = chain
+    ledger = write(tmp_path / "l", frames)
+    good = tmp_path / "model.blob"
+    good.write_bytes(b"model-3")  # make_chain's round-3 model hash is blob_hash(b"model-3")
+    assert verify_ledger(ledger, good).model_checked
+    (tmp_path / "other.blob").write_bytes(b"model-2")
+    with pytest.raises(AuditError, match="round 3: model file hash"):
+        verify_ledger(ledger, tmp_path / "other.blob")
+
+
+def test_cli_exit_codes(tmp_path: Path, chain: tuple) -> None:
+    frames, _ = chain
+    runner = CliRunner()
+    good = write(tmp_path / "good", frames)
+    ok = runner.invoke(app, ["audit", "verify", str(good), "--json"])
+    assert ok.exit_code == 0 and json.loads(ok.stdout)["rounds"] == 3
+    bad = write(tmp_path / "bad", [frames[0], frames[2]])
+    res = runner.invoke(app, ["audit", "verify", str(bad)])
+    assert res.exit_code == 1 and "round 2" in res.output
+    res = runner.invoke(app, ["audit", "verify", str(bad), "--json"])
+    assert res.exit_code == 1 and json.loads(res.stdout)["round"] == 2
+    shown = runner.invoke(app, ["audit", "show", str(good)])
+    assert shown.exit_code == 0 and "round 3" in shown.output and "sample-steps" in shown.output
+    data = json.loads(runner.invoke(app, ["audit", "show", str(good), "--json"]).stdout)
+    assert [len(r["contributors"]) for r in data["rounds"]] == [3, 3, 3]
+    assert runner.invoke(app, ["audit", "verify", str(tmp_path / "nope")]).exit_code == 1

@@ -1,0 +1,107 @@
+"""The Prometheus exposition: names, labels, cumulative buckets, and the tiny HTTP server."""
+
+from __future__ import annotations
+
+import re
+from types import SimpleNamespace
+
+import pytest
+import trio
+
+from gpuflex.node.events import EventLog
+from gpuflex.node.metrics_http import (
+    MetricsAddrError,
+    MetricsServer,
+    MetricsState,
+    parse_metrics_addr,
+)
+
+SAMPLE = re.compile(r'^[a-zA-Z_:][a-zA-Z0-9_:]*(\{([a-zA-Z_]\w*="([^"\\]|\\.)*",?)*\})? [-+0-9.eInf]+$')
+
+
+def events() -> list[dict]:
+    return [
+        {"type": "round_committed", "job": "j1", "metrics": {"duration_s": 0.7}},
+        {"type": "round_committed", "job": "j1", "metrics": {"duration_s": 3.0}},
+        {"type": "rejected", "reason": "signature"},
+        {"type": "rejected", "job": "j1"},
+        {"type": "trained", "job": "j1", "samples": 120, "seconds": 0.5},
+    ]
+
+
+def parse(text: str) -> dict[str, float]:
+    out = {}
+    for line in text.splitlines():
+        if line.startswith("#") or not line:
+            continue
+        assert SAMPLE.match(line), line
+        name, value = line.rsplit(" ", 1)
+        out[name] = float(value)
+    return out
+
+
+def test_addr_forms() -> None:
+    assert parse_metrics_addr("9464") == ("127.0.0.1", 9464)
+    assert parse_metrics_addr(":9464") == ("127.0.0.1", 9464)
+    assert parse_metrics_addr("0.0.0.0:9000") == ("0.0.0.0", 9000)
+    assert parse_metrics_addr("[::1]:9000") == ("::1", 9000)
+    for bad in ("nope", "1.2.3.4:x", "70000"):
+        with pytest.raises(MetricsAddrError):
+            parse_metrics_addr(bad)
+
+
+def test_state_renders_every_family() -> None:
+    state = MetricsState()
+    for e in events():
+        state.observe(e)
+    text = state.render({"up": 2, "suspect": 1, "down": 0}, 1000, 2000, {"peer_id": 'p"1', "version": "0.1.0"})
+    got = parse(text)
+    assert got['gpuflex_peers{state="up"}'] == 2 and got['gpuflex_peers{state="down"}'] == 0
+    assert got['gpuflex_rounds_committed_total{job="j1"}'] == 2
+    assert got['gpuflex_round_duration_seconds_bucket{job="j1",le="0.5"}'] == 0
+    assert got['gpuflex_round_duration_seconds_bucket{job="j1",le="1"}'] == 1
+    assert got['gpuflex_round_duration_seconds_bucket{job="j1",le="5"}'] == 2
+    assert got['gpuflex_round_duration_seconds_bucket{job="j1",le="+Inf"}'] == 2
+    assert got['gpuflex_round_duration_seconds_sum{job="j1"}'] == pytest.approx(3.7)
+    assert got['gpuflex_round_duration_seconds_count{job="j1"}'] == 2
+    assert got["gpuflex_bytes_sent_total"] == 1000 and got["gpuflex_bytes_received_total"] == 2000
+    assert got['gpuflex_updates_rejected_total{reason="signature"}'] == 1
+    assert got['gpuflex_updates_rejected_total{reason="other"}'] == 1
+    assert got['gpuflex_local_samples_per_second{job="j1"}'] == 240
+    assert 'peer_id="p\\"1"' in text
+    assert "# TYPE gpuflex_round_duration_seconds histogram" in text
+
+
+async def http_get(port: int, request: bytes) -> bytes:
+    stream = await trio.open_tcp_stream("127.0.0.1", port)
+    await stream.send_all(request)
+    data = b""
+    while chunk := await stream.receive_some(65536):
+        data += chunk
+    await stream.aclose()
+    return data
+
+
+async def test_server_serves_metrics_and_only_metrics() -> None:
+    log = EventLog()
+    log.emit("trained", job="early", samples=10, seconds=1.0)  # before the server: from history
+    runtime = SimpleNamespace(
+        events=log, identity=SimpleNamespace(peer_id="12D3KooWtest"),
+        mesh=SimpleNamespace(peers=SimpleNamespace(counts=lambda: {"up": 1, "suspect": 0, "down": 0, "peers": 1}),
+                             bytes_sent=5, bytes_received=7))
+    server = MetricsServer(runtime, "127.0.0.1:0")
+    async with trio.open_nursery() as nursery:
+        _host, port = await nursery.start(server.run)
+        log.emit("round_committed", job="j", round=1, metrics={"duration_s": 1.5})
+        await trio.sleep(0.05)
+        reply = await http_get(port, b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        head, body = reply.split(b"\r\n\r\n", 1)
+        assert head.startswith(b"HTTP/1.0 200") and b"version=0.0.4" in head
+        got = parse(body.decode())
+        assert got['gpuflex_rounds_committed_total{job="j"}'] == 1
+        assert got['gpuflex_local_samples_per_second{job="early"}'] == 10
+        assert got["gpuflex_bytes_received_total"] == 7
+        assert (await http_get(port, b"GET /other HTTP/1.0\r\n\r\n")).startswith(b"HTTP/1.0 404")
+        assert (await http_get(port, b"POST /metrics HTTP/1.0\r\n\r\n")).startswith(b"HTTP/1.0 405")
+        assert (await http_get(port, b"garbage\r\n\r\n")).startswith(b"HTTP/1.0 400")
+        nursery.cancel_scope.cancel()
