@@ -407,6 +407,8 @@ class MeshNode:
             return
         if self._nursery is not None:
             self._nursery.start_soon(self._forward, frame, {remote, env.sender})
+        if not self.handlers.has(env.kind):
+            return  # a layer this node does not run (an embedded mesh, say): relay it, nothing more
         try:
             await self.handlers.dispatch(Inbound(env, None, remote, gossip=True))
         except Rejected as exc:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 
 import pytest
@@ -73,9 +74,15 @@ def test_member_death_late_joiner_and_hostile_peer(mesh_factory, tmp_path) -> No
     mesh.start(count=4, timeout=120)
     mesh.wait_connected(60)
     ids = peer_ids(mesh, range(4))
-    job = mesh.submit(digits_spec(rounds=7, min_nodes=2, **FAST))
+    # Slow rounds (100 local epochs, a few seconds each) so a joining process, which needs
+    # several seconds to start, is up within a round or two.
+    slow = {**FAST, "local_epochs": 100, "train_timeout_s": 60.0}
+    job = mesh.submit(digits_spec(rounds=7, min_nodes=2, **slow))
 
-    hostile = trio.run(hostile_peer, mesh.bootstrap, list(ids)[:2], job, tmp_path / "hostile")
+    attack: dict[str, str] = {}
+    attacker = threading.Thread(target=lambda: attack.update(hostile=trio.run(
+        hostile_peer, mesh.bootstrap, list(ids)[:2], job, tmp_path / "hostile")))
+    attacker.start()
 
     wait_round(mesh, 0, job, 2)
     mesh.start_node(4)  # joins mid-job
@@ -103,10 +110,11 @@ def test_member_death_late_joiner_and_hostile_peer(mesh_factory, tmp_path) -> No
     assert victim_id in row["absent"] or row["attempt"] > 0
     assert all(victim_id not in {c["peer"] for c in r["contributors"]} for r in rows[killed_in:])
     late = [r["round"] for r in rows if joiner in {c["peer"] for c in r["contributors"]}]
-    assert late and min(late) in (3, 4, 5), f"late joiner contributed in rounds {late}"
+    assert late and min(late) in (3, 4), f"late joiner contributed in rounds {late}"
 
+    attacker.join(timeout=60)
     penalties = {p["peer_id"]: p["penalty"] for p in mesh.call(0, "peers")}
-    assert penalties.get(hostile, 0) > 0
+    assert penalties.get(attack["hostile"], 0) > 0
 
 
 def test_coordinator_and_leader_failover(mesh_factory) -> None:
