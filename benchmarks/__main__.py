@@ -23,6 +23,10 @@ BENCHMARKS: dict[str, tuple[list[str], float]] = {
     "dht_lookup": (["--nodes", "8", "--lookups", "2", "--budget-s", "20"], 1200.0),
     "round_overhead": (["--nodes", "4", "--rounds", "2"], 1200.0),
     "aggregation_speed": (["--mb", "10", "--n", "4", "--reps", "1"], 600.0),
+    "chaos": (["--quick"], 1200.0),
+    "robustness": (["--quick"], 1800.0),
+    "dp_accuracy": (["--quick"], 900.0),
+    "secagg_overhead": (["--quick"], 600.0),
 }
 QUICK_LIMIT_S = 120.0
 
