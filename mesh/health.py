@@ -17,7 +17,7 @@ UP, SUSPECT, DOWN = "up", "suspect", "down"
 
 @dataclass(frozen=True)
 class HealthConfig:
-    ping_interval_s: float = 1.0
+    ping_interval_s: float = 2.0
     ping_timeout_s: float = 2.0
     suspect_after_s: float = 4.0
     down_after_s: float = 9.0

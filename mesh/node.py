@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager, suppress
@@ -85,6 +86,7 @@ class MeshConfig:
     fast_refresh_period_s: float = 30.0
     max_payload: int = 4 << 30
     gossip_window_s: float = 600.0
+    gossip_fanout: int = 3
 
 
 class MeshNode:
@@ -105,6 +107,8 @@ class MeshNode:
         self._info_frame: bytes | None = None
         self._info_loading: set[str] = set()
         self._ping_streams: dict[str, Any] = {}
+        # Kinds every peer is sent directly by its origin and that are never relayed.
+        self.direct_only: set[str] = set()
         self.started_at = time.time()
         self.host: Any = None
         self.dht: Any = None
@@ -405,8 +409,8 @@ class MeshNode:
             raise WireError("stale", f"gossiped {env.kind} is {time.time() - env.ts:.0f}s old")
         if not self.seen.add(env.msg_id):
             return
-        if self._nursery is not None:
-            self._nursery.start_soon(self._forward, frame, {remote, env.sender})
+        if self._nursery is not None and env.kind not in self.direct_only:
+            self._nursery.start_soon(self._forward, frame, {remote, env.sender}, self.config.gossip_fanout)
         if not self.handlers.has(env.kind):
             return  # a layer this node does not run (an embedded mesh, say): relay it, nothing more
         try:
@@ -473,8 +477,14 @@ class MeshNode:
         with trio.CancelScope(shield=True):
             return await self._forward(frame, set())
 
-    async def _forward(self, frame: bytes, exclude: set[str]) -> int:
+    async def _forward(self, frame: bytes, exclude: set[str], fanout: int | None = None) -> int:
+        """Push to every live peer (the origin), or to ``fanout`` random ones (a relay).
+
+        The origin already reaches every peer it knows; relays only cover peers it does not,
+        so a small random fan-out keeps a message's cost O(n) instead of O(n²)."""
         targets = [p for p in self.peers.alive() if p not in exclude]
+        if fanout is not None and len(targets) > fanout:
+            targets = random.sample(targets, fanout)
 
         async def push(peer: str) -> None:
             with trio.move_on_after(10):

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from gpuflex.node.runtime import NodeRuntime
 
 log = logging.getLogger("gpuflex.jobs")
-PRESENCE_EVERY_S = 2.0
+PRESENCE_EVERY_S = 3.0
 
 
 def job_id_of(env: Envelope) -> str:
@@ -48,6 +48,7 @@ class JobManager:
 
             self.adversary = make_adversary(runtime.options.adversary)
         self._nursery: trio.Nursery | None = None
+        self.mesh.direct_only.add(PRESENCE)  # refreshed every few seconds: one hop is enough
         h = self.mesh.handlers
         h.register(JOB, self._on_job)
         h.register(PRESENCE, self._on_presence)
