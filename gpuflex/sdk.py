@@ -301,13 +301,17 @@ class LocalCluster:
         import trio
 
         from gpuflex.node.runtime import NodeOptions, NodeRuntime
+        from mesh.health import HealthConfig
 
         self._token = trio.lowlevel.current_trio_token()
         self._stop = trio.Event()
 
         def node(i: int, bootstrap: list[str]) -> Any:
+            # All nodes share one interpreter, so training threads can hold up every node's
+            # pings for seconds at a time: judge health over a longer silence.
+            health = HealthConfig(suspect_after_s=10.0, down_after_s=30.0)
             return NodeRuntime(NodeOptions(home=self.home(i), listen=["/ip4/127.0.0.1/tcp/0"],
-                                           bootstrap=bootstrap, metrics=self.metrics.get(i)))
+                                           bootstrap=bootstrap, metrics=self.metrics.get(i), health=health))
 
         async with trio.open_nursery() as nursery:
             with trio.fail_after(timeout):

@@ -80,7 +80,7 @@ class MeshConfig:
     data_dir: Path | None = None
     health: HealthConfig = field(default_factory=HealthConfig)
     node_info: dict[str, Any] = field(default_factory=dict)
-    bootstrap_timeout_s: float = 20.0
+    bootstrap_timeout_s: float = 30.0
     refresh_fast_s: float = 1.0
     refresh_slow_s: float = 15.0
     fast_refresh_period_s: float = 30.0
@@ -235,7 +235,7 @@ class MeshNode:
                     if str(pinfo.peer_id) == self.peer_id:
                         continue
                     try:
-                        with trio.fail_after(5):
+                        with trio.fail_after(10):
                             await self.host.connect(pinfo)
                         await self.dht.add_peer(pinfo.peer_id)
                         self.peers.seen(str(pinfo.peer_id))

@@ -94,6 +94,7 @@ class JobManager:
             f"job {job_id} ({spec.name}): {spec.rounds} rounds of {spec.model} on {spec.data}"))
         assert self._nursery is not None
         self._nursery.start_soon(runner.run)
+        self._nursery.start_soon(self.send_presence)  # be in the next plan without waiting
         return runner
 
     async def _on_job(self, msg: Inbound) -> None:
@@ -114,15 +115,18 @@ class JobManager:
 
     # -- presence ----------------------------------------------------------------------------
 
+    async def send_presence(self) -> None:
+        active = {j: len(r.ledger) for j, r in self.runners.items() if r.state in ("pending", "running")
+                  and r.participates()}
+        if active:
+            try:
+                await self.mesh.broadcast(seal(self.mesh.identity, PRESENCE, {"jobs": active}))
+            except Exception as exc:
+                log.debug("presence broadcast failed: %s", exc)
+
     async def _presence_loop(self) -> None:
         while True:
-            active = {j: len(r.ledger) for j, r in self.runners.items() if r.state in ("pending", "running")
-                      and r.participates()}
-            if active:
-                try:
-                    await self.mesh.broadcast(seal(self.mesh.identity, PRESENCE, {"jobs": active}))
-                except Exception as exc:
-                    log.debug("presence broadcast failed: %s", exc)
+            await self.send_presence()
             await trio.sleep(PRESENCE_EVERY_S)
 
     async def _on_presence(self, msg: Inbound) -> None:

@@ -131,8 +131,10 @@ class JobRunner:
         now = time.time()
         alive = set(self.mesh.peers.alive())
         fresh = {p for p, t in self.presence.items() if now - t <= PRESENCE_FRESH_S and p in alive}
+        # Members of the job so far are known to hold it; being up is enough for them.
+        known = (set(self.initial_members) | set(self.eligible())) & alive
         allow = set(self.spec.allowlist)
-        members = {self.me} | fresh
+        members = {self.me} | fresh | known
         if allow:
             members &= allow
         return sorted(members)

@@ -74,9 +74,9 @@ def test_member_death_late_joiner_and_hostile_peer(mesh_factory, tmp_path) -> No
     mesh.start(count=4, timeout=120)
     mesh.wait_connected(60)
     ids = peer_ids(mesh, range(4))
-    # Slow rounds (100 local epochs, a few seconds each) so a joining process, which needs
-    # several seconds to start, is up within a round or two.
-    slow = {**FAST, "local_epochs": 100, "train_timeout_s": 60.0}
+    # Slow rounds (200 local epochs, a few seconds each, as real rounds are) so a joining
+    # process, which needs several seconds to start, is up within a round or two.
+    slow = {**FAST, "local_epochs": 200, "train_timeout_s": 60.0}
     job = mesh.submit(digits_spec(rounds=7, min_nodes=2, **slow))
 
     attack: dict[str, str] = {}

@@ -14,7 +14,7 @@ def test_six_nodes_four_rounds(mesh_factory) -> None:
     mesh = mesh_factory(6)
     mesh.start(timeout=120)
     mesh.wait_connected(60)
-    job = mesh.submit(digits_spec(rounds=4, group_size=2, local_epochs=1))
+    job = mesh.submit(digits_spec(rounds=4, group_size=2))
     mesh.wait_job(job, list(range(6)), timeout=240)
 
     ledgers = []
