@@ -36,7 +36,6 @@ test *ARGS: setup
 # Lint with ruff.
 lint: setup
     .venv/bin/ruff check .
-    .venv/bin/ruff format --check mesh aggregation gpuflex tui tests benchmarks
 
 # Run the benchmarks and print ratios measured side by side.
 bench *ARGS: setup

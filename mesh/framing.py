@@ -29,22 +29,13 @@ def _is_eof(exc: BaseException) -> bool:
 
 
 async def read_exactly(stream: Stream, n: int) -> bytes:
-    buf = bytearray()
-    while len(buf) < n:
-        try:
-            chunk = await stream.read(n - len(buf))
-        except Exception as exc:
-            if _is_eof(exc):
-                raise WireError("truncated", f"stream ended after {len(buf)} of {n} bytes") from None
-            raise
-        if not chunk:
-            raise WireError("truncated", f"stream ended after {len(buf)} of {n} bytes")
-        buf += chunk
+    buf = bytearray(n)
+    await read_into(stream, memoryview(buf), "stream")
     return bytes(buf)
 
 
-async def read_into(stream: Stream, view: memoryview) -> None:
-    """Fill ``view`` completely from the stream (used for large payloads, no extra copies)."""
+async def read_into(stream: Stream, view: memoryview, what: str = "payload") -> None:
+    """Fill ``view`` completely from the stream (large payloads land without extra copies)."""
     got = 0
     total = len(view)
     while got < total:
@@ -52,10 +43,10 @@ async def read_into(stream: Stream, view: memoryview) -> None:
             chunk = await stream.read(min(total - got, 1 << 20))
         except Exception as exc:
             if _is_eof(exc):
-                raise WireError("truncated", f"payload ended after {got} of {total} bytes") from None
+                raise WireError("truncated", f"{what} ended after {got} of {total} bytes") from None
             raise
         if not chunk:
-            raise WireError("truncated", f"payload ended after {got} of {total} bytes")
+            raise WireError("truncated", f"{what} ended after {got} of {total} bytes")
         view[got : got + len(chunk)] = chunk
         got += len(chunk)
 
