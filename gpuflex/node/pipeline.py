@@ -22,6 +22,7 @@ from aggregation.errors import AggregationError
 from aggregation.robust import Rule, make_rule
 from aggregation.secagg import default_threshold
 from aggregation.weighted import WeightedAccumulator
+from gpuflex.plugins import is_plugin_path, load_callable
 from gpuflex.secure import (
     GroupContext,
     SecAggMember,
@@ -162,9 +163,24 @@ def make_reducer(spec: JobSpec, is_root: bool, plan: Plan | None = None,
             return SecAggReducer(ctx)  # type: ignore[return-value]
     if spec.rule == "mean" and spec.norm_bound <= 0:
         return MeanReducer()
-    rule = make_rule(spec.rule, **spec.rule_params)
+    rule = plugin_rule(spec) if is_plugin_path(spec.rule) else make_rule(spec.rule, **spec.rule_params)
     fallback = make_rule("median") if spec.rule in ("krum", "multi-krum") else None
     return RobustReducer(rule, spec.rule, spec.norm_bound, spec.norm_bound_mode, fallback)
+
+
+def plugin_rule(spec: JobSpec) -> Rule:
+    """A user's rule ``package.module:function(vectors, weights) -> vector``, with its
+    ``rule_params`` passed as keywords; its output is checked like any update."""
+    fn = load_callable(spec.rule, "rule")
+    params = dict(spec.rule_params)
+
+    def rule(vectors: Any, weights: Any = None) -> np.ndarray:
+        out = np.asarray(fn(vectors, weights, **params), dtype=np.float32)
+        if out.shape != np.shape(vectors[0]) or not np.all(np.isfinite(out)):
+            raise AggregationError(f"rule {spec.rule!r} returned a vector of the wrong shape or non-finite values")
+        return out
+
+    return rule
 
 
 def describe_rule(spec: JobSpec) -> dict[str, Any]:
