@@ -9,6 +9,7 @@ The built-ins avoid BatchNorm so that the flat parameter vector is the entire mo
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Callable
 
 import torch
@@ -17,6 +18,8 @@ from torch import nn
 from gpuflex.jobspec import JobSpec
 from gpuflex.ml.datasets import DataBundle
 from gpuflex.plugins import PluginError, call_with_accepted, is_plugin_path, load_callable
+
+_SEEDED_BUILD = threading.Lock()
 
 
 class DigitsCNN(nn.Module):
@@ -129,7 +132,9 @@ def build_model(spec: JobSpec, data_info: DataBundle) -> nn.Module:
 
     A plug-in is called with whichever of ``num_classes`` and ``input_shape`` it asks for.
     """
-    with torch.random.fork_rng(devices=[]):
+    # torch's generator is process-global: nodes sharing a process (an in-process mesh) must
+    # not interleave their seeded builds, or they start from different weights.
+    with _SEEDED_BUILD, torch.random.fork_rng(devices=[]):
         torch.manual_seed(spec.seed)
         if is_plugin_path(spec.model):
             fn = load_callable(spec.model, "model")
