@@ -76,7 +76,7 @@ def run_demo(nodes: int = 4, rounds: int = 15, tui: bool = False, workdir: str |
         job_s = time.time() - t_job
         hashes = {mesh.job(i, job)["model_hash"] for i in range(nodes)}
         out = base / "results"
-        files = mesh.call(0, "job_results", {"job": job, "out": str(out)}, timeout=120)["files"]
+        mesh.call(0, "job_results", {"job": job, "out": str(out)}, timeout=120)
     except KeyboardInterrupt:
         print("\ninterrupted: stopping every node", file=sys.stderr)
         return 130
@@ -104,7 +104,6 @@ def run_demo(nodes: int = 4, rounds: int = 15, tui: bool = False, workdir: str |
     print(f"ledger:  {out / 'ledger.json'}  (verify with the signed copy {out / 'ledger.msgpack'})")
     print(f"metrics: {out / 'metrics.csv'}")
     print(f"total time {time.time() - t0:.1f}s")
-    del files
     if not workdir:
         for i in range(nodes):
             shutil.rmtree(mesh.home(i), ignore_errors=True)

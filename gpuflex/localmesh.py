@@ -8,7 +8,6 @@ is bounded, and ``close()`` (also run on Ctrl-C) leaves no process behind.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
 import subprocess
@@ -166,7 +165,3 @@ class LocalMesh:
             return all(s["state"] == "done" for s in states)
 
         self.wait_until(done, timeout, interval=0.5, what=f"job {job} completion")
-
-
-def write_json(path: Path, obj: Any) -> None:
-    path.write_text(json.dumps(obj, indent=2, default=str))

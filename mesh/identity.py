@@ -11,7 +11,7 @@ import os
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from nacl.exceptions import BadSignatureError
 from nacl.signing import SigningKey, VerifyKey
@@ -125,6 +125,3 @@ class Identity:
         ident.save(target)
         return ident, True
 
-
-def describe(identity: Identity) -> dict[str, Any]:
-    return {"peer_id": identity.peer_id, "public_key": identity.public_key.hex()}

@@ -100,7 +100,6 @@ class MeshNode:
         self.seen = SeenCache()
         data_dir = config.data_dir or Path.cwd() / ".gpuflex-mesh"
         self.blobs = BlobStore(Path(data_dir) / "blobs")
-        self.blob_holders: dict[str, set[str]] = {}
         self._on_event = on_event or (lambda *a, **k: None)
         self._nursery: trio.Nursery | None = None
         self._stopped = trio.Event()
@@ -146,7 +145,7 @@ class MeshNode:
         try:
             self.host = build_host(self.identity, self.config.listen, self.config.announce)
         except HostError:
-            raise
+            raise  # already says what is wrong
         except Exception as exc:
             raise HostError(f"could not create the libp2p host: {exc}") from exc
         listen = [parse_multiaddr(a, "listen address") for a in self.config.listen]
@@ -505,9 +504,6 @@ class MeshNode:
 
     # -- blobs -------------------------------------------------------------------------------
 
-    def note_holder(self, digest: str, peer: str) -> None:
-        self.blob_holders.setdefault(digest, set()).add(peer)
-
     async def announce_blob(self, digest: str) -> None:
         """Advertise a provider record so any peer can find this blob by hash."""
         with trio.move_on_after(5):
@@ -521,7 +517,6 @@ class MeshNode:
         if self.blobs.has(digest):
             return self.blobs.path(digest)
         candidates = [p for p in providers if p != self.peer_id]
-        candidates += [p for p in sorted(self.blob_holders.get(digest, ())) if p not in candidates]
         if not candidates:
             with trio.move_on_after(5):
                 try:
@@ -569,8 +564,6 @@ class MeshNode:
             "bytes_received": self.bytes_received,
         }
 
-    def up_peers(self) -> list[str]:
-        return [p for p in self.peers.ids(UP)]
 
 
 def _pack_reply(reply: Any) -> bytes:

@@ -22,6 +22,7 @@ from aggregation.errors import AggregationError
 from aggregation.robust import Rule, make_rule
 from aggregation.secagg import default_threshold
 from aggregation.weighted import WeightedAccumulator
+from gpuflex.node.modelblob import unpack_delta
 from gpuflex.plugins import is_plugin_path, load_callable
 from gpuflex.secure import (
     GroupContext,
@@ -237,9 +238,7 @@ def decode_payload(spec: JobSpec, payload: bytes, size: int) -> np.ndarray:
     if spec.secure_aggregation and payload[:4] == b"GFSA":
         return decode_masked(payload, size)  # type: ignore[return-value]
     if spec.codec == "none":
-        if len(payload) != size * 4:
-            raise WireError("garbled", f"delta has {len(payload)} bytes, expected {size * 4}")
-        return np.frombuffer(payload, dtype="<f4").astype(np.float32, copy=False)
+        return unpack_delta(payload, size)
     try:
         vec = decode_delta(payload)
     except AggregationError as exc:

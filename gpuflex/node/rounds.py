@@ -603,6 +603,9 @@ class JobRunner:
                     raise LedgerError(f"round {res.round}: fewer contributions than min_nodes")
                 await self._model(res.model_hash, [res.coordinator])
                 self.ledger.append(frame, res)
+                assert self._nursery is not None
+                # Any peer (a late joiner, a node resyncing) can now find the model by hash.
+                self._nursery.start_soon(self.mesh.announce_blob, res.model_hash)
             except (LedgerError, WireError) as exc:
                 self.emit("rejected", res.round, res.coordinator, message=f"round {res.round}: result rejected: {exc}")
                 self.m.penalise(res.coordinator)

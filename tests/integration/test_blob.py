@@ -57,3 +57,18 @@ async def test_unknown_blob_fails_cleanly(tmp_path: Path) -> None:
                 await b.fetch_blob(blob_hash(b"nobody has this"), [a.peer_id])
             a.stop()
             b.stop()
+
+
+async def test_a_blob_is_found_through_dht_provider_records(tmp_path: Path) -> None:
+    async with MeshNode.start(Identity.generate(), config(tmp_path, "a")) as a:
+        boot = a.multiaddrs()[:1]
+        async with MeshNode.start(Identity.generate(), config(tmp_path, "b", boot)) as b:  # noqa: SIM117
+            async with MeshNode.start(Identity.generate(), config(tmp_path, "c", boot)) as c:
+                digest = b.blobs.put(b"committed model" * 100)
+                await trio.sleep(2)  # let routing tables fill
+                await b.announce_blob(digest)
+                with trio.fail_after(60):
+                    path = await c.fetch_blob(digest)  # no provider named: the DHT must say who has it
+                assert path.read_bytes() == b"committed model" * 100
+                for node in (a, b, c):
+                    node.stop()
