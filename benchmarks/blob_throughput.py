@@ -1,14 +1,16 @@
 """Blob transfer between two MeshNodes on loopback, against raw trio TCP in the same run.
 
-A blob (model weights, a delta) travels over a libp2p stream: Noise encryption, yamux
-framing, then BLAKE2b hashing and a temporary file on the receiver. The ceiling is plain TCP
-on the same machine, so the benchmark moves the same number of bytes three ways, interleaved
-rep by rep so a noisy machine slows all three alike:
+A blob (model weights, a delta) is requested over a libp2p stream (Noise, yamux) and its
+bytes travel over the sealed bulk side channel (``mesh.bulk``), then are hashed (BLAKE3) into
+a temporary file on the receiver. The ceiling is plain TCP on the same machine, so the
+benchmark moves the same number of bytes four ways, interleaved rep by rep so a noisy
+machine slows all of them alike:
 
 * raw trio TCP, 1 MiB writes, bytes discarded (the transport ceiling);
 * raw trio TCP with the receiver hashing and writing a file as ``fetch_blob`` does
-  (how much of the gap is the receiver's own work rather than libp2p);
-* ``MeshNode.fetch_blob`` between two nodes, hash checked.
+  (how much of the gap is the receiver's own work rather than the transport);
+* ``MeshNode.fetch_blob`` with the bulk channel switched off: every byte through libp2p;
+* ``MeshNode.fetch_blob`` as shipped: bulk channel, hash checked.
 
 Sender and receiver are always separate processes (this one only coordinates), so neither
 shares a Python thread with its peer. The receiver's peak RSS is reported before and after
@@ -46,15 +48,17 @@ from benchmarks.common import (
     stop_on_sigterm,
     workers,
 )
+from mesh.blob import blob_hasher
 
 LOOPBACK = "127.0.0.1"
 WORKER_DEADLINE_S = 900.0
 IDLE_S = 300.0
-METHODS = ("tcp", "tcp_hash_file", "blob")
+METHODS = ("tcp", "tcp_hash_file", "blob_libp2p", "blob")
 LABELS = {
     "tcp": "raw trio TCP (discard)",
-    "tcp_hash_file": "raw trio TCP + blake2b + file",
-    "blob": "MeshNode.fetch_blob (Noise+yamux)",
+    "tcp_hash_file": "raw trio TCP + blake3 + file",
+    "blob_libp2p": "fetch_blob over libp2p (Noise+yamux)",
+    "blob": "fetch_blob, bulk channel (AEAD)",
 }
 
 
@@ -98,7 +102,7 @@ async def tcp_receiver(channel: Channel, args: dict[str, Any]) -> None:
     channel.send({"ready": True, "rss_mb": peak_rss_mb()})
     while (cmd := await channel.recv(IDLE_S)) is not None:
         hash_file = bool(cmd["hash_file"])
-        hasher = hashlib.blake2b(digest_size=32)
+        hasher = blob_hasher()
         received = 0
         with open(target, "wb") if hash_file else open(os.devnull, "wb") as sink, Stopwatch() as sw:
             stream = await trio.open_tcp_stream(LOOPBACK, int(cmd["port"]))
@@ -138,13 +142,14 @@ async def blob_receiver(channel: Channel, args: dict[str, Any]) -> None:
         channel.send({"ready": True, "rss_mb": peak_rss_mb()})
         while (cmd := await channel.recv(IDLE_S)) is not None:
             digest = cmd["hash"]
+            node.config.bulk_channel = bool(cmd["bulk"])
             with Stopwatch() as sw:
                 path = await node.fetch_blob(digest, providers=[cmd["peer"]], timeout=float(cmd["timeout"]))
             rss = peak_rss_mb()
             size = path.stat().st_size
             # fetch_blob already refused bytes with the wrong hash; re-check outside the timing.
             with open(path, "rb") as fh:
-                ok = hashlib.file_digest(fh, lambda: hashlib.blake2b(digest_size=32)).hexdigest() == digest
+                ok = hashlib.file_digest(fh, blob_hasher).hexdigest() == digest
             path.unlink()
             channel.send({"seconds": sw.seconds, "bytes": size, "hash_ok": ok, "rss_mb": rss})
 
@@ -180,9 +185,9 @@ def run(mb: float, reps: int) -> dict[str, Any]:
         hash_ok = True
         for rep in range(1, reps + 1):
             for method in METHODS:
-                if method == "blob":
-                    reply = blob_recv.ask({"hash": src["hash"], "peer": src["peer"], "timeout": timeout},
-                                          timeout + 30)
+                if method.startswith("blob"):
+                    reply = blob_recv.ask({"hash": src["hash"], "peer": src["peer"], "timeout": timeout,
+                                           "bulk": method == "blob"}, timeout + 30)
                     hash_ok &= bool(reply["hash_ok"])
                     rss_after = float(reply["rss_mb"])
                 else:
@@ -197,7 +202,9 @@ def run(mb: float, reps: int) -> dict[str, Any]:
             for m in METHODS]
     return {"benchmark": "blob_throughput", "mb": mb, "reps": reps, "rows": rows, "hash_ok": hash_ok,
             "receiver_rss_mb_before": rss_before, "receiver_peak_rss_mb": rss_after,
-            "blob_vs_tcp": rows[2]["vs_tcp"], "blob_vs_tcp_hash_file": ratio(rows[2]["mb_per_s"], rows[1]["mb_per_s"])}
+            "blob_vs_tcp": rows[3]["vs_tcp"], "blob_libp2p_vs_tcp": rows[2]["vs_tcp"],
+            "blob_vs_tcp_hash_file": ratio(rows[3]["mb_per_s"], rows[1]["mb_per_s"]),
+            "bulk_vs_libp2p": ratio(rows[3]["mb_per_s"], rows[2]["mb_per_s"])}
 
 
 def render(result: dict[str, Any]) -> str:
@@ -208,8 +215,9 @@ def render(result: dict[str, Any]) -> str:
         f"Blob throughput: {mb:g} MB (10^6 bytes) payload, {result['reps']} reps interleaved, "
         "sender and receiver in separate processes, 127.0.0.1",
         format_table(result["rows"], columns),
-        f"blob / raw TCP = {result['blob_vs_tcp']:.3f}; blob / (TCP + hash + file) = "
-        f"{result['blob_vs_tcp_hash_file']:.3f}; hash checked: {'yes' if result['hash_ok'] else 'NO'}",
+        f"blob (bulk) / raw TCP = {result['blob_vs_tcp']:.3f}; blob / (TCP + hash + file) = "
+        f"{result['blob_vs_tcp_hash_file']:.3f}; bulk / libp2p = {result['bulk_vs_libp2p']:.1f}x; "
+        f"hash checked: {'yes' if result['hash_ok'] else 'NO'}",
         f"receiver peak RSS: {result['receiver_rss_mb_before']:.0f} MB after start, "
         f"{result['receiver_peak_rss_mb']:.0f} MB after the transfers (payload {mb:g} MB)",
     ])

@@ -4,7 +4,7 @@ A ledger file (``ledger.msgpack``, exported by ``gpuflex job results``) is a has
 RoundResults, each signed by its coordinator and carrying the signed plan, every signed
 Update header, every leader's signed Partial, the metrics and (from the trust release on) the
 rule applied and the job-spec hash. Verification needs no network and no node: only the
-public keys inside the PeerIDs. The model check compares BLAKE2b-256 of a *model blob*
+public keys inside the PeerIDs. The model check compares BLAKE3-256 of a *model blob*
 (parameters plus server-optimizer state, the bytes the mesh hashes; exported as
 ``model.blob``) with the last result's ``model_hash``: a torch ``model.pt`` cannot be checked,
 because it lacks the optimizer state that is part of the hashed bytes.

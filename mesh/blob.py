@@ -1,26 +1,34 @@
 """Content-addressed blobs (model weights, deltas) on disk and over the wire.
 
-Blobs are named by their BLAKE2b-256 digest. A receiver streams a blob to a temporary file in
-fixed-size chunks while hashing it, so memory stays bounded whatever the size, and the blob
-only enters the store (by rename) once its hash matches: a peer that serves wrong bytes is
-caught before anyone can use them.
+Blobs are named by their BLAKE3-256 digest: BLAKE3 hashes several GB/s per core and releases
+the GIL, where BLAKE2b's 0.9 GB/s held a fast transfer to a third of loopback TCP. A receiver
+streams a blob to a temporary file in fixed-size chunks while hashing it, so memory stays
+bounded whatever the size, and the blob only enters the store (by rename) once its hash
+matches: a peer that serves wrong bytes is caught before anyone can use them.
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
+import errno
+import logging
 import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import blake3
+import trio
+
+from mesh import bulk
 from mesh.codec import WireError
 from mesh.framing import Stream, read_exactly, read_obj, write_obj
 
 BLOB_PROTOCOL = "/gpuflex/blob/1.0.0"
 CHUNK = 1 << 20
 HASH_HEX_LEN = 64
+
+log = logging.getLogger(__name__)
 
 
 class BlobError(RuntimeError):
@@ -35,8 +43,13 @@ class BlobIntegrityError(BlobError):
         self.peer = peer
 
 
+def blob_hasher() -> Any:
+    """An incremental hasher whose ``hexdigest()`` is the blob hash of what it was fed."""
+    return blake3.blake3()
+
+
 def blob_hash(data: bytes | memoryview) -> str:
-    return hashlib.blake2b(data, digest_size=32).hexdigest()
+    return blake3.blake3(data).hexdigest()
 
 
 def valid_hash(text: object) -> bool:
@@ -94,21 +107,38 @@ class BlobStore:
             while chunk := fh.read(CHUNK):
                 yield chunk
 
-    def incoming(self, digest: str) -> IncomingBlob:
-        return IncomingBlob(self, digest)
+    def incoming(self, digest: str, size: int | None = None) -> IncomingBlob:
+        return IncomingBlob(self, digest, size)
 
 
 class IncomingBlob:
     """A blob being received: hashed chunk by chunk, committed only if the hash matches."""
 
-    def __init__(self, store: BlobStore, digest: str) -> None:
+    def __init__(self, store: BlobStore, digest: str, size: int | None = None) -> None:
         self.store = store
         self.digest = digest
         self.target = store.path(digest)
         self.tmp = self.target.with_name(f".{digest}.{os.getpid()}.{id(self)}.part")
-        self._hasher = hashlib.blake2b(digest_size=32)
+        self._hasher = blob_hasher()
         self._fh = open(self.tmp, "wb")  # noqa: SIM115 - closed in commit/abort
         self.received = 0
+        self.expected = size
+        if size:
+            self._reserve(size)
+
+    def _reserve(self, size: int) -> None:
+        """Claim the disk space up front: a full disk fails before any byte moves, not midway,
+        and writes into allocated blocks cost the filesystem less."""
+        try:
+            os.posix_fallocate(self._fh.fileno(), 0, size)
+        except AttributeError:
+            return  # not on this platform
+        except OSError as exc:
+            self.abort()
+            if exc.errno in {errno.EOPNOTSUPP, errno.EINVAL}:
+                self._fh = open(self.tmp, "wb")  # noqa: SIM115 - a filesystem without fallocate
+                return
+            raise BlobError(f"no room for blob {self.digest[:16]}… ({size} bytes): {exc.strerror or exc}") from None
 
     def write(self, chunk: bytes) -> None:
         self._hasher.update(chunk)
@@ -117,6 +147,10 @@ class IncomingBlob:
 
     def commit(self, peer: str) -> Path:
         self._fh.close()
+        if self.expected is not None and self.received != self.expected:
+            self.abort()
+            raise WireError("truncated", f"blob {self.digest[:16]}… ended after {self.received} of "
+                                         f"{self.expected} bytes")
         got = self._hasher.hexdigest()
         if got != self.digest:
             self.abort()
@@ -131,8 +165,13 @@ class IncomingBlob:
             self.tmp.unlink()
 
 
-async def serve_blob(stream: Stream, store: BlobStore, max_request: int = 4096) -> str | None:
-    """Answer one blob request on ``stream``; returns the hash served, if any."""
+async def serve_blob(stream: Stream, store: BlobStore, max_request: int = 4096,
+                     bulk_host: str | None = None) -> str | None:
+    """Answer one blob request on ``stream``; returns the hash served, if any.
+
+    With ``bulk_host`` set and a receiver that asks for it, the bytes go over a one-off
+    side channel (``mesh.bulk``); the libp2p stream carries the offer and the verdict.
+    """
     request = await read_obj(stream, max_request)
     digest = request.get("h") if isinstance(request, dict) else None
     if not valid_hash(digest):
@@ -141,15 +180,62 @@ async def serve_blob(stream: Stream, store: BlobStore, max_request: int = 4096) 
     if not store.has(digest):
         await write_obj(stream, {"ok": False, "error": "not found"})
         return None
-    await write_obj(stream, {"ok": True, "size": store.size(digest)})
-    for chunk in store.chunks(digest):
-        await stream.write(chunk)
+    size = store.size(digest)
+    sender = _open_bulk_sender(bulk_host, stream, request)
+    reply: dict[str, Any] = {"ok": True, "size": size}
+    if sender is not None:
+        reply["bulk"] = sender.offer.to_wire()
+    await write_obj(stream, reply)
+    if sender is None or not await _serve_bulk(stream, sender, store.path(digest), size):
+        for chunk in store.chunks(digest):
+            await stream.write(chunk)
     return digest
 
 
-async def receive_blob(stream: Stream, store: BlobStore, digest: str, peer: str, max_size: int) -> Path:
-    """Request ``digest`` on an open stream and store it after checking its hash."""
-    await write_obj(stream, {"h": digest})
+def _open_bulk_sender(bulk_host: str | None, stream: Stream, request: dict[str, Any]) -> bulk.BulkSender | None:
+    cipher = bulk.choose_cipher(request.get("bulk")) if bulk_host else None
+    if cipher is None or bulk_host is None:
+        return None
+    try:
+        return bulk.BulkSender(bulk_host, bulk.peer_ip(stream), cipher)
+    except bulk.BulkUnavailable as exc:
+        log.info("blob served over libp2p: %s", exc)
+        return None
+
+
+async def _serve_bulk(stream: Stream, sender: bulk.BulkSender, path: Path, size: int) -> bool:
+    """Send over the side channel; False when the receiver asked for the libp2p stream instead."""
+    async with trio.open_nursery() as nursery:
+
+        async def send() -> None:
+            try:
+                await trio.to_thread.run_sync(sender.serve, path, size, abandon_on_cancel=True)
+            except (bulk.BulkUnavailable, WireError, OSError) as exc:
+                log.info("bulk send of %s stopped: %s", path.name[:12], exc)
+
+        nursery.start_soon(send)
+        try:
+            verdict = await read_obj(stream, 64)
+        except BaseException:
+            sender.close()
+            raise
+        fallback = isinstance(verdict, dict) and bool(verdict.get("fallback"))
+        if fallback:
+            sender.close()
+            nursery.cancel_scope.cancel()
+    return not fallback
+
+
+async def receive_blob(stream: Stream, store: BlobStore, digest: str, peer: str, max_size: int,
+                       use_bulk: bool = True) -> tuple[Path, bool]:
+    """Request ``digest`` on an open stream and store it after checking its hash.
+
+    Returns the stored path and whether the bytes came over the bulk side channel.
+    """
+    request: dict[str, Any] = {"h": digest}
+    if use_bulk:
+        request["bulk"] = bulk.preferred_ciphers()
+    await write_obj(stream, request)
     reply: Any = await read_obj(stream)
     if not isinstance(reply, dict) or not reply.get("ok"):
         err = reply.get("error", "refused") if isinstance(reply, dict) else "garbled reply"
@@ -157,14 +243,39 @@ async def receive_blob(stream: Stream, store: BlobStore, digest: str, peer: str,
     size = reply.get("size")
     if not isinstance(size, int) or size < 0 or size > max_size:
         raise WireError("oversized", f"peer {peer} announced a blob of {size!r} bytes (limit {max_size})")
-    incoming = store.incoming(digest)
+    incoming = store.incoming(digest, size)
     try:
-        remaining = size
-        while remaining:
-            chunk = await read_exactly(stream, min(CHUNK, remaining))
-            incoming.write(chunk)
-            remaining -= len(chunk)
-        return incoming.commit(peer)
+        offer = reply.get("bulk")
+        via_bulk = use_bulk and offer is not None and await _receive_bulk(stream, offer, incoming, size)
+        if not via_bulk:
+            remaining = size
+            while remaining:
+                chunk = await read_exactly(stream, min(CHUNK, remaining))
+                incoming.write(chunk)
+                remaining -= len(chunk)
+        return incoming.commit(peer), via_bulk
     except BaseException:
         incoming.abort()
         raise
+
+
+async def _receive_bulk(stream: Stream, wire_offer: object, incoming: IncomingBlob, size: int) -> bool:
+    """Take the bytes over the side channel; False (after saying so) when it cannot be reached."""
+    offer = bulk.BulkOffer.from_wire(wire_offer)
+    host = bulk.peer_ip(stream)
+    receiver = bulk.BulkReceiver(host or "", offer)
+    try:
+        if host is None:
+            raise bulk.BulkUnavailable("the peer's address is unknown")
+        await trio.to_thread.run_sync(receiver.connect, abandon_on_cancel=True)
+    except bulk.BulkUnavailable as exc:
+        log.info("blob fetched over libp2p: %s", exc)
+        await write_obj(stream, {"fallback": True})
+        return False
+    try:
+        await trio.to_thread.run_sync(receiver.receive, size, incoming.write, abandon_on_cancel=True)
+    except BaseException:
+        receiver.abort()
+        raise
+    await write_obj(stream, {"done": True})
+    return True

@@ -23,7 +23,7 @@ from typing import Any
 
 import trio
 
-from mesh import __version__
+from mesh import __version__, bulk
 from mesh.blob import (
     BLOB_PROTOCOL,
     BlobError,
@@ -87,6 +87,8 @@ class MeshConfig:
     max_payload: int = 4 << 30
     gossip_window_s: float = 600.0
     gossip_fanout: int = 3
+    # Blob bytes over a one-off sealed TCP side channel (mesh.bulk) rather than through libp2p.
+    bulk_channel: bool = True
 
 
 class MeshNode:
@@ -113,6 +115,7 @@ class MeshNode:
         self.dht: Any = None
         self.bytes_sent = 0
         self.bytes_received = 0
+        self.bulk_bytes_received = 0
         self.peers.on_change(self._peer_state_changed)
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -418,7 +421,8 @@ class MeshNode:
             log.info("ignored gossiped %s from %s: %s", env.kind, env.sender[-8:], exc)
 
     async def _handle_blob(self, stream: Any, remote: str) -> None:
-        digest = await serve_blob(stream, self.blobs)
+        bulk_host = bulk.bind_host(self.config.listen) if self._use_bulk() else None
+        digest = await serve_blob(stream, self.blobs, bulk_host=bulk_host)
         if digest:
             self.bytes_sent += self.blobs.size(digest)
 
@@ -504,6 +508,9 @@ class MeshNode:
 
     # -- blobs -------------------------------------------------------------------------------
 
+    def _use_bulk(self) -> bool:
+        return self.config.bulk_channel and not bulk.env_disabled()
+
     async def announce_blob(self, digest: str) -> None:
         """Advertise a provider record so any peer can find this blob by hash."""
         with trio.move_on_after(5):
@@ -532,10 +539,13 @@ class MeshNode:
                 with trio.fail_after(timeout):
                     stream = await self._open(peer, BLOB_PROTOCOL, 10)
                     try:
-                        path = await receive_blob(stream, self.blobs, digest, peer, self.config.max_payload)
+                        path, via_bulk = await receive_blob(stream, self.blobs, digest, peer,
+                                                            self.config.max_payload, use_bulk=self._use_bulk())
                     finally:
                         await _close(stream)
                 self.bytes_received += path.stat().st_size
+                if via_bulk:
+                    self.bulk_bytes_received += path.stat().st_size
                 self.peers.seen(peer)
                 return path
             except BlobIntegrityError as exc:
@@ -562,6 +572,7 @@ class MeshNode:
             "routing_table": self.dht.get_routing_table_size() if self.dht else 0,
             "bytes_sent": self.bytes_sent,
             "bytes_received": self.bytes_received,
+            "bulk_bytes_received": self.bulk_bytes_received,
         }
 
 

@@ -38,6 +38,9 @@ def start(
     announce: list[str] = typer.Option([], "--announce", help="Multiaddr to announce to peers."),
     bootstrap: list[str] = typer.Option([], "--bootstrap", help="Multiaddr of a mesh peer (/p2p/<id> included)."),
     client: bool = typer.Option(False, "--client", help="DHT client mode, for nodes others cannot reach."),
+    bulk: bool = typer.Option(True, "--bulk/--no-bulk",
+                              help="Serve blobs over a one-off sealed TCP port on the --listen host "
+                                   "(--no-bulk: every byte through libp2p, no extra port)."),
     control_port: int = typer.Option(0, help="Port of the local control API on 127.0.0.1 (0: any free port)."),
     suspect_after: float = typer.Option(4.0, help="Seconds of silence before a peer is 'suspect'."),
     down_after: float = typer.Option(9.0, help="Seconds of silence before a peer is 'down'."),
@@ -78,7 +81,7 @@ def start(
     try:
         health = HealthConfig(suspect_after_s=suspect_after, down_after_s=down_after)
         runtime = NodeRuntime(NodeOptions(home=root, listen=listen, announce=announce, bootstrap=bootstrap,
-                                          client_mode=client, control_port=control_port, health=health,
+                                          client_mode=client, control_port=control_port, health=health, bulk_channel=bulk,
                                           adversary=adversary, metrics=metrics))
         trio.run(runtime.serve)
     except KeyboardInterrupt:

@@ -34,6 +34,7 @@ class NodeOptions:
     announce: list[str] = field(default_factory=list)
     bootstrap: list[str] = field(default_factory=list)
     client_mode: bool = False
+    bulk_channel: bool = True
     control_port: int = 0
     health: HealthConfig = field(default_factory=HealthConfig)
     adversary: str | None = None
@@ -98,6 +99,7 @@ class NodeRuntime:
                 announce=options.announce,
                 bootstrap=options.bootstrap,
                 client_mode=options.client_mode,
+                bulk_channel=options.bulk_channel,
                 data_dir=self.home,
                 health=options.health,
                 node_info=self._hardware(),

@@ -72,3 +72,46 @@ async def test_a_blob_is_found_through_dht_provider_records(tmp_path: Path) -> N
                 assert path.read_bytes() == b"committed model" * 100
                 for node in (a, b, c):
                     node.stop()
+
+
+@pytest.mark.parametrize(("sender_bulk", "receiver_bulk"), [(True, True), (False, True), (True, False)])
+async def test_bytes_take_the_bulk_channel_when_both_sides_run_it(tmp_path: Path, sender_bulk: bool,
+                                                                   receiver_bulk: bool) -> None:
+    payload = os.urandom(3 << 20) + b"tail"
+    a_config = config(tmp_path, "a")
+    a_config.bulk_channel = sender_bulk
+    async with MeshNode.start(Identity.generate(), a_config) as a:
+        digest = a.blobs.put(payload)
+        b_config = config(tmp_path, "b", a.multiaddrs()[:1])
+        b_config.bulk_channel = receiver_bulk
+        async with MeshNode.start(Identity.generate(), b_config) as b:
+            with trio.fail_after(60):
+                path = await b.fetch_blob(digest, [a.peer_id])
+            assert path.read_bytes() == payload
+            assert b.bulk_bytes_received == (len(payload) if sender_bulk and receiver_bulk else 0)
+            assert b.bytes_received >= len(payload)
+            a.stop()
+            b.stop()
+
+
+async def test_an_unreachable_bulk_port_falls_back_to_libp2p(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from mesh import bulk
+
+    opened = bulk.BulkSender.__init__
+
+    def port_closed_at_once(self: bulk.BulkSender, *args: object, **kwargs: object) -> None:
+        opened(self, *args, **kwargs)  # type: ignore[arg-type]
+        self._listener.close()  # as if a firewall stood in front of the port
+
+    monkeypatch.setattr(bulk.BulkSender, "__init__", port_closed_at_once)
+    payload = os.urandom(1 << 20)
+    async with MeshNode.start(Identity.generate(), config(tmp_path, "a")) as a:
+        digest = a.blobs.put(payload)
+        async with MeshNode.start(Identity.generate(), config(tmp_path, "b", a.multiaddrs()[:1])) as b:
+            with trio.fail_after(60):
+                path = await b.fetch_blob(digest, [a.peer_id])
+            assert path.read_bytes() == payload
+            assert b.bulk_bytes_received == 0
+            assert a.peers.get(b.peer_id) is None or a.peers.get(b.peer_id).penalty == 0
+            a.stop()
+            b.stop()

@@ -1,0 +1,338 @@
+"""A direct TCP side channel for blob bytes, keyed through the authenticated libp2p stream.
+
+py-libp2p moves every byte through Python-level Noise (64 KiB messages) and yamux framing,
+which caps a blob transfer near a tenth of what the same TCP socket can carry. Blobs are
+almost all of a round's traffic, so they get their own path, while everything that needs
+trust stays on the libp2p stream:
+
+* the request, the blob's hash and size, and a fresh random 32-byte key travel inside the
+  Noise session, so only the authenticated peer learns the key;
+* the bytes then travel over a plain TCP connection in sealed frames (AES-256-GCM where the
+  CPU has AES instructions, ChaCha20-Poly1305 elsewhere, both from OpenSSL, which releases
+  the GIL and runs several GB/s). Each frame's nonce is a counter plus a direction tag and
+  the associated data is the transfer id, so reordered, replayed, injected or cut frames fail
+  authentication;
+* the receiver proves it holds the key (a sealed hello) before a byte is sent, so a stranger
+  who reaches the port first learns nothing and is dropped.
+
+The sender's listener exists for one transfer only: bound to the node's own listen host on a
+fresh port, answering only the requesting peer's IP, closed after the transfer or after
+``ACCEPT_TIMEOUT_S``. When the receiver cannot connect (a NAT, a firewall) it says so on the
+libp2p stream and the bytes come over libp2p as before. The blob hash is still checked on
+arrival: the channel proves who sent the bytes, the hash proves they are the right ones.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import mmap
+import os
+import platform
+import queue
+import secrets
+import socket
+import struct
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from mesh.codec import WireError
+
+FRAME = 1 << 20  # plaintext bytes per sealed frame
+TAG = 16
+POOL = 6  # plaintext frames in flight between the receiving and the hashing thread
+ACCEPT_TIMEOUT_S = 15.0
+IO_TIMEOUT_S = 30.0
+MAX_STRANGERS = 8  # connections that fail the hello before the listener gives up
+HELLO = b"gpuflex-bulk-hello"
+_LEN = struct.Struct(">I")
+_TO_RECEIVER = b"\x00\x00\x00\x01"
+_TO_SENDER = b"\x00\x00\x00\x02"
+CIPHERS = ("aes256gcm", "chacha20poly1305")
+
+
+class BulkUnavailable(Exception):
+    """The side channel could not be set up; the caller falls back to the libp2p stream."""
+
+
+@cache
+def _cpu_has_aes() -> bool:
+    """AES-GCM is the faster cipher only with hardware AES; without it ChaCha20 wins by far."""
+    if platform.machine().lower() in {"arm64", "aarch64"}:
+        return True
+    try:
+        with open("/proc/cpuinfo") as fh:
+            return any(line.startswith("flags") and " aes" in line for line in fh)
+    except OSError:
+        return False
+
+
+def preferred_ciphers() -> list[str]:
+    return list(CIPHERS) if _cpu_has_aes() else list(reversed(CIPHERS))
+
+
+def _aead(cipher: str, key: bytes) -> Any:
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM, ChaCha20Poly1305
+
+    return AESGCM(key) if cipher == "aes256gcm" else ChaCha20Poly1305(key)
+
+
+def _nonce(counter: int, direction: bytes) -> bytes:
+    return counter.to_bytes(8, "big") + direction
+
+
+@dataclass(frozen=True)
+class BulkOffer:
+    """What the sender tells the receiver, inside Noise, to open the side channel."""
+
+    port: int
+    key: bytes
+    tid: bytes
+    cipher: str
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"port": self.port, "key": self.key, "tid": self.tid, "cipher": self.cipher}
+
+    @classmethod
+    def from_wire(cls, obj: object) -> BulkOffer:
+        if not isinstance(obj, dict):
+            raise WireError("garbled", "bulk offer is not a map")
+        port, key, tid, cipher = obj.get("port"), obj.get("key"), obj.get("tid"), obj.get("cipher")
+        if not (isinstance(port, int) and 0 < port < 65536 and isinstance(key, bytes) and len(key) == 32
+                and isinstance(tid, bytes) and len(tid) == 16 and cipher in CIPHERS):
+            raise WireError("garbled", "bulk offer has a bad port, key, id or cipher")
+        return cls(port, key, tid, str(cipher))
+
+
+def choose_cipher(offered: object) -> str | None:
+    """The receiver's most preferred cipher that this side also runs; None if nothing fits."""
+    if not isinstance(offered, list):
+        return None
+    return next((c for c in offered if c in CIPHERS), None)
+
+
+def _recv_exactly(sock: socket.socket, view: memoryview) -> None:
+    got = 0
+    while got < len(view):
+        n = sock.recv_into(view[got:])
+        if n == 0:
+            raise WireError("truncated", f"bulk channel closed after {got} of {len(view)} bytes of a frame")
+        got += n
+
+
+def _read_frame(sock: socket.socket, buf: bytearray, limit: int) -> memoryview:
+    head = memoryview(bytearray(_LEN.size))
+    _recv_exactly(sock, head)
+    (size,) = _LEN.unpack(head)
+    if size < TAG or size > limit + TAG:
+        raise WireError("oversized", f"bulk frame of {size} bytes (limit {limit + TAG})")
+    view = memoryview(buf)[:size]
+    _recv_exactly(sock, view)
+    return view
+
+
+class BulkSender:
+    """One transfer's listening socket on the serving side."""
+
+    def __init__(self, host: str, peer_ip: str | None, cipher: str) -> None:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        try:
+            self._listener = socket.create_server((host, 0), family=family, backlog=4)
+        except OSError as exc:
+            raise BulkUnavailable(f"cannot open a bulk listener on {host}: {exc.strerror or exc}") from None
+        self._listener.settimeout(ACCEPT_TIMEOUT_S)
+        self._peer_ip = peer_ip
+        self._closed = threading.Event()
+        self.offer = BulkOffer(self._listener.getsockname()[1], secrets.token_bytes(32),
+                               secrets.token_bytes(16), cipher)
+        self._conn: socket.socket | None = None
+
+    def close(self) -> None:
+        """Stop waiting (the receiver fell back, or the transfer was cancelled)."""
+        self._closed.set()
+        with contextlib.suppress(OSError):
+            self._listener.close()
+        if self._conn is not None:
+            with contextlib.suppress(OSError):
+                self._conn.shutdown(socket.SHUT_RDWR)
+
+    def _accept(self) -> socket.socket:
+        aead = _aead(self.offer.cipher, self.offer.key)
+        buf = bytearray(len(HELLO) + TAG)
+        deadline = time.monotonic() + ACCEPT_TIMEOUT_S
+        for _ in range(MAX_STRANGERS):
+            self._listener.settimeout(max(0.01, deadline - time.monotonic()))
+            try:
+                conn, addr = self._listener.accept()
+            except OSError:
+                break
+            conn.settimeout(min(5.0, IO_TIMEOUT_S))
+            try:
+                if self._peer_ip is not None and addr[0] != self._peer_ip:
+                    raise WireError("auth", f"bulk connection from {addr[0]}, not the requesting peer")
+                hello = _read_frame(conn, buf, len(HELLO))
+                if aead.decrypt(_nonce(0, _TO_SENDER), hello, self.offer.tid) != HELLO:
+                    raise WireError("auth", "bulk hello does not match")
+            except Exception:
+                conn.close()
+                continue
+            conn.settimeout(IO_TIMEOUT_S)
+            return conn
+        raise BulkUnavailable("the peer never opened the bulk channel")
+
+    def serve(self, path: Path, size: int) -> int:
+        """Blocking: send ``size`` bytes of ``path`` in sealed frames; returns bytes sent."""
+        try:
+            conn = self._accept()
+        finally:
+            with contextlib.suppress(OSError):
+                self._listener.close()
+        self._conn = conn
+        aead = _aead(self.offer.cipher, self.offer.key)
+        frame = memoryview(bytearray(_LEN.size + FRAME + TAG))
+        sent = 0
+        try:
+            with conn, open(path, "rb") as fh, _mapped(fh, size) as source:
+                counter = 0
+                while sent < size and not self._closed.is_set():
+                    n = min(FRAME, size - sent)
+                    sealed = aead.encrypt_into(_nonce(counter, _TO_RECEIVER), source[sent : sent + n],
+                                               self.offer.tid, frame[_LEN.size : _LEN.size + n + TAG])
+                    _LEN.pack_into(frame, 0, sealed)
+                    conn.sendall(frame[: _LEN.size + sealed])
+                    sent += n
+                    counter += 1
+        finally:
+            self._conn = None
+        return sent
+
+
+@contextlib.contextmanager
+def _mapped(fh: Any, size: int) -> Iterator[memoryview]:
+    """The file's pages, read in place: sealing straight from the page cache skips a copy."""
+    if os.fstat(fh.fileno()).st_size < size:
+        raise WireError("truncated", "blob file is shorter than its announced size")
+    mapping = mmap.mmap(fh.fileno(), size, prot=mmap.PROT_READ) if size else None
+    view = memoryview(mapping) if mapping is not None else memoryview(b"")
+    try:
+        yield view
+    finally:
+        view.release()
+        if mapping is not None:
+            mapping.close()
+
+
+class BulkReceiver:
+    """One transfer's connecting side; hands plaintext to ``sink`` on a second thread.
+
+    Receiving and decrypting run on the calling thread while hashing and writing run on a
+    helper thread, so on a machine with a spare core the hash no longer sits in the way of the
+    socket; both stages release the GIL for their heavy work.
+    """
+
+    def __init__(self, host: str, offer: BulkOffer) -> None:
+        self.host = host
+        self.offer = offer
+        self._sock: socket.socket | None = None
+        self._aborted = threading.Event()
+
+    def connect(self, timeout: float = 5.0) -> None:
+        try:
+            self._sock = socket.create_connection((self.host, self.offer.port), timeout=timeout)
+        except OSError as exc:
+            raise BulkUnavailable(f"cannot reach the bulk channel at {self.host}:{self.offer.port}: "
+                                  f"{exc.strerror or exc}") from None
+        self._sock.settimeout(IO_TIMEOUT_S)
+        with contextlib.suppress(OSError):
+            self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+        aead = _aead(self.offer.cipher, self.offer.key)
+        sealed = aead.encrypt(_nonce(0, _TO_SENDER), HELLO, self.offer.tid)
+        self._sock.sendall(_LEN.pack(len(sealed)) + sealed)
+
+    def abort(self) -> None:
+        self._aborted.set()
+        if self._sock is not None:
+            with contextlib.suppress(OSError):
+                self._sock.shutdown(socket.SHUT_RDWR)
+
+    def receive(self, size: int, sink: Callable[[bytes], None]) -> None:
+        """Blocking: read ``size`` plaintext bytes, passing each frame to ``sink`` in order."""
+        if self._sock is None:
+            raise BulkUnavailable("bulk channel not connected")
+        aead = _aead(self.offer.cipher, self.offer.key)
+        # Plaintext buffers cycle between the two threads: no allocation per frame.
+        free: queue.Queue[memoryview] = queue.Queue()
+        for _ in range(POOL):
+            free.put(memoryview(bytearray(FRAME)))
+        pending: queue.Queue[tuple[memoryview, int] | None] = queue.Queue()
+        failure: list[BaseException] = []
+
+        def drain() -> None:
+            while (item := pending.get()) is not None:
+                buf, n = item
+                if not failure:
+                    try:
+                        sink(buf[:n])
+                    except BaseException as exc:
+                        failure.append(exc)
+                free.put(buf)
+
+        writer = threading.Thread(target=drain, name="bulk-sink", daemon=True)
+        writer.start()
+        sealed_buf = bytearray(FRAME + TAG)
+        got = 0
+        counter = 0
+        try:
+            with self._sock:
+                while got < size:
+                    if failure or self._aborted.is_set():
+                        break
+                    sealed = _read_frame(self._sock, sealed_buf, FRAME)
+                    buf = free.get(timeout=IO_TIMEOUT_S)
+                    try:
+                        n = aead.decrypt_into(_nonce(counter, _TO_RECEIVER), sealed, self.offer.tid,
+                                              buf[: len(sealed) - TAG])
+                    except Exception:
+                        raise WireError("auth", f"bulk frame {counter} failed authentication") from None
+                    if got + n > size:
+                        raise WireError("oversized", f"bulk channel sent more than the {size} bytes announced")
+                    pending.put((buf, n))
+                    got += n
+                    counter += 1
+        except (OSError, queue.Empty) as exc:
+            if self._aborted.is_set():
+                raise BulkUnavailable("bulk transfer cancelled") from None
+            raise WireError("truncated", f"bulk channel failed after {got} of {size} bytes: {exc}") from None
+        finally:
+            pending.put(None)
+            writer.join()
+        if failure:
+            raise failure[0]
+        if got < size:
+            raise BulkUnavailable("bulk transfer cancelled")
+
+
+def bind_host(listen: list[str]) -> str | None:
+    """The IP the user asked this node to listen on (from its first TCP multiaddr)."""
+    for addr in listen:
+        parts = addr.split("/")
+        if len(parts) >= 5 and parts[1] in {"ip4", "ip6"} and parts[3] == "tcp":
+            return parts[2]
+    return None
+
+
+def peer_ip(stream: Any) -> str | None:
+    try:
+        remote = stream.get_remote_address()
+    except Exception:
+        return None
+    return str(remote[0]) if remote else None
+
+
+def env_disabled() -> bool:
+    """``GPUFLEX_NO_BULK=1`` forces blobs over libp2p (for comparison and for odd networks)."""
+    return os.environ.get("GPUFLEX_NO_BULK", "") not in {"", "0"}
