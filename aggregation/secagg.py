@@ -168,20 +168,38 @@ def split_secret(secret: bytes, count: int, threshold: int) -> list[Share]:
     return shares
 
 
+def _lagrange_at(points: Sequence[Share], x: int) -> int:
+    """The value at ``x`` of the polynomial through ``points`` (distinct x), in the field."""
+    total = 0
+    for i, (xi, yi) in enumerate(points):
+        num, den = 1, 1
+        for j, (xj, _) in enumerate(points):
+            if i != j:
+                num = num * (x - xj) % PRIME
+                den = den * (xi - xj) % PRIME
+        total = (total + yi * num * pow(den, -1, PRIME)) % PRIME
+    return total
+
+
 def combine_shares(shares: Sequence[Share], threshold: int, length: int = SEED_BYTES) -> bytes:
-    """Lagrange interpolation at 0; raises SecAggError with fewer than ``threshold`` shares."""
-    points = {x: y for x, y in shares}
+    """Lagrange interpolation at 0; raises SecAggError with fewer than ``threshold`` shares.
+
+    Shares beyond the threshold must lie on the same polynomial: one wrong share among them
+    is caught rather than turned into a wrong seed (and so a wrong sum). With exactly
+    ``threshold`` shares a wrong one is still caught with overwhelming probability, because
+    a garbled point interpolates to a field element far above the 2^256 seeds.
+    """
+    points: dict[int, int] = {}
+    for x, y in shares:
+        if points.setdefault(x, y) != y:
+            raise SecAggError(f"two different shares for holder {x}")
     if len(points) < threshold:
         raise SecAggError(f"{len(points)} distinct shares, {threshold} are needed to recover a seed")
-    chosen = sorted(points.items())[:threshold]
-    secret = 0
-    for i, (xi, yi) in enumerate(chosen):
-        num, den = 1, 1
-        for j, (xj, _) in enumerate(chosen):
-            if i != j:
-                num = num * (-xj) % PRIME
-                den = den * (xi - xj) % PRIME
-        secret = (secret + yi * num * pow(den, -1, PRIME)) % PRIME
+    ordered = sorted(points.items())
+    chosen, extra = ordered[:threshold], ordered[threshold:]
+    if any(_lagrange_at(chosen, x) != y for x, y in extra):
+        raise SecAggError("seed shares disagree (one of them is corrupted)")
+    secret = _lagrange_at(chosen, 0)
     if secret >= 1 << (8 * length):
         raise SecAggError("shares do not combine to a valid seed (corrupted or mismatched)")
     return secret.to_bytes(length, "big")

@@ -12,6 +12,13 @@ machine slows all of them alike:
 * ``MeshNode.fetch_blob`` with the bulk channel switched off: every byte through libp2p;
 * ``MeshNode.fetch_blob`` as shipped: bulk channel, hash checked.
 
+``--alternatives`` adds the two other ways to speed up the libp2p path, measured the same way,
+so the choice of the bulk channel rests on numbers:
+
+* the same payload as four blobs fetched over four concurrent libp2p streams;
+* one libp2p stream with yamux's receive window starting at its 16 MiB maximum (py-libp2p
+  starts at 256 KiB and grows it), in a second sender/receiver pair.
+
 Sender and receiver are always separate processes (this one only coordinates), so neither
 shares a Python thread with its peer. The receiver's peak RSS is reported before and after
 the transfers: a 200 MB blob must not need 200 MB of memory. Run:
@@ -59,7 +66,11 @@ LABELS = {
     "tcp_hash_file": "raw trio TCP + blake3 + file",
     "blob_libp2p": "fetch_blob over libp2p (Noise+yamux)",
     "blob": "fetch_blob, bulk channel (AEAD)",
+    "libp2p_4_streams": "libp2p, 4 parallel streams",
+    "libp2p_big_window": "libp2p, yamux window 16 MiB",
 }
+ALTERNATIVES = ("libp2p_4_streams", "libp2p_big_window")
+PARTS = 4
 
 
 # -- workers -----------------------------------------------------------------------------------
@@ -119,15 +130,27 @@ async def tcp_receiver(channel: Channel, args: dict[str, Any]) -> None:
         channel.send({"seconds": sw.seconds, "bytes": received, "rss_mb": peak_rss_mb()})
 
 
+def _widen_yamux_window(args: dict[str, Any]) -> None:
+    """Start every yamux stream at the largest receive window py-libp2p allows."""
+    if args.get("big_window"):
+        from libp2p.stream_muxer.yamux import yamux
+
+        yamux.DEFAULT_WINDOW_SIZE = yamux.MAX_WINDOW_SIZE
+
+
 async def blob_sender(channel: Channel, args: dict[str, Any]) -> None:
-    """A MeshNode holding one random blob of ``nbytes``."""
+    """A MeshNode holding one random blob of ``nbytes``, and the same bytes as ``PARTS`` blobs."""
     from mesh.identity import Identity
     from mesh.node import MeshConfig, MeshNode
 
+    _widen_yamux_window(args)
     config = MeshConfig(listen=[f"/ip4/{LOOPBACK}/tcp/0"], data_dir=Path(args["scratch"]))
     async with MeshNode.start(Identity.generate(), config) as node:
-        digest = node.blobs.put(_payload(int(args["nbytes"])))
-        channel.send({"addr": node.multiaddrs()[0], "peer": node.peer_id, "hash": digest})
+        payload = _payload(int(args["nbytes"]))
+        digest = node.blobs.put(payload)
+        step = -(-len(payload) // PARTS)
+        parts = [node.blobs.put(payload[i : i + step]) for i in range(0, len(payload), step)]
+        channel.send({"addr": node.multiaddrs()[0], "peer": node.peer_id, "hash": digest, "parts": parts})
         await _serve_until_closed(channel)
 
 
@@ -136,22 +159,37 @@ async def blob_receiver(channel: Channel, args: dict[str, Any]) -> None:
     from mesh.identity import Identity
     from mesh.node import MeshConfig, MeshNode
 
+    _widen_yamux_window(args)
     config = MeshConfig(listen=[f"/ip4/{LOOPBACK}/tcp/0"], bootstrap=[args["bootstrap"]],
                         data_dir=Path(args["scratch"]))
     async with MeshNode.start(Identity.generate(), config) as node:
         channel.send({"ready": True, "rss_mb": peak_rss_mb()})
         while (cmd := await channel.recv(IDLE_S)) is not None:
-            digest = cmd["hash"]
             node.config.bulk_channel = bool(cmd["bulk"])
             with Stopwatch() as sw:
-                path = await node.fetch_blob(digest, providers=[cmd["peer"]], timeout=float(cmd["timeout"]))
+                paths = await _fetch_all(node, list(cmd["hashes"]), str(cmd["peer"]), float(cmd["timeout"]))
             rss = peak_rss_mb()
-            size = path.stat().st_size
+            size = sum(path.stat().st_size for path in paths)
             # fetch_blob already refused bytes with the wrong hash; re-check outside the timing.
-            with open(path, "rb") as fh:
-                ok = hashlib.file_digest(fh, blob_hasher).hexdigest() == digest
-            path.unlink()
+            ok = True
+            for path in paths:
+                with open(path, "rb") as fh:
+                    ok &= hashlib.file_digest(fh, blob_hasher).hexdigest() == path.name
+                path.unlink()
             channel.send({"seconds": sw.seconds, "bytes": size, "hash_ok": ok, "rss_mb": rss})
+
+
+async def _fetch_all(node: Any, digests: list[str], peer: str, timeout: float) -> list[Path]:
+    """Fetch every digest at once, each on its own stream."""
+    paths: list[Path] = []
+
+    async def fetch(digest: str) -> None:
+        paths.append(await node.fetch_blob(digest, providers=[peer], timeout=timeout))
+
+    async with trio.open_nursery() as nursery:
+        for digest in digests:
+            nursery.start_soon(fetch, digest)
+    return paths
 
 
 ROLES = {"tcp-send": tcp_sender, "tcp-recv": tcp_receiver, "blob-send": blob_sender, "blob-recv": blob_receiver}
@@ -160,11 +198,12 @@ ROLES = {"tcp-send": tcp_sender, "tcp-recv": tcp_receiver, "blob-send": blob_sen
 # -- coordinator -------------------------------------------------------------------------------
 
 
-def run(mb: float, reps: int) -> dict[str, Any]:
+def run(mb: float, reps: int, alternatives: bool = False) -> dict[str, Any]:
     """Move ``mb`` MB each way ``reps`` times, interleaving the methods; median MB/s each."""
     nbytes = int(mb * MB)
     timeout = max(60.0, mb / 10.0)  # slower than 10 MB/s counts as a failure
-    samples: dict[str, list[float]] = {m: [] for m in METHODS}
+    methods = METHODS + (ALTERNATIVES if alternatives else ())
+    samples: dict[str, list[float]] = {m: [] for m in methods}
     with workers("blob") as (tmp, started):
 
         def spawn(role: str, name: str, **args: Any) -> Worker:
@@ -181,15 +220,24 @@ def run(mb: float, reps: int) -> dict[str, Any]:
         src = blob_send.recv(120)
         blob_recv = spawn("blob-recv", "blob-receiver", bootstrap=src["addr"])
         rss_before = float(blob_recv.recv(120)["rss_mb"])
+        wide_recv, wide_src = blob_recv, src
+        if alternatives:
+            wide_send = spawn("blob-send", "wide-sender", nbytes=nbytes, big_window=True)
+            wide_src = wide_send.recv(120)
+            wide_recv = spawn("blob-recv", "wide-receiver", bootstrap=wide_src["addr"], big_window=True)
+            wide_recv.recv(120)
         rss_after = rss_before
         hash_ok = True
         for rep in range(1, reps + 1):
-            for method in METHODS:
-                if method.startswith("blob"):
-                    reply = blob_recv.ask({"hash": src["hash"], "peer": src["peer"], "timeout": timeout,
-                                           "bulk": method == "blob"}, timeout + 30)
+            for method in methods:
+                if method.startswith("blob") or method.startswith("libp2p"):
+                    recv, source = (wide_recv, wide_src) if method == "libp2p_big_window" else (blob_recv, src)
+                    hashes = source["parts"] if method == "libp2p_4_streams" else [source["hash"]]
+                    reply = recv.ask({"hashes": hashes, "peer": source["peer"], "timeout": timeout,
+                                      "bulk": method == "blob"}, timeout + 30)
                     hash_ok &= bool(reply["hash_ok"])
-                    rss_after = float(reply["rss_mb"])
+                    if method == "blob":
+                        rss_after = float(reply["rss_mb"])
                 else:
                     reply = tcp_recv.ask({"port": port, "hash_file": method == "tcp_hash_file"}, timeout)
                 if int(reply["bytes"]) != nbytes:
@@ -199,7 +247,7 @@ def run(mb: float, reps: int) -> dict[str, Any]:
     ceiling = statistics.median(samples["tcp"])
     rows = [{"method": LABELS[m], "key": m, "mb_per_s": statistics.median(samples[m]),
              "best_mb_per_s": max(samples[m]), "vs_tcp": ratio(statistics.median(samples[m]), ceiling)}
-            for m in METHODS]
+            for m in methods]
     return {"benchmark": "blob_throughput", "mb": mb, "reps": reps, "rows": rows, "hash_ok": hash_ok,
             "receiver_rss_mb_before": rss_before, "receiver_peak_rss_mb": rss_after,
             "blob_vs_tcp": rows[3]["vs_tcp"], "blob_libp2p_vs_tcp": rows[2]["vs_tcp"],
@@ -227,6 +275,8 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mb", type=float, default=200.0, help="payload size in MB (10^6 bytes)")
     parser.add_argument("--reps", type=int, default=3, help="transfers per method; the median is reported")
+    parser.add_argument("--alternatives", action="store_true",
+                        help="also measure 4 parallel libp2p streams and a 16 MiB yamux window")
     add_json_flag(parser)
     add_role_flag(parser)
     args = parser.parse_args(argv)
@@ -236,7 +286,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     if args.mb <= 0 or args.reps < 1:
         parser.error("--mb must be positive and --reps at least 1")
-    emit(run(args.mb, args.reps), args.json, render)
+    emit(run(args.mb, args.reps, args.alternatives), args.json, render)
 
 
 if __name__ == "__main__":

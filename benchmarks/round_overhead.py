@@ -1,4 +1,4 @@
-"""Mesh overhead per round for 4, 8 and 16 real node processes on loopback.
+"""Mesh overhead per round, and memory per node, for 4 to 32 real node processes on loopback.
 
 A round costs local training plus everything the mesh adds: planning, fetching the base
 model, signing, sending deltas up the group tree, reducing, evaluating and gossiping the
@@ -11,11 +11,13 @@ processes (``LocalMesh``) and, per committed round, takes
 * local compute, the slowest contributor's training seconds, read from the signed Updates
   embedded in node 0's ledger file (the ``ledger`` API only carries round summaries);
 * overhead = duration - compute, and its ratio to compute, both from the same rounds;
-* bytes sent per node per round, from the ``status`` counters before and after the job.
+* bytes sent per node per round, from the ``status`` counters before and after the job;
+* resident memory per node process (current and peak, from /proc) once the job is done, which
+  with the round times says how many nodes one machine can host.
 
 Run:
 
-    python -m benchmarks.round_overhead [--nodes 4 8 16] [--rounds 4] [--json]
+    python -m benchmarks.round_overhead [--nodes 4 8 16 32] [--rounds 4] [--json]
 """
 
 from __future__ import annotations
@@ -91,6 +93,7 @@ def run_mesh(nodes: int, rounds: int, batch_size: int, local_steps: int) -> dict
             rows = mesh.call(0, "ledger", {"job": job}, timeout=30)
             seconds = training_seconds(mesh.home(0), job)
             model_bytes = (mesh.home(0) / "blobs" / rows[-1]["model_hash"]).stat().st_size
+            memory = [process_memory_mb(proc.pid) for proc in mesh.procs.values()]
         finally:
             mesh.close()
     per_round = []
@@ -111,8 +114,24 @@ def run_mesh(nodes: int, rounds: int, batch_size: int, local_steps: int) -> dict
         "contributors_min": min(r["contributors"] for r in per_round),
         "sent_kb_per_node_round": statistics.mean(sent) / KB, "sent_kb_max_node_round": max(sent) / KB,
         "model_kb": model_bytes / KB, "sent_vs_model": ratio(statistics.mean(sent), model_bytes),
+        "rss_mb_per_node": statistics.median(m[0] for m in memory),
+        "peak_rss_mb_per_node": max(m[1] for m in memory),
+        "rss_mb_total": sum(m[0] for m in memory),
         "per_round": per_round,
     }
+
+
+def process_memory_mb(pid: int) -> tuple[float, float]:
+    """(current, peak) resident memory of a process in MB, from /proc/PID/status."""
+    fields: dict[str, float] = {}
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            name, _, value = line.partition(":")
+            if name in ("VmRSS", "VmHWM"):
+                fields[name] = int(value.split()[0]) * 1024 / 1e6
+    except OSError:
+        return float("nan"), float("nan")
+    return fields.get("VmRSS", float("nan")), fields.get("VmHWM", float("nan"))
 
 
 def run(sizes: list[int], rounds: int, batch_size: int, local_steps: int) -> dict[str, Any]:
@@ -139,7 +158,9 @@ def render(result: dict[str, Any]) -> str:
                ("overhead_s", "overhead s", ".2f"), ("overhead_max_s", "overhead max s", ".2f"),
                ("overhead_vs_compute", "overhead / compute", ".1f"),
                ("sent_kb_per_node_round", "KB sent/node/round", ".0f"),
-               ("sent_kb_max_node_round", "max node KB/round", ".0f"), ("sent_vs_model", "x model size", ".1f")]
+               ("sent_kb_max_node_round", "max node KB/round", ".0f"), ("sent_vs_model", "x model size", ".1f"),
+               ("rss_mb_per_node", "RSS MB/node", ".0f"), ("peak_rss_mb_per_node", "peak RSS MB", ".0f"),
+               ("rss_mb_total", "RSS MB all nodes", ".0f")]
     done = [m for m in result["meshes"] if "error" not in m]
     failed = [m for m in result["meshes"] if "error" in m]
     model_kb = done[0]["model_kb"] if done else float("nan")
@@ -159,7 +180,7 @@ def render(result: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--nodes", type=int, nargs="+", default=[4, 8, 16], help="mesh sizes to measure")
+    parser.add_argument("--nodes", type=int, nargs="+", default=[4, 8, 16, 32], help="mesh sizes to measure")
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--local-steps", type=int, default=0, help="0 = one local epoch (see job_spec)")

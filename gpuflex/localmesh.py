@@ -2,7 +2,8 @@
 
 Each node is a separate ``gpuflex node start`` process with its own home, listening on
 127.0.0.1 with an ephemeral port, and only the first node's address as bootstrap. Every wait
-is bounded, and ``close()`` (also run on Ctrl-C) leaves no process behind.
+is bounded, and ``close()`` (also run on Ctrl-C) leaves no process behind. A test that cuts the
+network between nodes places them in network namespaces of its own (see :class:`Placement`).
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,14 +28,26 @@ class MeshStartError(RuntimeError):
     """The local mesh did not come up in time."""
 
 
+@dataclass(frozen=True)
+class Placement:
+    """Where one node runs. A node in a network namespace listens on that namespace's address,
+    is started through ``prefix`` (``ip netns exec NS``), and binds its control API to the
+    namespace's own loopback, so every control call is made inside ``enter()``."""
+
+    host: str = "127.0.0.1"
+    prefix: tuple[str, ...] = ()
+    enter: Callable[[], AbstractContextManager[object]] = contextlib.nullcontext
+
+
 class LocalMesh:
     def __init__(self, base: Path, size: int, extra_args: Sequence[str] = (),
                  node_args: Callable[[int], Sequence[str]] | None = None, log_level: str = "info",
-                 env: dict[str, str] | None = None) -> None:
+                 env: dict[str, str] | None = None, placement: Callable[[int], Placement] | None = None) -> None:
         self.base = Path(base)
         self.size = size
         self.extra_args = list(extra_args)
         self.node_args = node_args
+        self.placement = placement or (lambda i: Placement())
         self.log_level = log_level
         self.env = {**os.environ, "GPUFLEX_TORCH_THREADS": "1", "PYTHONUNBUFFERED": "1", **(env or {})}
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
@@ -50,8 +65,9 @@ class LocalMesh:
         home = self.home(i)
         home.mkdir(parents=True, exist_ok=True)
         (home / CONTROL_FILE).unlink(missing_ok=True)
-        cmd = [sys.executable, "-m", "gpuflex", "node", "start", "--home", str(home),
-               "--listen", "/ip4/127.0.0.1/tcp/0", "--log-level", self.log_level, *self.extra_args]
+        place = self.placement(i)
+        cmd = [*place.prefix, sys.executable, "-m", "gpuflex", "node", "start", "--home", str(home),
+               "--listen", f"/ip4/{place.host}/tcp/0", "--log-level", self.log_level, *self.extra_args]
         if self.node_args is not None:
             cmd += list(self.node_args(i))
         if self.bootstrap and i != 0:
@@ -102,7 +118,7 @@ class LocalMesh:
         for i in list(self.procs):
             if self.alive(i):
                 with contextlib.suppress(ControlError):
-                    call("shutdown", home=self.home(i), timeout=2)
+                    self.call(i, "shutdown", timeout=2)
         deadline = time.time() + grace
         for i, proc in self.procs.items():
             try:
@@ -120,10 +136,12 @@ class LocalMesh:
     # -- queries -----------------------------------------------------------------------------
 
     def call(self, i: int, method: str, params: dict[str, Any] | None = None, timeout: float = 10.0) -> Any:
-        return call(method, params, home=self.home(i), timeout=timeout)
+        with self.placement(i).enter():
+            return call(method, params, home=self.home(i), timeout=timeout)
 
     def client(self, i: int) -> ControlClient:
-        return ControlClient.for_home(self.home(i))
+        with self.placement(i).enter():  # the socket stays in the namespace it was made in
+            return ControlClient.for_home(self.home(i))
 
     def wait_until(self, predicate: Callable[[], bool], timeout: float, interval: float = 0.5,
                    what: str = "condition") -> float:

@@ -12,20 +12,29 @@ round, attempt and leader so a seed is never reused.
 
 Dropouts: each member encrypts, for every third group member, one Shamir share of every
 pairwise seed it holds, and ships them inside its own (hash-signed) payload. If member u never
-delivers, the leader hands each survivor the shares addressed to it about u's seeds; survivors
-decrypt and return them, and any ``threshold`` of them rebuild the seeds that remove the masks
-dangling from u. That exchange is the one step that needs the round driver's help.
+delivers, the leader hands each survivor the shares addressed to it about u's seeds (a signed
+``secagg_recover`` request); survivors decrypt and return them (a signed ``secagg_shares``
+answer), and any ``threshold`` of them rebuild the seeds that remove the masks dangling from u.
+A survivor answers for one split of the group into survivors and dropped members only, and
+never about its own seeds. The round driver (gpuflex/node/rounds.py) moves the messages; the
+checks and the bookkeeping are here.
+
+Known limit: there is no second, self mask (Bonawitz et al.'s "double masking"). A member
+that is declared dropped but whose update still reaches the leader after the recovery could
+be unmasked by that leader; the leader refuses such a late update (its collection is closed),
+and under the threat model above it does not read what it refused.
 """
 
 from __future__ import annotations
 
 import hashlib
 import struct
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import msgpack
 import numpy as np
+import trio
 from nacl.bindings import crypto_scalarmult, crypto_sign_ed25519_pk_to_curve25519
 from nacl.exceptions import CryptoError
 from nacl.secret import SecretBox
@@ -33,11 +42,17 @@ from nacl.secret import SecretBox
 from aggregation import secagg
 from aggregation.tree import children
 from aggregation.weighted import WeightedAccumulator
-from mesh.codec import WireError
+from gpuflex.node.messages import (
+    SECAGG_RECOVER,
+    SECAGG_SHARES,
+    SHARE_BYTES,
+    RecoveryRequest,
+    parse_recovery_answer,
+)
+from mesh.codec import WireError, open_envelope, seal
 from mesh.identity import Identity, public_key_from_peer_id
 
 MAGIC = b"GFSA"
-_SHARE_BYTES = 66  # 521 bits
 
 
 @dataclass(frozen=True)
@@ -110,6 +125,7 @@ class SecAggMember:
         self.me = identity.peer_id
         self.ctx = ctx
         self._keys = {p: pairwise_keys(identity, p, ctx) for p in ctx.group if p != self.me}
+        self._split: tuple[frozenset[str], frozenset[str]] | None = None
 
     def encode(self, delta: np.ndarray, samples: int) -> bytes:
         q = secagg.quantize(delta, samples, self.ctx.clip_range)
@@ -121,26 +137,39 @@ class SecAggMember:
                 continue
             points = dict(secagg.split_secret(seed, len(self.ctx.group), self.ctx.threshold))
             for holder in holders:
-                plain = points[self.ctx.x_of(holder)].to_bytes(_SHARE_BYTES, "big")
+                plain = points[self.ctx.x_of(holder)].to_bytes(SHARE_BYTES, "big")
                 shares.append([partner, holder, bytes(SecretBox(self._keys[holder][1]).encrypt(plain))])
         meta = msgpack.packb({"v": 1, "shares": shares}, use_bin_type=True)
         return MAGIC + struct.pack("<I", len(meta)) + meta + masked.astype("<u4").tobytes()
 
-    def answer(self, request: list[tuple[str, str, bytes]]) -> list[tuple[str, str, int]]:
+    def answer(self, request: list[tuple[str, str, bytes]], survivors: Sequence[str],
+               dropped: Sequence[str]) -> list[tuple[str, str, int]]:
         """Decrypt the shares the leader forwards: (owner, dropped, ciphertext) -> (owner, dropped, y).
 
-        Only shares about a seed shared with a dropped member are ever requested; a member
-        refuses a request about itself, which would expose its own masks.
+        Only shares of a seed between a survivor and a dropped member may be requested. A
+        member refuses a request about its own seeds, which would expose its masks, and it
+        answers for one split of the group only: a leader that asked again, naming as dropped
+        a member it had received, could rebuild that member's masks and read its update.
         """
+        split = (frozenset(survivors), frozenset(dropped))
+        if (self.me not in split[0] or not split[1] or split[0] & split[1]
+                or split[0] | split[1] != set(self.ctx.group)):
+            raise WireError("round", "recovery request does not split the group into survivors and dropped members")
+        if self._split is not None and self._split != split:
+            raise WireError("round", "a second recovery request names other dropped members")
         out = []
-        for owner, dropped, ciphertext in request:
-            if self.me in (owner, dropped) or owner not in self._keys:
+        for owner, partner, ciphertext in request:
+            if self.me in (owner, partner) or owner not in self._keys:
                 raise WireError("round", "recovery request names this node's own seed")
+            if owner not in split[0] or partner not in split[1]:
+                raise WireError("round", f"recovery request asks for the seed of {owner[-8:]} and "
+                                         f"{partner[-8:]}, which is not a survivor's seed with a dropped member")
             try:
                 plain = SecretBox(self._keys[owner][1]).decrypt(ciphertext)
             except CryptoError:
                 raise WireError("garbled", f"share from {owner[-8:]} does not decrypt") from None
-            out.append((owner, dropped, int.from_bytes(plain, "big")))
+            out.append((owner, partner, int.from_bytes(plain, "big")))
+        self._split = split
         return out
 
 
@@ -173,10 +202,15 @@ class SecAggReducer:
     _received: dict[str, MaskedUpdate] = field(default_factory=dict)
     _plain: WeightedAccumulator = field(default_factory=WeightedAccumulator)
     _answers: dict[tuple[str, str], list[secagg.Share]] = field(default_factory=dict)
+    _answered: set[str] = field(default_factory=set)
 
     @property
     def count(self) -> int:
         return len(self._received) + self._plain.count
+
+    @property
+    def answered(self) -> set[str]:
+        return set(self._answered)
 
     def add(self, vector: np.ndarray | MaskedUpdate, weight: float, reporter: str) -> None:
         if not isinstance(vector, MaskedUpdate):
@@ -194,6 +228,9 @@ class SecAggReducer:
         """Masking members whose update never arrived: their partners' masks dangle."""
         return [m for m in self.ctx.group if m not in self._received] if self._received else []
 
+    def survivors(self) -> list[str]:
+        return sorted(self._received)
+
     def recovery_requests(self) -> dict[str, list[tuple[str, str, bytes]]]:
         """For each survivor, the encrypted shares addressed to it about the dropped seeds."""
         dropped = set(self.missing())
@@ -207,8 +244,30 @@ class SecAggReducer:
     def add_answers(self, holder: str, answers: list[tuple[str, str, int]]) -> None:
         if holder not in self._received:
             raise WireError("round", f"recovery answer from {holder[-8:]}, who is not a survivor")
-        for owner, dropped, y in answers:
-            self._answers.setdefault((owner, dropped), []).append((self.ctx.x_of(holder), y))
+        if holder in self._answered:
+            raise WireError("round", f"second recovery answer from {holder[-8:]}")
+        dropped = set(self.missing())
+        for owner, partner, y in answers:
+            if owner not in self._received or partner not in dropped or holder in (owner, partner):
+                raise WireError("round", f"recovery answer from {holder[-8:]} has a share nobody asked for")
+            if not 0 <= y < secagg.PRIME:
+                raise WireError("garbled", f"recovery answer from {holder[-8:]} has a share outside the field")
+        self._answered.add(holder)
+        for owner, partner, y in answers:
+            self._answers.setdefault((owner, partner), []).append((self.ctx.x_of(holder), y))
+
+    def check_recoverable(self) -> None:
+        """Raise SecAggError when more members dropped than the threshold lets the sum survive."""
+        dropped, size = len(self.missing()), len(self.ctx.group)
+        most = secagg.tolerated_dropouts(size, self.ctx.threshold)
+        if dropped > most:
+            raise secagg.SecAggError(
+                f"{dropped} of {size} masked members dropped; with threshold {self.ctx.threshold} "
+                f"at most {most} can be recovered")
+
+    def plain_result(self) -> np.ndarray | None:
+        """The mean of the clear inputs alone: what is left when the masked sum is lost."""
+        return self._plain.result() if self._plain.count else None
 
     def result(self) -> np.ndarray:
         if self._ring is None:
@@ -216,11 +275,7 @@ class SecAggReducer:
         dropped = self.missing()
         total = self._ring
         if dropped:
-            if len(dropped) > secagg.tolerated_dropouts(len(self.ctx.group), self.ctx.threshold):
-                raise secagg.SecAggError(
-                    f"{len(dropped)} of {len(self.ctx.group)} masked members dropped; with threshold "
-                    f"{self.ctx.threshold} at most "
-                    f"{secagg.tolerated_dropouts(len(self.ctx.group), self.ctx.threshold)} can be recovered")
+            self.check_recoverable()
             seeds = {(v, u): secagg.combine_shares(self._answers.get((v, u), []), self.ctx.threshold)
                      for v in self._received for u in dropped}
             total = secagg.remove_dangling(total, seeds)
@@ -232,3 +287,70 @@ class SecAggReducer:
         combined.add(mean, float(self._weight))
         combined.add(self._plain.result(), self._plain.total_weight)
         return combined.result()
+
+
+# -- dropout recovery on the wire ---------------------------------------------------------------
+
+
+def recovery_frames(identity: Identity, red: SecAggReducer) -> dict[str, bytes]:
+    """The leader's signed request to each survivor that holds shares of a dangling seed."""
+    ctx, survivors, dropped = red.ctx, red.survivors(), red.missing()
+    return {holder: seal(identity, SECAGG_RECOVER, {
+        "job": ctx.job, "round": ctx.round, "attempt": ctx.attempt, "leader": identity.peer_id,
+        "survivors": survivors, "dropped": dropped, "shares": [list(item) for item in items]})
+        for holder, items in red.recovery_requests().items()}
+
+
+def answer_recovery(identity: Identity, side: SecAggMember, req: RecoveryRequest) -> bytes:
+    """A survivor's signed answer to its own leader's request for this round attempt."""
+    ctx = side.ctx
+    if (req.job, req.round, req.attempt) != (ctx.job, ctx.round, ctx.attempt):
+        raise WireError("round", f"recovery request for round {req.round} attempt {req.attempt}, "
+                                 f"this node masked in round {ctx.round} attempt {ctx.attempt}")
+    if req.leader != ctx.leader:
+        raise WireError("round", f"recovery request from {req.leader[-8:]}, who does not lead this node's group")
+    shares = side.answer(req.shares, req.survivors, req.dropped)
+    return seal(identity, SECAGG_SHARES, {
+        "job": ctx.job, "round": ctx.round, "attempt": ctx.attempt, "holder": identity.peer_id,
+        "request": req.env.digest, "shares": [[o, d, y.to_bytes(SHARE_BYTES, "big")] for o, d, y in shares]})
+
+
+def accept_answer(red: SecAggReducer, holder: str, reply: object, request: bytes) -> None:
+    """Check a survivor's answer against the request it was sent, then fold its shares in."""
+    if not isinstance(reply, bytes):
+        raise WireError("garbled", f"recovery answer from {holder[-8:]} is not a signed frame")
+    ans = parse_recovery_answer(open_envelope(reply, expect_kind=SECAGG_SHARES))
+    ctx = red.ctx
+    if ans.holder != holder:
+        raise WireError("impersonation", f"recovery answer from {holder[-8:]} is signed by {ans.holder[-8:]}")
+    if (ans.job, ans.round, ans.attempt) != (ctx.job, ctx.round, ctx.attempt) or (
+            ans.request != open_envelope(request).digest):
+        raise WireError("round", f"recovery answer from {holder[-8:]} does not match its request")
+    red.add_answers(holder, ans.shares)
+
+
+async def collect_answers(identity: Identity, red: SecAggReducer,
+                          request: Callable[[str, bytes], Awaitable[object]],
+                          timeout: float) -> dict[str, Exception]:
+    """The leader's round trip: every survivor gets its request at once, and each answer that
+    checks out is folded into ``red``. Bounded by ``timeout``; returns, per survivor that gave
+    no usable answer, why (a WireError means the answer itself was bad)."""
+    try:
+        frames = recovery_frames(identity, red)
+    except ValueError as exc:  # a request over its size limit: the group is far too large
+        raise secagg.SecAggError(str(exc)) from None
+    problems: dict[str, Exception] = {}
+
+    async def ask(holder: str, frame: bytes) -> None:
+        try:
+            accept_answer(red, holder, await request(holder, frame), frame)
+        except Exception as exc:
+            problems[holder] = exc
+
+    with trio.move_on_after(timeout):
+        async with trio.open_nursery() as nursery:
+            for holder, frame in frames.items():
+                nursery.start_soon(ask, holder, frame)
+    for holder in frames.keys() - problems.keys() - red.answered:
+        problems[holder] = TimeoutError(f"no answer within {timeout:.0f}s")
+    return problems

@@ -27,6 +27,9 @@ from mesh.framing import Stream, read_exactly, read_obj, write_obj
 BLOB_PROTOCOL = "/gpuflex/blob/1.0.0"
 CHUNK = 1 << 20
 HASH_HEX_LEN = 64
+# A transfer that makes no progress this long is given up, so a cut link frees the caller
+# long before the whole-transfer timeout.
+STALL_S = 15.0
 
 log = logging.getLogger(__name__)
 
@@ -250,7 +253,11 @@ async def receive_blob(stream: Stream, store: BlobStore, digest: str, peer: str,
         if not via_bulk:
             remaining = size
             while remaining:
-                chunk = await read_exactly(stream, min(CHUNK, remaining))
+                with trio.move_on_after(STALL_S) as stall:
+                    chunk = await read_exactly(stream, min(CHUNK, remaining))
+                if stall.cancelled_caught:
+                    raise WireError("truncated", f"peer {peer} sent nothing for {STALL_S:g} s with "
+                                                 f"{remaining} of {size} bytes to go")
                 incoming.write(chunk)
                 remaining -= len(chunk)
         return incoming.commit(peer), via_bulk

@@ -69,6 +69,10 @@ def format_status(js: dict[str, Any]) -> str:
     ]
     if js.get("error"):
         lines.append(f"error        {js['error']}")
+    if js.get("waiting"):
+        lines.append(f"waiting      {js['waiting']}")
+    if js.get("write_error"):
+        lines.append(f"disk         {js['write_error']}")
     if js["metrics"]:
         lines.append(f"{'round':>7} {'loss':>8} {'accuracy':>9} {'train loss':>11} {'nodes':>6} {'time':>7}")
         for m in js["metrics"]:

@@ -15,10 +15,20 @@ import trio
 
 from gpuflex.node.control import ApiError
 from gpuflex.node.ledger import LedgerError, prefer_chain, verify_chain
-from gpuflex.node.messages import ABORT, JOB, PARTIAL, PLAN, PRESENCE, RESULT, SYNC, UPDATE
+from gpuflex.node.messages import (
+    ABORT,
+    JOB,
+    PARTIAL,
+    PLAN,
+    PRESENCE,
+    RESULT,
+    SECAGG_RECOVER,
+    SYNC,
+    UPDATE,
+)
 from gpuflex.node.rounds import JobRunner
 from mesh.codec import Envelope, WireError, open_envelope, seal
-from mesh.fsutil import atomic_write
+from mesh.fsutil import StateWriteError, atomic_write
 from mesh.messaging import Inbound, Rejected, SendError
 
 if TYPE_CHECKING:
@@ -26,6 +36,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("gpuflex.jobs")
 PRESENCE_EVERY_S = 3.0
+QUORUM_CHECK_S = 1.0
 
 
 def job_id_of(env: Envelope) -> str:
@@ -42,6 +53,7 @@ class JobManager:
         self.jobs_dir.mkdir(parents=True, exist_ok=True)
         self.runners: dict[str, JobRunner] = {}
         self.contributed: dict[str, int] = {}
+        self.unsaved_jobs: set[str] = set()  # jobs whose file could not be written, reported once
         self.adversary: Any = None
         if runtime.options.adversary:
             from gpuflex.adversary import make_adversary
@@ -54,7 +66,7 @@ class JobManager:
         h.register(PRESENCE, self._on_presence)
         h.register(SYNC, self._on_sync)
         for kind, attr in ((PLAN, "on_plan"), (UPDATE, "on_update"), (PARTIAL, "on_partial"),
-                           (RESULT, "on_result"), (ABORT, "on_abort")):
+                           (RESULT, "on_result"), (ABORT, "on_abort"), (SECAGG_RECOVER, "on_secagg_recover")):
             h.register(kind, self._route(attr))
 
     async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
@@ -67,6 +79,7 @@ class JobManager:
                     self.events.emit("state_corrupt", message=f"job file {path} is unreadable: {exc}")
             task_status.started()
             nursery.start_soon(self._presence_loop)
+            nursery.start_soon(self._quorum_loop)
             nursery.start_soon(self._initial_sync)
 
     # -- job arrival -------------------------------------------------------------------------
@@ -87,7 +100,15 @@ class JobManager:
             raise Rejected(f"job {job_id} has an invalid spec: {exc}") from None
         members = [m for m in body["members"] if isinstance(m, str)]
         if persist:
-            atomic_write(self.jobs_dir / job_id / "job.frame", env.raw)
+            try:
+                atomic_write(self.jobs_dir / job_id / "job.frame", env.raw)
+            except OSError as exc:  # a full disk; peers offer the job again (sync, presence) later
+                if job_id not in self.unsaved_jobs:
+                    self.unsaved_jobs.add(job_id)
+                    self.events.emit("state_write_failed", job=job_id, message=(
+                        f"job {job_id} not taken on: {exc}; taking it on once the disk has room"))
+                return None
+        self.unsaved_jobs.discard(job_id)
         runner = JobRunner(self, job_id, spec, members, env.raw, env.sender)
         self.runners[job_id] = runner
         self.events.emit("job_received", job=job_id, peer=env.sender, message=(
@@ -116,7 +137,9 @@ class JobManager:
     # -- presence ----------------------------------------------------------------------------
 
     async def send_presence(self) -> None:
-        active = {j: len(r.ledger) for j, r in self.runners.items() if r.state in ("pending", "running")
+        # Finished jobs too: a member that fell behind (a full disk, a partition) learns from
+        # this that it is behind and catches up, even after everyone else is done.
+        active = {j: len(r.ledger) for j, r in self.runners.items() if r.state in ("pending", "running", "done")
                   and r.participates()}
         if active:
             try:
@@ -146,6 +169,48 @@ class JobManager:
                 self._nursery.start_soon(self._catch_up, runner, msg.envelope.sender)
         if unknown and self._nursery is not None and msg.envelope.sender != self.mesh.peer_id:
             self._nursery.start_soon(self.sync_from_peer, msg.envelope.sender)
+
+    # -- saying why a job does not move --------------------------------------------------------
+
+    async def _quorum_loop(self) -> None:
+        while True:
+            for runner in list(self.runners.values()):
+                self._check_quorum(runner)
+            await trio.sleep(QUORUM_CHECK_S)
+
+    def _check_quorum(self, runner: JobRunner) -> None:
+        """Say so while fewer than min_nodes members are reachable: this side of a partition
+        will not commit until more return, and must not look merely slow."""
+        if runner.state != "running":
+            runner.waiting = ""
+            return
+        need = runner.spec.min_nodes
+        reachable = len(runner.live_members())
+        note = f"only {reachable} of min_nodes={need} members reachable; not committing" if reachable < need else ""
+        if note == runner.waiting:
+            return
+        r = len(runner.ledger) + 1
+        if note:
+            runner.emit("round_waiting", r, message=f"job {runner.job_id} round {r}: waiting, {note}")
+        else:
+            runner.emit("quorum_restored", r, message=(
+                f"job {runner.job_id} round {r}: {reachable} members reachable again (min_nodes={need})"))
+        runner.waiting = note
+
+    def write_failed(self, runner: JobRunner, round_: int, exc: StateWriteError) -> None:
+        """A ledger write failed (a full disk): the file keeps the previous rounds, this node
+        stays up, and presence from peers brings it up to date once a write succeeds."""
+        if str(exc) != runner.write_error:
+            runner.emit("state_write_failed", round_, message=(
+                f"job {runner.job_id}: round {round_} not recorded: {exc}; the previous ledger is kept, "
+                "catching up from peers once the disk has room"))
+        runner.write_error = str(exc)
+
+    def write_recovered(self, runner: JobRunner) -> None:
+        if runner.write_error:
+            runner.write_error = ""
+            runner.emit("state_write_recovered", len(runner.ledger), message=(
+                f"job {runner.job_id}: the ledger is saved again, at round {len(runner.ledger)}"))
 
     # -- catch-up sync ------------------------------------------------------------------------
 
@@ -202,12 +267,16 @@ class JobManager:
                 forked = frames[: len(runner.ledger.frames)] != runner.ledger.frames
                 await runner._model(results[-1].model_hash, [peer, results[-1].coordinator])
                 runner.ledger.replace(frames)
+                self.write_recovered(runner)
                 if forked:
                     self.events.emit("ledger_fork_resolved", job=runner.job_id, peer=peer, round=len(results),
                                      message=f"job {runner.job_id}: switched to the winning branch from {peer[-8:]}")
             except (LedgerError, WireError) as exc:
                 self.events.emit("rejected", job=runner.job_id, peer=peer, message=f"ledger from {peer[-8:]}: {exc}")
                 self.penalise(peer)
+                return
+            except StateWriteError as exc:
+                self.write_failed(runner, len(results), exc)
                 return
             except Exception as exc:
                 log.warning("could not adopt the ledger from %s: %s", peer[-8:], exc)

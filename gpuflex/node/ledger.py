@@ -3,7 +3,9 @@
 Each result names the digest of the one before it, so the file can be audited offline and a
 removed, reordered or edited round breaks the chain. The file is rewritten atomically after
 each commit, and the previous good copy is kept beside it: a torn or corrupt file is detected
-on load (the chain no longer verifies) and the node falls back to that copy.
+on load (the chain no longer verifies) and the node falls back to that copy. A write that fails
+(a full disk) changes nothing, in memory or on disk, so the node never acts on a round it could
+not record; it catches up from peers once writes succeed again.
 """
 
 from __future__ import annotations
@@ -127,12 +129,15 @@ class Ledger:
     def append(self, frame: bytes, res: Result) -> None:
         if res.round != len(self.results) + 1 or res.prev_result != self.head:
             raise LedgerError(f"round {res.round} does not extend the ledger at round {len(self.results)}")
-        self.frames.append(frame)
-        self.results.append(res)
-        self.save()
+        self._adopt([*self.frames, frame], [*self.results, res])
 
-    def save(self) -> None:
-        data = msgpack.packb({"v": 1, "job": self.job, "frames": self.frames}, use_bin_type=True)
+    def _adopt(self, frames: list[bytes], results: list[Result]) -> None:
+        self.save(frames)  # on StateWriteError the file on disk still holds the previous rounds
+        self.frames, self.results = frames, results
+
+    def save(self, frames: list[bytes] | None = None) -> None:
+        frames = self.frames if frames is None else frames
+        data = msgpack.packb({"v": 1, "job": self.job, "frames": frames}, use_bin_type=True)
         if self.path.exists():
             try:
                 atomic_write(self.backup, self.path.read_bytes())
@@ -142,9 +147,7 @@ class Ledger:
 
     def replace(self, frames: list[bytes]) -> None:
         """Adopt a longer verified chain received from a peer."""
-        self.results = verify_chain(frames, self.job)
-        self.frames = list(frames)
-        self.save()
+        self._adopt(list(frames), verify_chain(frames, self.job))
 
 
 def read_ledger_file(path: Path) -> list[bytes]:

@@ -23,6 +23,14 @@ register_kind(PARTIAL, 8 * 1024 * 1024)
 register_kind(RESULT, 12 * 1024 * 1024)
 register_kind(ABORT, 8 * 1024)
 register_kind(SYNC, 8 * 1024)
+# Secure-aggregation dropout recovery: a leader's request to one survivor, and its answer.
+# One entry per (surviving owner, dropped partner) pair is about 220 bytes: 2 MiB covers a
+# group of about 190 members with half of them gone.
+SECAGG_RECOVER, SECAGG_SHARES = "secagg_recover", "secagg_shares"
+register_kind(SECAGG_RECOVER, 2 * 1024 * 1024)
+register_kind(SECAGG_SHARES, 2 * 1024 * 1024)
+#: A Shamir share is one element of GF(2^521 - 1): 66 bytes, big-endian.
+SHARE_BYTES = 66
 
 
 def _get(body: Any, name: str, kind: type | tuple[type, ...], what: str) -> Any:
@@ -128,6 +136,7 @@ class Partial:
     updates: list[bytes]
     partials: list[bytes]
     env: Envelope
+    secagg: tuple[dict[str, Any], ...] = ()
 
 
 def parse_partial(env: Envelope) -> Partial:
@@ -137,6 +146,7 @@ def parse_partial(env: Envelope) -> Partial:
         leader=_get(b, "leader", str, what), samples=_get(b, "samples", int, what),
         delta_hash=_get(b, "delta_hash", str, what), updates=_bytes_list(b, "updates", what),
         partials=_bytes_list(b, "partials", what), env=env,
+        secagg=parse_secagg_reports(b.get("secagg", []) if isinstance(b, dict) else [], what),
     )
     if part.leader != env.sender or part.samples <= 0:
         raise WireError("garbled", "partial must be signed by its leader and cover samples")
@@ -197,3 +207,88 @@ def walk_contributions(updates: list[bytes], partials: list[bytes], job: str, ro
         part = parse_partial(open_envelope(frame, expect_kind=PARTIAL))
         found.extend(walk_contributions(part.updates, part.partials, job, round_, depth + 1))
     return found
+
+
+# -- secure aggregation: group reports and dropout recovery --------------------------------
+
+_REPORT_FIELDS: dict[str, type | tuple[type, ...]] = {
+    "leader": str, "attempt": int, "survivors": list, "dropped": list, "recovered": bool, "reason": str}
+
+
+def parse_secagg_reports(value: Any, what: str) -> tuple[dict[str, Any], ...]:
+    """Group reports (who masked, who dropped, whether the sum was recovered) as carried by
+    partials, aborts and results; each is checked field by field, extras are dropped."""
+    if not isinstance(value, list) or len(value) > 4096:
+        raise WireError("garbled", f"{what} field 'secagg' must be a list of group reports")
+    out = []
+    for item in value:
+        if not isinstance(item, dict):
+            raise WireError("garbled", f"{what} has a secure-aggregation report that is not a map")
+        report = {name: _get(item, name, kind, f"{what} secure-aggregation report")
+                  for name, kind in _REPORT_FIELDS.items()}
+        for name in ("survivors", "dropped"):
+            report[name] = list(_str_list(item, name, f"{what} secure-aggregation report"))
+        out.append(report)
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class RecoveryRequest:
+    """A leader asks one survivor to decrypt the seed shares addressed to it."""
+
+    job: str
+    round: int
+    attempt: int
+    leader: str
+    survivors: tuple[str, ...]
+    dropped: tuple[str, ...]
+    shares: list[tuple[str, str, bytes]]  # (surviving owner, dropped partner, ciphertext)
+    env: Envelope
+
+
+def _triples(body: Any, what: str) -> list[tuple[str, str, bytes]]:
+    items = _get(body, "shares", list, what)
+    if not all(isinstance(t, list) and len(t) == 3 and isinstance(t[0], str) and isinstance(t[1], str)
+               and isinstance(t[2], bytes) for t in items):
+        raise WireError("garbled", f"{what} field 'shares' must hold [owner, dropped, bytes] triples")
+    return [(t[0], t[1], t[2]) for t in items]
+
+
+def parse_recovery_request(env: Envelope) -> RecoveryRequest:
+    b, what = env.body, "recovery request"
+    req = RecoveryRequest(
+        job=_get(b, "job", str, what), round=_get(b, "round", int, what), attempt=_get(b, "attempt", int, what),
+        leader=_get(b, "leader", str, what), survivors=_str_list(b, "survivors", what),
+        dropped=_str_list(b, "dropped", what), shares=_triples(b, what), env=env,
+    )
+    if req.leader != env.sender:
+        raise WireError("garbled", "recovery request must be signed by its leader")
+    return req
+
+
+@dataclass(frozen=True)
+class RecoveryAnswer:
+    """A survivor's decrypted shares, bound to the request they answer by its digest."""
+
+    job: str
+    round: int
+    attempt: int
+    holder: str
+    request: str
+    shares: list[tuple[str, str, int]]  # (surviving owner, dropped partner, share value)
+    env: Envelope
+
+
+def parse_recovery_answer(env: Envelope) -> RecoveryAnswer:
+    b, what = env.body, "recovery answer"
+    triples = _triples(b, what)
+    if any(len(y) != SHARE_BYTES for _, _, y in triples):
+        raise WireError("garbled", f"{what} has a share that is not {SHARE_BYTES} bytes")
+    ans = RecoveryAnswer(
+        job=_get(b, "job", str, what), round=_get(b, "round", int, what), attempt=_get(b, "attempt", int, what),
+        holder=_get(b, "holder", str, what), request=_get(b, "request", str, what),
+        shares=[(o, d, int.from_bytes(y, "big")) for o, d, y in triples], env=env,
+    )
+    if ans.holder != env.sender:
+        raise WireError("garbled", "recovery answer must be signed by the survivor that holds the shares")
+    return ans

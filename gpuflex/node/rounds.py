@@ -14,6 +14,8 @@ from __future__ import annotations
 import hashlib
 import logging
 import math
+import os
+import signal
 import statistics
 import time
 from pathlib import Path
@@ -22,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import trio
 
+from aggregation.secagg import SecAggError
 from aggregation.server_opt import make_server_optimizer
 from aggregation.tree import build_tree, children
 from gpuflex.node.collector import Collector, ancestors
@@ -37,7 +40,9 @@ from gpuflex.node.messages import (
     make_plan,
     parse_partial,
     parse_plan,
+    parse_recovery_request,
     parse_result,
+    parse_secagg_reports,
     parse_update,
     walk_contributions,
 )
@@ -47,12 +52,15 @@ from gpuflex.node.pipeline import (
     decode_payload,
     describe_rule,
     make_reducer,
+    scripted_dropout,
     secagg_member,
 )
 from gpuflex.node.ranking import coordinator_ranking
 from gpuflex.privacy import STOP, WARN, budget_status, epsilon_spent
+from gpuflex.secure import SecAggMember, SecAggReducer, answer_recovery, collect_answers
 from mesh.blob import blob_hash
 from mesh.codec import WireError, open_envelope, seal
+from mesh.fsutil import StateWriteError
 from mesh.health import DOWN
 from mesh.messaging import Inbound, Rejected, SendError
 
@@ -96,10 +104,17 @@ class JobRunner:
         self.phase_deadline: float | None = None
         self.role = "idle"
         self.error = ""
+        self.waiting = ""  # why this node cannot commit now (too few members reachable)
+        self.write_error = ""  # the last failed ledger write, until one succeeds
         self._nursery: trio.Nursery | None = None
         self.ready = trio.Event()
         self.syncing = False
         self.encoder = DeltaEncoder(spec)
+        # Secure aggregation: this node's masking side per (round, attempt, leader), kept to answer
+        # its leader's recovery request (two coordinators may plan the same attempt, with other
+        # leaders), and the group reports of attempts that were aborted.
+        self.secagg_sides: dict[tuple[int, int, str], SecAggMember] = {}
+        self.secagg_history: dict[int, list[dict[str, Any]]] = {}
 
     # -- bookkeeping -----------------------------------------------------------------------
 
@@ -281,6 +296,8 @@ class JobRunner:
             self._set_phase("plan")
             await trio.sleep(1.0)
             members = self.live_members()
+        if len(self.ledger) >= r:  # caught up from peers while waiting
+            return None
         if len(members) < self.spec.min_nodes:
             self.emit("round_waiting", r, message=(
                 f"round {r}: only {len(members)} of min_nodes={self.spec.min_nodes} members reachable; not planning"))
@@ -377,7 +394,9 @@ class JobRunner:
                     f"round {r}: trained on {metrics.get('samples')} samples in {metrics.get('seconds', 0):.2f}s"),
                     samples=metrics.get("samples"), seconds=metrics.get("seconds"))
                 samples = int(metrics.get("dataset_size") or self.workload.num_samples)
-                payload = self.encoder.encode(delta, samples, secagg_member(self.spec, self.mesh.identity, plan))
+                # Under secure aggregation this is the clear (DP-noised) delta; it is masked below,
+                # per attempt, because the masks depend on the attempt's group and leader.
+                payload = self.encoder.encode(delta, samples)
                 frame = seal(self.mesh.identity, UPDATE, {
                     "job": self.job_id, "round": r, "peer": self.me, "base_hash": plan.base_hash,
                     "samples": samples,
@@ -387,29 +406,73 @@ class JobRunner:
                 self.cached_updates = {k: v for k, v in self.cached_updates.items() if k[0] >= r}
                 self.cached_updates[key] = (frame, payload)
             frame, payload = self.cached_updates[key]
+            side = secagg_member(self.spec, self.mesh.identity, plan)
+            if side is not None:
+                frame, payload = await self._mask_update(plan, side, frame, payload)
+            elif plan.attempt:  # sealed afresh: who got it in an earlier attempt would take it for a replay
+                frame = seal(self.mesh.identity, UPDATE, open_envelope(frame, expect_kind=UPDATE).body)
             self._set_phase("reduce", plan.train_deadline)
             col = self.collectors.get((r, plan.attempt))
-            if col is not None:
+            if col is not None and col.plan.env.digest == plan.env.digest:  # not a replaced plan's
                 up = parse_update(open_envelope(frame, expect_kind=UPDATE))
                 col.add_update(up, decode_payload(self.spec, payload, up.delta_size))
                 return
-            await self._send_up(plan, frame, payload, "update")
+            await self._send_up(plan, frame, payload, "update", masked=side is not None)
         except (SendError, WireError, OSError) as exc:
             self.emit("update_failed", r, message=f"round {r}: could not deliver this node's update: {exc}")
         except Exception as exc:
             log.exception("training for round %d failed", r)
             self.emit("update_failed", r, message=f"round {r}: local training failed: {exc}")
 
+    async def _mask_update(self, plan: Plan, side: SecAggMember, frame: bytes,
+                           payload: bytes) -> tuple[bytes, bytes]:
+        """The cached clear update, masked for this attempt's group and signed again.
+
+        The DP noise was drawn once, at training time: a retry masks the same noisy delta, so
+        no one can average fresh noise away across attempts. Masking expands g - 1 PRG streams
+        of the model's size, so it runs off the event loop.
+        """
+        up = parse_update(open_envelope(frame, expect_kind=UPDATE))
+        masked = await trio.to_thread.run_sync(side.encode, unpack_delta(payload, up.delta_size), up.samples)
+        self.secagg_sides = {k: v for k, v in self.secagg_sides.items() if k[0] >= plan.round}
+        self.secagg_sides[(plan.round, plan.attempt, side.ctx.leader)] = side
+        if scripted_dropout(side.ctx, self.me, self.mesh.config.listen):
+            self.emit("secagg_test_drop", plan.round, self.me, message=(
+                f"round {plan.round}: test mesh: exiting right after masking, before the update is sent"))
+            os.kill(os.getpid(), signal.SIGKILL)
+        return seal(self.mesh.identity, UPDATE, {**up.env.body, "delta_hash": blob_hash(masked)}), masked
+
+    async def on_secagg_recover(self, msg: Inbound) -> bytes:
+        """Answer this node's leader with the seed shares that unmask a group sum after a dropout."""
+        if msg.gossip:  # only the leader's direct request counts; a relay is not to blame
+            raise Rejected("a recovery request must come straight from its leader, not by gossip")
+        req = parse_recovery_request(msg.envelope)
+        current = len(self.ledger) + 1
+        if req.round < current:
+            raise Rejected(f"round {req.round} is already committed here")
+        if req.round > current:
+            raise WireError("round", f"recovery request for round {req.round}, this node is at round {current}")
+        side = self.secagg_sides.get((req.round, req.attempt, req.leader))
+        if side is None:  # a restart lost the keys, or this node never masked for that leader
+            raise Rejected(f"this node sent {req.leader[-8:]} no masked update in round {req.round} "
+                           f"attempt {req.attempt}")
+        reply = answer_recovery(self.mesh.identity, side, req)
+        self.emit("secagg_answered", req.round, req.leader, message=(
+            f"round {req.round}: gave {len(req.shares)} seed shares to {req.leader[-8:]} to recover "
+            f"{len(req.dropped)} dropped member(s)"))
+        return reply
+
     def _round_open(self, plan: Plan) -> bool:
         current = self.plans.get(plan.round)
         return (len(self.ledger) < plan.round and (plan.round, plan.attempt) not in self.aborted
                 and (current is None or current.attempt == plan.attempt))
 
-    async def _send_up(self, plan: Plan, frame: bytes, payload: bytes, what: str) -> None:
+    async def _send_up(self, plan: Plan, frame: bytes, payload: bytes, what: str, masked: bool = False) -> None:
         """Deliver to the parent, or the next live ancestor; then keep watching the receiver,
         and deliver again one level up if it dies before the round commits, so work a leader
-        accepted is not lost with it."""
-        chain = ancestors(plan.parent, self.me)
+        accepted is not lost with it. A masked update goes to its own leader only: no other
+        node could unmask it."""
+        chain = ancestors(plan.parent, self.me)[: 1 if masked else None]
         errors: list[str] = []
         index = 0
         while index < len(chain) and self._round_open(plan):
@@ -499,18 +562,36 @@ class JobRunner:
             if col.acc.count == 0:
                 self.emit("reduce_empty", plan.round, message=f"round {plan.round}: nothing reached this leader")
                 return
-            avg = col.acc.result()
-            upd_frames = [u.env.raw for u in col.updates]
+            updates, samples = col.updates, col.samples
+            reports = [r for p in col.partials for r in p.secagg]
+            avg: np.ndarray | None
+            if isinstance(col.acc, SecAggReducer):
+                avg, report = await self._secagg_unmask(plan, col.acc)
+                reports.insert(0, report)
+                if avg is None:  # the masked sum is lost: keep only what came in clear
+                    updates = [u for u in col.updates if u.peer not in col.acc.ctx.group]
+                    samples = sum(u.samples for u in updates) + sum(p.samples for p in col.partials)
+                    avg = col.acc.plain_result()
+            else:
+                avg = col.acc.result()
+            upd_frames = [u.env.raw for u in updates]
             part_frames = [p.env.raw for p in col.partials]
             if plan.coordinator == self.me:
-                await self._commit(plan, col, avg, upd_frames, part_frames)
+                await self._commit(plan, col, avg, upd_frames, part_frames, reports)
+                return
+            if avg is None:
+                self.emit("partial_failed", plan.round, message=(
+                    f"round {plan.round}: nothing left to send after secure aggregation failed"))
                 return
             payload = pack_delta(avg)
-            frame = seal(self.mesh.identity, PARTIAL, {
+            body = {
                 "job": self.job_id, "round": plan.round, "attempt": plan.attempt, "leader": self.me,
-                "samples": col.samples, "delta_hash": blob_hash(payload), "updates": upd_frames,
+                "samples": samples, "delta_hash": blob_hash(payload), "updates": upd_frames,
                 "partials": part_frames,
-            })
+            }
+            if self.spec.secure_aggregation:
+                body["secagg"] = reports
+            frame = seal(self.mesh.identity, PARTIAL, body)
             await self._send_up(plan, frame, payload, "partial")
         except (SendError, WireError, OSError) as exc:
             self.emit("partial_failed", plan.round, message=f"round {plan.round}: partial not delivered: {exc}")
@@ -518,15 +599,61 @@ class JobRunner:
             log.exception("reduce for round %d failed", plan.round)
             self.emit("partial_failed", plan.round, message=f"round {plan.round}: reduce failed: {exc}")
 
-    async def _commit(self, plan: Plan, col: Collector, avg: np.ndarray, upd_frames: list[bytes],
-                      part_frames: list[bytes]) -> None:
+    async def _secagg_unmask(self, plan: Plan, red: SecAggReducer) -> tuple[np.ndarray | None, dict[str, Any]]:
+        """The group mean, after asking the survivors for the shares that rebuild the masks
+        dropped members left dangling; None (and a failed report) rather than a wrong sum."""
+        survivors, dropped = red.survivors(), red.missing()
+        report: dict[str, Any] = {"leader": self.me, "attempt": plan.attempt, "survivors": survivors,
+                                  "dropped": dropped, "recovered": True, "reason": ""}
+        try:
+            if dropped:
+                red.check_recoverable()
+                await self._ask_survivors(plan, red)
+            avg = red.result()
+        except SecAggError as exc:
+            report.update(recovered=False, reason=str(exc))
+            self.emit("secagg_recovery_failed", plan.round, message=(
+                f"round {plan.round}: secure aggregation could not recover the group sum ({exc}); "
+                f"the {len(survivors)} masked update(s) of this group are left out"))
+            return None, report
+        if dropped:
+            self.emit("secagg_recovered", plan.round, message=(
+                f"round {plan.round}: unmasked the sum of {len(survivors)} survivors after "
+                f"{len(dropped)} member(s) dropped"))
+        return avg, report
+
+    async def _ask_survivors(self, plan: Plan, red: SecAggReducer) -> None:
+        """One bounded round trip to all survivors at once; a survivor that does not answer in
+        time only counts against the threshold, one whose answer is bad is also penalised."""
+        timeout = max(2.0, plan.reduce_slack_s)
+
+        async def request(holder: str, frame: bytes) -> object:
+            return await self.mesh.request(holder, frame, timeout=timeout)
+
+        problems = await collect_answers(self.mesh.identity, red, request, timeout + 1.0)
+        for holder, exc in sorted(problems.items()):
+            if isinstance(exc, WireError):
+                self.m.penalise(holder)
+                self.emit("rejected", plan.round, holder, message=(
+                    f"round {plan.round}: recovery answer from {holder[-8:]} rejected: {exc}"))
+            else:
+                log.warning("round %d: no recovery answer from %s: %s", plan.round, holder[-8:], exc)
+
+    async def _commit(self, plan: Plan, col: Collector, avg: np.ndarray | None, upd_frames: list[bytes],
+                      part_frames: list[bytes], secagg_reports: list[dict[str, Any]] | None = None) -> None:
         self._set_phase("commit")
         contributions = walk_contributions(upd_frames, part_frames, self.job_id, plan.round)
-        if len(contributions) < self.spec.min_nodes:
+        failed = [r for r in secagg_reports or [] if not r["recovered"]]
+        if len(contributions) < self.spec.min_nodes or avg is None:
             self.aborted.add((plan.round, plan.attempt))
-            await self.mesh.broadcast(seal(self.mesh.identity, ABORT, {
+            why = "".join(f"; secure aggregation failed in the group of {r['leader'][-8:]}: {r['reason']}"
+                          for r in failed)
+            body: dict[str, Any] = {
                 "job": self.job_id, "round": plan.round, "attempt": plan.attempt,
-                "reason": f"{len(contributions)} contributions < min_nodes={self.spec.min_nodes}"}))
+                "reason": f"{len(contributions)} contributions < min_nodes={self.spec.min_nodes}{why}"}
+            if secagg_reports:
+                body["secagg"] = secagg_reports
+            await self.mesh.broadcast(seal(self.mesh.identity, ABORT, body))
             return
         params, state = await self._model(plan.base_hash, [])
         opt = make_server_optimizer(self.spec.strategy, **self._server_params())
@@ -549,6 +676,8 @@ class JobRunner:
                              for u in contributions],
             "absent": sorted(set(plan.members) - present), "metrics": metrics, "strategy": self.spec.strategy,
             "rule": describe_rule(self.spec), "spec_hash": blob_hash(self.spec.canonical_bytes()),
+            **({"secagg": self.secagg_history.get(plan.round, []) + (secagg_reports or [])}
+               if self.spec.secure_aggregation else {}),
         })
         await self.mesh.broadcast(frame)
 
@@ -570,6 +699,10 @@ class JobRunner:
         if plan is None or plan.coordinator != msg.envelope.sender or plan.attempt != body.get("attempt"):
             raise Rejected("abort does not match the plan in force")
         self.aborted.add((plan.round, plan.attempt))
+        if self.spec.secure_aggregation:  # the next coordinator records why this attempt failed
+            reports = parse_secagg_reports(body.get("secagg", []), "abort")
+            self.secagg_history = {r: v for r, v in self.secagg_history.items() if r >= plan.round}
+            self.secagg_history.setdefault(plan.round, []).extend(reports)
         self.emit("round_aborted", plan.round, msg.envelope.sender, message=(
             f"round {plan.round}: coordinator aborted attempt {plan.attempt}: {body.get('reason', '')}"))
         self._notify()
@@ -603,12 +736,16 @@ class JobRunner:
                     raise LedgerError(f"round {res.round}: fewer contributions than min_nodes")
                 await self._model(res.model_hash, [res.coordinator])
                 self.ledger.append(frame, res)
+                self.m.write_recovered(self)
                 assert self._nursery is not None
                 # Any peer (a late joiner, a node resyncing) can now find the model by hash.
                 self._nursery.start_soon(self.mesh.announce_blob, res.model_hash)
             except (LedgerError, WireError) as exc:
                 self.emit("rejected", res.round, res.coordinator, message=f"round {res.round}: result rejected: {exc}")
                 self.m.penalise(res.coordinator)
+                return
+            except StateWriteError as exc:
+                self.m.write_failed(self, res.round, exc)
                 return
             except Exception as exc:
                 self.emit("commit_failed", res.round, message=f"round {res.round}: could not record the result: {exc}")
@@ -642,6 +779,7 @@ class JobRunner:
             "rounds": self.spec.rounds, "phase": self.phase, "phase_progress": round(progress, 3),
             "coordinator": coordinator, "is_coordinator": coordinator == self.me, "role": self.role,
             "members": list(plan.members) if plan else self.eligible(), "error": self.error,
+            "waiting": self.waiting if self.state == "running" else "", "write_error": self.write_error,
             "attempt": plan.attempt if plan else 0, "tree": dict(plan.parent) if plan else {},
             "model_hash": self.head_model,
             "epsilon": epsilon_spent(self.spec, len(self.ledger)) if self.spec.uses_dp else None,

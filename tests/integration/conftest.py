@@ -1,11 +1,16 @@
 from __future__ import annotations
 
-from collections.abc import Iterator
+import contextlib
+import os
+import shutil
+import subprocess
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from gpuflex.localmesh import LocalMesh
+from tests.integration.netns import NetnsPair, NetnsUnavailable
 
 
 @pytest.fixture
@@ -21,6 +26,44 @@ def mesh_factory(tmp_path: Path) -> Iterator:
     yield make
     for mesh in meshes:
         mesh.close()
+
+
+@pytest.fixture
+def netns_pair() -> Iterator[NetnsPair]:
+    """Two network namespaces joined by a veth; skipped where they cannot be made (not root).
+    Request it before ``mesh_factory`` so that the nodes inside are stopped first."""
+    try:
+        pair = NetnsPair()
+    except NetnsUnavailable as exc:
+        pytest.skip(f"no network namespaces here: {exc}")
+    try:
+        yield pair
+    finally:
+        pair.close()
+
+
+@pytest.fixture
+def small_tmpfs() -> Iterator[Callable[[Path, str], Path]]:
+    """Mounts small tmpfs file systems (a disk that fills up) and always unmounts them.
+    Request it before ``mesh_factory`` so that the nodes using them are stopped first."""
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        pytest.skip("mounting a tmpfs needs root")
+    mounted: list[Path] = []
+
+    def mount(path: Path, size: str) -> Path:
+        path.mkdir(parents=True, exist_ok=True)
+        proc = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", str(path)],
+                              capture_output=True, text=True, timeout=20)
+        if proc.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here: {proc.stderr.strip()}")
+        mounted.append(path)
+        return path
+
+    yield mount
+    for path in reversed(mounted):
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            if subprocess.run(["umount", str(path)], capture_output=True, timeout=20).returncode != 0:
+                subprocess.run(["umount", "-l", str(path)], capture_output=True, timeout=20)
 
 
 def digits_spec(**overrides: object) -> dict:

@@ -1,18 +1,24 @@
-"""Fault tolerance with real node processes on loopback: nothing committed is ever lost."""
+"""Fault tolerance with real node processes (on loopback, or in network namespaces the test makes): nothing
+committed is ever lost."""
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import trio
 
 from gpuflex.localmesh import LocalMesh
-from gpuflex.node.ledger import Ledger, verify_chain
+from gpuflex.node.ledger import Ledger, read_ledger_file, verify_chain
 from tests.integration.conftest import digits_spec
+from tests.integration.netns import NetnsPair
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
 FAST = {"local_epochs": 4, "plan_timeout_s": 3.0, "train_timeout_s": 12.0, "reduce_timeout_s": 2.0}
@@ -154,6 +160,12 @@ def test_coordinator_and_leader_failover(mesh_factory) -> None:
     assert leaders, f"five members in groups of two must give a non-root leader: {tree}"
     leader = leaders[0]
     group = [p for p, parent in tree.items() if parent == leader]
+
+    def leader_reducing() -> bool:  # trained, and collecting its group's updates
+        s = mesh.job(ids[leader], job)
+        return s["round"] == 3 and s["role"] == "leader" and s["phase"] == "reduce"
+
+    mesh.wait_until(leader_reducing, 60, interval=0.05, what="the leader in the middle of the reduce")
     mesh.kill(ids[leader], signal.SIGKILL)
     dead.append(ids[leader])
     alive = [i for i in range(6) if i not in dead]
@@ -188,3 +200,91 @@ def test_all_nodes_killed_then_resumed_with_a_corrupt_state_file(mesh_factory) -
     assert "corrupt" in log and "recovering" in log
     hashes = {mesh.job(i, job)["model_hash"] for i in range(3)}
     assert len(hashes) == 1
+
+
+def test_partition_minority_waits_and_says_so_then_all_agree(netns_pair: NetnsPair, mesh_factory) -> None:
+    majority, minority = [0, 1, 2, 3], [4, 5]
+    sides = {i: netns_pair.a if i in majority else netns_pair.b for i in range(6)}
+    mesh = mesh_factory(6, placement=lambda i: sides[i].placement())
+    mesh.start(timeout=120)
+    mesh.wait_connected(60)
+    ids = peer_ids(mesh, range(6))
+    job = mesh.submit(digits_spec(rounds=6, min_nodes=4, **FAST))
+
+    def level() -> bool:  # every node has fetched the same round's model: no download is cut
+        held = {mesh.job(i, job)["round"] for i in range(6)}
+        return len(held) == 1 and held.pop() >= 1
+
+    mesh.wait_until(level, 120, interval=0.1, what="all nodes at the same round")
+    netns_pair.partition()
+    mesh.wait_until(lambda: all("of min_nodes=4" in mesh.job(i, job)["waiting"] for i in minority), 60,
+                    interval=0.5, what="the minority saying it cannot reach min_nodes")
+    stuck = [mesh.job(i, job)["round"] for i in minority]
+    last = max(stuck)
+    wait_round(mesh, 0, job, last + 2, timeout=120)  # the majority commits on
+    assert [mesh.job(i, job)["round"] for i in minority] == stuck, "the minority committed while cut off"
+    for i in minority:
+        assert "waiting, only" in mesh.log_path(i).read_text(errors="replace")
+    shown = subprocess.run([*sides[4].placement().prefix, sys.executable, "-m", "gpuflex", "job", "status", job,
+                            "--node", str(mesh.home(4))], capture_output=True, text=True, timeout=60)
+    assert "waiting      only" in shown.stdout, shown.stdout + shown.stderr
+    healed_at = mesh.job(0, job)["round"]
+
+    netns_pair.heal()
+    mesh.wait_job(job, list(range(6)), timeout=240)
+    rows = assert_one_ledger(mesh, list(range(6)), job, 6)
+    side_a = {p for p, i in ids.items() if i in majority}
+    # Rounds after last + 1 were planned on ledgers the minority did not have.
+    assert healed_at >= last + 2
+    for row in rows[last + 1 : healed_at]:
+        assert {c["peer"] for c in row["contributors"]} <= side_a
+    assert len({mesh.job(i, job)["model_hash"] for i in range(6)}) == 1
+    assert all(not mesh.job(i, job)["waiting"] for i in range(6))
+
+
+def fill_up(path: Path) -> None:
+    """Write zeros until the file system holding ``path`` is full."""
+    chunk = b"\0" * 65536
+    with open(path, "wb", buffering=0) as fh:
+        for _ in range(1 << 16):  # bounded: 4 GiB at most
+            try:
+                fh.write(chunk)
+            except OSError as exc:
+                assert exc.errno == errno.ENOSPC, exc
+                return
+    raise AssertionError(f"{path} never filled up")
+
+
+def test_disk_full_is_reported_keeps_the_ledger_and_the_node_catches_up(small_tmpfs, mesh_factory) -> None:
+    mesh = mesh_factory(3)
+    jobs_dir = small_tmpfs(mesh.home(2) / "jobs", "1m")  # node 2's job state: ledgers and job files
+    mesh.start(timeout=120)
+    mesh.wait_connected(60)
+    job = mesh.submit(digits_spec(rounds=6, min_nodes=2, **FAST))
+    wait_round(mesh, 2, job, 1)
+
+    filler = jobs_dir / "filler"
+    fill_up(filler)
+    mesh.wait_until(lambda: "No space left on device" in mesh.job(2, job)["write_error"], 90, interval=0.2,
+                    what="the failed ledger write reported")
+    ledger = jobs_dir / job / "ledger.msgpack"
+    kept = ledger.read_bytes()
+    held = mesh.job(2, job)["round"]
+    assert len(verify_chain(read_ledger_file(ledger), job)) == held
+    wait_round(mesh, 0, job, held + 2, timeout=120)  # the others commit on; node 2 fails to record them
+    assert mesh.alive(2) and mesh.call(2, "status")["jobs"][0]["round"] == held
+    assert ledger.read_bytes() == kept
+    # A job that arrives now cannot be written down either: node 2 says so and stays up.
+    second = mesh.submit(digits_spec(rounds=1, min_nodes=2, **FAST))
+    mesh.wait_job(second, [0, 1], timeout=120)
+    assert mesh.alive(2)
+    log = mesh.log_path(2).read_text(errors="replace")
+    assert "not recorded: [Errno 28]" in log and f"job {second} not taken on: [Errno 28]" in log
+
+    filler.unlink()
+    mesh.wait_job(job, [0, 1, 2], timeout=240)
+    mesh.wait_job(second, [0, 1, 2], timeout=120)
+    assert_one_ledger(mesh, [0, 1, 2], job, 6)
+    assert_one_ledger(mesh, [0, 1, 2], second, 1)
+    assert mesh.job(2, job)["write_error"] == ""
+    assert "the ledger is saved again" in mesh.log_path(2).read_text(errors="replace")

@@ -125,14 +125,14 @@ def test_recovery_with_one_member_gone() -> None:
     with pytest.raises(secagg.SecAggError, match="distinct shares"):
         red.result()
     for holder, request in red.recovery_requests().items():
-        red.add_answers(holder, sides[holder].answer(request))
+        red.add_answers(holder, sides[holder].answer(request, red.survivors(), red.missing()))
     assert red.result() == pytest.approx(expected, abs=1e-4)
 
 
 def test_recovery_fails_clearly_when_too_many_are_gone() -> None:
     _, _, red, sides = run_group(drop=3, members=4)
     for holder, request in red.recovery_requests().items():
-        red.add_answers(holder, sides[holder].answer(request))
+        red.add_answers(holder, sides[holder].answer(request, red.survivors(), red.missing()))
     with pytest.raises(secagg.SecAggError, match=r"3 of 4 masked members dropped.*at most 1"):
         red.result()
 
@@ -142,7 +142,7 @@ def test_member_refuses_to_reveal_its_own_seeds() -> None:
     holder, request = next(iter(red.recovery_requests().items()))
     forged = [(holder, dropped, ct) for _, dropped, ct in request]
     with pytest.raises(ValueError, match="own seed"):
-        sides[holder].answer(forged)
+        sides[holder].answer(forged, red.survivors(), red.missing())
 
 
 def test_mask_group_of_a_tree() -> None:
