@@ -7,12 +7,16 @@ measure the GIL rather than the mesh. A worker is this same package run with a h
 command on stdout. Closing its stdin tells it to stop, every wait on it is bounded, and
 :class:`Worker` kills it (and its process group) on exit, so a failed run leaves nothing
 behind.
+
+trio is imported where it is used, not here: a benchmark's peers for another system run
+their worker side in that system's own venv, which has numpy but not trio.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import json
 import math
 import os
@@ -24,11 +28,9 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
 from typing import IO, Any
-
-import trio
 
 MB = 1_000_000
 MIB = 1 << 20
@@ -154,11 +156,32 @@ def wait_until(predicate: Callable[[], bool], timeout: float, interval: float = 
 async def await_until(predicate: Callable[[], bool], timeout: float, interval: float = 0.5) -> bool:
     """The trio twin of :func:`wait_until`; returns False at ``timeout`` instead of raising,
     because inside a worker a partial result (reported as such) beats none."""
+    import trio
+
     with trio.move_on_after(timeout):
         while not predicate():
             await trio.sleep(interval)
         return True
     return False
+
+
+async def run_in_turns(per_node: Sequence[Sequence[Sequence[Callable[[], Awaitable[Any]]]]],
+                       budget_s: float) -> tuple[list[Any], int]:
+    """Run operations one at a time, one group per node per turn, until ``budget_s`` is spent.
+
+    ``per_node[i]`` is node i's groups of operations. Going node by node, a group each, means
+    that on an overloaded machine every node still gets its turn and a cut-short run samples
+    every kind of operation. Returns the results and how many operations were planned. The
+    clock is ``time.monotonic``, so trio and asyncio workers alike can use it.
+    """
+    schedule = [op for turn in itertools.zip_longest(*per_node) for group in turn if group for op in group]
+    results: list[Any] = []
+    deadline = time.monotonic() + budget_s
+    for op in schedule:
+        if time.monotonic() > deadline:
+            break
+        results.append(await op())
+    return results, len(schedule)
 
 
 # -- worker processes --------------------------------------------------------------------------
@@ -175,14 +198,16 @@ class WorkerError(RuntimeError):
 
 
 class Worker:
-    """One worker process: ``python -m benchmarks.<module> --role <role>``.
+    """One worker process: ``python -m benchmarks.<module> --role <role>``, with this
+    interpreter unless ``python`` names another (a peer of another system, in its own venv).
 
     ``args`` reach the worker's main with ``scratch`` added: a directory of its own inside the
     coordinator's temporary directory, so files survive no worker, even a killed one. Its stdout is read by a thread into a queue so that :meth:`recv` can time out; its stderr
     goes to a log file whose tail is quoted when it fails.
     """
 
-    def __init__(self, module: str, role: str, args: dict[str, Any], log_dir: Path, name: str) -> None:
+    def __init__(self, module: str, role: str, args: dict[str, Any], log_dir: Path, name: str,
+                 python: str = sys.executable) -> None:
         self.name = name
         self.log_path = log_dir / f"{name}.log"
         scratch = log_dir / name
@@ -191,7 +216,7 @@ class Worker:
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         with open(self.log_path, "wb") as err:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", f"benchmarks.{module}", "--role", role, "--role-args", json.dumps(args)],
+                [python, "-m", f"benchmarks.{module}", "--role", role, "--role-args", json.dumps(args)],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, env=env, start_new_session=True,
             )
         self._lines: queue.Queue[bytes] = queue.Queue()
@@ -272,6 +297,8 @@ class Channel:
 
     async def recv(self, timeout: float) -> dict[str, Any] | None:
         """The next command, or None when the parent closed stdin or went quiet too long."""
+        import trio
+
         with trio.move_on_after(timeout):
             line = await trio.to_thread.run_sync(sys.stdin.readline, abandon_on_cancel=True)
             return json.loads(line) if line.strip() else None
@@ -282,8 +309,20 @@ class Channel:
         sys.stdout.flush()
 
 
+def describe_error(exc: BaseException) -> str:
+    """``Name: message`` of the exceptions that really failed: nested exception groups (trio
+    nurseries inside nurseries) are opened to their leaves, which a printed traceback hides
+    past ten levels."""
+    inner = getattr(exc, "exceptions", None)  # an exception group, built in or backported
+    if isinstance(inner, (list, tuple)) and inner:
+        return "; ".join(sorted({describe_error(e) for e in inner}))
+    return f"{exc.__class__.__name__}: {exc}"
+
+
 def run_worker(main: Callable[[Channel, dict[str, Any]], Any], args_json: str, deadline_s: float) -> None:
     """Run a worker's trio ``main`` under a hard deadline; errors go back as ``{"error"}``."""
+    import trio
+
     channel = Channel()
 
     async def guarded() -> None:
@@ -293,5 +332,5 @@ def run_worker(main: Callable[[Channel, dict[str, Any]], Any], args_json: str, d
     try:
         trio.run(guarded)
     except BaseException as exc:
-        channel.send({"error": f"{exc.__class__.__name__}: {exc}"})
+        channel.send({"error": describe_error(exc)})
         raise

@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import itertools
 import math
 import random
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +39,7 @@ from benchmarks.common import (
     log,
     percentile,
     ratio,
+    run_in_turns,
     run_worker,
     stop_on_sigterm,
     wait_until,
@@ -190,15 +191,8 @@ class Host:
                         lambda found: p in found),
                 ])
             per_node.append(ops)
-        # Node by node, one set of the four operations each, so a cut-short run samples all four.
-        schedule = [op for turn in itertools.zip_longest(*per_node) for group in turn if group for op in group]
-        samples: list[dict[str, Any]] = []
-        deadline = trio.current_time() + budget_s
-        for op in schedule:
-            if trio.current_time() > deadline:
-                break
-            samples.append(await op())
-        return {"samples": samples, "held_share": held_share, "planned": len(schedule)}
+        samples, planned = await run_in_turns(per_node, budget_s)
+        return {"samples": samples, "held_share": held_share, "planned": planned}
 
 
 async def host_worker(channel: Channel, args: dict[str, Any]) -> None:
@@ -268,8 +262,18 @@ def _summarise(samples: list[dict[str, Any]], n: int) -> list[dict[str, Any]]:
     return rows
 
 
-def run_mesh(n: int, per_process: int, keys: int, lookups: int, seed: int, budget_s: float) -> dict[str, Any]:
-    """One mesh of ``n`` nodes, started, measured and torn down."""
+def dht_host(index: int, args: dict[str, Any], tmp: Path) -> Worker:
+    """A process hosting a slice of a GPUFlex mesh: :func:`run_mesh`'s default ``spawn``."""
+    return Worker("dht_lookup", "dht-host", args, tmp, f"dht-host{index}")
+
+
+def run_mesh(n: int, per_process: int, keys: int, lookups: int, seed: int, budget_s: float,
+             spawn: Callable[[int, dict[str, Any], Path], Worker] = dht_host) -> dict[str, Any]:
+    """One mesh of ``n`` nodes, started, measured and torn down.
+
+    ``spawn`` starts one hosting process; another DHT measured the same way (hivemind's, in
+    vs_hivemind) passes its own, whose workers answer the same commands.
+    """
     count = math.ceil(n / per_process)
     with workers(f"dht{n}") as (tmp, started):
         log(f"{n} nodes: starting {count} hosting processes of up to {per_process} nodes")
@@ -278,7 +282,7 @@ def run_mesh(n: int, per_process: int, keys: int, lookups: int, seed: int, budge
         for w in range(count):
             first = w * per_process
             args = {"first": first, "count": min(per_process, n - first), "bootstrap": bootstrap}
-            started.append(Worker("dht_lookup", "dht-host", args, tmp, f"dht-host{w}"))
+            started.append(spawn(w, args, tmp))
             if w == 0:  # node 0 must be up before anyone can bootstrap from it
                 reply = started[0].recv(180)
                 bootstrap, peers = reply["addr"], list(reply["peers"])
