@@ -38,6 +38,8 @@ def start(
     announce: list[str] = typer.Option([], "--announce", help="Multiaddr to announce to peers."),
     bootstrap: list[str] = typer.Option([], "--bootstrap", help="Multiaddr of a mesh peer (/p2p/<id> included)."),
     client: bool = typer.Option(False, "--client", help="DHT client mode, for nodes others cannot reach."),
+    bootstrap_timeout: float = typer.Option(30.0, "--bootstrap-timeout", min=1.0,
+                                            help="Seconds to keep trying the --bootstrap peers before giving up."),
     bulk: bool = typer.Option(True, "--bulk/--no-bulk",
                               help="Serve blobs over a one-off sealed TCP port on the --listen host "
                                    "(--no-bulk: every byte through libp2p, no extra port)."),
@@ -82,6 +84,7 @@ def start(
         health = HealthConfig(suspect_after_s=suspect_after, down_after_s=down_after)
         runtime = NodeRuntime(NodeOptions(home=root, listen=listen, announce=announce, bootstrap=bootstrap,
                                           client_mode=client, control_port=control_port, health=health, bulk_channel=bulk,
+                                          bootstrap_timeout_s=bootstrap_timeout,
                                           adversary=adversary, metrics=metrics))
         trio.run(runtime.serve)
     except KeyboardInterrupt:

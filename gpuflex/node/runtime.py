@@ -35,6 +35,7 @@ class NodeOptions:
     bootstrap: list[str] = field(default_factory=list)
     client_mode: bool = False
     bulk_channel: bool = True
+    bootstrap_timeout_s: float = 30.0
     control_port: int = 0
     health: HealthConfig = field(default_factory=HealthConfig)
     adversary: str | None = None
@@ -100,6 +101,7 @@ class NodeRuntime:
                 bootstrap=options.bootstrap,
                 client_mode=options.client_mode,
                 bulk_channel=options.bulk_channel,
+                bootstrap_timeout_s=options.bootstrap_timeout_s,
                 data_dir=self.home,
                 health=options.health,
                 node_info=self._hardware(),

@@ -62,7 +62,7 @@ def test_unreachable_bootstrap(tmp_path: Path) -> None:
         port = s.getsockname()[1]
     addr = f"/ip4/127.0.0.1/tcp/{port}/p2p/12D3KooWEsBg6ZLAErGHspDcha3diQ1YzdqbwtymooqWTezidasB"
     proc = gpuflex("node", "start", "--home", str(tmp_path), "--listen", "/ip4/127.0.0.1/tcp/0",
-                   "--bootstrap", addr, timeout=90)
+                   "--bootstrap", addr, "--bootstrap-timeout", "3", timeout=90)
     assert_clean_error(proc, "cannot reach any bootstrap peer")
 
 

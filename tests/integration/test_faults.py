@@ -83,7 +83,7 @@ def test_member_death_late_joiner_and_hostile_peer(mesh_factory, tmp_path) -> No
     # Slow rounds (200 local epochs, a few seconds each, as real rounds are) so a joining
     # process, which needs several seconds to start, is up within a round or two.
     slow = {**FAST, "local_epochs": 200, "train_timeout_s": 60.0}
-    job = mesh.submit(digits_spec(rounds=7, min_nodes=2, **slow))
+    job = mesh.submit(digits_spec(rounds=6, min_nodes=2, **slow))
 
     attack: dict[str, str] = {}
     attacker = threading.Thread(target=lambda: attack.update(hostile=trio.run(
@@ -109,7 +109,7 @@ def test_member_death_late_joiner_and_hostile_peer(mesh_factory, tmp_path) -> No
     victim_id = next(p for p, i in ids.items() if i == victim)
 
     mesh.wait_job(job, survivors, timeout=300)
-    rows = assert_one_ledger(mesh, survivors, job, 7)
+    rows = assert_one_ledger(mesh, survivors, job, 6)
     row = rows[killed_in - 1]
     contributors = {c["peer"] for c in row["contributors"]}
     assert victim_id not in contributors
