@@ -18,17 +18,8 @@ from typing import Any
 import numpy as np
 
 from aggregation.compression import ErrorFeedback
-from aggregation.server_opt import ServerOptimizer, make_server_optimizer
 from gpuflex.jobspec import JobSpec
 from gpuflex.ml.workload import Workload
-
-
-def server_optimizer(spec: JobSpec) -> ServerOptimizer:
-    """The root's optimizer with the job's server_lr (and server_momentum where it has one)."""
-    params: dict[str, float] = {"lr": spec.server_lr}
-    if spec.strategy in ("fedavgm", "diloco"):
-        params["momentum"] = spec.server_momentum
-    return make_server_optimizer(spec.strategy, **params)
 
 
 def simulate(
@@ -52,7 +43,7 @@ def simulate(
     state included (``download_bytes``).
     """
     from gpuflex.node.modelblob import pack_model
-    from gpuflex.node.pipeline import DeltaEncoder, decode_payload, make_reducer
+    from gpuflex.node.pipeline import DeltaEncoder, decode_payload, make_reducer, server_optimizer
 
     nodes = [Workload(spec, i, num_parts) for i in range(num_parts)]
     encoders = [DeltaEncoder(spec) for _ in nodes]

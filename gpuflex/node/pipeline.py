@@ -23,6 +23,7 @@ from aggregation.dp import add_gaussian_noise, clip_to_norm
 from aggregation.errors import AggregationError
 from aggregation.robust import Rule, make_rule
 from aggregation.secagg import default_threshold
+from aggregation.server_opt import ServerOptimizer, make_server_optimizer
 from aggregation.weighted import WeightedAccumulator
 from gpuflex.node.modelblob import unpack_delta
 from gpuflex.plugins import is_plugin_path, load_callable
@@ -275,3 +276,11 @@ def decode_payload(spec: JobSpec, payload: bytes, size: int) -> np.ndarray:
     if vec.size != size or not np.all(np.isfinite(vec)):
         raise WireError("garbled", "decoded delta has the wrong size or non-finite values")
     return vec
+
+
+def server_optimizer(spec: JobSpec) -> ServerOptimizer:
+    """The root's optimizer with the job's server_lr (and server_momentum where it has one)."""
+    params: dict[str, float] = {"lr": spec.server_lr}
+    if spec.strategy in ("fedavgm", "diloco"):
+        params["momentum"] = spec.server_momentum
+    return make_server_optimizer(spec.strategy, **params)

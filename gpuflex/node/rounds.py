@@ -25,7 +25,6 @@ import numpy as np
 import trio
 
 from aggregation.secagg import SecAggError
-from aggregation.server_opt import make_server_optimizer
 from aggregation.tree import build_tree, children
 from gpuflex.node.collector import Collector, ancestors
 from gpuflex.node.ledger import Ledger, LedgerError, result_key, result_row
@@ -54,6 +53,7 @@ from gpuflex.node.pipeline import (
     make_reducer,
     scripted_dropout,
     secagg_member,
+    server_optimizer,
 )
 from gpuflex.node.ranking import coordinator_ranking
 from gpuflex.privacy import STOP, WARN, budget_status, epsilon_spent
@@ -656,7 +656,7 @@ class JobRunner:
             await self.mesh.broadcast(seal(self.mesh.identity, ABORT, body))
             return
         params, state = await self._model(plan.base_hash, [])
-        opt = make_server_optimizer(self.spec.strategy, **self._server_params())
+        opt = server_optimizer(self.spec)
         new_params, new_state = opt.step(params, avg, state)
         model_hash = self.mesh.blobs.put(pack_model(new_params, new_state))
         evaluation = await trio.to_thread.run_sync(self.workload.evaluate, new_params)
@@ -680,14 +680,6 @@ class JobRunner:
                if self.spec.secure_aggregation else {}),
         })
         await self.mesh.broadcast(frame)
-
-    def _server_params(self) -> dict[str, float]:
-        s = self.spec
-        if s.strategy == "fedavg":
-            return {"lr": s.server_lr}
-        if s.strategy in ("fedavgm", "diloco"):
-            return {"lr": s.server_lr, "momentum": s.server_momentum}
-        return {"lr": s.server_lr}
 
     # -- inbound: results and aborts ---------------------------------------------------------
 
