@@ -22,6 +22,7 @@ import math
 import os
 import queue
 import resource
+import shutil
 import signal
 import subprocess
 import sys
@@ -334,3 +335,66 @@ def run_worker(main: Callable[[Channel, dict[str, Any]], Any], args_json: str, d
     except BaseException as exc:
         channel.send({"error": describe_error(exc)})
         raise
+
+
+# -- side venvs for other systems --------------------------------------------------------------
+
+BENCH_VENVS = Path(__file__).resolve().parent.parent / ".bench" / "venvs"
+TORCH_PIN = "torch==2.13.0"  # exactly this: it resolves to the local CPU wheel, a range pulls CUDA
+SIDE_INSTALL_TIMEOUT_S = 900.0
+
+
+class SideVenvError(RuntimeError):
+    """Another system's venv could not be made; the message is one line for the user."""
+
+
+def _side_versions(python: Path, module: str) -> list[str] | None:
+    """[module version, torch version] as the venv reports them; None if either will not import."""
+    probe = f"import {module}, torch; print({module}.__version__, torch.__version__)"
+    try:
+        done = subprocess.run([str(python), "-c", probe], capture_output=True, text=True, timeout=300)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    words = done.stdout.split()
+    return words[:2] if done.returncode == 0 and len(words) >= 2 else None
+
+
+def side_venv(name: str, module: str, requirements: list[str]) -> tuple[Path, str]:
+    """The interpreter of ``.bench/venvs/NAME`` and the version of ``module`` in it.
+
+    The venv is made once: torch pinned first (so no requirement can swap in a CUDA build),
+    then ``requirements`` under a constraint holding that pin. It is built beside its final
+    place and renamed in only once ``module`` imports with the pinned torch, so an interrupted
+    install never passes for a finished one.
+    """
+    venv = BENCH_VENVS / name
+    python = venv / "bin" / "python"
+    pinned = TORCH_PIN.split("==")[1]
+    found = _side_versions(python, module) if python.exists() else None
+    if found and found[1].startswith(pinned):
+        return python, found[0]
+    partial = venv.with_name(venv.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    log(f"making the {name} venv in {venv} (once; a few minutes)")
+    partial.parent.mkdir(parents=True, exist_ok=True)
+    pip = [str(partial / "bin" / "python"), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
+    constraints = partial / "constraints.txt"
+    steps = [[sys.executable, "-m", "venv", str(partial)], [*pip, TORCH_PIN],
+             [*pip, "-c", str(constraints), *requirements]]
+    for step in steps:
+        if step is steps[-1]:
+            constraints.write_text(TORCH_PIN + "\n")
+        try:
+            done = subprocess.run(step, capture_output=True, text=True, timeout=SIDE_INSTALL_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            raise SideVenvError(f"`{' '.join(step[-2:])}` took over {SIDE_INSTALL_TIMEOUT_S:.0f}s") from None
+        if done.returncode:
+            errors = [line for line in done.stderr.splitlines() if line.startswith("ERROR")]
+            detail = (errors or done.stderr.strip().splitlines() or ["no output"])[-1]
+            raise SideVenvError(f"`{' '.join(step[-3:])}` failed: {detail}")
+    found = _side_versions(partial / "bin" / "python", module)
+    if not found or not found[1].startswith(pinned):
+        raise SideVenvError(f"the {name} venv has {found or f'no importable {module}'}, wanted torch {pinned}")
+    shutil.rmtree(venv, ignore_errors=True)
+    partial.rename(venv)
+    return python, found[0]

@@ -59,7 +59,9 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common import (
+    BENCH_VENVS,
     MB,
+    SideVenvError,
     Stopwatch,
     add_json_flag,
     add_role_flag,
@@ -67,18 +69,16 @@ from benchmarks.common import (
     format_table,
     log,
     ratio,
+    side_venv,
     stop_on_sigterm,
     stop_process,
 )
 
 REPO = Path(__file__).resolve().parent.parent
-FLOWER_VENV = REPO / ".bench" / "venvs" / "flower"
-# The exact pin takes the CPU wheel; installed first and restated with flwr, so nothing
-# swaps it for a CUDA build. flwr 1.42.0 needs a certifi newer than some mirrors carry, so
-# the range lets pip settle on 1.41 there; the version that ran is printed with the results.
-TORCH_REQ = "torch==2.13.0"
-FLOWER_REQS = ["flwr>=1.41,<1.43", "numpy", "scikit-learn", TORCH_REQ]
-INSTALL_TIMEOUT_S = 900.0
+FLOWER_VENV = BENCH_VENVS / "flower"
+# flwr 1.42.0 needs a certifi newer than some mirrors carry, so the range lets pip settle on
+# 1.41 there; the version that ran is printed with the results. torch stays at TORCH_PIN.
+FLOWER_REQS = ["flwr>=1.41,<1.43", "numpy", "scikit-learn"]
 KB = 1000
 APP_PACKAGE = "gpuflex_flower_app"
 
@@ -90,41 +90,12 @@ class BenchError(RuntimeError):
 # -- Flower's venv ------------------------------------------------------------------------------
 
 
-def flower_python() -> Path:
-    return FLOWER_VENV / "bin" / "python"
-
-
 def ensure_flower_venv() -> str:
-    """Create the Flower venv if it is missing or incomplete; returns the flwr version.
-
-    A marker file, written last and atomically, says the install finished, so an interrupted
-    install is redone rather than trusted."""
-    marker = FLOWER_VENV / ".gpuflex-bench"
-    want = " ".join(FLOWER_REQS)
-    if marker.exists() and marker.read_text().split("\n")[0] == want and flower_python().exists():
-        return marker.read_text().split("\n")[1]
-    log(f"creating the Flower venv in {FLOWER_VENV} (once)")
-    FLOWER_VENV.parent.mkdir(parents=True, exist_ok=True)
-    pip = [str(flower_python()), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
-    steps = [[sys.executable, "-m", "venv", "--clear", str(FLOWER_VENV)], [*pip, TORCH_REQ], [*pip, *FLOWER_REQS]]
-    for cmd in steps:
-        try:
-            done = subprocess.run(cmd, capture_output=True, text=True, timeout=INSTALL_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            raise BenchError(f"installing Flower took over {INSTALL_TIMEOUT_S:.0f}s: {' '.join(cmd[-2:])}") from None
-        if done.returncode != 0:
-            errors = [line for line in done.stderr.splitlines() if line.startswith("ERROR")]
-            raise BenchError(f"cannot install Flower ({' '.join(cmd[3:])}): "
-                             f"{(errors or done.stderr.splitlines() or ['no output'])[-1]}")
-    probe = "import flwr, torch; print(flwr.__version__, torch.__version__)"
-    versions = subprocess.run([str(flower_python()), "-c", probe], capture_output=True, text=True, timeout=120)
-    flwr_version, torch_version = [*versions.stdout.split(), "?", "?"][:2]
-    if not torch_version.startswith(TORCH_REQ.split("==")[1]):
-        raise BenchError(f"the Flower venv holds torch {torch_version}, not {TORCH_REQ}")
-    tmp = marker.with_name(marker.name + ".tmp")
-    tmp.write_text(f"{want}\n{flwr_version}\n")
-    os.replace(tmp, marker)
-    return flwr_version
+    """Make the Flower venv if it is missing; returns the flwr version."""
+    try:
+        return side_venv("flower", "flwr", FLOWER_REQS)[1]
+    except SideVenvError as exc:
+        raise BenchError(f"cannot install Flower: {exc}") from None
 
 
 # -- the Flower app, written into a temporary directory ----------------------------------------

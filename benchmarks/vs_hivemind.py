@@ -47,7 +47,6 @@ import json
 import math
 import os
 import random
-import shutil
 import statistics
 import subprocess
 import sys
@@ -60,7 +59,9 @@ from typing import Any
 import numpy as np
 
 from benchmarks.common import (
+    TORCH_PIN,
     Channel,
+    SideVenvError,
     Worker,
     WorkerError,
     add_json_flag,
@@ -71,14 +72,13 @@ from benchmarks.common import (
     log,
     ratio,
     run_in_turns,
+    side_venv,
     stop_on_sigterm,
     wait_until,
     workers,
 )
 
 HIVEMIND = "hivemind==1.1.12"
-TORCH = "torch==2.13.0"  # exactly this: it resolves to the local CPU wheel, a range pulls CUDA
-VENV = Path(__file__).resolve().parent.parent / ".bench" / "venvs" / "hivemind"
 # hivemind's P2P defaults, less whatever would reach past loopback (UPnP, AutoNAT, relays).
 P2P_KWARGS: dict[str, Any] = {"host_maddrs": ["/ip4/127.0.0.1/tcp/0"], "nat_port_map": False,
                               "auto_nat": False, "use_relay": False}
@@ -97,48 +97,11 @@ AVG_KIND = "bench_avg"
 PREFIX = "bench"
 
 
-class SetupError(RuntimeError):
-    """hivemind's venv could not be made."""
-
-
-# -- hivemind's venv ---------------------------------------------------------------------------
-
-
-def _versions(python: Path) -> str | None:
-    """The hivemind and torch versions the venv reports, as "1.1.12 2.13.0+cpu"; None if it
-    cannot import both."""
-    probe = subprocess.run([str(python), "-c", "import hivemind, torch; print(hivemind.__version__, torch.__version__)"],
-                           capture_output=True, text=True, timeout=300)
-    return probe.stdout.strip() if probe.returncode == 0 else None
-
-
 def hivemind_python() -> str:
-    """The venv's interpreter, making the venv first if it is missing or broken.
-
-    It is built beside its final place and renamed into it only once hivemind imports with
-    the pinned torch, so an interrupted install never passes for a finished one.
-    """
-    python = VENV / "bin" / "python"
-    if python.exists() and _versions(python):
-        return str(python)
-    partial = VENV.with_name(VENV.name + ".partial")
-    shutil.rmtree(partial, ignore_errors=True)
-    log(f"making hivemind's venv in {VENV} (once; a few minutes)")
-    pip = [str(partial / "bin" / "python"), "-m", "pip", "install", "--quiet"]
-    constraints = partial / "constraints.txt"
-    steps = [[sys.executable, "-m", "venv", str(partial)], [*pip, TORCH], [*pip, "-c", str(constraints), HIVEMIND]]
-    for step in steps:
-        if step[-1] == HIVEMIND:
-            constraints.write_text(TORCH + "\n")
-        done = subprocess.run(step, capture_output=True, text=True)
-        if done.returncode:
-            detail = (done.stderr.strip().splitlines() or ["no output"])[-1]
-            raise SetupError(f"`{' '.join(step[-3:])}` failed: {detail}")
-    versions = _versions(partial / "bin" / "python") or ""
-    if versions.split()[:1] != [HIVEMIND.split("==")[1]] or not versions.split()[-1].startswith(TORCH.split("==")[1]):
-        raise SetupError(f"hivemind's venv has {versions or 'no importable hivemind'}, wanted {HIVEMIND} with {TORCH}")
-    shutil.rmtree(VENV, ignore_errors=True)
-    partial.rename(VENV)
+    """The interpreter of hivemind's venv, made first if it is missing or broken."""
+    python, version = side_venv("hivemind", "hivemind", [HIVEMIND])
+    if version != HIVEMIND.split("==")[1]:
+        raise SideVenvError(f"hivemind's venv has hivemind {version}, wanted {HIVEMIND}")
     return str(python)
 
 
@@ -729,7 +692,7 @@ def _short(rows: list[dict[str, Any]], width: int = 110) -> list[dict[str, Any]]
 
 
 def render(result: dict[str, Any]) -> str:
-    lines = [f"GPUFlex against {HIVEMIND} (torch {TORCH.split('==')[1]} CPU), 127.0.0.1, {os.cpu_count()} cores"]
+    lines = [f"GPUFlex against {HIVEMIND} (torch {TORCH_PIN.split('==')[1]} CPU), 127.0.0.1, {os.cpu_count()} cores"]
     if result["dht"]:
         lines += [
             "", f"DHT: one value stored per peer (all peers at once), then {LOOKUPS} gets of values stored by "
@@ -794,7 +757,7 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("peer counts must be ≥ 2; --params and --trials ≥ 1")
     try:
         python = hivemind_python()
-    except (SetupError, OSError, subprocess.SubprocessError) as exc:
+    except (SideVenvError, OSError, subprocess.SubprocessError) as exc:
         raise SystemExit(f"vs_hivemind: could not set up hivemind's venv: {exc}") from None
     dht = compare_dht(args.dht_peers, args.per_process, args.budget_s, args.seed, python) if args.dht_peers else []
     avg = compare_averaging(args.avg_peers, args.params, args.trials, args.seed, python) if args.avg_peers else []
