@@ -90,11 +90,15 @@ class DashboardApp(App[None]):
             await self.source.aclose()
 
     def _visible(self) -> DashboardScreen | None:
-        screen = self.screen
-        if isinstance(screen, DashboardScreen):
-            return screen
+        # While the app shuts down the stack empties under a running worker, and
+        # ``self.screen`` would raise; there is then nothing to draw on.
+        stack = self.screen_stack
+        if not stack:
+            return None
+        if isinstance(stack[-1], DashboardScreen):
+            return stack[-1]
         # A modal (help) is on top: keep drawing the dashboard screen underneath it.
-        under = self.screen_stack[-2] if len(self.screen_stack) > 1 else None
+        under = stack[-2] if len(stack) > 1 else None
         return under if isinstance(under, DashboardScreen) else None
 
     def _on_snapshot(self, snap: Snapshot) -> None:
