@@ -10,13 +10,16 @@ rounds with its usual local work, and the others spend the same number of steps.
   digits job that is exactly momentum SGD on the mean gradient of N × batch_size samples.
 * ``fedavg``: the job as users run it (several local epochs, fp32 deltas, FedAvg).
 * ``diloco``: AdamW for H local steps, Nesterov outer step (lr 0.7, momentum 0.9, the paper's).
-* ``diloco-int8-ef``: the same with blockwise int8 pseudo-gradients and error feedback.
-* ``diloco-int8``: int8 as the node ships it today, without error feedback.
+* ``diloco-int8``: the same with blockwise int8 pseudo-gradients and error feedback (the
+  node's default for a lossy codec); the root's averaged step also travels in int8 and every
+  member replays the outer step itself.
+* ``diloco-int8-no-ef``: int8 without error feedback.
 
 Bytes are counted as the mesh moves them: each worker uploads its encoded update (the codec's
-real output) and downloads the committed model blob, whose server-optimizer state (momentum)
-travels with it because the root changes every round. The tree's partials between leaders
-and the root are left out (the same for every strategy at N ≤ group_size: none).
+real output) and downloads what it needs to hold the committed model: the encoded step where
+the codec allows it (fp16, int8), else the model blob, whose server-optimizer state
+(momentum) travels with it because the root changes every round. The tree's partials between
+leaders and the root are left out (the same for every strategy at N ≤ group_size: none).
 
 Run:
 
@@ -91,8 +94,8 @@ def variant_jobs(task: Task, args: argparse.Namespace) -> dict[str, tuple[dict[s
         "sync": (task.sync, False),
         "fedavg": ({}, False),
         "diloco": (diloco, False),
-        "diloco-int8-ef": ({**diloco, "codec": "int8"}, True),
-        "diloco-int8": ({**diloco, "codec": "int8"}, False),
+        "diloco-int8": ({**diloco, "codec": "int8"}, True),
+        "diloco-int8-no-ef": ({**diloco, "codec": "int8"}, False),
     }
 
 
@@ -158,7 +161,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     histories: dict[str, list[dict[str, Any]]] = {}
     rows: list[dict[str, Any]] = []
     budget = 0.0
-    for name in ("fedavg", "sync", "diloco", "diloco-int8-ef", "diloco-int8"):
+    for name in ("fedavg", "sync", "diloco", "diloco-int8", "diloco-int8-no-ef"):
         overrides, feedback = jobs[name]
         spec = JobSpec.from_dict({**base, **overrides})
         if name == "fedavg":
@@ -179,7 +182,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             f"{rows[-1]['total_mb']:.1f} MB in {rows[-1]['seconds']:.0f}s")
         if name == "fedavg":  # the compute budget: FedAvg's steps per worker
             budget = sum(r["steps"] for r in history)
-    order = ["sync", "fedavg", "diloco", "diloco-int8-ef", "diloco-int8"]
+    order = ["sync", "fedavg", "diloco", "diloco-int8", "diloco-int8-no-ef"]
     rows.sort(key=lambda r: order.index(r["strategy"]))
     reach = reach_table(rows, histories)
     return {"task": args.task, "reduced": task.reduced, "workers": args.workers, "seed": args.seed,
@@ -198,7 +201,7 @@ def render(r: dict[str, Any]) -> str:
             f"{' (REDUCED run)' if r['reduced'] else ''}\n"
             f"DiLoCo: AdamW lr {r['inner_lr']:g} (weight decay {r['weight_decay']:g}) for H = {r['local_steps']} "
             f"steps, outer Nesterov lr {r['outer_lr']:g} momentum {r['outer_momentum']:g}. "
-            f"MB = 10^6 bytes, uploads plus model downloads of all workers.\n"
+            f"MB = 10^6 bytes, uploads plus downloads (model or int8 step) of all workers.\n"
             f"\"x sync\" / \"x fedavg\": that reference's bytes divided by this strategy's (higher = fewer bytes)."
             + (f"\nsync is evaluated every {every} steps, so its bytes to a target may be overstated by up to "
                f"{every - 1} steps' worth." if every > 1 else ""))

@@ -34,6 +34,7 @@ GROUPED_DATA: tuple[str, ...] = ("shakespeare",)
 PARTITIONS = ("iid", "dirichlet", "shards", "groups", "local")
 OPTIMIZERS = ("sgd", "momentum", "adam", "adamw")
 STRATEGIES = ("fedavg", "fedavgm", "fedadam", "diloco")
+CODECS = ("none", "fp16", "int8", "topk")
 AGGREGATION_MODES = ("tree", "flat-robust")
 NORM_BOUND_MODES = ("clip", "reject")
 DP_ON_BUDGET = ("stop", "warn")
@@ -76,6 +77,7 @@ class JobSpec:
     norm_bound: float = 0.0
     norm_bound_mode: str = "clip"
     codec: str = "none"
+    error_feedback: bool = True
     group_size: int = 4
     min_nodes: int = 2
     seed: int = 0
@@ -329,7 +331,8 @@ _CHECKS: dict[str, Callable[[Any], Any]] = {
     "aggregation_mode": _choice(AGGREGATION_MODES),
     "norm_bound": _float(0.0, strict=False),
     "norm_bound_mode": _choice(NORM_BOUND_MODES),
-    "codec": _text(allow_empty=False),
+    "codec": _choice(CODECS),
+    "error_feedback": _bool,
     "group_size": _int(2),
     "min_nodes": _int(1),
     "seed": _int(0),

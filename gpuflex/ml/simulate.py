@@ -17,7 +17,6 @@ from typing import Any
 
 import numpy as np
 
-from aggregation.compression import ErrorFeedback
 from gpuflex.jobspec import JobSpec
 from gpuflex.ml.workload import Workload
 
@@ -27,28 +26,29 @@ def simulate(
     num_parts: int,
     rounds: int | None = None,
     *,
-    error_feedback: bool = False,
+    error_feedback: bool | None = None,
     eval_every: int = 1,
 ) -> list[dict[str, Any]]:
     """Run ``rounds`` (default ``spec.rounds``) of the job over ``num_parts`` in-process nodes.
 
-    ``error_feedback`` keeps each member's codec residual for its next round
-    (aggregation.compression.ErrorFeedback); the node does not do this yet, so it is off by
-    default. The model is evaluated every ``eval_every`` rounds and after the last.
+    ``error_feedback`` overrides the job's setting (whether a lossy codec's residual is
+    carried into the member's next update). The model is evaluated every ``eval_every``
+    rounds and after the last.
 
     Returns one record per round: test loss and accuracy of the new global model (NaN when not
     evaluated that round), the mean local training loss, optimizer steps per member, the
     slowest node's local training seconds, and the bytes on the wire: every member's encoded
-    update (``upload_bytes``) and every member's copy of the committed model blob, optimizer
-    state included (``download_bytes``).
+    update (``upload_bytes``) and what every member downloads to hold the committed model
+    (``download_bytes``): the encoded step where the job's codec lets members replay it,
+    else the model blob, optimizer state included.
     """
     from gpuflex.node.modelblob import pack_model
-    from gpuflex.node.pipeline import DeltaEncoder, decode_payload, make_reducer, server_optimizer
+    from gpuflex.node.pipeline import DeltaEncoder, decode_payload, make_reducer, outer_step
 
+    if error_feedback is not None:
+        spec = dataclasses.replace(spec, error_feedback=error_feedback)
     nodes = [Workload(spec, i, num_parts) for i in range(num_parts)]
     encoders = [DeltaEncoder(spec) for _ in nodes]
-    feedback = [ErrorFeedback(e.codec) if error_feedback and e.codec else None for e in encoders]
-    optimizer = server_optimizer(spec)
     params, state = nodes[0].initial_params(), {}
     total = rounds or spec.rounds
     history: list[dict[str, Any]] = []
@@ -56,19 +56,16 @@ def simulate(
         start = time.perf_counter()
         reducer = make_reducer(spec, is_root=True)
         losses, weights, seconds, steps, uploaded = [], [], [], [], 0
-        for i, (node, encoder, fb) in enumerate(zip(nodes, encoders, feedback, strict=True)):
+        for i, (node, encoder) in enumerate(zip(nodes, encoders, strict=True)):
             delta, metrics = node.train(params)
-            if fb is None:
-                payload = encoder.encode(delta, node.num_samples)
-            else:
-                payload = fb.compress(encoder.privatize(delta)).to_bytes()
+            payload = encoder.encode(delta, node.num_samples)
             uploaded += len(payload)
             reducer.add(decode_payload(spec, payload, delta.size), node.num_samples, f"node-{i}")
             losses.append(metrics["train_loss"])
             weights.append(node.num_samples)
             seconds.append(metrics["seconds"])
             steps.append(metrics["steps"])
-        params, state = optimizer.step(params, reducer.result(), state)
+        params, state, step = outer_step(spec, params, state, reducer.result())
         params = np.asarray(params, dtype=np.float32)
         scores = (nodes[0].evaluate(params) if r % eval_every == 0 or r == total
                   else {"loss": float("nan"), "accuracy": float("nan")})
@@ -80,7 +77,7 @@ def simulate(
                 "train_loss": float(np.average(losses, weights=weights)),
                 "steps": float(np.mean(steps)),
                 "upload_bytes": uploaded,
-                "download_bytes": num_parts * len(pack_model(params, state)),
+                "download_bytes": num_parts * len(step if step is not None else pack_model(params, state)),
                 "max_train_seconds": max(seconds),
                 "round_seconds": time.perf_counter() - start,
             }

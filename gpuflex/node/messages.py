@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from mesh.blob import valid_hash
 from mesh.codec import Envelope, WireError, open_envelope, register_kind, seal
 from mesh.identity import Identity
 
@@ -170,6 +171,7 @@ class Result:
     metrics: dict[str, Any]
     strategy: str
     env: Envelope
+    step_hash: str | None = None  # the encoded step members rebuild the model from, if any
 
     @property
     def digest(self) -> str:
@@ -186,9 +188,12 @@ def parse_result(env: Envelope) -> Result:
         partials=_bytes_list(b, "partials", what), contributors=_get(b, "contributors", list, what),
         absent=_str_list(b, "absent", what), metrics=_get(b, "metrics", dict, what),
         strategy=_get(b, "strategy", str, what), env=env,
+        step_hash=_get(b, "step_hash", str, what) if "step_hash" in b else None,
     )
     if res.coordinator != env.sender:
         raise WireError("garbled", "result must be signed by its coordinator")
+    if res.step_hash is not None and not valid_hash(res.step_hash):
+        raise WireError("garbled", "result field 'step_hash' is not a blob hash")
     return res
 
 

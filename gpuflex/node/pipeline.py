@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from aggregation.clipping import norm_bound
-from aggregation.compression import decode_delta, make_codec
+from aggregation.compression import Codec, ErrorFeedback, decode_delta, make_codec
 from aggregation.dp import add_gaussian_noise, clip_to_norm
 from aggregation.errors import AggregationError
 from aggregation.robust import Rule, make_rule
@@ -208,6 +208,9 @@ class DeltaEncoder:
     def __init__(self, spec: JobSpec, rng: np.random.Generator | None = None) -> None:
         self.spec = spec
         self.codec = make_codec(spec.codec) if spec.codec != "none" else None
+        # What a lossy codec drops (top-k most of all) is sent in a later round instead of
+        # lost; the residual stays on this node and follows the DP noise, never the raw delta.
+        self.feedback = ErrorFeedback(self.codec) if self.codec is not None and spec.error_feedback else None
         self.rng = rng or np.random.default_rng()
         self.last_clip_scale = 1.0
 
@@ -224,7 +227,12 @@ class DeltaEncoder:
             return secagg.encode(delta, samples)
         if self.codec is None:
             return np.ascontiguousarray(delta, dtype="<f4").tobytes()
-        return self.codec.encode(np.ascontiguousarray(delta, dtype=np.float32)).to_bytes()
+        delta = np.ascontiguousarray(delta, dtype=np.float32)
+        if self.feedback is not None:
+            if self.feedback.residual is not None and self.feedback.residual.size != delta.size:
+                self.feedback.reset()
+            return self.feedback.compress(delta).to_bytes()
+        return self.codec.encode(delta).to_bytes()
 
 
 def secagg_member(spec: JobSpec, identity: Identity, plan: Plan) -> SecAggMember | None:
@@ -276,6 +284,49 @@ def decode_payload(spec: JobSpec, payload: bytes, size: int) -> np.ndarray:
     if vec.size != size or not np.all(np.isfinite(vec)):
         raise WireError("garbled", "decoded delta has the wrong size or non-finite values")
     return vec
+
+
+#: Codecs whose output members can replay: the averaged step travels in them instead of the model.
+STEP_CODECS = ("fp16", "int8")
+
+
+def step_codec(spec: JobSpec) -> Codec | None:
+    """The codec the committed step travels in, or None when members download the model.
+
+    Top-k is left out on purpose: a sparse average with no error feedback at the root would
+    drop most of every round's progress.
+    """
+    return make_codec(spec.codec) if spec.codec in STEP_CODECS else None
+
+
+def outer_step(spec: JobSpec, params: np.ndarray, state: dict[str, np.ndarray],
+               avg: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray], bytes | None]:
+    """The root's step: the new model, its optimizer state, and the encoded step (or None).
+
+    With a step codec the root encodes the average first and applies the decoded step, so
+    every member that holds the previous model rebuilds the new one bit for bit from about a
+    quarter (int8) of the model's bytes, optimizer state included, and checks it against the
+    model hash in the signed result. The step is defined by what the members can replay.
+    """
+    codec = step_codec(spec)
+    step: bytes | None = None
+    if codec is not None:
+        step = codec.encode(np.ascontiguousarray(avg, dtype=np.float32)).to_bytes()
+        avg = decode_delta(step)
+    new_params, new_state = server_optimizer(spec).step(params, avg, state)
+    return new_params, new_state, step
+
+
+def replay_step(spec: JobSpec, params: np.ndarray, state: dict[str, np.ndarray],
+                step: bytes) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """A member's side of ``outer_step``: the new model from the previous one and the step."""
+    try:
+        avg = decode_delta(step)
+    except AggregationError as exc:
+        raise WireError("garbled", f"committed step could not be decoded: {exc}") from None
+    if avg.size != params.size:
+        raise WireError("garbled", f"committed step has {avg.size} values, the model {params.size}")
+    return server_optimizer(spec).step(params, avg, state)
 
 
 def server_optimizer(spec: JobSpec) -> ServerOptimizer:

@@ -51,14 +51,15 @@ from gpuflex.node.pipeline import (
     decode_payload,
     describe_rule,
     make_reducer,
+    outer_step,
+    replay_step,
     scripted_dropout,
     secagg_member,
-    server_optimizer,
 )
 from gpuflex.node.ranking import coordinator_ranking
 from gpuflex.privacy import STOP, WARN, budget_status, epsilon_spent
 from gpuflex.secure import SecAggMember, SecAggReducer, answer_recovery, collect_answers
-from mesh.blob import blob_hash
+from mesh.blob import BlobError, blob_hash
 from mesh.codec import WireError, open_envelope, seal
 from mesh.fsutil import StateWriteError
 from mesh.health import DOWN
@@ -110,6 +111,7 @@ class JobRunner:
         self.ready = trio.Event()
         self.syncing = False
         self.encoder = DeltaEncoder(spec)
+        self.steps_replayed = 0  # committed models rebuilt from the encoded step, not downloaded
         # Secure aggregation: this node's masking side per (round, attempt, leader), kept to answer
         # its leader's recovery request (two coordinators may plan the same attempt, with other
         # leaders), and the group reports of attempts that were aborted.
@@ -370,8 +372,6 @@ class JobRunner:
 
     async def _model(self, digest: str, providers: list[str]) -> tuple[np.ndarray, dict[str, np.ndarray]]:
         """The model blob ``digest``, re-fetched from peers if the local copy fails its hash."""
-        from mesh.blob import BlobError
-
         await self.mesh.fetch_blob(digest, providers)
         try:
             data = self.mesh.blobs.read(digest, verify=True)
@@ -380,6 +380,31 @@ class JobRunner:
             await self.mesh.fetch_blob(digest, providers or self.mesh.peers.alive())
             data = self.mesh.blobs.read(digest, verify=True)
         return unpack_model(data)
+
+    async def _committed_model(self, res: Result) -> None:
+        """Hold the model a result commits: rebuilt from the previous model and the encoded
+        step where the root sent one, else (or if the rebuild does not match) downloaded."""
+        blobs = self.mesh.blobs
+        if res.step_hash is not None and not blobs.has(res.model_hash) and blobs.has(res.base_hash):
+            try:
+                await self.mesh.fetch_blob(res.step_hash, [res.coordinator], timeout=60)
+                data = await trio.to_thread.run_sync(self._replay, res)
+                if blob_hash(data) == res.model_hash:
+                    blobs.put(data)
+                    self.steps_replayed += 1
+                else:
+                    log.warning("round %d: the model rebuilt from the step does not match %s; "
+                                "downloading it", res.round, res.model_hash[:12])
+            except (BlobError, WireError) as exc:
+                log.info("round %d: rebuilding from the step failed (%s); downloading the model",
+                         res.round, exc)
+        await self._model(res.model_hash, [res.coordinator])
+
+    def _replay(self, res: Result) -> bytes:
+        assert res.step_hash is not None
+        params, state = unpack_model(self.mesh.blobs.read(res.base_hash, verify=True))
+        step = self.mesh.blobs.read(res.step_hash, verify=True)
+        return pack_model(*replay_step(self.spec, params, state, step))
 
     async def _train_and_send(self, plan: Plan) -> None:
         r = plan.round
@@ -656,9 +681,9 @@ class JobRunner:
             await self.mesh.broadcast(seal(self.mesh.identity, ABORT, body))
             return
         params, state = await self._model(plan.base_hash, [])
-        opt = server_optimizer(self.spec)
-        new_params, new_state = opt.step(params, avg, state)
+        new_params, new_state, step = await trio.to_thread.run_sync(outer_step, self.spec, params, state, avg)
         model_hash = self.mesh.blobs.put(pack_model(new_params, new_state))
+        step_hash = self.mesh.blobs.put(step) if step is not None else None
         evaluation = await trio.to_thread.run_sync(self.workload.evaluate, new_params)
         total = sum(u.samples for u in contributions)
         train_loss = sum(u.metrics.get("train_loss", 0.0) * u.samples for u in contributions) / max(1, total)
@@ -676,6 +701,7 @@ class JobRunner:
                              for u in contributions],
             "absent": sorted(set(plan.members) - present), "metrics": metrics, "strategy": self.spec.strategy,
             "rule": describe_rule(self.spec), "spec_hash": blob_hash(self.spec.canonical_bytes()),
+            **({"step_hash": step_hash} if step_hash is not None else {}),
             **({"secagg": self.secagg_history.get(plan.round, []) + (secagg_reports or [])}
                if self.spec.secure_aggregation else {}),
         })
@@ -726,7 +752,7 @@ class JobRunner:
                 verify_chain([*self.ledger.frames, frame], self.job_id)
                 if res.metrics.get("contributors", 0) < self.spec.min_nodes:
                     raise LedgerError(f"round {res.round}: fewer contributions than min_nodes")
-                await self._model(res.model_hash, [res.coordinator])
+                await self._committed_model(res)
                 self.ledger.append(frame, res)
                 self.m.write_recovered(self)
                 assert self._nursery is not None
@@ -773,7 +799,7 @@ class JobRunner:
             "members": list(plan.members) if plan else self.eligible(), "error": self.error,
             "waiting": self.waiting if self.state == "running" else "", "write_error": self.write_error,
             "attempt": plan.attempt if plan else 0, "tree": dict(plan.parent) if plan else {},
-            "model_hash": self.head_model,
+            "model_hash": self.head_model, "steps_replayed": self.steps_replayed,
             "epsilon": epsilon_spent(self.spec, len(self.ledger)) if self.spec.uses_dp else None,
             "epsilon_budget": self.spec.dp_epsilon_budget or None,
             "metrics": [{"round": x.round, "coordinator": x.coordinator, **{k: x.metrics.get(k) for k in
