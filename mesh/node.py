@@ -280,19 +280,25 @@ class MeshNode:
             self._info_loading.discard(peer)
 
     async def _discovery_loop(self) -> None:
+        """Walk the DHT often while this node is new and rarely after; but read the routing
+        table and the open connections every ``refresh_fast_s`` all along, which costs no
+        traffic, so a peer that dials in (a newcomer's own walk) is known within a second."""
         started = time.monotonic()
+        next_walk = started
         while True:
-            with trio.move_on_after(10):
-                try:
-                    await self.dht.refresh_routing_table()
-                except Exception as exc:
-                    log.debug("routing table refresh failed: %s", exc)
+            if time.monotonic() >= next_walk:
+                with trio.move_on_after(10):
+                    try:
+                        await self.dht.refresh_routing_table()
+                    except Exception as exc:
+                        log.debug("routing table refresh failed: %s", exc)
+                fast = time.monotonic() - started < self.config.fast_refresh_period_s
+                next_walk = time.monotonic() + (self.config.refresh_fast_s if fast else self.config.refresh_slow_s)
             try:
                 self._learn_routing_table()
             except Exception as exc:
                 log.warning("could not read the routing table: %s", exc)
-            fast = time.monotonic() - started < self.config.fast_refresh_period_s
-            await trio.sleep(self.config.refresh_fast_s if fast else self.config.refresh_slow_s)
+            await trio.sleep(max(0.0, min(self.config.refresh_fast_s, next_walk - time.monotonic())))
 
     async def _publish_loop(self) -> None:
         delay = 1.0

@@ -81,20 +81,18 @@ def test_member_death_late_joiner_and_hostile_peer(mesh_factory, tmp_path) -> No
     mesh.wait_connected(60)
     ids = peer_ids(mesh, range(4))
     # Slow rounds (200 local epochs, a few seconds each, as real rounds are) so a joining
-    # process, which needs several seconds to start, is up within a round or two.
+    # process, which needs several seconds to start, is up before the round it joins in ends.
     slow = {**FAST, "local_epochs": 200, "train_timeout_s": 60.0}
-    job = mesh.submit(digits_spec(rounds=6, min_nodes=2, **slow))
+    job = mesh.submit(digits_spec(rounds=4, min_nodes=2, **slow))
 
     attack: dict[str, str] = {}
     attacker = threading.Thread(target=lambda: attack.update(hostile=trio.run(
         hostile_peer, mesh.bootstrap, list(ids)[:2], job, tmp_path / "hostile")))
     attacker.start()
 
+    # Round 3: a node joins the mesh while a member dies in its local training.
     wait_round(mesh, 0, job, 2)
-    mesh.start_node(4)  # joins mid-job
-    joiner = mesh.call(4, "status")["peer_id"]
-
-    wait_round(mesh, 0, job, 3)
+    mesh.start_node(4, wait=False)
     training: list[int] = []
 
     def someone_training() -> bool:
@@ -107,9 +105,11 @@ def test_member_death_late_joiner_and_hostile_peer(mesh_factory, tmp_path) -> No
     mesh.kill(victim, signal.SIGKILL)
     survivors = [i for i in (0, 1, 2, 3, 4) if i != victim]
     victim_id = next(p for p, i in ids.items() if i == victim)
+    joiner = mesh.wait_api(4, timeout=60)["peer_id"]
 
     mesh.wait_job(job, survivors, timeout=300)
-    rows = assert_one_ledger(mesh, survivors, job, 6)
+    rows = assert_one_ledger(mesh, survivors, job, 4)
+    assert killed_in == 3, "the member must die before the last round, so later rounds show it gone"
     row = rows[killed_in - 1]
     contributors = {c["peer"] for c in row["contributors"]}
     assert victim_id not in contributors
