@@ -1,25 +1,29 @@
-"""A direct TCP side channel for blob bytes, keyed through the authenticated libp2p stream.
+"""A direct TCP side channel for bulk bytes, keyed through the authenticated libp2p stream.
 
 py-libp2p moves every byte through Python-level Noise (64 KiB messages) and yamux framing,
-which caps a blob transfer near a tenth of what the same TCP socket can carry. Blobs are
-almost all of a round's traffic, so they get their own path, while everything that needs
-trust stays on the libp2p stream:
+which caps a blob transfer near a tenth of what the same TCP socket can carry. Blobs and
+update payloads are almost all of a round's traffic, so they get their own path, while
+everything that needs trust stays on the libp2p stream:
 
-* the request, the blob's hash and size, and a fresh random 32-byte key travel inside the
+* the request, the size (and a blob's hash), and a fresh random 32-byte key travel inside the
   Noise session, so only the authenticated peer learns the key;
 * the bytes then travel over a plain TCP connection in sealed frames (AES-256-GCM where the
   CPU has AES instructions, ChaCha20-Poly1305 elsewhere, both from OpenSSL, which releases
-  the GIL and runs several GB/s). Each frame's nonce is a counter plus a direction tag and
+  the GIL and runs several GB/s). Each frame's nonce is a counter plus a tag (hello or data) and
   the associated data is the transfer id, so reordered, replayed, injected or cut frames fail
   authentication;
-* the receiver proves it holds the key (a sealed hello) before a byte is sent, so a stranger
-  who reaches the port first learns nothing and is dropped.
+* the dialer proves it holds the key (a sealed hello) before a byte moves either way, so a
+  stranger who reaches the port first learns nothing, delivers nothing, and is dropped.
 
-The sender's listener exists for one transfer only: bound to the node's own listen host on a
-fresh port, answering only the requesting peer's IP, closed after the transfer or after
-``ACCEPT_TIMEOUT_S``. When the receiver cannot connect (a NAT, a firewall) it says so on the
-libp2p stream and the bytes come over libp2p as before. The blob hash is still checked on
-arrival: the channel proves who sent the bytes, the hash proves they are the right ones.
+Who listens depends on who could dial whom. A blob's server listens and the fetching peer
+dials (``BulkSender`` / ``BulkReceiver``); a large message payload is pushed, so the
+receiving node listens where the pusher already reached it over libp2p and the pusher dials
+(``BulkInbox`` / ``BulkPusher``, driven by ``mesh.push``). Either listener exists for one
+transfer only: bound to the node's own listen host on a fresh port, answering only the
+peer's IP, closed after the transfer or after ``ACCEPT_TIMEOUT_S``. When the dialer cannot
+connect (a NAT, a firewall) it says so on the libp2p stream and the bytes come over libp2p
+as before. A blob's hash is still checked on arrival: the channel proves who sent the bytes,
+the hash proves they are the right ones.
 """
 
 from __future__ import annotations
@@ -48,8 +52,8 @@ IO_TIMEOUT_S = 15.0  # no progress this long ends the transfer (a cut link, a st
 MAX_STRANGERS = 8  # connections that fail the hello before the listener gives up
 HELLO = b"gpuflex-bulk-hello"
 _LEN = struct.Struct(">I")
-_TO_RECEIVER = b"\x00\x00\x00\x01"
-_TO_SENDER = b"\x00\x00\x00\x02"
+_DATA = b"\x00\x00\x00\x01"  # nonce tag of payload frames, which flow one way per transfer
+_HELLO = b"\x00\x00\x00\x02"  # nonce tag of the dialer's proof of the key
 CIPHERS = ("aes256gcm", "chacha20poly1305")
 
 
@@ -133,8 +137,9 @@ def _read_frame(sock: socket.socket, buf: bytearray, limit: int) -> memoryview:
     return view
 
 
-class BulkSender:
-    """One transfer's listening socket on the serving side."""
+class _Listening:
+    """The side that opens a one-off port: it answers only the peer's IP, and only a dialer
+    that proves it holds the key (a sealed hello) gets a byte in either direction."""
 
     def __init__(self, host: str, peer_ip: str | None, cipher: str) -> None:
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -150,7 +155,7 @@ class BulkSender:
         self._conn: socket.socket | None = None
 
     def close(self) -> None:
-        """Stop waiting (the receiver fell back, or the transfer was cancelled)."""
+        """Stop waiting (the peer fell back, or the transfer was cancelled)."""
         self._closed.set()
         with contextlib.suppress(OSError):
             self._listener.close()
@@ -159,6 +164,15 @@ class BulkSender:
                 self._conn.shutdown(socket.SHUT_RDWR)
 
     def _accept(self) -> socket.socket:
+        try:
+            conn = self._accept_hello()
+        finally:
+            with contextlib.suppress(OSError):
+                self._listener.close()
+        self._conn = conn
+        return conn
+
+    def _accept_hello(self) -> socket.socket:
         aead = _aead(self.offer.cipher, self.offer.key)
         buf = bytearray(len(HELLO) + TAG)
         deadline = time.monotonic() + ACCEPT_TIMEOUT_S
@@ -173,7 +187,7 @@ class BulkSender:
                 if self._peer_ip is not None and addr[0] != self._peer_ip:
                     raise WireError("auth", f"bulk connection from {addr[0]}, not the requesting peer")
                 hello = _read_frame(conn, buf, len(HELLO))
-                if aead.decrypt(_nonce(0, _TO_SENDER), hello, self.offer.tid) != HELLO:
+                if aead.decrypt(_nonce(0, _HELLO), hello, self.offer.tid) != HELLO:
                     raise WireError("auth", "bulk hello does not match")
             except Exception:
                 conn.close()
@@ -182,55 +196,9 @@ class BulkSender:
             return conn
         raise BulkUnavailable("the peer never opened the bulk channel")
 
-    def serve(self, path: Path, size: int) -> int:
-        """Blocking: send ``size`` bytes of ``path`` in sealed frames; returns bytes sent."""
-        try:
-            conn = self._accept()
-        finally:
-            with contextlib.suppress(OSError):
-                self._listener.close()
-        self._conn = conn
-        aead = _aead(self.offer.cipher, self.offer.key)
-        frame = memoryview(bytearray(_LEN.size + FRAME + TAG))
-        sent = 0
-        try:
-            with conn, open(path, "rb") as fh, _mapped(fh, size) as source:
-                counter = 0
-                while sent < size and not self._closed.is_set():
-                    n = min(FRAME, size - sent)
-                    sealed = aead.encrypt_into(_nonce(counter, _TO_RECEIVER), source[sent : sent + n],
-                                               self.offer.tid, frame[_LEN.size : _LEN.size + n + TAG])
-                    _LEN.pack_into(frame, 0, sealed)
-                    conn.sendall(frame[: _LEN.size + sealed])
-                    sent += n
-                    counter += 1
-        finally:
-            self._conn = None
-        return sent
 
-
-@contextlib.contextmanager
-def _mapped(fh: Any, size: int) -> Iterator[memoryview]:
-    """The file's pages, read in place: sealing straight from the page cache skips a copy."""
-    if os.fstat(fh.fileno()).st_size < size:
-        raise WireError("truncated", "blob file is shorter than its announced size")
-    mapping = mmap.mmap(fh.fileno(), size, prot=mmap.PROT_READ) if size else None
-    view = memoryview(mapping) if mapping is not None else memoryview(b"")
-    try:
-        yield view
-    finally:
-        view.release()
-        if mapping is not None:
-            mapping.close()
-
-
-class BulkReceiver:
-    """One transfer's connecting side.
-
-    Each frame is read into one buffer, decrypted in place and handed to ``sink`` (hash and
-    file write) on the same thread while it is still in the CPU cache: on two cores, with the
-    sender on the other, a separate hashing thread only added contention.
-    """
+class _Dialing:
+    """The side that connects to the peer's one-off port and proves it holds the key."""
 
     def __init__(self, host: str, offer: BulkOffer) -> None:
         self.host = host
@@ -248,7 +216,7 @@ class BulkReceiver:
         with contextlib.suppress(OSError):
             self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
         aead = _aead(self.offer.cipher, self.offer.key)
-        sealed = aead.encrypt(_nonce(0, _TO_SENDER), HELLO, self.offer.tid)
+        sealed = aead.encrypt(_nonce(0, _HELLO), HELLO, self.offer.tid)
         self._sock.sendall(_LEN.pack(len(sealed)) + sealed)
 
     def abort(self) -> None:
@@ -257,35 +225,117 @@ class BulkReceiver:
             with contextlib.suppress(OSError):
                 self._sock.shutdown(socket.SHUT_RDWR)
 
-    def receive(self, size: int, sink: Callable[[bytes], None]) -> None:
-        """Blocking: read ``size`` plaintext bytes, passing each frame to ``sink`` in order."""
+    def _connected(self) -> socket.socket:
         if self._sock is None:
             raise BulkUnavailable("bulk channel not connected")
-        aead = _aead(self.offer.cipher, self.offer.key)
-        buf = bytearray(FRAME + TAG)
-        got = 0
-        counter = 0
+        return self._sock
+
+
+def _send_sealed(conn: socket.socket, offer: BulkOffer, source: memoryview, stop: threading.Event) -> int:
+    """Blocking: ``source`` in sealed frames, each sealed straight into one reused buffer."""
+    aead = _aead(offer.cipher, offer.key)
+    frame = memoryview(bytearray(_LEN.size + FRAME + TAG))
+    size = len(source)
+    sent = 0
+    counter = 0
+    with conn:
+        while sent < size and not stop.is_set():
+            n = min(FRAME, size - sent)
+            sealed = aead.encrypt_into(_nonce(counter, _DATA), source[sent : sent + n], offer.tid,
+                                       frame[_LEN.size : _LEN.size + n + TAG])
+            _LEN.pack_into(frame, 0, sealed)
+            conn.sendall(frame[: _LEN.size + sealed])
+            sent += n
+            counter += 1
+    return sent
+
+
+def _receive_sealed(sock: socket.socket, offer: BulkOffer, size: int, sink: Callable[[memoryview], None],
+                    stop: threading.Event) -> None:
+    """Blocking: read ``size`` plaintext bytes, passing each frame to ``sink`` in order.
+
+    Each frame is read into one buffer, decrypted in place and handed to ``sink`` (hash and
+    file write, or a copy into memory) on the same thread while it is still in the CPU cache:
+    on two cores, with the sender on the other, a separate hashing thread only added contention.
+    """
+    aead = _aead(offer.cipher, offer.key)
+    buf = bytearray(FRAME + TAG)
+    got = 0
+    counter = 0
+    try:
+        with sock:
+            while got < size and not stop.is_set():
+                sealed = _read_frame(sock, buf, FRAME)
+                try:
+                    n = aead.decrypt_into(_nonce(counter, _DATA), sealed, offer.tid, sealed[: len(sealed) - TAG])
+                except Exception:
+                    raise WireError("auth", f"bulk frame {counter} failed authentication") from None
+                if got + n > size:
+                    raise WireError("oversized", f"bulk channel sent more than the {size} bytes announced")
+                sink(sealed[:n])
+                got += n
+                counter += 1
+    except OSError as exc:
+        if stop.is_set():
+            raise BulkUnavailable("bulk transfer cancelled") from None
+        raise WireError("truncated", f"bulk channel failed after {got} of {size} bytes: "
+                                     f"{exc.strerror or exc}") from None
+    if got < size:
+        raise BulkUnavailable("bulk transfer cancelled")
+
+
+class BulkSender(_Listening):
+    """A blob's serving side: it listens, the fetching peer dials in and is sent the bytes."""
+
+    def serve(self, path: Path, size: int) -> int:
+        """Blocking: send ``size`` bytes of ``path``; returns bytes sent."""
+        conn = self._accept()
         try:
-            with self._sock:
-                while got < size and not self._aborted.is_set():
-                    sealed = _read_frame(self._sock, buf, FRAME)
-                    try:
-                        n = aead.decrypt_into(_nonce(counter, _TO_RECEIVER), sealed, self.offer.tid,
-                                              sealed[: len(sealed) - TAG])
-                    except Exception:
-                        raise WireError("auth", f"bulk frame {counter} failed authentication") from None
-                    if got + n > size:
-                        raise WireError("oversized", f"bulk channel sent more than the {size} bytes announced")
-                    sink(sealed[:n])
-                    got += n
-                    counter += 1
-        except OSError as exc:
-            if self._aborted.is_set():
-                raise BulkUnavailable("bulk transfer cancelled") from None
-            raise WireError("truncated", f"bulk channel failed after {got} of {size} bytes: "
-                                         f"{exc.strerror or exc}") from None
-        if got < size:
-            raise BulkUnavailable("bulk transfer cancelled")
+            with open(path, "rb") as fh, _mapped(fh, size) as source:
+                return _send_sealed(conn, self.offer, source, self._closed)
+        finally:
+            self._conn = None
+
+
+class BulkReceiver(_Dialing):
+    """A blob's fetching side: it dials the server's port and receives."""
+
+    def receive(self, size: int, sink: Callable[[memoryview], None]) -> None:
+        _receive_sealed(self._connected(), self.offer, size, sink, self._aborted)
+
+
+class BulkInbox(_Listening):
+    """A pushed payload's receiving side (a large message): it listens where the pusher
+    already reached it over libp2p, so the TCP connection goes the way the peer could dial."""
+
+    def receive(self, size: int, sink: Callable[[memoryview], None]) -> None:
+        conn = self._accept()
+        try:
+            _receive_sealed(conn, self.offer, size, sink, self._closed)
+        finally:
+            self._conn = None
+
+
+class BulkPusher(_Dialing):
+    """A pushed payload's sending side: it dials the receiver's port and sends."""
+
+    def send(self, source: memoryview) -> int:
+        return _send_sealed(self._connected(), self.offer, source, self._aborted)
+
+
+@contextlib.contextmanager
+def _mapped(fh: Any, size: int) -> Iterator[memoryview]:
+    """The file's pages, read in place: sealing straight from the page cache skips a copy."""
+    if os.fstat(fh.fileno()).st_size < size:
+        raise WireError("truncated", "blob file is shorter than its announced size")
+    mapping = mmap.mmap(fh.fileno(), size, prot=mmap.PROT_READ) if size else None
+    view = memoryview(mapping) if mapping is not None else memoryview(b"")
+    try:
+        yield view
+    finally:
+        view.release()
+        if mapping is not None:
+            mapping.close()
 
 
 def bind_host(listen: list[str]) -> str | None:

@@ -55,6 +55,7 @@ from mesh.messaging import (
     SeenCache,
     SendError,
 )
+from mesh.push import PUSH_FLAG, PUSH_MIN, push_payload, receive_pushed
 from mesh.records import NODEINFO_NS, RecordValidator, nodeinfo_key
 
 log = logging.getLogger("mesh.node")
@@ -389,10 +390,17 @@ class MeshNode:
         if env.sender != remote:
             raise WireError("impersonation", f"{env.kind} signed by {env.sender[-8:]} arrived from {remote[-8:]}")
         size = await read_len64(stream)
+        pushed = bool(size & PUSH_FLAG)
+        size &= ~PUSH_FLAG
         if size > self.config.max_payload:
             raise WireError("oversized", f"payload of {size} bytes exceeds {self.config.max_payload}")
         payload: bytes | None = None
-        if size:
+        if pushed and size:
+            bulk_host = bulk.bind_host(self.config.listen) if self._use_bulk() else None
+            payload, via_bulk = await receive_pushed(stream, size, bulk_host)
+            if via_bulk:
+                self.bulk_bytes_received += size
+        elif size:
             buf = bytearray(size)
             await read_into(stream, memoryview(buf))
             payload = bytes(buf)
@@ -451,11 +459,14 @@ class MeshNode:
                 try:
                     await write_frame(stream, frame)
                     size = 0 if payload is None else len(payload)
-                    await write_len64(stream, size)
-                    if payload is not None:
-                        view = memoryview(payload)
-                        for start in range(0, size, 1 << 20):
-                            await stream.write(bytes(view[start : start + (1 << 20)]))
+                    view = memoryview(payload if payload is not None else b"")
+                    if size >= PUSH_MIN and self._use_bulk():
+                        on_stream = not await push_payload(stream, view)
+                    else:
+                        await write_len64(stream, size)
+                        on_stream = True
+                    for start in range(0, size if on_stream else 0, 1 << 20):
+                        await stream.write(bytes(view[start : start + (1 << 20)]))
                     self.bytes_sent += len(frame) + size
                     reply = await read_obj(stream, MAX_FRAME)
                 finally:

@@ -9,8 +9,11 @@ import pytest
 import trio
 
 from mesh.blob import BlobError, BlobIntegrityError, blob_hash
+from mesh.codec import register_kind, seal
 from mesh.identity import Identity
+from mesh.messaging import Inbound
 from mesh.node import MeshConfig, MeshNode
+from mesh.push import PUSH_MIN
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -113,5 +116,65 @@ async def test_an_unreachable_bulk_port_falls_back_to_libp2p(tmp_path: Path, mon
             assert path.read_bytes() == payload
             assert b.bulk_bytes_received == 0
             assert a.peers.get(b.peer_id) is None or a.peers.get(b.peer_id).penalty == 0
+            a.stop()
+            b.stop()
+
+
+register_kind("bulky", 4096)
+
+
+@pytest.mark.parametrize(("sender_bulk", "receiver_bulk", "size"),
+                         [(True, True, 3 << 20), (True, False, 3 << 20), (True, True, (1 << 20) - 1)])
+async def test_a_large_message_payload_is_pushed_over_the_bulk_channel(
+        tmp_path: Path, sender_bulk: bool, receiver_bulk: bool, size: int) -> None:
+    """A member's update is a request payload: above 1 MiB it takes the side channel when the
+    receiver runs it, and arrives whole either way, bound to its signed frame."""
+    payload = os.urandom(size)
+    got: list[tuple[str, bytes | None]] = []
+
+    async def keep(msg: Inbound) -> dict[str, int]:
+        got.append((msg.envelope.sender, msg.payload))
+        return {"n": len(msg.payload or b"")}
+
+    a_config = config(tmp_path, "a")
+    a_config.bulk_channel = receiver_bulk
+    async with MeshNode.start(Identity.generate(), a_config) as a:
+        a.handlers.register("bulky", keep)
+        b_config = config(tmp_path, "b", a.multiaddrs()[:1])
+        b_config.bulk_channel = sender_bulk
+        async with MeshNode.start(Identity.generate(), b_config) as b:
+            with trio.fail_after(60):
+                reply = await b.request(a.peer_id, seal(b.identity, "bulky", {"i": 1}), payload)
+            assert reply == {"n": size}
+            assert got == [(b.peer_id, payload)]
+            pushed = receiver_bulk and sender_bulk and size >= PUSH_MIN
+            assert a.bulk_bytes_received == (size if pushed else 0)
+            a.stop()
+            b.stop()
+
+
+async def test_a_pusher_that_cannot_dial_falls_back_to_libp2p(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from mesh import bulk
+
+    opened = bulk.BulkInbox.__init__
+
+    def port_closed_at_once(self: bulk.BulkInbox, *args: object, **kwargs: object) -> None:
+        opened(self, *args, **kwargs)  # type: ignore[arg-type]
+        self._listener.close()  # as if a firewall stood in front of the receiver's port
+
+    monkeypatch.setattr(bulk.BulkInbox, "__init__", port_closed_at_once)
+    payload = os.urandom(2 << 20)
+    got: list[bytes | None] = []
+
+    async def keep(msg: Inbound) -> None:
+        got.append(msg.payload)
+
+    async with MeshNode.start(Identity.generate(), config(tmp_path, "a")) as a:
+        a.handlers.register("bulky", keep)
+        async with MeshNode.start(Identity.generate(), config(tmp_path, "b", a.multiaddrs()[:1])) as b:
+            with trio.fail_after(60):
+                await b.request(a.peer_id, seal(b.identity, "bulky", {"i": 2}), payload)
+            assert got == [payload]
+            assert a.bulk_bytes_received == 0
             a.stop()
             b.stop()

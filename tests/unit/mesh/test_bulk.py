@@ -203,3 +203,46 @@ def test_bind_host_is_the_address_the_user_asked_for() -> None:
     assert bulk.bind_host(["/ip4/10.1.2.3/tcp/4001"]) == "10.1.2.3"
     assert bulk.bind_host(["/ip6/::1/tcp/4001"]) == "::1"
     assert bulk.bind_host(["/ip4/1.2.3.4/udp/4001/quic"]) is None
+
+
+class Inbox:
+    """A pushed payload's receiver listening on a thread; ``result`` is the bytes or the exception."""
+
+    def __init__(self, size: int, cipher: str = "chacha20poly1305") -> None:
+        self.inbox = bulk.BulkInbox(LOOPBACK, LOOPBACK, cipher)
+        self.result: bytes | BaseException | None = None
+        self.thread = threading.Thread(target=self._run, args=(size,), daemon=True)
+        self.thread.start()
+
+    def _run(self, size: int) -> None:
+        chunks: list[bytes] = []
+        try:
+            self.inbox.receive(size, lambda view: chunks.append(bytes(view)))
+            self.result = b"".join(chunks)
+        except BaseException as exc:
+            self.result = exc
+
+    def join(self) -> bytes | BaseException | None:
+        self.thread.join(10)
+        assert not self.thread.is_alive()
+        return self.result
+
+
+@pytest.mark.parametrize("size", [1, 2 * bulk.FRAME + 7])
+def test_a_pushed_payload_goes_the_other_way_intact(size: int) -> None:
+    data = os.urandom(size)
+    inbox = Inbox(size)
+    pusher = bulk.BulkPusher(LOOPBACK, inbox.inbox.offer)
+    pusher.connect()
+    assert pusher.send(memoryview(data)) == size
+    assert inbox.join() == data
+
+
+def test_a_pusher_with_the_wrong_key_delivers_nothing() -> None:
+    inbox = Inbox(10_000)
+    offer = inbox.inbox.offer
+    forged = bulk.BulkPusher(LOOPBACK, bulk.BulkOffer(offer.port, os.urandom(32), offer.tid, offer.cipher))
+    forged.connect()
+    with contextlib.suppress(OSError):  # the inbox hangs up on it
+        forged.send(memoryview(os.urandom(10_000)))
+    assert isinstance(inbox.join(), bulk.BulkUnavailable)  # no byte taken from the stranger

@@ -1,0 +1,119 @@
+"""Large message payloads (a member's update, a leader's partial) over the bulk side channel.
+
+A request carries its payload behind the signed frame. Through py-libp2p's Python-level Noise
+and yamux that runs near a tenth of what the TCP socket can carry, and an update the size of
+the model is most of a round's upload, so above ``PUSH_MIN`` bytes the requester offers the
+side channel of ``mesh.bulk`` instead:
+
+* the length goes out with ``PUSH_FLAG`` set, then the requester's ciphers, inside Noise;
+* the receiver opens a one-off port (``BulkInbox``) where the requester already reached it
+  over libp2p, and answers with the port and a fresh key, inside Noise; a receiver with the
+  channel off answers with no offer;
+* the requester dials, proves the key, and sends sealed frames, then says ``done``; when it
+  cannot dial it says ``fallback`` and the payload follows on the libp2p stream as before.
+
+The payload stays bound to the signed frame because both travel on the same authenticated
+stream's exchange, and a handler only sees the payload once every frame has authenticated.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import trio
+
+from mesh import bulk
+from mesh.codec import WireError
+from mesh.framing import Stream, read_into, read_obj, write_len64, write_obj
+
+log = logging.getLogger("gpuflex.mesh.push")
+
+#: Payloads at least this large are offered the side channel; below it the extra round trip
+#: and TCP connection cost more than Noise does.
+PUSH_MIN = 1 << 20
+#: Set in the payload length word when a side-channel offer follows.
+PUSH_FLAG = 1 << 63
+
+
+async def push_payload(stream: Stream, payload: memoryview) -> bool:
+    """The requester's side, right after the frame: True when the payload went over the side
+    channel, False when the caller must write it on the stream (length already sent)."""
+    await write_len64(stream, len(payload) | PUSH_FLAG)
+    await write_obj(stream, {"bulk": bulk.preferred_ciphers()})
+    answer: Any = await read_obj(stream, 4096)
+    wire = answer.get("bulk") if isinstance(answer, dict) else None
+    if wire is None:
+        return False  # the receiver runs without the channel
+    offer = bulk.BulkOffer.from_wire(wire)
+    host = bulk.peer_ip(stream)
+    pusher = bulk.BulkPusher(host or "", offer)
+    try:
+        if host is None:
+            raise bulk.BulkUnavailable("the peer's address is unknown")
+        await trio.to_thread.run_sync(pusher.connect, abandon_on_cancel=True)
+    except bulk.BulkUnavailable as exc:
+        log.info("payload sent over libp2p: %s", exc)
+        await write_obj(stream, {"fallback": True})
+        return False
+    try:
+        await trio.to_thread.run_sync(pusher.send, payload, abandon_on_cancel=True)
+    except BaseException:
+        pusher.abort()
+        raise
+    await write_obj(stream, {"done": True})
+    return True
+
+
+async def receive_pushed(stream: Stream, size: int, bulk_host: str | None) -> tuple[bytes, bool]:
+    """The handler's side, after a length with ``PUSH_FLAG``: the payload, and whether it came
+    over the side channel (``bulk_host`` None: this node declines the offer)."""
+    ask: Any = await read_obj(stream, 4096)
+    cipher = bulk.choose_cipher(ask.get("bulk") if isinstance(ask, dict) else None) if bulk_host else None
+    inbox: bulk.BulkInbox | None = None
+    if cipher is not None and bulk_host is not None:
+        try:
+            inbox = bulk.BulkInbox(bulk_host, bulk.peer_ip(stream), cipher)
+        except bulk.BulkUnavailable as exc:
+            log.info("payload taken over libp2p: %s", exc)
+    await write_obj(stream, {"bulk": inbox.offer.to_wire()} if inbox is not None else {})
+    buf = bytearray(size)
+    if inbox is not None and await _take(stream, inbox, buf):
+        return bytes(buf), True
+    await read_into(stream, memoryview(buf))
+    return bytes(buf), False
+
+
+async def _take(stream: Stream, inbox: bulk.BulkInbox, buf: bytearray) -> bool:
+    """Receive into ``buf`` over the side channel; False when the requester fell back."""
+    view = memoryview(buf)
+    filled = 0
+    failure: list[BaseException] = []
+
+    def sink(chunk: memoryview) -> None:
+        nonlocal filled
+        view[filled : filled + len(chunk)] = chunk
+        filled += len(chunk)
+
+    async with trio.open_nursery() as nursery:
+
+        async def receive() -> None:
+            try:
+                await trio.to_thread.run_sync(inbox.receive, len(buf), sink, abandon_on_cancel=True)
+            except (bulk.BulkUnavailable, WireError, OSError) as exc:
+                failure.append(exc)
+
+        nursery.start_soon(receive)
+        try:
+            verdict: Any = await read_obj(stream, 64)
+        except BaseException:
+            inbox.close()
+            raise
+        if isinstance(verdict, dict) and verdict.get("fallback"):
+            inbox.close()
+            nursery.cancel_scope.cancel()
+            return False
+    if failure or filled != len(buf):
+        detail = failure[0] if failure else f"{filled} of {len(buf)} bytes"
+        raise WireError("truncated", f"pushed payload did not arrive over the bulk channel: {detail}")
+    return True
