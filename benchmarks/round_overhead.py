@@ -45,10 +45,8 @@ KB = 1000
 def job_spec(nodes: int, rounds: int, batch_size: int, local_steps: int) -> dict[str, Any]:
     """The demo job cut to a little local training, waiting for every node before round 1.
 
-    ``local_steps=0`` means one local epoch. With ``local_steps=1`` a member's update can reach
-    the coordinator before the coordinator has applied its own plan (``MeshNode.broadcast``
-    forwards before it delivers locally); the update is refused and the round stalls until
-    its deadline, so the default is one epoch, which leaves the plan time to land.
+    ``local_steps=0`` means one local epoch; ``--local-steps 1`` leaves the mesh's own cost
+    almost alone in the round.
     """
     from gpuflex.jobspec import JobSpec, example_job_toml, tomllib
 
