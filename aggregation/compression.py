@@ -120,11 +120,16 @@ class Fp16Codec:
 
     def encode(self, vec: np.ndarray) -> EncodedDelta:
         flat = as_vector(vec, "delta", check_finite=False)
-        low, high = float(flat.min()), float(flat.max())
-        if not (low >= -_FP16_MAX and high <= _FP16_MAX):
-            ensure_finite(flat, "delta")
-            raise AggregationError(f"delta has values beyond the fp16 range (+-{_FP16_MAX:g})")
-        return EncodedDelta(self.name, flat.size, _blocked_cast(flat, "<f2").tobytes())
+        # The range check rides along with the cast, block by block, while each block is in
+        # the cache; the payload is the cast array's own buffer, not a copy of it.
+        out = np.empty(flat.size, dtype="<f2")
+        for sl in blocks(flat.size, BLOCK // 4):
+            block = flat[sl]
+            if not (block.min() >= -_FP16_MAX and block.max() <= _FP16_MAX):
+                ensure_finite(flat, "delta")
+                raise AggregationError(f"delta has values beyond the fp16 range (+-{_FP16_MAX:g})")
+            np.copyto(out[sl], block, casting="same_kind")
+        return EncodedDelta(self.name, flat.size, memoryview(out).cast("B"))
 
     def decode(self, enc: EncodedDelta) -> np.ndarray:
         _expect(enc, self.name, 2 * enc.size)

@@ -43,7 +43,7 @@ class EncodedDelta:
 
     codec: str
     size: int
-    payload: bytes
+    payload: bytes | memoryview  # a codec may hand over its array's buffer without a copy
     meta: Mapping[str, np.ndarray] = field(default_factory=dict)
 
     @property
@@ -54,8 +54,8 @@ class EncodedDelta:
     def to_bytes(self) -> bytes:
         """Serialise to the self-describing layout in the module docstring."""
         name = self.codec.encode("ascii")
-        parts = [MAGIC, _U8.pack(VERSION), _U8.pack(len(name)), name]
-        parts += [_U64.pack(self.size), _U64.pack(len(self.payload)), bytes(self.payload)]
+        parts: list[bytes | memoryview] = [MAGIC, _U8.pack(VERSION), _U8.pack(len(name)), name]
+        parts += [_U64.pack(self.size), _U64.pack(len(self.payload)), self.payload]
         parts.append(_U8.pack(len(self.meta)))
         for key, value in self.meta.items():
             arr = np.ascontiguousarray(value)

@@ -120,6 +120,20 @@ def test_non_finite_input_raises(name: str) -> None:
 def test_fp16_out_of_range_raises() -> None:
     with pytest.raises(AggregationError, match="fp16 range"):
         make_codec("fp16").encode(np.array([1e5], np.float32))
+    # The check runs block by block with the cast: a bad value deep in a long vector counts.
+    far = np.zeros(1_000_003, np.float32)
+    far[-1] = -7e4
+    with pytest.raises(AggregationError, match="fp16 range"):
+        make_codec("fp16").encode(far)
+    far[-1] = np.nan
+    with pytest.raises(AggregationError, match="NaN or inf"):
+        make_codec("fp16").encode(far)
+
+
+@settings(max_examples=50, deadline=None)
+@given(vec=hnp.arrays(np.float32, st.integers(1, 70_000), elements=st.floats(-65504, 65504, width=32)))
+def test_fp16_payload_is_numpys_own_cast(vec: np.ndarray) -> None:
+    assert bytes(make_codec("fp16").encode(vec).payload) == vec.astype("<f2").tobytes()
 
 
 def test_codec_factory_errors() -> None:
