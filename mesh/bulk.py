@@ -291,7 +291,7 @@ class BulkSender(_Listening):
         """Blocking: send ``size`` bytes of ``path``; returns bytes sent."""
         conn = self._accept()
         try:
-            with open(path, "rb") as fh, _mapped(fh, size) as source:
+            with conn, open(path, "rb") as fh, _mapped(fh, size) as source:
                 return _send_sealed(conn, self.offer, source, self._closed)
         finally:
             self._conn = None

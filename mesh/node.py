@@ -396,8 +396,7 @@ class MeshNode:
             raise WireError("oversized", f"payload of {size} bytes exceeds {self.config.max_payload}")
         payload: bytes | None = None
         if pushed and size:
-            bulk_host = bulk.bind_host(self.config.listen) if self._use_bulk() else None
-            payload, via_bulk = await receive_pushed(stream, size, bulk_host)
+            payload, via_bulk = await receive_pushed(stream, size, self._bulk_host())
             if via_bulk:
                 self.bulk_bytes_received += size
         elif size:
@@ -435,8 +434,7 @@ class MeshNode:
             log.info("ignored gossiped %s from %s: %s", env.kind, env.sender[-8:], exc)
 
     async def _handle_blob(self, stream: Any, remote: str) -> None:
-        bulk_host = bulk.bind_host(self.config.listen) if self._use_bulk() else None
-        digest = await serve_blob(stream, self.blobs, bulk_host=bulk_host)
+        digest = await serve_blob(stream, self.blobs, bulk_host=self._bulk_host())
         if digest:
             self.bytes_sent += self.blobs.size(digest)
 
@@ -527,6 +525,10 @@ class MeshNode:
 
     def _use_bulk(self) -> bool:
         return self.config.bulk_channel and not bulk.env_disabled()
+
+    def _bulk_host(self) -> str | None:
+        """Where this node may open a one-off bulk port: its --listen host, if it runs the channel."""
+        return bulk.bind_host(self.config.listen) if self._use_bulk() else None
 
     async def announce_blob(self, digest: str) -> None:
         """Advertise a provider record so any peer can find this blob by hash."""
