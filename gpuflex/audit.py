@@ -26,10 +26,11 @@ from gpuflex.node.messages import (
     Result,
     parse_partial,
     parse_plan,
+    parse_secagg_reports,
     walk_contributions,
 )
 from mesh.blob import blob_hash
-from mesh.codec import open_envelope
+from mesh.codec import WireError, open_envelope
 
 
 class AuditError(ValueError):
@@ -164,8 +165,18 @@ def verify_ledger(path: str | Path, model: str | Path | None = None) -> AuditRep
     return report
 
 
+def _secagg_reports(body: dict[str, Any], round_: int) -> list[dict[str, Any]]:
+    """The secure-aggregation group reports a result carries (who masked, who dropped, whether
+    the sum was recovered); a malformed list is an audit failure, not a crash."""
+    try:
+        return list(parse_secagg_reports(body.get("secagg", []), "result"))
+    except WireError as exc:
+        raise AuditError(round_, f"secure-aggregation report is malformed: {exc}") from None
+
+
 def round_rows(results: list[Result]) -> list[dict[str, Any]]:
-    """Per round: coordinator, leaders, contributors with samples, absentees, rule and metrics."""
+    """Per round: coordinator, leaders, contributors with samples, absentees, rule, metrics, and
+    the secure-aggregation group reports."""
     rows = []
     for res in results:
         body = res.env.body if isinstance(res.env.body, dict) else {}
@@ -176,5 +187,6 @@ def round_rows(results: list[Result]) -> list[dict[str, Any]]:
                              for u in walk_contributions(res.updates, res.partials, res.job, res.round)],
             "absent": list(res.absent), "rule": body.get("rule"), "strategy": res.strategy,
             "metrics": res.metrics, "model_hash": res.model_hash, "result_hash": res.digest,
+            "secagg": _secagg_reports(body, res.round),
         })
     return rows

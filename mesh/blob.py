@@ -105,6 +105,15 @@ class BlobStore:
             raise BlobError(f"blob {digest[:16]}… was corrupt on disk and has been removed")
         return data
 
+    def discard(self, digest: str) -> bool:
+        """Remove a blob nobody needs any more; True if it was there. A transfer already
+        serving it keeps its open file."""
+        try:
+            self.path(digest).unlink()
+        except FileNotFoundError:
+            return False
+        return True
+
     def chunks(self, digest: str) -> Iterator[bytes]:
         with open(self.path(digest), "rb") as fh:
             while chunk := fh.read(CHUNK):

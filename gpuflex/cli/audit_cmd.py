@@ -49,7 +49,10 @@ def show(ledger: Path = LedgerArg, json_out: bool = JsonOpt) -> None:
         results = load_results(ledger)
     except AuditError as exc:
         fail(str(exc))
-    rows, totals = round_rows(results), credit(results)
+    try:
+        rows, totals = round_rows(results), credit(results)
+    except AuditError as exc:
+        fail(str(exc))
     if json_out:
         emit_json({"job": results[-1].job, "rounds": rows, "credit": totals})
         return
@@ -62,6 +65,11 @@ def show(ledger: Path = LedgerArg, json_out: bool = JsonOpt) -> None:
             typer.echo(f"    {short(c['peer'], 16):>20}  {c['samples']:>8} samples")
         if row["absent"]:
             typer.echo(f"    absent: {', '.join(short(p) for p in row['absent'])}")
+        for rep in row["secagg"]:
+            outcome = "recovered" if rep["recovered"] else f"not recovered: {rep['reason']}"
+            dropped = ", ".join(short(p) for p in rep["dropped"]) or "none"
+            typer.echo(f"    secure aggregation, group of {short(rep['leader'])} (attempt {rep['attempt']}): "
+                       f"{len(rep['survivors'])} masked and present, dropped {dropped}; {outcome}")
     typer.echo("credit (sample-steps accepted)")
     for peer, value in totals.items():
         typer.echo(f"    {peer}  {value}")

@@ -212,6 +212,10 @@ class JobManager:
             runner.emit("state_write_recovered", len(runner.ledger), message=(
                 f"job {runner.job_id}: the ledger is saved again, at round {len(runner.ledger)}"))
 
+    def blobs_in_use(self) -> set[str]:
+        """Every job's recent models and steps: two jobs started alike share an initial model."""
+        return set().union(*(r.recent_blobs() for r in self.runners.values()))
+
     # -- catch-up sync ------------------------------------------------------------------------
 
     async def _on_sync(self, msg: Inbound) -> dict[str, Any]:

@@ -75,6 +75,10 @@ MIN_TRAIN_S = 15.0
 PLAN_TIMEOUT_S = 6.0
 REDUCE_SLACK_S = 5.0
 PRESENCE_FRESH_S = 10.0
+#: Committed models (and their steps) a node keeps: the head, and the one before it, which a
+#: ledger restored from its backup copy would return to. Older ones are deleted, or a long job
+#: would fill the disk with a model per round.
+MODELS_KEPT = 2
 
 
 class JobRunner:
@@ -399,6 +403,27 @@ class JobRunner:
                 log.info("round %d: rebuilding from the step failed (%s); downloading the model",
                          res.round, exc)
         await self._model(res.model_hash, [res.coordinator])
+
+    def recent_blobs(self) -> set[str]:
+        """The models (and steps) this job still needs on this node."""
+        recent = self.ledger.results[-MODELS_KEPT:]
+        keep = {x.model_hash for x in recent} | {x.step_hash for x in recent if x.step_hash}
+        if len(self.ledger.results) < MODELS_KEPT:
+            keep.add(self.init_hash)
+        return keep
+
+    def _prune_blobs(self) -> None:
+        """Delete the model (and step) that the last commit moved out of ``recent_blobs``."""
+        gone = len(self.ledger.results) - MODELS_KEPT  # the round whose model just left the window
+        if gone < 0:
+            return
+        old = self.ledger.results[gone - 1] if gone else None
+        stale = {self.init_hash} if old is None else {old.model_hash, old.step_hash or ""}
+        for digest in stale - self.m.blobs_in_use() - {""}:
+            try:
+                self.mesh.blobs.discard(digest)
+            except OSError as exc:
+                log.warning("could not delete old model blob %s: %s", str(digest)[:12], exc)
 
     def _replay(self, res: Result) -> bytes:
         assert res.step_hash is not None
@@ -755,6 +780,7 @@ class JobRunner:
                 await self._committed_model(res)
                 self.ledger.append(frame, res)
                 self.m.write_recovered(self)
+                self._prune_blobs()
                 assert self._nursery is not None
                 # Any peer (a late joiner, a node resyncing) can now find the model by hash.
                 self._nursery.start_soon(self.mesh.announce_blob, res.model_hash)

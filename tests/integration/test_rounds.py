@@ -36,6 +36,11 @@ def test_six_nodes_four_rounds(mesh_factory) -> None:
     hashes = {mesh.job(i, job)["model_hash"] for i in range(6)}
     assert len(hashes) == 1
     assert hashes == {rows[-1]["model_hash"]}
+    # Old models are deleted as rounds commit: each node keeps the last two, not one per round.
+    for i in range(6):
+        blobs = mesh.home(i) / "blobs"
+        assert (blobs / rows[-1]["model_hash"]).exists() and (blobs / rows[-2]["model_hash"]).exists()
+        assert not any((blobs / r["model_hash"]).exists() for r in rows[:-2])
 
 
 def test_int8_diloco_members_rebuild_each_model_and_results_export_to_plain_torch(mesh_factory, tmp_path) -> None:

@@ -12,7 +12,9 @@ from mesh.identity import Identity
 JOB = "job0000000000001"
 
 
-def make_chain(rounds: int = 3, members: int = 3) -> tuple[list[bytes], list[Identity]]:
+def make_chain(rounds: int = 3, members: int = 3,
+               secagg: dict[int, list[dict]] | None = None) -> tuple[list[bytes], list[Identity]]:
+    """``secagg`` maps a round to the group reports its result carries."""
     ids = [Identity(bytes([i + 1]) * 32) for i in range(members)]
     frames: list[bytes] = []
     prev, base = "", blob_hash(b"model-0")
@@ -36,7 +38,7 @@ def make_chain(rounds: int = 3, members: int = 3) -> tuple[list[bytes], list[Ide
             "job": JOB, "round": r, "attempt": 0, "coordinator": coord.peer_id, "prev_result": prev,
             "base_hash": base, "model_hash": model, "plan": plan, "updates": updates, "partials": [],
             "contributors": contributors, "absent": [], "metrics": {"accuracy": 0.5 + r / 10, "contributors": 3},
-            "strategy": "fedavg"})
+            "strategy": "fedavg", **({"secagg": secagg[r]} if secagg and r in secagg else {})})
         frames.append(frame)
         from mesh.codec import open_envelope
 

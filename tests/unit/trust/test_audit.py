@@ -93,3 +93,28 @@ def test_cli_exit_codes(tmp_path: Path, chain: tuple) -> None:
     data = json.loads(runner.invoke(app, ["audit", "show", str(good), "--json"]).stdout)
     assert [len(r["contributors"]) for r in data["rounds"]] == [3, 3, 3]
     assert runner.invoke(app, ["audit", "verify", str(tmp_path / "nope")]).exit_code == 1
+
+
+def test_show_lists_each_secure_aggregation_group_report(tmp_path: Path) -> None:
+    _, ids = make_chain(1, 3)  # the same fixed identities sign every chain make_chain builds
+    leader, member, gone = (i.peer_id for i in ids)
+    reports = {2: [{"leader": leader, "attempt": 0, "survivors": [leader, member], "dropped": [gone],
+                    "recovered": True, "reason": ""}],
+               3: [{"leader": member, "attempt": 1, "survivors": [member], "dropped": [leader, gone],
+                    "recovered": False, "reason": "2 survivors < threshold 3"}]}
+    frames, _ = make_chain(3, 3, secagg=reports)
+    runner = CliRunner()
+    shown = runner.invoke(app, ["audit", "show", str(write(tmp_path / "l", frames))])
+    assert shown.exit_code == 0, shown.output
+    lines = [line for line in shown.output.splitlines() if "secure aggregation" in line]
+    assert len(lines) == 2
+    assert "2 masked and present" in lines[0] and lines[0].endswith("; recovered")
+    assert "(attempt 1)" in lines[1] and "not recovered: 2 survivors < threshold 3" in lines[1]
+    data = json.loads(runner.invoke(app, ["audit", "show", str(tmp_path / "l"), "--json"]).stdout)
+    assert [len(r["secagg"]) for r in data["rounds"]] == [0, 1, 1]
+
+
+def test_show_refuses_a_malformed_secure_aggregation_report(tmp_path: Path) -> None:
+    frames, _ = make_chain(2, 3, secagg={2: [{"leader": 7}]})
+    shown = CliRunner().invoke(app, ["audit", "show", str(write(tmp_path / "l", frames))])
+    assert shown.exit_code == 1 and "round 2" in shown.output and "secure-aggregation report" in shown.output
