@@ -48,7 +48,7 @@ def pick_device() -> torch.device:
 
 
 def make_optimizer(model: nn.Module, spec: JobSpec) -> torch.optim.Optimizer:
-    """An inner optimizer: its state is local and never averaged."""
+    """A fresh inner optimizer every round: its state is local and never averaged (FedAvg)."""
     params = model.parameters()
     if spec.optimizer == "sgd":
         return torch.optim.SGD(params, lr=spec.lr, weight_decay=spec.weight_decay)
@@ -88,17 +88,12 @@ def _to_device(
 
 
 def local_train(
-    model: nn.Module, loader: DataLoader, spec: JobSpec, device: torch.device,
-    optimizer: torch.optim.Optimizer | None = None,
+    model: nn.Module, loader: DataLoader, spec: JobSpec, device: torch.device
 ) -> dict[str, Any]:
-    """Train in place; returns the mean loss, samples seen and optimizer steps taken.
-
-    ``optimizer`` carries an inner optimizer's state over from the previous round (DiLoCo);
-    without it each round starts a fresh one.
-    """
+    """Train in place; returns the mean loss, samples seen and optimizer steps taken."""
     configure_threads()
     model.to(device).train()
-    optimizer = optimizer or make_optimizer(model, spec)
+    optimizer = make_optimizer(model, spec)
     loss_fn = nn.CrossEntropyLoss()
     total_loss, samples, steps = 0.0, 0, 0
     for x, y in _batches(loader, spec):

@@ -107,7 +107,6 @@ class Workload:
         # here, at join time, rather than inside round 1's training deadline.
         make_optimizer(self._model, spec)
         self._trained_rounds = 0
-        self._optimizer: torch.optim.Optimizer | None = None
         self.set_part(part_index, num_parts)
 
     def set_part(self, part_index: int, num_parts: int) -> None:
@@ -155,10 +154,8 @@ class Workload:
         with self._lock:
             load_flat_params(self._model, base)
             start = time.perf_counter()
-            if self.spec.train_fn:
-                metrics = run_train_fn(self._model, self._loader(), self.spec, self.device)
-            else:
-                metrics = local_train(self._model, self._loader(), self.spec, self.device, self._inner_optimizer())
+            step = run_train_fn if self.spec.train_fn else local_train
+            metrics = step(self._model, self._loader(), self.spec, self.device)
             seconds = time.perf_counter() - start
             self._trained_rounds += 1
             delta = flatten_params(self._model) - base
@@ -166,16 +163,6 @@ class Workload:
         metrics["samples_per_s"] = metrics["samples"] / seconds if seconds > 0 else 0.0
         metrics["dataset_size"] = self.num_samples
         return delta.astype(np.float32, copy=False), metrics
-
-    def _inner_optimizer(self) -> torch.optim.Optimizer | None:
-        """DiLoCo's workers keep their inner AdamW state from round to round (the model's
-        parameters are overwritten in place, so the optimizer still points at them); FedAvg
-        and its kin start each round fresh."""
-        if self.spec.strategy != "diloco":
-            return None
-        if self._optimizer is None:
-            self._optimizer = make_optimizer(self._model, self.spec)
-        return self._optimizer
 
     def evaluate(self, params: np.ndarray) -> dict[str, float]:
         """Loss and accuracy on the shared held-out test split."""

@@ -27,20 +27,3 @@ def test_diloco_int8_matches_fp32_loss_with_a_quarter_of_the_upload_and_an_eight
     down32 = sum(h["download_bytes"] for h in fp32)
     down8 = sum(h["download_bytes"] for h in int8)
     assert down8 <= 0.15 * down32
-
-
-def test_diloco_members_keep_their_inner_adamw_state_between_rounds():
-    from gpuflex.ml.workload import Workload
-
-    spec = dataclasses.replace(DILOCO, local_steps=3)
-    node = Workload(spec, 0, 2)
-    base = node.initial_params()
-    node.train(base)
-    opt = node._inner_optimizer()
-    assert opt is not None
-    steps = [int(s["step"]) for s in opt.state.values()]
-    assert steps and all(n == 3 for n in steps)
-    node.train(base)  # a new round from a new global model: the moments carry on
-    assert node._inner_optimizer() is opt and all(int(s["step"]) == 6 for s in opt.state.values())
-    fedavg = Workload(dataclasses.replace(spec, strategy="fedavg"), 0, 2)
-    assert fedavg._inner_optimizer() is None
