@@ -7,6 +7,7 @@ import logging
 import os
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -128,7 +129,8 @@ class NodeRuntime:
             await nursery.start(self.mesh.run)
             for addr in self.mesh.multiaddrs():
                 log.info("gpuflex node %s listening on %s", self.identity.peer_id, addr)
-            nursery.start_soon(trio.to_thread.run_sync, warm_up_torch)
+            # Abandoned on stop: a node stopped while torch still imports must not wait for it.
+            nursery.start_soon(partial(trio.to_thread.run_sync, warm_up_torch, abandon_on_cancel=True))
             await nursery.start(self.jobs.run)
             port = await nursery.start(control.run)
             log.info("control API on 127.0.0.1:%d (token in %s)", port, self.home / "control.token")
