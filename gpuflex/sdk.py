@@ -240,21 +240,6 @@ def submit(model_fn: Ref, data_fn: Ref, *, home: str | os.PathLike[str] | None =
 # --- an in-process mesh -------------------------------------------------------------------------
 
 
-def _warm_up_torch() -> None:
-    """Pay torch's first-optimizer-step imports here, at normal priority, before any node starts.
-
-    Each node warms torch up on a low-priority worker thread. Nodes in separate processes do not
-    mind, but in one process that thread holds the import lock and the GIL while it runs at nice
-    19, and every node's event loop and training stall behind it (rounds started a minute late).
-    """
-    import torch
-
-    param = torch.zeros(1, requires_grad=True)
-    opt = torch.optim.SGD([param], lr=0.1, momentum=0.9)
-    param.sum().backward()
-    opt.step()
-
-
 class LocalCluster:
     """``size`` NodeRuntimes in one trio program on a daemon thread, on 127.0.0.1 only."""
 
@@ -274,7 +259,12 @@ class LocalCluster:
 
     def start(self, timeout: float = 60.0) -> LocalCluster:
         """Start every node and wait until each sees all the others as up."""
-        _warm_up_torch()
+        # Pay torch's first-optimizer-step imports here, at normal priority, before any node
+        # starts: each node warms torch up on a worker thread, which in one process holds the
+        # import lock and the GIL while every node's event loop and training stall behind it.
+        from gpuflex.node.runtime import warm_up_torch
+
+        warm_up_torch()
         self._thread = threading.Thread(target=self._thread_main, args=(timeout,),
                                         name="gpuflex-local-mesh", daemon=True)
         self._thread.start()
