@@ -23,6 +23,7 @@ import trio
 from mesh import bulk
 from mesh.codec import WireError
 from mesh.framing import Stream, read_exactly, read_obj, write_obj
+from mesh.push import dial_and_transfer
 
 BLOB_PROTOCOL = "/gpuflex/blob/1.0.0"
 CHUNK = 1 << 20
@@ -277,21 +278,5 @@ async def receive_blob(stream: Stream, store: BlobStore, digest: str, peer: str,
 
 async def _receive_bulk(stream: Stream, wire_offer: object, incoming: IncomingBlob, size: int) -> bool:
     """Take the bytes over the side channel; False (after saying so) when it cannot be reached."""
-    offer = bulk.BulkOffer.from_wire(wire_offer)
-    host = bulk.peer_ip(stream)
-    receiver = bulk.BulkReceiver(host or "", offer)
-    try:
-        if host is None:
-            raise bulk.BulkUnavailable("the peer's address is unknown")
-        await trio.to_thread.run_sync(receiver.connect, abandon_on_cancel=True)
-    except bulk.BulkUnavailable as exc:
-        log.info("blob fetched over libp2p: %s", exc)
-        await write_obj(stream, {"fallback": True})
-        return False
-    try:
-        await trio.to_thread.run_sync(receiver.receive, size, incoming.write, abandon_on_cancel=True)
-    except BaseException:
-        receiver.abort()
-        raise
-    await write_obj(stream, {"done": True})
-    return True
+    return await dial_and_transfer(stream, wire_offer, bulk.BulkReceiver,
+                                   lambda receiver: receiver.receive(size, incoming.write), "blob fetched")

@@ -19,7 +19,8 @@ stream's exchange, and a handler only sees the payload once every frame has auth
 from __future__ import annotations
 
 import logging
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import trio
 
@@ -45,21 +46,34 @@ async def push_payload(stream: Stream, payload: memoryview) -> bool:
     wire = answer.get("bulk") if isinstance(answer, dict) else None
     if wire is None:
         return False  # the receiver runs without the channel
-    offer = bulk.BulkOffer.from_wire(wire)
+    return await dial_and_transfer(stream, wire, bulk.BulkPusher, lambda pusher: pusher.send(payload),
+                                   "payload sent")
+
+
+Dialer = TypeVar("Dialer", bulk.BulkReceiver, bulk.BulkPusher)
+
+
+async def dial_and_transfer(stream: Stream, wire_offer: object, dialer_type: type[Dialer],
+                            transfer: Callable[[Dialer], object], what: str) -> bool:
+    """The dialing side of one side-channel transfer, a blob fetch or a pushed payload alike:
+    connect to the offered port, run ``transfer`` on a thread, and tell the listening side
+    ``done``; when the port cannot be reached, tell it ``fallback`` and return False, so the
+    bytes take the libp2p stream instead."""
+    offer = bulk.BulkOffer.from_wire(wire_offer)
     host = bulk.peer_ip(stream)
-    pusher = bulk.BulkPusher(host or "", offer)
+    dialer = dialer_type(host or "", offer)
     try:
         if host is None:
             raise bulk.BulkUnavailable("the peer's address is unknown")
-        await trio.to_thread.run_sync(pusher.connect, abandon_on_cancel=True)
+        await trio.to_thread.run_sync(dialer.connect, abandon_on_cancel=True)
     except bulk.BulkUnavailable as exc:
-        log.info("payload sent over libp2p: %s", exc)
+        log.info("%s over libp2p: %s", what, exc)
         await write_obj(stream, {"fallback": True})
         return False
     try:
-        await trio.to_thread.run_sync(pusher.send, payload, abandon_on_cancel=True)
+        await trio.to_thread.run_sync(transfer, dialer, abandon_on_cancel=True)
     except BaseException:
-        pusher.abort()
+        dialer.abort()
         raise
     await write_obj(stream, {"done": True})
     return True

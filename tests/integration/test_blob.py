@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -20,6 +21,18 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
 def config(tmp: Path, name: str, bootstrap: list[str] | None = None) -> MeshConfig:
     return MeshConfig(listen=["/ip4/127.0.0.1/tcp/0"], bootstrap=bootstrap or [], data_dir=tmp / name)
+
+
+def firewall(monkeypatch: pytest.MonkeyPatch, listener: type) -> None:
+    """Every one-off port of this listening class closes as soon as it opens, as if a
+    firewall stood in front of it."""
+    opened = listener.__init__
+
+    def port_closed_at_once(self: Any, *args: object, **kwargs: object) -> None:
+        opened(self, *args, **kwargs)
+        self._listener.close()
+
+    monkeypatch.setattr(listener, "__init__", port_closed_at_once)
 
 
 async def test_200mb_blob_moves_and_its_hash_is_checked(tmp_path: Path) -> None:
@@ -100,13 +113,7 @@ async def test_bytes_take_the_bulk_channel_when_both_sides_run_it(tmp_path: Path
 async def test_an_unreachable_bulk_port_falls_back_to_libp2p(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from mesh import bulk
 
-    opened = bulk.BulkSender.__init__
-
-    def port_closed_at_once(self: bulk.BulkSender, *args: object, **kwargs: object) -> None:
-        opened(self, *args, **kwargs)  # type: ignore[arg-type]
-        self._listener.close()  # as if a firewall stood in front of the port
-
-    monkeypatch.setattr(bulk.BulkSender, "__init__", port_closed_at_once)
+    firewall(monkeypatch, bulk.BulkSender)
     payload = os.urandom(1 << 20)
     async with MeshNode.start(Identity.generate(), config(tmp_path, "a")) as a:
         digest = a.blobs.put(payload)
@@ -156,13 +163,7 @@ async def test_a_large_message_payload_is_pushed_over_the_bulk_channel(
 async def test_a_pusher_that_cannot_dial_falls_back_to_libp2p(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from mesh import bulk
 
-    opened = bulk.BulkInbox.__init__
-
-    def port_closed_at_once(self: bulk.BulkInbox, *args: object, **kwargs: object) -> None:
-        opened(self, *args, **kwargs)  # type: ignore[arg-type]
-        self._listener.close()  # as if a firewall stood in front of the receiver's port
-
-    monkeypatch.setattr(bulk.BulkInbox, "__init__", port_closed_at_once)
+    firewall(monkeypatch, bulk.BulkInbox)  # the receiver's port this time
     payload = os.urandom(2 << 20)
     got: list[bytes | None] = []
 
