@@ -95,8 +95,9 @@ def test_member_death_late_joiner_and_hostile_peer(mesh_factory, tmp_path) -> No
     mesh.start_node(4, wait=False)
     training: list[int] = []
 
-    def someone_training() -> bool:
-        training[:] = [i for i in (1, 2, 3) if mesh.job(i, job)["phase"] == "train"]
+    def someone_training() -> bool:  # in round 3: two rounds committed, training the third
+        states = {i: mesh.job(i, job) for i in (1, 2, 3)}
+        training[:] = [i for i, s in states.items() if s["phase"] == "train" and s["round"] == 2]
         return bool(training)
 
     mesh.wait_until(someone_training, 120, interval=0.05, what="a member in local training")
