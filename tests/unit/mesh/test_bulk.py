@@ -30,34 +30,46 @@ def _blob(tmp_path: Path, size: int) -> tuple[Path, bytes]:
     return path, data
 
 
-class Serving:
-    """A sender serving one file on a thread; ``result`` is bytes sent or the exception."""
+class OnThread:
+    """Runs ``fn`` on a daemon thread; ``join`` gives its return value or the exception it raised."""
 
-    def __init__(self, path: Path, size: int, cipher: str = "aes256gcm", peer_ip: str | None = LOOPBACK) -> None:
-        self.sender = bulk.BulkSender(LOOPBACK, peer_ip, cipher)
-        self.result: int | BaseException | None = None
-        self.thread = threading.Thread(target=self._run, args=(path, size), daemon=True)
+    def __init__(self, fn: Callable[[], object]) -> None:
+        self.result: object = None
+        self.thread = threading.Thread(target=self._run, args=(fn,), daemon=True)
         self.thread.start()
 
-    def _run(self, path: Path, size: int) -> None:
+    def _run(self, fn: Callable[[], object]) -> None:
         try:
-            self.result = self.sender.serve(path, size)
+            self.result = fn()
         except BaseException as exc:
             self.result = exc
 
-    def join(self) -> int | BaseException | None:
+    def join(self) -> object:
         self.thread.join(10)
         assert not self.thread.is_alive()
         return self.result
 
 
-def _receive(offer: bulk.BulkOffer, size: int, port: int | None = None) -> bytes:
+class Serving(OnThread):
+    """A sender serving one file on a thread; ``result`` is bytes sent or the exception."""
+
+    def __init__(self, path: Path, size: int, cipher: str = "aes256gcm", peer_ip: str | None = LOOPBACK) -> None:
+        self.sender = bulk.BulkSender(LOOPBACK, peer_ip, cipher)
+        super().__init__(lambda: self.sender.serve(path, size))
+
+
+def _collect(receive: Callable[[int, Callable[[memoryview], None]], None], size: int) -> bytes:
+    """What a receiving side's ``receive`` hands over, joined."""
     chunks: list[bytes] = []
+    receive(size, lambda view: chunks.append(bytes(view)))
+    return b"".join(chunks)
+
+
+def _receive(offer: bulk.BulkOffer, size: int, port: int | None = None) -> bytes:
     receiver = bulk.BulkReceiver(LOOPBACK, offer if port is None else bulk.BulkOffer(port, offer.key, offer.tid,
                                                                                      offer.cipher))
     receiver.connect()
-    receiver.receive(size, lambda view: chunks.append(bytes(view)))
-    return b"".join(chunks)
+    return _collect(receiver.receive, size)
 
 
 @pytest.mark.parametrize("cipher", bulk.CIPHERS)
@@ -205,27 +217,12 @@ def test_bind_host_is_the_address_the_user_asked_for() -> None:
     assert bulk.bind_host(["/ip4/1.2.3.4/udp/4001/quic"]) is None
 
 
-class Inbox:
+class Inbox(OnThread):
     """A pushed payload's receiver listening on a thread; ``result`` is the bytes or the exception."""
 
     def __init__(self, size: int, cipher: str = "chacha20poly1305") -> None:
         self.inbox = bulk.BulkInbox(LOOPBACK, LOOPBACK, cipher)
-        self.result: bytes | BaseException | None = None
-        self.thread = threading.Thread(target=self._run, args=(size,), daemon=True)
-        self.thread.start()
-
-    def _run(self, size: int) -> None:
-        chunks: list[bytes] = []
-        try:
-            self.inbox.receive(size, lambda view: chunks.append(bytes(view)))
-            self.result = b"".join(chunks)
-        except BaseException as exc:
-            self.result = exc
-
-    def join(self) -> bytes | BaseException | None:
-        self.thread.join(10)
-        assert not self.thread.is_alive()
-        return self.result
+        super().__init__(lambda: _collect(self.inbox.receive, size))
 
 
 @pytest.mark.parametrize("size", [1, 2 * bulk.FRAME + 7])
