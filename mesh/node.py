@@ -24,6 +24,7 @@ from typing import Any
 import trio
 
 from mesh import __version__, bulk
+from mesh.addressbook import BOOK_FILE, AddressBook
 from mesh.blob import (
     BLOB_PROTOCOL,
     BlobError,
@@ -32,6 +33,8 @@ from mesh.blob import (
     receive_blob,
     serve_blob,
 )
+from mesh.bootstrap import BootstrapError as BootstrapError  # re-exported: callers catch it here
+from mesh.bootstrap import Joiner, JoinPolicy
 from mesh.codec import MAX_FRAME, ReplayGuard, WireError, open_envelope, register_kind, seal
 from mesh.framing import (
     read_exactly,
@@ -68,10 +71,6 @@ EventSink = Callable[..., None]
 PENALTY = {"truncated": 0.5, "stale": 0.5}
 
 
-class BootstrapError(RuntimeError):
-    """None of the bootstrap addresses could be reached."""
-
-
 @dataclass
 class MeshConfig:
     listen: list[str] = field(default_factory=lambda: [DEFAULT_LISTEN])
@@ -90,6 +89,11 @@ class MeshConfig:
     gossip_fanout: int = 3
     # Blob bytes over a one-off sealed TCP side channel (mesh.bulk) rather than through libp2p.
     bulk_channel: bool = True
+    # The peers this node has met, kept across restarts (mesh.addressbook); None: in
+    # <data_dir>/peers.json. A node that has been in a mesh rejoins from it with backoff.
+    address_book: Path | None = None
+    address_book_size: int = 256
+    rejoin_backoff_max_s: float = 60.0
 
 
 class MeshNode:
@@ -103,6 +107,9 @@ class MeshNode:
         self.seen = SeenCache()
         data_dir = config.data_dir or Path.cwd() / ".gpuflex-mesh"
         self.blobs = BlobStore(Path(data_dir) / "blobs")
+        self.book = AddressBook(config.address_book or Path(data_dir) / BOOK_FILE, identity.peer_id,
+                                max_peers=config.address_book_size)
+        self.joiner: Joiner | None = None
         self._on_event = on_event or (lambda *a, **k: None)
         self._nursery: trio.Nursery | None = None
         self._stopped = trio.Event()
@@ -164,7 +171,8 @@ class MeshNode:
             self.handlers.register(INFO_REQUEST, self._answer_info_request)
             async with background_trio_service(self.dht):
                 self._info_frame = self._seal_node_info()
-                await self._bootstrap()
+                await self._join(nursery)
+                nursery.start_soon(self._book_loop)
                 nursery.start_soon(self._discovery_loop)
                 nursery.start_soon(self._health_loop)
                 nursery.start_soon(self._publish_loop)
@@ -218,42 +226,62 @@ class MeshNode:
 
     # -- background loops --------------------------------------------------------------------
 
-    async def _bootstrap(self) -> None:
-        if not self.config.bootstrap:
-            log.info("no bootstrap address: starting a new mesh")
-            return
-        from libp2p.peer.peerinfo import info_from_p2p_addr
+    async def _join(self, nursery: trio.Nursery) -> None:
+        """Dial the bootstrap peers and the address book (mesh.bootstrap); a node that has been
+        in a mesh before waits for it with backoff instead of failing."""
+        from mesh.dialer import Libp2pDialer, bootstrap_candidates, join_candidates
 
-        errors: list[str] = []
-        reached = 0
-        with trio.move_on_after(self.config.bootstrap_timeout_s):
-            for attempt in range(1000):
-                for text in self.config.bootstrap:
-                    try:
-                        pinfo = info_from_p2p_addr(parse_multiaddr(text, "bootstrap address"))
-                    except HostError:
-                        raise
-                    except Exception as exc:
-                        raise HostError(f"bootstrap address {text!r} needs a /p2p/<peer id> part ({exc})") from None
-                    if str(pinfo.peer_id) == self.peer_id:
-                        continue
-                    try:
-                        with trio.fail_after(10):
-                            await self.host.connect(pinfo)
-                        await self.dht.add_peer(pinfo.peer_id)
-                        self.peers.seen(str(pinfo.peer_id))
-                        reached += 1
-                    except Exception as exc:
-                        errors.append(f"{text}: {exc.__class__.__name__} {exc}".strip())
-                if reached:
-                    return
-                await trio.sleep(min(2.0, 0.25 * (attempt + 1)))
-        if not reached and any(
-            str(parse_multiaddr(t, "bootstrap address")).split("/p2p/")[-1] != self.peer_id
-            for t in self.config.bootstrap
-        ):
-            detail = errors[-1] if errors else "timed out"
-            raise BootstrapError(f"cannot reach any bootstrap peer ({detail})")
+        boot = bootstrap_candidates(self.config.bootstrap, self.peer_id)
+        await trio.to_thread.run_sync(self.book.load)
+        dial = Libp2pDialer(self.host)
+        policy = JoinPolicy(first_run_timeout_s=self.config.bootstrap_timeout_s,
+                            backoff_max_s=max(1.0, self.config.rejoin_backoff_max_s))
+
+        async def dial_peer(peer: str, addr: str) -> None:
+            from libp2p.peer.id import ID
+
+            await dial(peer, addr)
+            self.peers.seen(peer)
+            with trio.move_on_after(5), suppress(Exception):
+                await self.dht.add_peer(ID.from_base58(peer))
+
+        def noted(peer: str, addr: str, error: str | None) -> None:
+            if error is None:
+                self.book.reached(peer, addr)
+            else:
+                self.book.failed(peer, addr)
+
+        self.joiner = Joiner(
+            dial_peer, lambda: join_candidates(boot, self.book, self._connected_ids(), policy.max_candidates),
+            lambda: bool(self._connected_ids()), policy, on_event=self._on_event, on_dial=noted)
+        await nursery.start(self.joiner.run, bool(self.book.joined))
+
+    def _connected_ids(self) -> set[str]:
+        return {str(p) for p in self.host.get_connected_peers()} - {self.peer_id}
+
+    async def _book_loop(self) -> None:
+        """Copy what the node learns into the address book, and save it when it changed (at
+        most every few seconds: a killed node loses at most that much)."""
+        try:
+            while True:
+                for rec in self.peers.all():
+                    if rec.state == UP:
+                        claimed = rec.info.get("addrs") if isinstance(rec.info, dict) else None
+                        self.book.seen(rec.peer_id, claimed if isinstance(claimed, list) else [])
+                    if rec.addrs:
+                        self.book.hint(rec.peer_id, rec.addrs)
+                if self.book.dirty:
+                    await self._save_book()
+                await trio.sleep(5.0)
+        finally:
+            with trio.CancelScope(shield=True):
+                await self._save_book()
+
+    async def _save_book(self) -> None:
+        try:
+            await trio.to_thread.run_sync(self.book.save)
+        except OSError as exc:
+            log.warning("could not save the address book: %s", exc)
 
     def _learn_routing_table(self) -> None:
         for pid in self.dht.routing_table.get_peer_ids():
@@ -350,6 +378,8 @@ class MeshNode:
             self._nursery.start_soon(_reset, dropped)  # type: ignore[union-attr]
 
     def _peer_state_changed(self, rec: Any, old: str, new: str) -> None:
+        if new == UP and old == DOWN:
+            rec.info = None  # it may have restarted elsewhere: ask for its NodeInfo (addresses) again
         self._on_event(f"peer_{new}", peer=rec.peer_id, message=f"peer {rec.peer_id[-8:]} is {new}")
 
     # -- inbound streams ---------------------------------------------------------------------
@@ -592,6 +622,8 @@ class MeshNode:
             "bytes_sent": self.bytes_sent,
             "bytes_received": self.bytes_received,
             "bulk_bytes_received": self.bulk_bytes_received,
+            "join": {**(self.joiner.status() if self.joiner else {"state": "joining"}),
+                     "known_peers": len(self.book), "address_book": str(self.book.path or "")},
         }
 
 
