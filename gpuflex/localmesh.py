@@ -61,7 +61,9 @@ class LocalMesh:
 
     # -- processes ---------------------------------------------------------------------------
 
-    def start_node(self, i: int, wait: bool = True, timeout: float = 60.0) -> None:
+    def start_node(self, i: int, wait: bool = True, timeout: float = 60.0, bootstrap: bool = True) -> None:
+        """Start node ``i`` with the first node's original address as ``--bootstrap`` (none for
+        the first node, or with ``bootstrap=False``); a restarted node rejoins through its book."""
         home = self.home(i)
         home.mkdir(parents=True, exist_ok=True)
         (home / CONTROL_FILE).unlink(missing_ok=True)
@@ -70,7 +72,7 @@ class LocalMesh:
                "--listen", f"/ip4/{place.host}/tcp/0", "--log-level", self.log_level, *self.extra_args]
         if self.node_args is not None:
             cmd += list(self.node_args(i))
-        if self.bootstrap and i != 0:
+        if bootstrap and self.bootstrap and i != 0:
             cmd += ["--bootstrap", self.bootstrap]
         log = open(self.log_path(i), "ab")  # noqa: SIM115 - owned by the child process
         self.procs[i] = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env,

@@ -39,7 +39,9 @@ def start(
     bootstrap: list[str] = typer.Option([], "--bootstrap", help="Multiaddr of a mesh peer (/p2p/<id> included)."),
     client: bool = typer.Option(False, "--client", help="DHT client mode, for nodes others cannot reach."),
     bootstrap_timeout: float = typer.Option(30.0, "--bootstrap-timeout", min=1.0,
-                                            help="Seconds to keep trying the --bootstrap peers before giving up."),
+                                            help="Seconds a brand-new node keeps trying its --bootstrap peers "
+                                                 "before giving up (a node that has been in a mesh keeps trying "
+                                                 "its address book, with backoff)."),
     bulk: bool = typer.Option(True, "--bulk/--no-bulk",
                               help="Serve blobs over a one-off sealed TCP port on the --listen host "
                                    "(--no-bulk: every byte through libp2p, no extra port)."),
@@ -52,7 +54,8 @@ def start(
                                           help="Serve Prometheus metrics on ADDR (PORT or HOST:PORT; loopback if only a port)."),
     adversary: str | None = typer.Option(None, hidden=True, help="Test meshes only: behave as KIND."),
 ) -> None:
-    """Start a node; it joins the mesh through --bootstrap, or starts a new mesh without one."""
+    """Start a node; it joins the mesh through --bootstrap and the peers it met before (its address
+    book), or starts a new mesh when it knows none."""
     import trio
 
     from gpuflex import logs

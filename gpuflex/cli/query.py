@@ -36,9 +36,25 @@ def status(home: str | None = HomeOpt, json_out: bool = JsonOpt) -> None:
         typer.echo(f"address  {addr}")
     typer.echo(f"hardware {hardware_summary(st['node_info'])}")
     typer.echo(f"mesh     {m['peers']} peers: {m['up']} up, {m['suspect']} suspect, {m['down']} down")
+    if "join" in st:
+        typer.echo(f"joining  {join_summary(st['join'])}")
     for job in st["jobs"]:
         typer.echo(f"job      {job['job_id']} {job['name']}: {job['state']}, round {job['round']}/{job['rounds']}, "
                    f"phase {job['phase']}, coordinator {short(job['coordinator'])}")
+
+
+def join_summary(join: dict) -> str:
+    """One line on how this node stands with the mesh: connected, or waiting and retrying."""
+    book = f"{join.get('known_peers', 0)} peers in the address book"
+    state = join.get("state")
+    if state == "waiting":
+        retry = join.get("next_retry_s")
+        when = f"retrying in {retry:.0f}s" if isinstance(retry, (int, float)) else "retrying"
+        error = f"; last error: {join['last_error']}" if join.get("last_error") else ""
+        return f"waiting: no known peer answered ({join.get('attempt', 0)} attempts), {when}; {book}{error}"
+    if state == "new-mesh":
+        return f"new mesh: waiting for peers to dial in; {book}"
+    return f"{state}; {book}"
 
 
 def version(json_out: bool = JsonOpt) -> None:

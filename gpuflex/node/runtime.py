@@ -14,7 +14,7 @@ from typing import Any
 import trio
 
 from gpuflex import __version__
-from gpuflex.home import CONTROL_FILE, KEY_FILE
+from gpuflex.home import CONTROL_FILE, KEY_FILE, PEERS_FILE
 from gpuflex.node.control import ApiError, ControlServer
 from gpuflex.node.events import EventLog
 from mesh.health import HealthConfig
@@ -104,6 +104,7 @@ class NodeRuntime:
                 bulk_channel=options.bulk_channel,
                 bootstrap_timeout_s=options.bootstrap_timeout_s,
                 data_dir=self.home,
+                address_book=self.home / PEERS_FILE,
                 health=options.health,
                 node_info=self._hardware(),
             ),
@@ -175,6 +176,7 @@ class NodeRuntime:
             "addrs": mesh["addrs"],
             "uptime_s": round(time.time() - self.started_at, 1),
             "mesh": mesh["mesh"],
+            "join": mesh["join"],
             "bytes_sent": mesh["bytes_sent"],
             "bytes_received": mesh["bytes_received"],
             "node_info": self.mesh.node_info(),

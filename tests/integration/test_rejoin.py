@@ -1,0 +1,113 @@
+"""Rejoining after restarts, with real node processes on loopback: every restarted node comes
+back on a new port, and finds the mesh again through its address book."""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from gpuflex.localmesh import LocalMesh
+from tests.integration.conftest import digits_spec
+from tests.integration.test_faults import FAST, assert_one_ledger, peer_ids, wait_round
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+
+
+def book_addrs(mesh: LocalMesh, i: int) -> dict[str, list[str]]:
+    """Node ``i``'s address book as saved on disk: peer id -> addresses."""
+    try:
+        doc = json.loads((mesh.home(i) / "peers.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return {e["peer_id"]: e["addrs"] for e in doc["peers"]}
+
+
+def listen_addr(mesh: LocalMesh, i: int) -> str:
+    return mesh.call(i, "status")["addrs"][0].split("/p2p/")[0]
+
+
+def wait_in_book(mesh: LocalMesh, i: int, peer: str, addr: str, timeout: float = 30) -> None:
+    mesh.wait_until(lambda: addr in book_addrs(mesh, i).get(peer, []), timeout, interval=0.3,
+                    what=f"node {i}'s saved address book listing {addr}")
+
+
+def join_state(mesh: LocalMesh, i: int) -> str:
+    return str(mesh.call(i, "status")["join"]["state"])
+
+
+def test_the_bootstrap_node_moves_and_restarted_nodes_rejoin_through_their_books(mesh_factory) -> None:
+    mesh = mesh_factory(3)
+    mesh.start(timeout=120)
+    mesh.wait_connected(60)
+    ids = peer_ids(mesh, range(3))
+    by_node = {i: p for p, i in ids.items()}
+    # min_nodes = every node: a round commits only once each restarted node is back in the job.
+    job = mesh.submit(digits_spec(rounds=3, min_nodes=3, **{**FAST, "train_timeout_s": 8.0}))
+    wait_round(mesh, 0, job, 1, timeout=120)
+
+    # The first node, every other node's --bootstrap, dies and comes back on another port.
+    original = mesh.bootstrap
+    assert original is not None
+    mesh.kill(0, signal.SIGKILL)
+    mesh.start_node(0)
+    moved = listen_addr(mesh, 0)
+    assert moved != original.split("/p2p/")[0]
+    mesh.wait_until(lambda: join_state(mesh, 0) == "connected", 60, what="node 0 back in the mesh")
+    for i in (1, 2):  # the others learn where it went (its signed NodeInfo) and save it
+        wait_in_book(mesh, i, by_node[0], moved)
+
+    # Two more restarts, with the first node's original (now dead) address still on their
+    # command line: they get back in through what their books know.
+    for i in (1, 2):
+        mesh.kill(i, signal.SIGKILL)
+    for i in (1, 2):
+        mesh.start_node(i, wait=False)
+    for i in (1, 2):
+        mesh.wait_api(i, timeout=90)
+        assert "--bootstrap" in mesh.procs[i].args and original in mesh.procs[i].args
+    mesh.wait_job(job, [0, 1, 2], timeout=240)
+    rows = assert_one_ledger(mesh, [0, 1, 2], job, 3)
+    assert {c["peer"] for c in rows[-1]["contributors"]} == set(ids)  # every restarted node took part
+    for i in range(3):
+        assert join_state(mesh, i) == "connected"
+        log = mesh.log_path(i).read_text(errors="replace")
+        assert "cannot reach any bootstrap peer" not in log
+        assert log.count("starting a new mesh") == (1 if i == 0 else 0)  # only at the very first start
+
+
+def test_a_node_restarted_without_bootstrap_waits_for_its_book_peers_then_rejoins(mesh_factory) -> None:
+    with socket.socket() as s:  # the first node also listens on a fixed port, to come back to it
+        s.bind(("127.0.0.1", 0))
+        fixed = f"/ip4/127.0.0.1/tcp/{s.getsockname()[1]}"
+    mesh = mesh_factory(2, extra_args=["--bootstrap-timeout", "3"],
+                        node_args=lambda i: ["--listen", fixed] if i == 0 else [])
+    mesh.start(timeout=120)
+    mesh.wait_connected(60)
+    wait_in_book(mesh, 1, mesh.call(0, "status")["peer_id"], fixed)
+
+    # Both stop; node 1 comes back first, with no --bootstrap at all, and no one answers it.
+    mesh.kill(0, signal.SIGKILL)
+    mesh.kill(1, signal.SIGKILL)
+    started = time.time()
+    mesh.start_node(1, bootstrap=False)
+    assert "--bootstrap" not in mesh.procs[1].args
+    assert join_state(mesh, 1) == "waiting"  # up, and patient: it has been in a mesh
+    mesh.wait_until(lambda: time.time() - started > 3 + 1, 10, what="past --bootstrap-timeout")
+    shown = subprocess.run([sys.executable, "-m", "gpuflex", "status", "--home", str(mesh.home(1))],
+                           capture_output=True, text=True, timeout=60)
+    assert "joining  waiting: no known peer answered" in shown.stdout, shown.stdout + shown.stderr
+    assert "retrying in" in shown.stdout
+    assert mesh.alive(1)
+    assert "keeps trying" in mesh.log_path(1).read_text(errors="replace")
+
+    # The first node comes back (no --bootstrap either): node 1's next try reaches it.
+    mesh.start_node(0)
+    mesh.wait_until(lambda: join_state(mesh, 1) == "connected", 90, what="node 1 back in the mesh")
+    mesh.wait_connected(60)
+    assert mesh.alive(1)
