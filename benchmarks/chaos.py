@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from gpuflex.client import ControlError
 from gpuflex.demo import demo_spec
 from gpuflex.localmesh import LocalMesh
 from gpuflex.node.ledger import Ledger
@@ -39,8 +40,18 @@ class Chaos:
         self.stop = threading.Event()
         self.t0 = time.time()
 
-    def observer(self) -> int:
-        return next(i for i in range(self.mesh.size) if i not in self.down and self.mesh.alive(i))
+    def observe(self) -> dict[str, Any]:
+        """The job as seen by the first live node that answers (a node just restarted may
+        still be starting: its API is not up yet)."""
+        error: Exception | None = None
+        for i in range(self.mesh.size):
+            if i in self.down or not self.mesh.alive(i):
+                continue
+            try:
+                return self.mesh.job(i, self.job)
+            except ControlError as exc:
+                error = exc
+        raise error or RuntimeError("no live node")
 
     def run(self) -> None:
         while not self.stop.wait(self.rng.uniform(3.0, 7.0)):
@@ -58,7 +69,7 @@ class Chaos:
                 print(f"  t={now - self.t0:5.1f}s restarted node {i}")
         if len(self.down) >= self.max_down:
             return
-        status = self.mesh.job(self.observer(), self.job)
+        status = self.observe()
         if status["state"] != "running":
             return
         coordinator = self.ids.get(status["coordinator"] or "")
@@ -81,7 +92,7 @@ class Chaos:
         deadline = kill["at"] + 120
         while time.time() < deadline:
             try:
-                s = self.mesh.job(self.observer(), self.job)
+                s = self.observe()
             except Exception:
                 time.sleep(0.2)
                 continue
@@ -124,7 +135,7 @@ def run(nodes: int, rounds: int, seed: int) -> dict[str, Any]:
         chaos = Chaos(mesh, job, random.Random(seed))
         thread = threading.Thread(target=chaos.run, daemon=True)
         thread.start()
-        mesh.wait_until(lambda: mesh.job(chaos.observer(), job)["state"] == "done", timeout=rounds * 60,
+        mesh.wait_until(lambda: chaos.observe()["state"] == "done", timeout=rounds * 60,
                         interval=1.0, what="job completion under chaos")
         chaos.stop.set()
         thread.join(timeout=30)
@@ -165,6 +176,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parser.parse_args(argv)
     if args.quick:
         args.nodes, args.rounds = 5, 6
+    print(f"chaos: seed {args.seed}, {args.nodes} nodes, {args.rounds} rounds (any node may be killed, "
+          "the first one included)", flush=True)
     result = run(args.nodes, args.rounds, args.seed)
     if args.json:
         print(json.dumps(result, indent=2))

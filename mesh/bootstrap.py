@@ -210,6 +210,7 @@ class Joiner:
         more connection, made without waiting for a DHT walk."""
         cands = [c for c in self._candidates() if c.peer_id not in self._dialling][: self.policy.max_candidates]
         self.rounds += 1
+        began = trio.current_time()
         self.tried = len(cands)
         if self.state != "connected":
             self._set("joining")
@@ -227,7 +228,8 @@ class Joiner:
             self.reached_via = rnd.reached[0]
             self.last_error = ""
             self.attempt, self.next_retry_at = 0, None
-            self._set("connected", f"joined the mesh through {self.reached_via[-8:]}")
+            self._set("connected", f"joined the mesh through {self.reached_via[-8:]} "
+                      f"({len(cands)} known peers dialled, {trio.current_time() - began:.1f}s)")
             return True
         return self._connected()  # someone may have dialled in meanwhile
 
