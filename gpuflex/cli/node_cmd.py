@@ -36,7 +36,8 @@ def start(
     home: str | None = HomeOpt,
     listen: list[str] = typer.Option(["/ip4/0.0.0.0/tcp/4001"], "--listen", help="Multiaddr to listen on."),
     announce: list[str] = typer.Option([], "--announce", help="Multiaddr to announce to peers."),
-    bootstrap: list[str] = typer.Option([], "--bootstrap", help="Multiaddr of a mesh peer (/p2p/<id> included)."),
+    bootstrap: list[str] = typer.Option([], "--bootstrap", help="Multiaddr of a mesh peer (/p2p/<id> included); "
+                                        "needed the first time only: the node remembers the peers it meets."),
     client: bool = typer.Option(False, "--client", help="DHT client mode, for nodes others cannot reach."),
     bootstrap_timeout: float = typer.Option(30.0, "--bootstrap-timeout", min=1.0,
                                             help="Seconds a brand-new node keeps trying its --bootstrap peers "

@@ -37,7 +37,7 @@ def status(home: str | None = HomeOpt, json_out: bool = JsonOpt) -> None:
     typer.echo(f"hardware {hardware_summary(st['node_info'])}")
     typer.echo(f"mesh     {m['peers']} peers: {m['up']} up, {m['suspect']} suspect, {m['down']} down")
     if "join" in st:
-        typer.echo(f"joining  {join_summary(st['join'])}")
+        typer.echo(f"join     {join_summary(st['join'])}")
     for job in st["jobs"]:
         typer.echo(f"job      {job['job_id']} {job['name']}: {job['state']}, round {job['round']}/{job['rounds']}, "
                    f"phase {job['phase']}, coordinator {short(job['coordinator'])}")

@@ -101,7 +101,7 @@ def test_a_node_restarted_without_bootstrap_waits_for_its_book_peers_then_rejoin
     mesh.wait_until(lambda: time.time() - started > 3 + 1, 10, what="past --bootstrap-timeout")
     shown = subprocess.run([sys.executable, "-m", "gpuflex", "status", "--home", str(mesh.home(1))],
                            capture_output=True, text=True, timeout=60)
-    assert "joining  waiting: no known peer answered" in shown.stdout, shown.stdout + shown.stderr
+    assert "join     waiting: no known peer answered" in shown.stdout, shown.stdout + shown.stderr
     assert "retrying in" in shown.stdout
     assert mesh.alive(1)
     assert "keeps trying" in mesh.log_path(1).read_text(errors="replace")
