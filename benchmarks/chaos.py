@@ -1,12 +1,14 @@
-"""Chaos run: a job on 8 node processes while nodes, the coordinator included, are killed
-with SIGKILL and restarted at random times.
+"""Chaos run: a job on 8 node processes while nodes, the coordinator and the first node
+(every other node's --bootstrap) included, are killed with SIGKILL and restarted at random
+times. The first node always comes back on a new port, so the restarted nodes, which still
+have its original address on their command line, get back in through their address books.
 
 Reports rounds committed, rounds retried, time to detect a dead coordinator (from the kill
 until a surviving node follows a new plan), updates lost (an update a leader acknowledged,
 from a node alive when its round committed, missing from that round's result: must be 0), and
 whether every node ends with the same ledger.
 
-    python -m benchmarks.chaos [--nodes 8] [--rounds 12] [--seed 1] [--json]
+    python -m benchmarks.chaos [--nodes 8] [--rounds 12] [--seed 1] [--move-all] [--json]
 """
 
 from __future__ import annotations
@@ -25,15 +27,17 @@ from typing import Any
 
 from gpuflex.client import ControlError
 from gpuflex.demo import demo_spec
-from gpuflex.localmesh import LocalMesh
+from gpuflex.localmesh import LocalMesh, free_port
 from gpuflex.node.ledger import Ledger
 
 SENT = re.compile(r"round (\d+): update sent to")
 
 
 class Chaos:
-    def __init__(self, mesh: LocalMesh, job: str, rng: random.Random, max_down: int = 2) -> None:
+    def __init__(self, mesh: LocalMesh, job: str, rng: random.Random, max_down: int = 2,
+                 move_all: bool = False) -> None:
         self.mesh, self.job, self.rng, self.max_down = mesh, job, rng, max_down
+        self.move_all = move_all
         self.ids = {mesh.call(i, "status")["peer_id"]: i for i in range(mesh.size)}
         self.down: dict[int, float] = {}
         self.kills: list[dict[str, Any]] = []
@@ -64,9 +68,13 @@ class Chaos:
         now = time.time()
         for i, since in list(self.down.items()):
             if now - since > self.rng.uniform(6.0, 14.0):
-                self.mesh.start_node(i, wait=False)
+                # The first node, every other node's --bootstrap, always comes back somewhere
+                # else; the others keep their port (as a node does when it is free), unless
+                # --move-all moves every one of them.
+                moved = i == 0 or self.move_all
+                self.mesh.start_node(i, wait=False, port=free_port() if moved else 0)
                 del self.down[i]
-                print(f"  t={now - self.t0:5.1f}s restarted node {i}")
+                print(f"  t={now - self.t0:5.1f}s restarted node {i}{' on a new port' if moved else ''}")
         if len(self.down) >= self.max_down:
             return
         status = self.observe()
@@ -122,7 +130,7 @@ def lost_updates(mesh: LocalMesh, job: str, rows: list[dict[str, Any]], kills: l
     return lost
 
 
-def run(nodes: int, rounds: int, seed: int) -> dict[str, Any]:
+def run(nodes: int, rounds: int, seed: int, move_all: bool = False) -> dict[str, Any]:
     base = Path(tempfile.mkdtemp(prefix="gpuflex-chaos-"))
     spec = demo_spec(rounds)
     spec.update({"local_epochs": 4, "min_nodes": 3, "plan_timeout_s": 3.0, "train_timeout_s": 15.0,
@@ -132,7 +140,7 @@ def run(nodes: int, rounds: int, seed: int) -> dict[str, Any]:
         mesh.start(timeout=180)
         mesh.wait_connected(90)
         job = mesh.submit(spec)
-        chaos = Chaos(mesh, job, random.Random(seed))
+        chaos = Chaos(mesh, job, random.Random(seed), move_all=move_all)
         thread = threading.Thread(target=chaos.run, daemon=True)
         thread.start()
         mesh.wait_until(lambda: chaos.observe()["state"] == "done", timeout=rounds * 60,
@@ -151,7 +159,8 @@ def run(nodes: int, rounds: int, seed: int) -> dict[str, Any]:
             frames.append(ledger.frames)
         failovers = [k["failover_s"] for k in chaos.kills if "failover_s" in k]
         return {
-            "nodes": nodes, "rounds": rounds, "seed": seed,
+            "nodes": nodes, "rounds": rounds, "seed": seed, "move_all": move_all,
+            "first_node_kills": sum(1 for k in chaos.kills if k["node"] == 0),
             "rounds_committed": len(rows),
             "rounds_retried": sum(1 for r in rows if r["attempt"] > 0),
             "kills": len(chaos.kills),
@@ -172,13 +181,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--rounds", type=int, default=12)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--quick", action="store_true", help="5 nodes, 6 rounds")
+    parser.add_argument("--move-all", action="store_true",
+                        help="every restarted node comes back on a new port (by default only the first node moves)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     if args.quick:
         args.nodes, args.rounds = 5, 6
     print(f"chaos: seed {args.seed}, {args.nodes} nodes, {args.rounds} rounds (any node may be killed, "
           "the first one included)", flush=True)
-    result = run(args.nodes, args.rounds, args.seed)
+    result = run(args.nodes, args.rounds, args.seed, args.move_all)
     if args.json:
         print(json.dumps(result, indent=2))
     else:

@@ -28,6 +28,15 @@ class MeshStartError(RuntimeError):
     """The local mesh did not come up in time."""
 
 
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port nothing listens on right now: where a restarted node is moved to."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
 @dataclass(frozen=True)
 class Placement:
     """Where one node runs. A node in a network namespace listens on that namespace's address,
@@ -61,15 +70,18 @@ class LocalMesh:
 
     # -- processes ---------------------------------------------------------------------------
 
-    def start_node(self, i: int, wait: bool = True, timeout: float = 60.0, bootstrap: bool = True) -> None:
+    def start_node(self, i: int, wait: bool = True, timeout: float = 60.0, bootstrap: bool = True,
+                   port: int = 0) -> None:
         """Start node ``i`` with the first node's original address as ``--bootstrap`` (none for
-        the first node, or with ``bootstrap=False``); a restarted node rejoins through its book."""
+        the first node, or with ``bootstrap=False``); a restarted node rejoins through its book.
+        ``port`` 0 lets the node pick (it keeps the port it had before, when free); another
+        value moves it there."""
         home = self.home(i)
         home.mkdir(parents=True, exist_ok=True)
         (home / CONTROL_FILE).unlink(missing_ok=True)
         place = self.placement(i)
         cmd = [*place.prefix, sys.executable, "-m", "gpuflex", "node", "start", "--home", str(home),
-               "--listen", f"/ip4/{place.host}/tcp/0", "--log-level", self.log_level, *self.extra_args]
+               "--listen", f"/ip4/{place.host}/tcp/{port}", "--log-level", self.log_level, *self.extra_args]
         if self.node_args is not None:
             cmd += list(self.node_args(i))
         if bootstrap and self.bootstrap and i != 0:

@@ -120,6 +120,7 @@ class AddressBook:
         self.clock = clock
         self._entries: dict[str, BookEntry] = {}
         self.joined = 0.0  # when this node first met a peer: it has been in a mesh since
+        self.listen: list[str] = []  # where this node itself listened last (mesh.host.sticky_listen)
         self.dirty = False
 
     # -- queries -------------------------------------------------------------------------------
@@ -188,6 +189,13 @@ class AddressBook:
         entry.last_failed = self.clock()
         self.dirty = True
 
+    def listening(self, addrs: Iterable[object]) -> None:
+        """Remember this node's own listen addresses, to ask for the same ports next time."""
+        mine = [a for a in addrs if isinstance(a, str) and len(a) <= MAX_ADDR_LEN and _ADDR.fullmatch(a)][:MAX_ADDRS]
+        if mine != self.listen:
+            self.listen = mine
+            self.dirty = True
+
     def _learn(self, peer_id: str, addrs: Iterable[object], lead: bool = False) -> BookEntry | None:
         if not valid_peer_id(peer_id) or peer_id == self.self_id:
             return None
@@ -227,7 +235,7 @@ class AddressBook:
     # -- persistence ---------------------------------------------------------------------------
 
     def to_bytes(self) -> bytes:
-        doc = {"version": BOOK_VERSION, "joined": self.joined,
+        doc = {"version": BOOK_VERSION, "joined": self.joined, "listen": self.listen,
                "peers": [e.row() for e in sorted(self._entries.values(), key=BookEntry.rank)]}
         return json.dumps(doc, indent=1, sort_keys=True).encode()
 
@@ -267,6 +275,9 @@ class AddressBook:
                         self.path, exc, kept)
             return 0
         self.joined = _time(doc.get("joined"), self.clock())
+        listen = doc.get("listen")
+        self.listen = [] if not isinstance(listen, list) else [
+            a for a in listen[:MAX_ADDRS] if isinstance(a, str) and len(a) <= MAX_ADDR_LEN and _ADDR.fullmatch(a)]
         skipped = 0
         for raw in peers[: 4 * self.max_peers]:
             entry = _entry(raw, self.self_id, self.clock())

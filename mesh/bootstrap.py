@@ -212,7 +212,7 @@ class Joiner:
         self.rounds += 1
         began = trio.current_time()
         self.tried = len(cands)
-        if self.state != "connected":
+        if self.state not in ("connected", "waiting"):  # a waiting node says so until it is back
             self._set("joining")
         if not cands:
             self.last_error = self.last_error or "no peer address to dial"
@@ -267,3 +267,32 @@ class Joiner:
         self.last_error = text if len(text) <= MAX_ERROR_LEN else text[: MAX_ERROR_LEN - 1] + "…"
         log.debug("dial of %s (%s) failed: %s", cand.peer_id[-8:], cand.source, self.last_error)
         self._on_dial(cand.peer_id, addr, error)
+
+
+class PeerBackoff:
+    """When a peer that has no connection may be dialled again: after each failed redial the
+    wait doubles from ``low`` up to ``high``; a success forgets the peer. It replaces
+    py-libp2p's fixed 60 s negative cache for the peers a node already knows, so a peer that
+    comes back (often on a new port) is redialled within ``high``, never later."""
+
+    def __init__(self, low: float = 2.0, high: float = 30.0, max_peers: int = 4096,
+                 rng: random.Random | None = None) -> None:
+        self.low, self.high, self.max_peers = low, high, max_peers
+        self._rng = rng or random.Random()
+        self._next: dict[str, tuple[float, int]] = {}  # peer -> (not before, failures)
+
+    def ready(self, peer: str) -> bool:
+        entry = self._next.get(peer)
+        return entry is None or trio.current_time() >= entry[0]
+
+    def failed(self, peer: str) -> float:
+        """Count a failed redial; returns the seconds until the next one is allowed."""
+        failures = self._next.get(peer, (0.0, 0))[1] + 1
+        delay = backoff_delay(failures, self.low, self.high, 0.1, self._rng)
+        if peer not in self._next and len(self._next) >= self.max_peers:
+            self._next.pop(next(iter(self._next)))  # the oldest entry: bounded memory
+        self._next[peer] = (trio.current_time() + delay, failures)
+        return delay
+
+    def ok(self, peer: str) -> None:
+        self._next.pop(peer, None)

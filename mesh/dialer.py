@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from mesh.addressbook import AddressBook
+from mesh.addressbook import AddressBook, clean_addr
 from mesh.bootstrap import Candidate
 from mesh.host import HostError, parse_multiaddr
 
@@ -68,6 +68,23 @@ def _stored(store: Any, pid: Any) -> list[Any]:
         return list(store.addrs(pid))
     except Exception:  # PeerStoreError: unknown or expired peer
         return []
+
+
+def redial_addrs(host: Any, peer_id: str, book: AddressBook, limit: int = 4) -> list[str]:
+    """Where to dial a known peer that has no connection, best guess first: the addresses
+    py-libp2p learned last (identify and DHT answers append, so the newest is the last
+    stored and likeliest current after a move), then the address book's, in its order (the
+    one that worked first, failed ones last)."""
+    from libp2p.peer.id import ID
+
+    stored = [str(a) for a in reversed(_stored(host.get_peerstore(), ID.from_base58(peer_id)))]
+    entry = book.get(peer_id)
+    out: list[str] = []
+    for addr in [*stored, *(entry.addrs if entry else [])]:
+        clean = clean_addr(peer_id, addr)
+        if clean is not None and clean not in out:
+            out.append(clean)
+    return out[:limit]
 
 
 def bootstrap_candidates(texts: Sequence[str], self_id: str) -> list[Candidate]:

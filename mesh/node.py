@@ -34,7 +34,7 @@ from mesh.blob import (
     serve_blob,
 )
 from mesh.bootstrap import BootstrapError as BootstrapError  # re-exported: callers catch it here
-from mesh.bootstrap import Joiner, JoinPolicy
+from mesh.bootstrap import Joiner, JoinPolicy, PeerBackoff
 from mesh.codec import MAX_FRAME, ReplayGuard, WireError, open_envelope, register_kind, seal
 from mesh.framing import (
     read_exactly,
@@ -47,7 +47,14 @@ from mesh.framing import (
     write_obj,
 )
 from mesh.health import DOWN, UP, HealthConfig, PeerTable
-from mesh.host import DEFAULT_LISTEN, HostError, build_host, check_tcp_port_free, parse_multiaddr
+from mesh.host import (
+    DEFAULT_LISTEN,
+    HostError,
+    build_host,
+    check_tcp_port_free,
+    parse_multiaddr,
+    sticky_listen,
+)
 from mesh.identity import Identity
 from mesh.messaging import (
     GOSSIP_PROTOCOL,
@@ -110,6 +117,9 @@ class MeshNode:
         self.book = AddressBook(config.address_book or Path(data_dir) / BOOK_FILE, identity.peer_id,
                                 max_peers=config.address_book_size)
         self.joiner: Joiner | None = None
+        self._dialer: Any = None
+        self._redial_backoff = PeerBackoff()
+        self._redialling: set[str] = set()
         self._on_event = on_event or (lambda *a, **k: None)
         self._nursery: trio.Nursery | None = None
         self._stopped = trio.Event()
@@ -153,14 +163,17 @@ class MeshNode:
 
         for addr in self.config.listen:
             check_tcp_port_free(addr)
+        await trio.to_thread.run_sync(self.book.load)
+        wanted = sticky_listen(self.config.listen, self.book.listen)  # port 0: last time's port
         try:
-            self.host = build_host(self.identity, self.config.listen, self.config.announce)
+            self.host = build_host(self.identity, wanted, self.config.announce)
         except HostError:
             raise  # already says what is wrong
         except Exception as exc:
             raise HostError(f"could not create the libp2p host: {exc}") from exc
-        listen = [parse_multiaddr(a, "listen address") for a in self.config.listen]
+        listen = [parse_multiaddr(a, "listen address") for a in wanted]
         async with self.host.run(listen), trio.open_nursery() as nursery:
+            self.book.listening(str(a) for ln in self.host.get_network().listeners.values() for a in ln.get_addrs())
             self._nursery = nursery
             validator = NamespacedValidator({NODEINFO_NS: RecordValidator("nodeinfo")})
             mode = DHTMode.CLIENT if self.config.client_mode else DHTMode.SERVER
@@ -232,8 +245,7 @@ class MeshNode:
         from mesh.dialer import Libp2pDialer, bootstrap_candidates, join_candidates
 
         boot = bootstrap_candidates(self.config.bootstrap, self.peer_id)
-        await trio.to_thread.run_sync(self.book.load)
-        dial = Libp2pDialer(self.host)
+        dial = self._dialer = Libp2pDialer(self.host)
         policy = JoinPolicy(first_run_timeout_s=self.config.bootstrap_timeout_s,
                             backoff_max_s=max(1.0, self.config.rejoin_backoff_max_s))
 
@@ -258,6 +270,30 @@ class MeshNode:
 
     def _connected_ids(self) -> set[str]:
         return {str(p) for p in self.host.get_connected_peers()} - {self.peer_id}
+
+    async def _redial(self, peer: str) -> None:
+        """Reconnect a known peer that has no connection, address by address (mesh.dialer):
+        py-libp2p's own dial would try only its oldest stored address, which is stale once the
+        peer has restarted on a new port, and would then refuse the peer for 60 s."""
+        from mesh.dialer import redial_addrs
+
+        self._redialling.add(peer)
+        try:
+            for addr in redial_addrs(self.host, peer, self.book):
+                try:
+                    with trio.fail_after(self.config.health.ping_timeout_s * 2):
+                        await self._dialer(peer, addr)
+                except Exception as exc:  # py-libp2p dial errors come from unrelated roots
+                    log.debug("redial of %s at %s failed: %s", peer[-8:], addr, exc)
+                    self.book.failed(peer, addr)
+                    continue
+                self.book.reached(peer, addr)
+                self._redial_backoff.ok(peer)
+                self.peers.seen(peer)
+                return
+            self._redial_backoff.failed(peer)
+        finally:
+            self._redialling.discard(peer)
 
     async def _book_loop(self) -> None:
         """Copy what the node learns into the address book, and save it when it changed (at
@@ -359,6 +395,10 @@ class MeshNode:
     async def _probe(self, peer: str) -> None:
         """One libp2p ping on a kept-open stream, so the RTT is the network's, not a handshake's."""
         stream = self._ping_streams.get(peer)
+        if stream is None and self._dialer is not None and peer not in self._connected_ids():
+            if peer not in self._redialling and self._redial_backoff.ready(peer):
+                self._nursery.start_soon(self._redial, peer)  # type: ignore[union-attr]
+            return  # probed once the redial has connected
         with trio.move_on_after(self.config.health.ping_timeout_s):
             try:
                 if stream is None:

@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import json
 import signal
-import socket
 import subprocess
 import sys
 import time
 
 import pytest
 
-from gpuflex.localmesh import LocalMesh
+from gpuflex.localmesh import LocalMesh, free_port
 from tests.integration.conftest import digits_spec
 from tests.integration.test_faults import FAST, assert_one_ledger, peer_ids, wait_round
 
@@ -55,7 +54,7 @@ def test_the_bootstrap_node_moves_and_restarted_nodes_rejoin_through_their_books
     original = mesh.bootstrap
     assert original is not None
     mesh.kill(0, signal.SIGKILL)
-    mesh.start_node(0)
+    mesh.start_node(0, port=free_port())
     moved = listen_addr(mesh, 0)
     assert moved != original.split("/p2p/")[0]
     mesh.wait_until(lambda: join_state(mesh, 0) == "connected", 60, what="node 0 back in the mesh")
@@ -82,14 +81,11 @@ def test_the_bootstrap_node_moves_and_restarted_nodes_rejoin_through_their_books
 
 
 def test_a_node_restarted_without_bootstrap_waits_for_its_book_peers_then_rejoins(mesh_factory) -> None:
-    with socket.socket() as s:  # the first node also listens on a fixed port, to come back to it
-        s.bind(("127.0.0.1", 0))
-        fixed = f"/ip4/127.0.0.1/tcp/{s.getsockname()[1]}"
-    mesh = mesh_factory(2, extra_args=["--bootstrap-timeout", "3"],
-                        node_args=lambda i: ["--listen", fixed] if i == 0 else [])
+    mesh = mesh_factory(2, extra_args=["--bootstrap-timeout", "3"])
     mesh.start(timeout=120)
     mesh.wait_connected(60)
-    wait_in_book(mesh, 1, mesh.call(0, "status")["peer_id"], fixed)
+    first = listen_addr(mesh, 0)
+    wait_in_book(mesh, 1, mesh.call(0, "status")["peer_id"], first)
 
     # Both stop; node 1 comes back first, with no --bootstrap at all, and no one answers it.
     mesh.kill(0, signal.SIGKILL)
@@ -106,8 +102,10 @@ def test_a_node_restarted_without_bootstrap_waits_for_its_book_peers_then_rejoin
     assert mesh.alive(1)
     assert "keeps trying" in mesh.log_path(1).read_text(errors="replace")
 
-    # The first node comes back (no --bootstrap either): node 1's next try reaches it.
+    # The first node comes back (no --bootstrap either) on the port it had: node 1's next try
+    # reaches it.
     mesh.start_node(0)
+    assert listen_addr(mesh, 0) == first
     mesh.wait_until(lambda: join_state(mesh, 1) == "connected", 90, what="node 1 back in the mesh")
     mesh.wait_connected(60)
     assert mesh.alive(1)

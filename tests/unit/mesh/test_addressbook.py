@@ -240,3 +240,25 @@ def test_any_file_content_loads_into_a_valid_bounded_book(tmp_path_factory: pyte
         assert entry.peer_id != SELF and 1 <= len(entry.addrs) <= MAX_ADDRS
         assert all(clean_addr(entry.peer_id, a) == a for a in entry.addrs)
         assert 0 <= entry.last_seen <= clock.now and 0 <= entry.failures <= 1000
+
+
+def test_a_node_asked_for_any_port_gets_its_previous_one_back_when_free(tmp_path: Path) -> None:
+    import socket
+
+    from mesh.host import sticky_listen
+
+    b = book(tmp_path)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+        b.listening([f"/ip4/127.0.0.1/tcp/{port}", "not an address", "/ip4/0.0.0.0/tcp/4001"])
+        b.save()
+        again = book(tmp_path)
+        again.load()
+        assert again.listen == [f"/ip4/127.0.0.1/tcp/{port}", "/ip4/0.0.0.0/tcp/4001"]
+        s.listen()  # taken: a fresh port then
+        assert sticky_listen(["/ip4/127.0.0.1/tcp/0"], again.listen) == ["/ip4/127.0.0.1/tcp/0"]
+    assert sticky_listen(["/ip4/127.0.0.1/tcp/0"], again.listen) == [f"/ip4/127.0.0.1/tcp/{port}"]
+    # Only a port-0 address of the same host is replaced; an explicit port is the user's choice.
+    assert sticky_listen(["/ip4/127.0.0.1/tcp/4002", "/ip4/10.0.0.1/tcp/0"], again.listen) == [
+        "/ip4/127.0.0.1/tcp/4002", "/ip4/10.0.0.1/tcp/0"]
