@@ -67,11 +67,21 @@ def result_key(res: Result) -> tuple[int, str]:
 
 
 def prefer_chain(ours: list[Result], theirs: list[Result]) -> bool:
-    """Whether a verified chain ``theirs`` should replace ``ours``."""
+    """Whether a verified chain ``theirs`` should replace ``ours``.
+
+    The longer chain wins. A root that commits a round and dies before its result goes out
+    comes back with a branch nobody else holds; by then the mesh has retried that round and
+    gone on. Judged at the fork alone, its earlier attempt would win, and a node that is one
+    round behind would pull every other node back, or, as no one can fetch its model while it
+    restarts, the mesh would stay split in two. Between chains of one length, the one whose
+    result wins where they first differ (``result_key``). Length, then that: one total order
+    on verified chains, so every node settles on the same ledger."""
+    if len(theirs) != len(ours):
+        return len(theirs) > len(ours)
     for a, b in zip(ours, theirs, strict=False):
         if a.digest != b.digest:
             return result_key(b) < result_key(a)
-    return len(theirs) > len(ours)
+    return False
 
 
 def result_row(res: Result) -> dict[str, Any]:

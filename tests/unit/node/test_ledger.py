@@ -1,11 +1,14 @@
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import msgpack
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-from gpuflex.node.ledger import Ledger, LedgerError, verify_chain
+from gpuflex.node.ledger import Ledger, LedgerError, prefer_chain, verify_chain
 from gpuflex.node.messages import RESULT, parse_result
 from mesh.codec import SIGNING_DOMAIN, open_envelope, seal
 from tests.unit.node.chain import JOB, make_chain
@@ -76,3 +79,35 @@ def test_append_refuses_a_result_that_does_not_extend_the_chain(tmp_path: Path) 
     ledger = Ledger(tmp_path / "l.msgpack", JOB)
     with pytest.raises(LedgerError):
         ledger.append(frames[1], parse_result(open_envelope(frames[1])))
+
+
+@dataclass(frozen=True)
+class _Res:
+    """What fork choice reads of a result: its attempt and digest."""
+
+    attempt: int
+    digest: str
+
+
+chains = st.lists(st.tuples(st.integers(0, 2), st.sampled_from("abc")), max_size=5).map(
+    lambda xs: [_Res(a, f"{d}{a}.{i}") for i, (a, d) in enumerate(xs)])  # a digest fixes its attempt
+
+
+def test_the_longer_chain_wins_over_a_branch_its_root_kept_to_itself() -> None:
+    shared = [_Res(0, "r1"), _Res(1, "r2")]
+    hidden = [*shared, _Res(4, "r3-hidden")]  # committed by a root that died before sending it
+    mesh = [*shared, _Res(5, "r3"), _Res(0, "r4"), _Res(0, "r5")]
+    assert prefer_chain(hidden, mesh)  # the node that comes back takes the mesh's chain
+    assert not prefer_chain(mesh, hidden)  # and the mesh is not pulled back to its branch
+    same_length = [*shared, _Res(5, "r3")]
+    assert prefer_chain(same_length, hidden) and not prefer_chain(hidden, same_length)  # then: the fork
+
+
+@given(a=chains, b=chains, c=chains)
+def test_fork_choice_is_one_total_order(a: list, b: list, c: list) -> None:
+    if [r.digest for r in a] != [r.digest for r in b]:
+        assert prefer_chain(a, b) != prefer_chain(b, a)  # exactly one of two different chains wins
+    else:
+        assert not prefer_chain(a, b)
+    if prefer_chain(a, b) and prefer_chain(b, c):
+        assert prefer_chain(a, c)  # transitive: every node settles on the same chain
