@@ -1,0 +1,70 @@
+"""Template filters: how numbers, times and ids read on a page.
+
+A missing value is always an em dash, never "None" or "nan", so a field an older node does not
+send reads as absent rather than broken.
+"""
+
+from __future__ import annotations
+
+import time
+
+from jinja2 import Environment
+
+from web.model import short
+
+DASH = "—"
+
+
+def dash(value: object) -> object:
+    return DASH if value is None or value == "" else value
+
+
+def fixed(value: float | None, digits: int = 3) -> str:
+    return DASH if value is None else f"{value:.{digits}f}"
+
+
+def pct(value: float | None, digits: int = 1) -> str:
+    return DASH if value is None else f"{value * 100:.{digits}f}%"
+
+
+def ms(value: float | None) -> str:
+    if value is None:
+        return DASH
+    return f"{value:.1f} ms" if value < 100 else f"{value:.0f} ms"
+
+
+def ago(ts: float | None, now: float) -> str:
+    if not ts:
+        return "never"
+    delta = max(0.0, now - ts)
+    if delta < 2:
+        return "just now"
+    if delta < 120:
+        return f"{delta:.0f} s ago"
+    if delta < 7200:
+        return f"{delta / 60:.0f} min ago"
+    return f"{delta / 3600:.0f} h ago"
+
+
+def clock(ts: float | None) -> str:
+    return DASH if not ts else time.strftime("%H:%M:%S", time.localtime(ts))
+
+
+def duration(seconds: float | None) -> str:
+    if seconds is None:
+        return DASH
+    s = int(seconds)
+    if s < 120:
+        return f"{s} s"
+    if s < 7200:
+        return f"{s // 60} min"
+    return f"{s // 3600} h {s % 3600 // 60} min"
+
+
+def yesno(value: bool | None) -> str:
+    return "unknown" if value is None else ("yes" if value else "no")
+
+
+def install(env: Environment) -> None:
+    env.filters.update(dash=dash, fixed=fixed, pct=pct, ms=ms, ago=ago, clock=clock,
+                       duration=duration, yesno=yesno, short=short)
