@@ -18,7 +18,7 @@ from urllib.parse import parse_qs
 
 import trio
 from jinja2 import Environment, PackageLoader, select_autoescape
-from markupsafe import Markup
+from markupsafe import Markup, escape
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import (
@@ -72,7 +72,8 @@ class Portal:
 
     def regions(self, page: Page, snap: Snapshot, params: Mapping[str, str]) -> dict[str, Markup]:
         ctx = self._context(page, snap, params)
-        out = {"banner": Markup(self.env.get_template("regions/banner.html").render(ctx))}
+        out = {"banner": Markup(self.env.get_template("regions/banner.html").render(ctx)),
+               "clock": escape(filters.clock(snap.polled_at))}
         for name in page.regions:
             out[name] = Markup(self.env.get_template(f"regions/{page.name}_{name}.html").render(ctx))
         return out

@@ -77,11 +77,10 @@ class Hub:
     # -- for pages and live streams ---------------------------------------------------------
 
     async def fresh(self) -> Snapshot:
-        """The snapshot, polled first unless the last poll is under ``interval`` old."""
+        """The snapshot, polled first unless the last poll is under ``interval`` old. A poll in
+        flight is waited for (poll_once takes the lock), so a page never shows older data."""
         self._note_demand()
-        if trio.current_time() - self._last_poll >= self.interval:
-            await self.poll_once()
-        return self.snapshot
+        return await self.poll_once()
 
     @contextlib.contextmanager
     def watching(self) -> Iterator[None]:
