@@ -130,22 +130,33 @@ class ControlSource:
 
     async def call(self, method: str, params: dict[str, Any] | None = None,
                    timeout: float | None = None) -> Any:
-        """One request; ``timeout`` overrides the default for slow methods (job_results)."""
+        """One request. A call given its own ``timeout`` (a slow one: ``job_results``) gets a
+        connection of its own, so the one-a-second polls are never queued behind it."""
+        if timeout is not None:
+            conn = await self._open()
+            try:
+                return await self._request(conn, method, params, timeout)
+            finally:
+                await conn.aclose()
         async with self._lock:
             if self._conn is None:
                 self._conn = await self._open()
             conn = self._conn
             try:
-                with trio.fail_after(timeout or self.timeout):
-                    await conn.send(method, params)
-                    return _result(await conn.read())
-            except (NodeUnavailable, OSError, trio.TooSlowError, trio.BrokenResourceError,
-                    trio.ClosedResourceError) as exc:
+                return await self._request(conn, method, params, self.timeout)
+            except NodeUnavailable:
                 self._conn = None
                 await conn.aclose()
-                if isinstance(exc, NodeUnavailable):
-                    raise
-                raise NodeUnavailable(f"the node did not answer ({_reason(exc)})") from None
+                raise
+
+    async def _request(self, conn: _Connection, method: str, params: dict[str, Any] | None,
+                       timeout: float) -> Any:
+        try:
+            with trio.fail_after(timeout):
+                await conn.send(method, params)
+                return _result(await conn.read())
+        except (OSError, trio.TooSlowError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            raise NodeUnavailable(f"the node did not answer ({_reason(exc)})") from None
 
     async def events(self) -> AsyncGenerator[dict[str, Any], None]:
         """Events forever, across reconnects, each delivered once.
