@@ -40,9 +40,13 @@ def run_web(home: str | None, listen: str, port: int,
     portal = Portal(ControlSource.for_home(root, label=f"the node of {root}"), token=token,
                     version=__version__)
 
+    serving = False
+
     async def main() -> None:
+        nonlocal serving
         async with trio.open_nursery() as nursery:
             url = await nursery.start(serve, portal, host, port)
+            serving = True
             echo(f"GPUFlex web portal on {url}/ for the node of {root} (Ctrl-C stops it)")
             if token is not None:
                 echo(f"login token: run `cat {root / TOKEN_FILE}` on this machine")
@@ -52,14 +56,32 @@ def run_web(home: str | None, listen: str, port: int,
 
     try:
         trio.run(main)
-    except KeyboardInterrupt:
-        return 0
-    except OSError as exc:
-        if exc.errno == errno.EADDRINUSE:
-            raise WebError(f"port {port} on {host} is already in use: pick another with --port") from None
-        if exc.errno == errno.EADDRNOTAVAIL:
-            raise WebError(f"{host} is not an address of this machine") from None
-        raise WebError(f"cannot serve on {host}:{port}: {exc.strerror or exc}") from None
+    except BaseException as exc:  # trio wraps errors from the nursery in exception groups
+        if _leaf(exc, KeyboardInterrupt):
+            return 0
+        os_error = _leaf(exc, OSError)
+        if serving or not isinstance(os_error, OSError):
+            raise  # only a failure to bind is the user's to fix
+        raise _bind_error(os_error, host, port) from None
     return 0
+
+
+def _leaf(exc: BaseException, kind: type[BaseException]) -> BaseException | None:
+    """The first exception of ``kind`` in ``exc`` or the groups nested in it."""
+    if isinstance(exc, kind):
+        return exc
+    for inner in getattr(exc, "exceptions", ()):
+        found = _leaf(inner, kind)
+        if found is not None:
+            return found
+    return None
+
+
+def _bind_error(exc: OSError, host: str, port: int) -> WebError:
+    if exc.errno == errno.EADDRINUSE:
+        return WebError(f"port {port} on {host} is already in use: pick another with --port")
+    if exc.errno == errno.EADDRNOTAVAIL:
+        return WebError(f"{host} is not an address of this machine")
+    return WebError(f"cannot serve on {host}:{port}: {exc.strerror or exc}")
 
 

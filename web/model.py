@@ -123,7 +123,7 @@ class Peer:
     @classmethod
     def parse(cls, raw: Any) -> Peer:
         d = as_map(raw)
-        state = next((s for s in PEER_STATES if s == d.get("state")), "down")
+        state: PeerState = next((s for s in PEER_STATES if s == d.get("state")), "down")
         info_raw = as_map(d.get("info"))
         return cls(
             peer_id=text(d.get("peer_id"), 80) or "?",

@@ -34,6 +34,7 @@ def config(host: str, port: int) -> Config:
 async def serve(portal: Portal, host: str = "127.0.0.1", port: int = 0, *,
                 task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
     """Serve until cancelled; ``task_status.started`` gets the portal's base URL."""
+    app: Any = portal.app()  # an ASGI app; Hypercorn's own scope types are narrower than ours
     async with trio.open_nursery() as nursery:
-        urls = await nursery.start(partial(hypercorn_serve, portal.app(), config(host, port)))
+        urls = await nursery.start(partial(hypercorn_serve, app, config(host, port)))
         task_status.started(urls[0].rstrip("/") if urls else f"http://{bind_address(host, port)}")

@@ -58,7 +58,12 @@ def make_driver(browser: str, driver: str, profile: Path) -> Any:
     for flag in (*FLAGS, f"--user-data-dir={profile}", "--window-size=1920,1080"):
         options.add_argument(flag)
     drv = webdriver.Chrome(service=Service(driver), options=options)
+    # Selenium waits on chromedriver forever by default; a browser that hangs must fail the
+    # test instead.
+    executor: Any = drv.command_executor
+    executor._client_config.timeout = 60
     drv.set_page_load_timeout(30)
+    drv.set_script_timeout(10)
     return drv
 
 
