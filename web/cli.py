@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import ipaddress
+import signal
 import sys
 from collections.abc import Callable
 
@@ -53,6 +54,12 @@ def run_web(home: str | None, listen: str, port: int,
             if not (root / CONTROL_FILE).exists():
                 echo(f"no node is running for {root} yet: the portal shows it once `gpuflex node start` is up")
             sys.stdout.flush()
+            # A service manager stops with SIGTERM: shut down as cleanly as on Ctrl-C, so the
+            # private download cache is removed.
+            with trio.open_signal_receiver(signal.SIGTERM) as signals:
+                async for _ in signals:
+                    nursery.cancel_scope.cancel()
+                    break
 
     try:
         trio.run(main)
