@@ -33,17 +33,20 @@ def ms(value: float | None) -> str:
     return f"{value:.1f} ms" if value < 100 else f"{value:.0f} ms"
 
 
+def _span(seconds: float, units: tuple[tuple[float, str], ...]) -> str:
+    """``seconds`` in the first unit whose limit it is under: (limit, "unit") pairs, seconds."""
+    for limit, unit in units:
+        if seconds < limit:
+            size = {"s": 1, "min": 60, "h": 3600}[unit]
+            return f"{seconds / size:.0f} {unit}"
+    return f"{seconds / 3600:.0f} h"
+
+
 def ago(ts: float | None, now: float) -> str:
     if not ts:
         return "never"
     delta = max(0.0, now - ts)
-    if delta < 2:
-        return "just now"
-    if delta < 120:
-        return f"{delta:.0f} s ago"
-    if delta < 7200:
-        return f"{delta / 60:.0f} min ago"
-    return f"{delta / 3600:.0f} h ago"
+    return "just now" if delta < 2 else _span(delta, ((120, "s"), (7200, "min"))) + " ago"
 
 
 def clock(ts: float | None) -> str:
@@ -51,14 +54,7 @@ def clock(ts: float | None) -> str:
 
 
 def duration(seconds: float | None) -> str:
-    if seconds is None:
-        return DASH
-    s = int(seconds)
-    if s < 120:
-        return f"{s} s"
-    if s < 7200:
-        return f"{s // 60} min"
-    return f"{s // 3600} h {s % 3600 // 60} min"
+    return DASH if seconds is None else _span(max(0.0, seconds), ((120, "s"), (7200, "min")))
 
 
 def yesno(value: bool | None) -> str:

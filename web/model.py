@@ -13,6 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
+from gpuflex.cli.common import human_bytes as cli_bytes
+
 MAX_TEXT = 160
 """The longest peer-supplied string the portal shows; longer ones are cut with an ellipsis."""
 
@@ -53,13 +55,7 @@ def short(peer: str, n: int = 8) -> str:
 
 
 def human_bytes(n: float | None) -> str:
-    if not n:
-        return "—"
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if n < 1024:
-            return f"{n:.0f} {unit}"
-        n /= 1024
-    return f"{n:.0f} PiB"
+    return cli_bytes(n) if n else "—"
 
 
 @dataclass(frozen=True)
@@ -261,10 +257,13 @@ def _member_metrics(raw: Any) -> dict[str, Mapping[str, Any]]:
 
 @dataclass(frozen=True)
 class Mesh:
+    """The peers this node knows, and how many of them are in each state."""
+
     peers: int = 0
-    up: int = 0
-    suspect: int = 0
-    down: int = 0
+    by_state: Mapping[str, int] = field(default_factory=dict)
+
+    def count(self, state: PeerState) -> int:
+        return self.by_state.get(state, 0)
 
 
 @dataclass(frozen=True)
@@ -288,8 +287,7 @@ class Status:
             home=text(d.get("home"), 300),
             addrs=tuple(text(a, 300) for a in as_list(d.get("addrs"))[:32]),
             uptime_s=num(d.get("uptime_s")),
-            mesh=Mesh(count(m.get("peers")), count(m.get("up")), count(m.get("suspect")),
-                      count(m.get("down"))),
+            mesh=Mesh(count(m.get("peers")), {s: count(m.get(s)) for s in PEER_STATES}),
             info=NodeInfo.parse(d.get("node_info")),
             reachability=reachability_of(d.get("reachability"), info.get("reachability")))
 

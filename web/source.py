@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import json
 import os
-from collections import OrderedDict
 from collections.abc import AsyncGenerator, Callable
 from typing import Any, Protocol
 
 import trio
 
-from gpuflex.client import MAX_LINE, ControlError, Endpoint, locate
+from gpuflex.client import MAX_LINE, ControlError, Endpoint, SeenEvents, locate
 from web import WebError
 
 
@@ -159,12 +158,8 @@ class ControlSource:
             raise NodeUnavailable(f"the node did not answer ({_reason(exc)})") from None
 
     async def events(self) -> AsyncGenerator[dict[str, Any], None]:
-        """Events forever, across reconnects, each delivered once.
-
-        Each subscription replays the node's recent history (``since: 0``) and what was seen
-        is dropped by (seq, ts): a restarted node counts seq from zero again.
-        """
-        seen: OrderedDict[tuple[Any, Any], None] = OrderedDict()
+        """Events forever, across reconnects, each delivered once (see SeenEvents)."""
+        seen = SeenEvents()
         attempt = 0
         while True:
             conn: _Connection | None = None
@@ -176,15 +171,8 @@ class ControlSource:
                 attempt = 0
                 while True:
                     event = (await conn.read()).get("event")
-                    if not isinstance(event, dict):
-                        continue
-                    key = (event.get("seq"), event.get("ts"))
-                    if key in seen:
-                        continue
-                    seen[key] = None
-                    if len(seen) > 4096:
-                        seen.popitem(last=False)
-                    yield event
+                    if isinstance(event, dict) and seen.first_time(event):
+                        yield event
             except (NodeUnavailable, NodeRefused, OSError, trio.TooSlowError,
                     trio.BrokenResourceError, trio.ClosedResourceError):
                 pass
