@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs
+from urllib.parse import parse_qs, urlencode
 
 import trio
 from jinja2 import Environment, PackageLoader, select_autoescape
@@ -112,7 +112,7 @@ class Portal:
                 spec = await self.exporter.spec(job.job_id, job.round)
             except (ExportError, NodeUnavailable) as exc:
                 spec_error = str(exc)
-        return self.render(PAGES["job"], snap, {"job": job_id}, live=f"/live/job?job={job.job_id}",
+        return self.render(PAGES["job"], snap, {"job": job_id}, live="/live/job?" + urlencode({"job": job.job_id}),
                            title=f"Job {job.label}", spec=spec, spec_error=spec_error,
                            downloads=DOWNLOADS, verdict=verdict)
 
