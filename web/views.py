@@ -66,10 +66,16 @@ def peers_view(snap: Snapshot, params: Params) -> dict[str, Any]:
     peers = sorted(snap.peers, key=PEER_COLUMNS[sort][1], reverse=desc)
     rows = [PeerRow(p, s, bool(query) and query not in s)
             for p in peers for s in (peer_search_text(p),)]
-    headers = [{"key": key, "label": label, "sorted": key == sort,
-                "aria": ("descending" if desc else "ascending") if key == sort else None,
-                "href": f"?sort={key}&dir={'asc' if key == sort and desc else 'desc' if key == sort else 'asc'}"}
-               for key, (label, _) in PEER_COLUMNS.items()]
+
+    def header(key: str, label: str) -> dict[str, Any]:
+        # A column sorts ascending first; selecting the sorted column again reverses it.
+        current = key == sort
+        next_dir = "desc" if current and not desc else "asc"
+        return {"key": key, "label": label, "sorted": current,
+                "aria": ("descending" if desc else "ascending") if current else None,
+                "href": f"?sort={key}&dir={next_dir}"}
+
+    headers = [header(key, label) for key, (label, _) in PEER_COLUMNS.items()]
     shown = sum(1 for r in rows if not r.hidden)
     return {"rows": rows, "headers": headers, "query": query, "shown": shown, "total": len(rows)}
 
