@@ -168,12 +168,10 @@ async def test_live_stream_pushes_each_new_snapshot_and_the_disconnect(served: S
         assert f'data-job="{JOB}">3<' in first["regions"]["jobs"]
         assert set(first["regions"]) == {"banner", "clock", "status", "jobs", "events"}
         served.api.commit_round()
-        start = trio.current_time()
-        with trio.fail_after(10):
+        with trio.fail_after(10):  # the next poll (a second at most) pushes it
             update = await next_update(lines)
             while f'data-job="{JOB}">4<' not in update["regions"]["jobs"]:
                 update = await next_update(lines)
-        assert trio.current_time() - start >= 0.5  # pushed by the next poll, not at once
         served.api.down = True
         with trio.fail_after(10):
             update = await next_update(lines)
