@@ -67,6 +67,8 @@ class Portal:
         self.env = make_env()
         self.wall_clock = wall_clock
         self.version = version
+        self._nursery: trio.Nursery | None = None
+        self._fetching: set[str] = set()
 
     # -- rendering ----------------------------------------------------------------------------
 
@@ -80,7 +82,14 @@ class Portal:
 
     def _context(self, page: Page, snap: Snapshot, params: Mapping[str, str]) -> dict[str, Any]:
         return {**page.view(snap, params), "snap": snap, "now": self.wall_clock(), "page": page.name,
-                "params": params, "logged_in": self.token is not None, "version": self.version}
+                "params": params, "logged_in": self.token is not None, "version": self.version,
+                "spec_of": self._spec_of}
+
+    def _spec_of(self, job: Any) -> tuple[Mapping[str, Any] | None, str]:
+        """(spec, why not) for the job page: from the summary when the node sends it, else
+        from the exported files once they are here."""
+        spec = job.spec or self.exporter.cached_spec(job.job_id)
+        return spec, "" if spec else self.exporter.spec_errors.get(job.job_id, "")
 
     def render(self, page: Page, snap: Snapshot, params: Mapping[str, str], live: str,
                status_code: int = 200, **extra: Any) -> HTMLResponse:
@@ -105,16 +114,25 @@ class Portal:
         if job is None:
             return self.render(PAGES["job"], snap, {"job": job_id}, live="", status_code=404,
                                title="No such job")
-        spec = job.spec
-        spec_error = ""
-        if spec is None and snap.connected:
-            try:
-                spec = await self.exporter.spec(job.job_id, job.round)
-            except (ExportError, NodeUnavailable) as exc:
-                spec_error = str(exc)
+        if job.spec is None and self.exporter.cached_spec(job.job_id) is None and snap.connected:
+            self._fetch_spec(job.job_id, job.round)
         return self.render(PAGES["job"], snap, {"job": job_id}, live="/live/job?" + urlencode({"job": job.job_id}),
-                           title=f"Job {job.label}", spec=spec, spec_error=spec_error,
-                           downloads=DOWNLOADS, verdict=verdict)
+                           title=f"Job {job.label}", downloads=DOWNLOADS, verdict=verdict)
+
+    def _fetch_spec(self, job_id: str, round_: int) -> None:
+        """Have the node write the job's files in the background: the page answers at once and
+        the spec arrives with the next live update (the export can take seconds)."""
+        if job_id in self._fetching or self._nursery is None:
+            return
+        self._fetching.add(job_id)
+
+        async def fetch() -> None:
+            try:
+                await self.exporter.spec(job_id, round_)
+            finally:
+                self._fetching.discard(job_id)
+
+        self._nursery.start_soon(fetch)
 
     async def audit(self, request: Request) -> Response:
         job_id = request.path_params["job_id"]
@@ -224,6 +242,7 @@ class Portal:
         async def lifespan(app: Starlette) -> AsyncIterator[None]:
             async with trio.open_nursery() as nursery:
                 await nursery.start(self.hub.run)
+                self._nursery = nursery
                 try:
                     yield
                 finally:

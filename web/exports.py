@@ -24,7 +24,7 @@ from typing import Any
 import trio
 
 from web import WebError
-from web.source import NodeRefused, Source
+from web.source import NodeRefused, NodeUnavailable, Source
 
 JOB_ID = re.compile(r"[0-9A-Za-z_-]{1,80}")
 EXPORT_TIMEOUT = 120.0
@@ -55,6 +55,7 @@ class Exporter:
         self.root.chmod(0o700)
         self._locks: dict[str, trio.Lock] = {}
         self._specs: dict[str, Mapping[str, Any]] = {}
+        self.spec_errors: dict[str, str] = {}
 
     def close(self) -> None:
         shutil.rmtree(self.root, ignore_errors=True)
@@ -84,9 +85,18 @@ class Exporter:
             return out
 
     async def spec(self, job_id: str, round_: int) -> Mapping[str, Any] | None:
-        """The job's spec (it never changes, so one export is enough)."""
+        """The job's spec (it never changes, so one export is enough); a failure is kept in
+        ``spec_errors`` for the page to show."""
         if job_id not in self._specs:
-            await self.export(job_id, round_)
+            try:
+                await self.export(job_id, round_)
+            except (ExportError, NodeUnavailable) as exc:
+                self.spec_errors[job_id] = str(exc)
+                return None
+        self.spec_errors.pop(job_id, None)
+        return self._specs.get(job_id)
+
+    def cached_spec(self, job_id: str) -> Mapping[str, Any] | None:
         return self._specs.get(job_id)
 
     async def file(self, job_id: str, round_: int, name: str) -> Path:

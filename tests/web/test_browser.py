@@ -200,7 +200,7 @@ def test_audit_button_reports_the_chain_verified(mesh: LocalMesh, portal: str, b
     assert verdict.startswith("Chain verified"), verdict
     assert f"{ROUNDS} rounds of job {job}" in verdict
     assert f"the model matches round {ROUNDS}" in verdict
-    assert "digits" in text_of(browser, "#spec-h + *")  # the job spec is on the page
+    wait_for(lambda: "digits" in text_of(browser, "[data-region=spec]"), 30, "the job spec")
     snap(browser, shots, "job")
     browser.get(f"{portal}/jobs")
     snap(browser, shots, "jobs")

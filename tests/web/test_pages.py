@@ -20,6 +20,14 @@ from web.security import CSP
 PAGES = ["/", "/peers", "/jobs", f"/jobs/{JOB}", f"/jobs/{HOSTILE_JOB}", "/contributions", "/join"]
 
 
+async def job_page_with_spec(served: Served, job: str) -> str:
+    """The job page once its spec is in: the node's files arrive in the background."""
+    with trio.fail_after(10):
+        while "Fetching the spec" in (html := (await served.client.get(f"/jobs/{job}")).text):
+            await trio.sleep(0.05)
+    return html
+
+
 def peer_order(html: str) -> list[str]:
     return re.findall(r'<tr data-search="[^"]*" data-peer="([^"]+)"', html)
 
@@ -62,7 +70,7 @@ async def test_untrusted_strings_are_escaped(served: Served) -> None:
     assert str(escape(HOSTILE_NAME)) == "&lt;script&gt;alert(1)&lt;/script&gt; [/evil] $\\x$"
     peers = (await served.client.get("/peers")).text
     assert "&lt;img src=x onerror=alert(1)&gt;" in peers
-    spec = (await served.client.get(f"/jobs/{JOB}")).text  # the spec's "note" carries the name
+    spec = await job_page_with_spec(served, JOB)  # the spec's "note" carries the name
     assert "&lt;script&gt;alert(1)" in spec or "\\u003cscript\\u003e" in spec
 
 
@@ -96,7 +104,9 @@ async def test_fields_a_node_does_not_send_read_unknown_and_shown_when_present(s
 
 
 async def test_job_page_shows_spec_members_ledger_and_downloads(served: Served) -> None:
-    html = (await served.client.get(f"/jobs/{JOB}")).text
+    first = (await served.client.get(f"/jobs/{JOB}")).text
+    assert "Fetching the spec from the node" in first  # the page does not wait for the files
+    html = await job_page_with_spec(served, JOB)
     assert "digits-cnn" in html  # the spec, from the job's exported files
     ledger = served.api.ledger_rows(JOB)
     for row in ledger:
