@@ -30,7 +30,7 @@ from tests.integration.conftest import digits_spec
 from tests.web.browser import ensure_chromium, make_driver, png_size, set_viewport, wait_for
 from tests.web.fake_api import HOSTILE_NAME
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(300)]
 
 ROUNDS = 6
 PAGES = ("overview", "peers", "jobs", "job", "contributions", "join")
