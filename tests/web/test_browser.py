@@ -24,7 +24,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from typer.testing import CliRunner
 
+from gpuflex.cli.main import app as cli
 from gpuflex.localmesh import LocalMesh
 from tests.integration.conftest import digits_spec
 from tests.web.browser import ensure_chromium, make_driver, png_size, set_viewport, wait_for
@@ -181,6 +183,9 @@ def test_round_counter_advances_on_the_overview(mesh: LocalMesh, portal: str, br
     snap(browser, shots, "overview")
     if DOCS_SHOT:
         save_small_png(shots / "overview-1920.png", Path(DOCS_SHOT))
+    # A second, one-round job whose name is peer text that must never run as markup; it runs
+    # beside the first one while the next test waits.
+    state["hostile"] = mesh.submit(digits_spec(rounds=1, local_epochs=1, name=HOSTILE_NAME))
 
 
 def test_audit_button_reports_the_chain_verified(mesh: LocalMesh, portal: str, browser: Any,
@@ -190,8 +195,6 @@ def test_audit_button_reports_the_chain_verified(mesh: LocalMesh, portal: str, b
 
     job = state["job"]
     mesh.wait_job(job, [0, 1, 2], timeout=180)
-    # A second, one-round job whose name is peer text that must never run as markup.
-    state["hostile"] = mesh.submit(digits_spec(rounds=1, local_epochs=1, name=HOSTILE_NAME))
     browser.get(f"{portal}/jobs/{job}")
     wait_for(lambda: text_of(browser, f"#job-{job}-round") == str(ROUNDS), 10, "the last round")
     browser.find_element(By.ID, "audit-button").send_keys(Keys.ENTER)  # the keyboard alone
@@ -225,10 +228,11 @@ def test_contributions_csv_matches_audit_show(mesh: LocalMesh, portal: str, brow
     for job, rounds in ((state["job"], ROUNDS), (hostile, 1)):
         out = tmp_path / job
         mesh.call(0, "job_results", {"job": job, "out": str(out)}, timeout=120)
-        proc = subprocess.run([sys.executable, "-m", "gpuflex", "audit", "show", "--json",
-                               str(out / "ledger.msgpack")], capture_output=True, text=True, timeout=60)
-        assert proc.returncode == 0, proc.stderr
-        shown = json.loads(proc.stdout)
+        # `gpuflex audit show --json`, run in this process (the same command, without a
+        # second interpreter start).
+        result = CliRunner().invoke(cli, ["audit", "show", "--json", str(out / "ledger.msgpack")])
+        assert result.exit_code == 0, result.output
+        shown = json.loads(result.stdout)
         assert len(shown["rounds"]) == rounds
         for peer, steps in shown["credit"].items():
             credited[peer] = credited.get(peer, 0) + steps
