@@ -121,10 +121,13 @@ def lost_updates(mesh: LocalMesh, job: str, rows: list[dict[str, Any]], kills: l
             if r > len(rows):
                 continue
             row = rows[r - 1]
+            # The round ran from the previous commit to this one; retried attempts can make that
+            # longer than a minute, so "during" is measured from the previous commit.
+            began = rows[r - 2]["ts"] if r > 1 else 0.0
             died = [k for k in kills if k["node"] == i and k["at"] <= row["ts"]]
             last_death = max((k["at"] for k in died), default=None)
-            if last_death is not None and last_death > row["ts"] - 60:
-                continue  # the node was killed during or shortly before this round
+            if last_death is not None and last_death > min(began, row["ts"] - 60):
+                continue  # killed during (or shortly before) this round: a retried attempt plans without it
             if by_node[i] not in {c["peer"] for c in row["contributors"]}:
                 lost += 1
     return lost

@@ -293,7 +293,14 @@ class JobRunner:
                 if plan is not None and plan.attempt >= attempt:
                     return plan
                 await self._wait_change(until)
-        return self.plans.get(r)
+        if not waited and len(self.ledger) < r:
+            # No live candidate to wait for (they are down, and this node, back from a restart,
+            # was not in the last plan): give the mesh one plan timeout to change. Handing back
+            # the failed attempt's plan instead, whose deadline has passed, made the driver
+            # retry at once, forever, at full CPU.
+            await self._wait_change(time.time() + self._plan_timeout())
+        plan = self.plans.get(r)
+        return plan if plan is not None and plan.attempt >= attempt else None
 
     async def _coordinate(self, r: int, attempt: int) -> Plan | None:
         wait_until = time.time() + 60.0
