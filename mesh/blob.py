@@ -21,7 +21,8 @@ import blake3
 import trio
 
 from mesh import bulk
-from mesh.codec import WireError
+from mesh.codec import Truncated, WireError
+from mesh.errors import MeshError
 from mesh.framing import Stream, read_exactly, read_obj, write_obj
 from mesh.push import dial_and_transfer
 
@@ -35,7 +36,7 @@ STALL_S = 15.0
 log = logging.getLogger(__name__)
 
 
-class BlobError(RuntimeError):
+class BlobError(MeshError, RuntimeError):
     """A blob could not be found, read or fetched."""
 
 
@@ -162,8 +163,8 @@ class IncomingBlob:
         self._fh.close()
         if self.expected is not None and self.received != self.expected:
             self.abort()
-            raise WireError("truncated", f"blob {self.digest[:16]}… ended after {self.received} of "
-                                         f"{self.expected} bytes")
+            raise Truncated(f"blob {self.digest[:16]}… ended after {self.received} of {self.expected} bytes",
+                            self.received)
         got = self._hasher.hexdigest()
         if got != self.digest:
             self.abort()
@@ -266,8 +267,8 @@ async def receive_blob(stream: Stream, store: BlobStore, digest: str, peer: str,
                 with trio.move_on_after(STALL_S) as stall:
                     chunk = await read_exactly(stream, min(CHUNK, remaining))
                 if stall.cancelled_caught:
-                    raise WireError("truncated", f"peer {peer} sent nothing for {STALL_S:g} s with "
-                                                 f"{remaining} of {size} bytes to go")
+                    raise Truncated(f"peer {peer} sent nothing for {STALL_S:g} s with "
+                                    f"{remaining} of {size} bytes to go", size - remaining)
                 incoming.write(chunk)
                 remaining -= len(chunk)
         return incoming.commit(peer), via_bulk

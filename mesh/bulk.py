@@ -43,7 +43,8 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from mesh.codec import WireError
+from mesh.codec import Truncated, WireError
+from mesh.errors import MeshError
 
 FRAME = 1 << 20  # plaintext bytes per sealed frame
 TAG = 16
@@ -57,7 +58,7 @@ _HELLO = b"\x00\x00\x00\x02"  # nonce tag of the dialer's proof of the key
 CIPHERS = ("aes256gcm", "chacha20poly1305")
 
 
-class BulkUnavailable(Exception):
+class BulkUnavailable(MeshError):
     """The side channel could not be set up; the caller falls back to the libp2p stream."""
 
 
@@ -122,7 +123,7 @@ def _recv_exactly(sock: socket.socket, view: memoryview) -> None:
     while got < len(view):
         n = sock.recv_into(view[got:])
         if n == 0:
-            raise WireError("truncated", f"bulk channel closed after {got} of {len(view)} bytes of a frame")
+            raise Truncated(f"bulk channel closed after {got} of {len(view)} bytes of a frame", got)
         got += n
 
 
@@ -278,8 +279,8 @@ def _receive_sealed(sock: socket.socket, offer: BulkOffer, size: int, sink: Call
     except OSError as exc:
         if stop.is_set():
             raise BulkUnavailable("bulk transfer cancelled") from None
-        raise WireError("truncated", f"bulk channel failed after {got} of {size} bytes: "
-                                     f"{exc.strerror or exc}") from None
+        raise Truncated(f"bulk channel failed after {got} of {size} bytes: {exc.strerror or exc}",
+                        got) from None
     if got < size:
         raise BulkUnavailable("bulk transfer cancelled")
 

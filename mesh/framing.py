@@ -12,7 +12,7 @@ from typing import Any, Protocol
 
 import msgpack
 
-from mesh.codec import WireError
+from mesh.codec import Truncated, WireError
 
 _LEN = struct.Struct(">I")
 _LEN64 = struct.Struct(">Q")
@@ -43,10 +43,10 @@ async def read_into(stream: Stream, view: memoryview, what: str = "payload") -> 
             chunk = await stream.read(min(total - got, 1 << 20))
         except Exception as exc:
             if _is_eof(exc):
-                raise WireError("truncated", f"{what} ended after {got} of {total} bytes") from None
+                raise Truncated(f"{what} ended after {got} of {total} bytes", got) from None
             raise
         if not chunk:
-            raise WireError("truncated", f"{what} ended after {got} of {total} bytes")
+            raise Truncated(f"{what} ended after {got} of {total} bytes", got)
         view[got : got + len(chunk)] = chunk
         got += len(chunk)
 

@@ -11,6 +11,7 @@ import socket
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from mesh.errors import MeshError
 from mesh.identity import Identity
 
 if TYPE_CHECKING:
@@ -19,7 +20,7 @@ if TYPE_CHECKING:
 DEFAULT_LISTEN = "/ip4/0.0.0.0/tcp/4001"
 
 
-class HostError(RuntimeError):
+class HostError(MeshError, RuntimeError):
     """The host could not be created or could not listen."""
 
 
