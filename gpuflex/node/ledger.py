@@ -16,6 +16,7 @@ from typing import Any
 
 import msgpack
 
+from gpuflex.errors import GpuflexError
 from gpuflex.node.messages import PLAN, RESULT, Result, parse_plan, parse_result, walk_contributions
 from mesh.codec import WireError, open_envelope
 from mesh.fsutil import atomic_write
@@ -24,7 +25,7 @@ log = logging.getLogger("gpuflex.ledger")
 GENESIS = ""
 
 
-class LedgerError(ValueError):
+class LedgerError(GpuflexError, ValueError):
     """The ledger does not verify; the message names the round and the reason."""
 
 
