@@ -184,9 +184,9 @@ class JobDriver:
             now = clock.now()
             if now >= deadlines.end:
                 return "deadline passed"
-            if plan.coordinator != book.me and port.health(plan.coordinator) == PeerState.DOWN and now > grace_until:
+            if plan.coordinator != book.me and port.health(plan.coordinator) == PeerState.DOWN and now >= grace_until:
                 return f"coordinator {plan.coordinator[-8:]} is down"
-            await book.changed.wait(min(deadlines.end, grace_until) if now <= grace_until else deadlines.end)
+            await book.changed.wait(min(deadlines.end, grace_until) if now < grace_until else deadlines.end)
         return None
 
     async def on_plan(self, msg: Inbound) -> None:
