@@ -118,7 +118,11 @@ class JobDriver:
                 status.fail(str(exc))
                 log.exception("job %s failed", self.job_id)
                 self.port.emit(EventKind.JOB_FAILED, message=f"job {self.job_id} failed: {exc}")
-            nursery.cancel_scope.cancel()
+                nursery.cancel_scope.cancel()
+                return
+            # Done: the last round's tasks end by themselves; the job keeps serving its messages
+            # (a competing result still triggers fork choice, a peer still gets recovery answers).
+            await trio.sleep_forever()
 
     def _budget_allows(self) -> bool:
         """False once the next round would spend more privacy than the job allows."""

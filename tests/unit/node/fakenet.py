@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import random
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,11 +23,12 @@ from typing import Any, TypeVar
 import numpy as np
 import trio
 
+from aggregation.tree import build_tree
 from gpuflex.jobspec import JobSpec
 from gpuflex.node.clock import DeadlineClock
 from gpuflex.node.driver import JobDriver
 from gpuflex.node.kinds import EventKind
-from gpuflex.node.messages import JOB, UPDATE, parse_update
+from gpuflex.node.messages import JOB, PARTIAL, UPDATE, parse_partial, parse_update
 from gpuflex.node.modelblob import unpack_model
 from gpuflex.node.ranking import coordinator_ranking
 from gpuflex.node.state import JobInfo
@@ -42,6 +42,8 @@ T = TypeVar("T")
 DIM = 6  # parameters of the fake model
 #: Presence is refreshed this often, as JobManager does.
 PRESENCE_EVERY_S = 3.0
+#: The fake wall clock's origin: fixed, so a run is repeatable.
+EPOCH = 1.7e9
 
 
 def fast_spec(**overrides: Any) -> JobSpec:
@@ -234,9 +236,11 @@ class FakeNet:
         self.spec = spec
         self.detect_s = detect_s  # how long after a death every node's health says down
         self.jitter = jitter or (lambda a, b: 0.01)
-        self.epoch = time.time()
+        self.epoch = EPOCH
         self.partition: list[set[str]] | None = None
         self.acks: list[tuple[int, int, str, str]] = []  # (round, attempt, member, acceptor) of updates
+        self.forwarded: set[tuple[int, int, str]] = set()  # (round, attempt, leader) of delivered partials
+        self.roots: dict[tuple[int, int], str] = {}  # (round, attempt) -> the plan's root
         ids = [Identity(bytes([i + 1]) * 32) for i in range(size)]
         self.archive: dict[str, bytes] = {}
         self.nodes: dict[str, FakeNode] = {
@@ -370,6 +374,11 @@ class FakeNet:
             rs = dst.driver.book.current
             attempt = rs.plan.attempt if rs.plan is not None and rs.round == up.round else -1
             self.acks.append((up.round, attempt, up.peer, dst.peer_id))
+            if rs.plan is not None:
+                self.roots[(up.round, attempt)] = rs.plan.coordinator
+        elif env.kind == PARTIAL:
+            part = parse_partial(env)
+            self.forwarded.add((part.round, part.attempt, part.leader))
         return box["reply"]
 
     async def broadcast(self, src: FakeNode, frame: bytes) -> int:
@@ -437,6 +446,12 @@ class FakeNet:
         """The coordinator ranking every node computes for ``round_``."""
         ranked = coordinator_ranking(self.info.job_id, round_, self.info.initial_members, (), attempt)
         return [self.nodes[p] for p in ranked]
+
+    def first_tree(self) -> dict[str, str | None]:
+        """The group tree round 1's first-ranked coordinator will plan with every node up."""
+        root = self.ranking()[0].peer_id
+        members = [root] + [p for p in sorted(self.info.initial_members) if p != root]
+        return build_tree(members, self.spec.group_size, root)
 
     async def wait_until(self, predicate: Callable[[], bool], limit: float = 300.0) -> None:
         """Poll in small mock-time steps, so a test can act at a precise protocol point."""

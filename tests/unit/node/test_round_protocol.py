@@ -192,12 +192,12 @@ async def test_a_straggler_missing_the_deadline_is_left_out_of_that_round_only(a
 
 async def test_a_leader_dying_after_it_acknowledged_an_update_has_it_resent_higher(autojump_clock, tmp_path) -> None:
     net = FakeNet(tmp_path, 5, fast_spec(rounds=1, group_size=2))
+    tree = net.first_tree()
+    leader = next(p for p in tree if tree[p] is not None and p in tree.values())
+    net.nodes[leader].train_s = 30.0  # its own training keeps it from sending its partial
     async with trio.open_nursery() as nursery:
         await net.start(nursery)
-        await net.wait_until(lambda: plan_of(net.node(0)) is not None)
-        tree = plan_of(net.node(0)).parent
-        leader = next(p for p in tree if tree[p] is not None and p in tree.values())
-        net.nodes[leader].train_s = 30.0  # its own update keeps it from sending its partial
+        assert plan_of(net.node(0)) is None or plan_of(net.node(0)).parent == tree
         await net.wait_until(lambda: any(acceptor == leader for *_, acceptor in net.acks))
         member = next(m for (_, _, m, acceptor) in net.acks if acceptor == leader)
         net.kill(net.nodes[leader])
