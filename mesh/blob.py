@@ -15,7 +15,7 @@ import logging
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 import blake3
 import trio
@@ -57,7 +57,7 @@ def blob_hash(data: bytes | memoryview) -> str:
     return blake3.blake3(data).hexdigest()
 
 
-def valid_hash(text: object) -> bool:
+def valid_hash(text: object) -> TypeGuard[str]:
     return isinstance(text, str) and len(text) == HASH_HEX_LEN and all(c in "0123456789abcdef" for c in text)
 
 
@@ -154,7 +154,7 @@ class IncomingBlob:
                 return
             raise BlobError(f"no room for blob {self.digest[:16]}… ({size} bytes): {exc.strerror or exc}") from None
 
-    def write(self, chunk: bytes) -> None:
+    def write(self, chunk: bytes | memoryview) -> None:
         self._hasher.update(chunk)
         self._fh.write(chunk)
         self.received += len(chunk)
@@ -223,7 +223,7 @@ async def _serve_bulk(stream: Stream, sender: bulk.BulkSender, path: Path, size:
 
         async def send() -> None:
             try:
-                await trio.to_thread.run_sync(sender.serve, path, size, abandon_on_cancel=True)
+                await trio.to_thread.run_sync(sender.serve, path, size, abandon_on_cancel=True)  # type: ignore[call-arg]  # mypy misreads trio's TypeVarTuple signature
             except (bulk.BulkUnavailable, WireError, OSError) as exc:
                 log.info("bulk send of %s stopped: %s", path.name[:12], exc)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import errno
 import socket
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from mesh.errors import MeshError
 from mesh.identity import Identity
@@ -24,7 +24,7 @@ class HostError(MeshError, RuntimeError):
     """The host could not be created or could not listen."""
 
 
-def parse_multiaddr(text: str, what: str = "address"):  # type: ignore[no-untyped-def]
+def parse_multiaddr(text: str, what: str = "address") -> Any:
     import multiaddr
 
     try:

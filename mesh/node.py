@@ -20,7 +20,7 @@ from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import trio
 
@@ -216,7 +216,7 @@ class MeshNode:
         listen = [parse_multiaddr(a, "listen address") for a in self.config.listen]
         async with self.host.run(listen), trio.open_nursery() as nursery:
             self._nursery = nursery
-            validator = NamespacedValidator({NODEINFO_NS: RecordValidator("nodeinfo")})
+            validator = NamespacedValidator({NODEINFO_NS: cast(Any, RecordValidator("nodeinfo"))})
             mode = DHTMode.CLIENT if self.config.client_mode else DHTMode.SERVER
             self.dht = KadDHT(self.host, mode, validator=validator, validator_changed=True)
             self.host.set_stream_handler(MSG_PROTOCOL, self._guard(self._handle_msg))

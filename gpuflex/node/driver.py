@@ -56,7 +56,7 @@ log = logging.getLogger("gpuflex.rounds")
 COORDINATOR_GRACE_S = 2.0
 
 
-def load_trainer(spec: Any, index: int, parts: int, home: Path, data_hook: Callable[[Any], Any] | None) -> Trainer:
+def load_trainer(spec: Any, index: int, parts: int, home: Path, data_hook: Callable[..., Any] | None) -> Trainer:
     """The real workload (torch), imported only when a job starts."""
     from gpuflex.ml.workload import Workload
 

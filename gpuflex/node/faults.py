@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from gpuflex.secure import GroupContext
+from gpuflex.node.secure import GroupContext
 
 
 class Faults(Protocol):
@@ -27,7 +27,7 @@ class Faults(Protocol):
         """The delta this node sends instead of the one it trained."""
         ...
 
-    def data_hook(self) -> Callable[[Any], Any] | None:
+    def data_hook(self) -> Callable[..., Any] | None:
         """Wraps this node's training set (label flipping), or None."""
         ...
 
@@ -42,7 +42,7 @@ class NoFaults:
     def tamper(self, delta: np.ndarray) -> np.ndarray:
         return delta
 
-    def data_hook(self) -> Callable[[Any], Any] | None:
+    def data_hook(self) -> Callable[..., Any] | None:
         return None
 
     def after_masking(self, ctx: GroupContext, me: str) -> None:

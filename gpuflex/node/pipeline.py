@@ -24,14 +24,14 @@ from aggregation.secagg import default_threshold
 from aggregation.server_opt import ServerOptimizer, make_server_optimizer
 from aggregation.weighted import WeightedAccumulator
 from gpuflex.node.modelblob import unpack_delta
-from gpuflex.plugins import is_plugin_path, load_callable
-from gpuflex.secure import (
+from gpuflex.node.secure import (
     GroupContext,
     SecAggMember,
     SecAggReducer,
     decode_masked,
     mask_group,
 )
+from gpuflex.plugins import is_plugin_path, load_callable
 from mesh.codec import WireError
 
 if TYPE_CHECKING:
@@ -162,7 +162,7 @@ def make_reducer(spec: JobSpec, is_root: bool, plan: Plan | None = None,
     if spec.secure_aggregation and plan is not None and me is not None:
         ctx = secagg_context(spec, plan, me)
         if ctx is not None and ctx.leader == me:
-            return SecAggReducer(ctx)  # type: ignore[return-value]
+            return SecAggReducer(ctx)
     if spec.rule == "mean" and spec.norm_bound <= 0:
         return MeanReducer()
     rule = plugin_rule(spec) if is_plugin_path(spec.rule) else make_rule(spec.rule, **spec.rule_params)

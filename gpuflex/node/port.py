@@ -135,4 +135,4 @@ class Trainer(Protocol):
 
 
 #: Builds a job's Trainer: (spec, part index, number of parts, home, data hook).
-TrainerFactory = Callable[[Any, int, int, Path, Callable[[Any], Any] | None], Trainer]
+TrainerFactory = Callable[[Any, int, int, Path, Callable[..., Any] | None], Trainer]

@@ -148,7 +148,8 @@ class NodeRuntime:
             for addr in self.mesh.multiaddrs():
                 log.info("gpuflex node %s listening on %s", self.identity.peer_id, addr)
             # Abandoned on stop: a node stopped while torch still imports must not wait for it.
-            nursery.start_soon(partial(trio.to_thread.run_sync, warm_up_torch, abandon_on_cancel=True))
+            nursery.start_soon(partial(trio.to_thread.run_sync, warm_up_torch,  # type: ignore[call-arg]
+                                       abandon_on_cancel=True))  # (mypy misreads trio's TypeVarTuple signature)
             await nursery.start(self.jobs.run)
             port = await nursery.start(control.run)
             log.info("control API on 127.0.0.1:%d (token in %s)", port, self.home / "control.token")

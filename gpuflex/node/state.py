@@ -25,7 +25,7 @@ from mesh.codec import open_envelope
 if TYPE_CHECKING:
     from gpuflex.jobspec import JobSpec
     from gpuflex.node.collector import Collector
-    from gpuflex.secure import SecAggMember
+    from gpuflex.node.secure import SecAggMember
 
 #: A peer whose presence is older than this is no longer counted as taking part.
 PRESENCE_FRESH_S = 10.0

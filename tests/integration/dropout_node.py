@@ -20,7 +20,7 @@ import sys
 from dataclasses import dataclass
 
 from gpuflex.node.faults import NoFaults, install
-from gpuflex.secure import GroupContext
+from gpuflex.node.secure import GroupContext
 
 DROP_ENV = "GPUFLEX_TEST_SECAGG_DROP"
 log = logging.getLogger("tests.dropout")

@@ -38,7 +38,10 @@ class ResultApplier:
             raise WireError("garbled", "result for another job")
         if res.round <= book.committed:
             ours = book.ledger.results[res.round - 1]
-            if ours.digest != res.digest and result_key(res) < result_key(ours):
+            # A chain that forked earlier is judged where it forked (prefer_chain), which this
+            # one result cannot show: fetch it. On the same parent, the result itself decides.
+            forked_earlier = res.prev_result != ours.prev_result
+            if ours.digest != res.digest and (forked_earlier or result_key(res) < result_key(ours)):
                 book.tasks.start_soon(self.port.catch_up, [res.coordinator, msg.via])
                 raise Rejected(f"competing result for round {res.round}; fetching its chain")
             raise Rejected(f"round {res.round} is already committed here")

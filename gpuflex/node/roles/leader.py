@@ -22,9 +22,9 @@ from gpuflex.node.modelblob import pack_delta, unpack_delta
 from gpuflex.node.pipeline import decode_payload, make_reducer
 from gpuflex.node.policy import Reports
 from gpuflex.node.port import JobPort
+from gpuflex.node.secure import SecAggReducer, collect_answers
 from gpuflex.node.state import JobBook, RoundDeadlines
 from gpuflex.node.uplink import Work, send_up
-from gpuflex.secure import SecAggReducer, collect_answers
 from mesh.blob import blob_hash
 from mesh.codec import WireError, seal
 from mesh.health import PeerState

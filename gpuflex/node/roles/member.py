@@ -18,9 +18,9 @@ from gpuflex.node.messages import UPDATE, Plan, parse_recovery_request, parse_up
 from gpuflex.node.modelblob import unpack_delta
 from gpuflex.node.pipeline import DeltaEncoder, decode_payload, secagg_member
 from gpuflex.node.port import JobPort, Trainer
+from gpuflex.node.secure import SecAggMember, answer_recovery
 from gpuflex.node.state import JobBook, RoundDeadlines
 from gpuflex.node.uplink import Work, send_up
-from gpuflex.secure import SecAggMember, answer_recovery
 from mesh.blob import blob_hash
 from mesh.codec import WireError, open_envelope, seal
 from mesh.messaging import Inbound, Rejected, SendError

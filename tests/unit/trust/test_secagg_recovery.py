@@ -18,7 +18,7 @@ from gpuflex.node.messages import (
     parse_secagg_reports,
 )
 from gpuflex.node.pipeline import secagg_context
-from gpuflex.secure import (
+from gpuflex.node.secure import (
     SecAggMember,
     SecAggReducer,
     accept_answer,
