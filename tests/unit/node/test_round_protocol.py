@@ -50,7 +50,7 @@ def plan_of(node):
 
 
 async def test_a_member_dying_in_training_is_left_out_and_the_round_commits(autojump_clock, tmp_path) -> None:
-    net = FakeNet(tmp_path, 4, fast_spec(rounds=1, min_nodes=2))
+    net = FakeNet(tmp_path, 4, fast_spec(rounds=2, min_nodes=2))
     for n in net.nodes.values():
         n.train_s = 3.0
     victim = net.ranking()[-1]  # the last-ranked: a plain member
@@ -58,12 +58,14 @@ async def test_a_member_dying_in_training_is_left_out_and_the_round_commits(auto
         await net.start(nursery)
         await net.wait_until(lambda: victim.driver.summary()["phase"] == "train")
         net.kill(victim)
-        await net.wait_rounds(1)
-        (res,) = one_ledger(net, 1)
+        await net.wait_rounds(2)
+        res, after = one_ledger(net, 2)
         nursery.cancel_scope.cancel()
     assert res.attempt == 0
     assert victim.peer_id not in contributors(res) and victim.peer_id in res.absent
     assert len(contributors(res)) == 3
+    assert victim.peer_id not in contributors(after) and victim.peer_id not in after.absent, \
+        "a dead member is not planned again once it is down"
 
 
 async def test_a_dead_leaders_group_sends_to_the_root_instead(autojump_clock, tmp_path) -> None:
