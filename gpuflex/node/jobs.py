@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -48,10 +48,8 @@ def job_id_of(env: Envelope) -> str:
 
 
 class JobManager:
-    def __init__(self, mesh: MeshNode, events: EventLog, home: Path, faults: Faults = NO_FAULTS,
-                 on_job: Callable[[], None] = lambda: None) -> None:
+    def __init__(self, mesh: MeshNode, events: EventLog, home: Path, faults: Faults = NO_FAULTS) -> None:
         self.mesh, self.events, self.home, self.faults = mesh, events, home, faults
-        self._on_job = on_job  # told whenever a job is taken on (the runtime warms torch up)
         self.jobs_dir = home / "jobs"
         self.jobs_dir.mkdir(parents=True, exist_ok=True)
         self.drivers: dict[str, JobDriver] = {}
@@ -118,7 +116,6 @@ class JobManager:
         port = NodePort(self.mesh, self.events, self.home, job_id, self._services)
         driver = JobDriver(info, port, self.jobs_dir, faults=self.faults)
         self.drivers[job_id] = driver
-        self._on_job()
         self.events.emit(EventKind.JOB_RECEIVED, job=job_id, peer=env.sender, message=(
             f"job {job_id} ({spec.name}): {spec.rounds} rounds of {spec.model} on {spec.data}"))
         assert self._nursery is not None

@@ -74,7 +74,7 @@ def running_pid(home: Path) -> int | None:
 
 def warm_up_torch() -> None:
     """The first optimizer step in a process imports torch's compiler stack (seconds of CPU);
-    pay it while a new job prepares rather than inside its first round's deadline."""
+    pay it while the node idles rather than inside the first round's deadline."""
     import torch
 
     param = torch.zeros(4, requires_grad=True)
@@ -112,9 +112,7 @@ class NodeRuntime:
             ),
             on_event=self._mesh_event,
         )
-        self._nursery: trio.Nursery | None = None
-        self._warming = False
-        self.jobs = JobManager(self.mesh, self.events, self.home, self._faults(options), on_job=self._warm_up)
+        self.jobs = JobManager(self.mesh, self.events, self.home, self._faults(options))
         self._stop = trio.Event()
         self.metrics_addr: tuple[str, int] | None = None
 
@@ -139,15 +137,6 @@ class NodeRuntime:
 
         return collect_hardware()
 
-    def _warm_up(self) -> None:
-        """Torch's warm-up, once, when the first job arrives: a node with no job never pays it.
-        Abandoned on stop: a node stopped while torch still imports must not wait for it."""
-        if self._warming or self._nursery is None:
-            return
-        self._warming = True
-        self._nursery.start_soon(partial(trio.to_thread.run_sync, warm_up_torch,  # type: ignore[call-arg]
-                                         abandon_on_cancel=True))  # (mypy misreads trio's TypeVarTuple signature)
-
     def _mesh_event(self, type_: MeshEvent, **fields: Any) -> None:
         self.events.emit(type_, **fields)
 
@@ -158,7 +147,9 @@ class NodeRuntime:
             await nursery.start(self.mesh.run)
             for addr in self.mesh.multiaddrs():
                 log.info("gpuflex node %s listening on %s", self.identity.peer_id, addr)
-            self._nursery = nursery
+            # Abandoned on stop: a node stopped while torch still imports must not wait for it.
+            nursery.start_soon(partial(trio.to_thread.run_sync, warm_up_torch,  # type: ignore[call-arg]
+                                       abandon_on_cancel=True))  # (mypy misreads trio's TypeVarTuple signature)
             await nursery.start(self.jobs.run)
             port = await nursery.start(control.run)
             log.info("control API on 127.0.0.1:%d (token in %s)", port, self.home / "control.token")
