@@ -190,7 +190,7 @@ class _Listening:
                 hello = _read_frame(conn, buf, len(HELLO))
                 if aead.decrypt(_nonce(0, _HELLO), hello, self.offer.tid) != HELLO:
                     raise WireError("auth", "bulk hello does not match")
-            except Exception:
+            except Exception:  # whoever dialled and failed the hello, however, is not our peer
                 conn.close()
                 continue
             conn.settimeout(IO_TIMEOUT_S)
@@ -269,7 +269,7 @@ def _receive_sealed(sock: socket.socket, offer: BulkOffer, size: int, sink: Call
                 sealed = _read_frame(sock, buf, FRAME)
                 try:
                     n = aead.decrypt_into(_nonce(counter, _DATA), sealed, offer.tid, sealed[: len(sealed) - TAG])
-                except Exception:
+                except Exception:  # the AEAD libraries raise their own types for a bad tag
                     raise WireError("auth", f"bulk frame {counter} failed authentication") from None
                 if got + n > size:
                     raise WireError("oversized", f"bulk channel sent more than the {size} bytes announced")
@@ -351,7 +351,7 @@ def bind_host(listen: list[str]) -> str | None:
 def peer_ip(stream: Any) -> str | None:
     try:
         remote = stream.get_remote_address()
-    except Exception:
+    except Exception:  # py-libp2p transports differ in what they support
         return None
     return str(remote[0]) if remote else None
 

@@ -128,7 +128,7 @@ def _unpack(data: bytes, what: str) -> Any:
         text = str(exc)
         reason = "truncated" if "incomplete" in text.lower() else "garbled"
         raise WireError(reason, f"{what} could not be decoded ({text})") from None
-    except Exception as exc:
+    except Exception as exc:  # untrusted bytes may fail msgpack in any other way
         raise WireError("garbled", f"{what} could not be decoded ({exc.__class__.__name__})") from None
 
 

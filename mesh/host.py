@@ -29,7 +29,7 @@ def parse_multiaddr(text: str, what: str = "address") -> Any:
 
     try:
         return multiaddr.Multiaddr(text)
-    except Exception as exc:
+    except Exception as exc:  # multiaddr's parsers raise from several unrelated roots
         raise HostError(f"invalid {what} {text!r}: {exc}") from None
 
 
@@ -39,7 +39,7 @@ def check_tcp_port_free(listen: str) -> None:
     try:
         host = ma.value_for_protocol("ip4") or ma.value_for_protocol("ip6")
         port = int(ma.value_for_protocol("tcp"))
-    except Exception:
+    except Exception:  # not an ip/tcp address: nothing to check here, the host reports it
         return
     if port == 0:
         return

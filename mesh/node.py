@@ -128,7 +128,7 @@ async def best_effort(what: str, chore: Callable[[], Awaitable[Any]], timeout: f
     with trio.move_on_after(timeout):
         try:
             return await chore()
-        except Exception as exc:
+        except Exception as exc:  # see the docstring: the one catch-all for DHT chores
             log.debug("%s failed: %s", what, exc)
     return None
 

@@ -116,7 +116,7 @@ class ControlServer:
         except ApiError as exc:
             await _send(stream, {"ok": False, "error": str(exc)})
             return True
-        except Exception as exc:
+        except Exception as exc:  # a failing method answers with an error; the API keeps serving
             log.exception("control method %s failed", method)
             await _send(stream, {"ok": False, "error": f"{method} failed: {exc}"})
             return True

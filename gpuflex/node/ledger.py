@@ -157,6 +157,6 @@ def read_ledger_file(path: Path) -> list[bytes]:
         frames = body["frames"]
         if not all(isinstance(f, bytes) for f in frames):
             raise TypeError("frames")
-    except Exception as exc:
+    except Exception as exc:  # a torn or foreign file may fail msgpack in any way: it is unreadable
         raise LedgerError(f"round ?: file cannot be read ({exc.__class__.__name__})") from None
     return list(frames)
