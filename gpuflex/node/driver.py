@@ -264,7 +264,7 @@ class JobDriver:
         note = f"only {reachable} of min_nodes={need} members reachable; not committing" if reachable < need else ""
         if not status.set_waiting(note):
             return
-        r = book.committed + 1
+        r = book.current.round
         if note:
             self.port.emit(EventKind.ROUND_WAITING, r, message=f"job {self.job_id} round {r}: waiting, {note}")
         else:

@@ -51,8 +51,8 @@ class ResultApplier:
         """Append ``res`` if it extends the ledger and verifies; penalise its signer if not."""
         book, port = self.book, self.port
         async with book.apply_lock:
-            if res.round != book.committed + 1 or res.prev_result != book.ledger.head:
-                if res.round >= book.committed + 1:
+            if res.round != book.current.round or res.prev_result != book.ledger.head:
+                if res.round >= book.current.round:
                     # Behind, or on another branch: fetch the chain (outside this lock).
                     book.tasks.start_soon(port.catch_up, [res.coordinator])
                 return

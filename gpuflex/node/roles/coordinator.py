@@ -104,7 +104,7 @@ class Coordinator:
         # The previous round's result may still be being applied here (model download).
         await book.changed.wait_for(lambda: book.committed >= plan.round - 1,
                                     self.port.clock.now() + PREVIOUS_ROUND_WAIT_S)
-        r = book.committed + 1
+        r = book.current.round
         if plan.round != r or plan.prev_result != book.ledger.head or plan.base_hash != book.head_model:
             raise Rejected(f"plan for round {plan.round} does not extend this node's ledger at round {r - 1}")
         if plan.coordinator not in set(book.eligible()) | {book.me}:

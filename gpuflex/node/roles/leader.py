@@ -62,11 +62,11 @@ class Leader:
             return book.committed >= round_ - 1 and rs.round == round_ and rs.plan is not None \
                 and rs.plan.attempt in rs.collectors
 
-        if job == book.job_id and round_ >= book.committed + 1:
+        if job == book.job_id and round_ >= book.current.round:
             # the plan may reach this leader after the update
             await book.changed.wait_for(ready, self.port.clock.now() + EARLY_MESSAGE_WAIT_S)
-        if job != book.job_id or round_ != book.committed + 1:
-            raise WireError("round", f"message for round {round_}, this node is at round {book.committed + 1}")
+        if job != book.job_id or round_ != book.current.round:
+            raise WireError("round", f"message for round {round_}, this node is at round {book.current.round}")
         rs = book.current
         col = rs.collectors.get(rs.plan.attempt) if rs.plan is not None and rs.round == round_ else None
         if col is None or not col.accepts(sender):

@@ -110,7 +110,7 @@ class Member:
         if msg.gossip:  # only the leader's direct request counts; a relay is not to blame
             raise Rejected("a recovery request must come straight from its leader, not by gossip")
         req = parse_recovery_request(msg.envelope)
-        current = self.book.committed + 1
+        current = self.book.current.round
         if req.round < current:
             raise Rejected(f"round {req.round} is already committed here")
         if req.round > current:
