@@ -55,8 +55,11 @@ from mesh.messaging import (
     SeenCache,
     SendError,
 )
+from mesh.nat import NatService
+from mesh.pex import PEERS_REQUEST, PeerExchange
 from mesh.push import PUSH_FLAG, PUSH_MIN, push_payload, receive_pushed
 from mesh.records import NODEINFO_NS, RecordValidator, nodeinfo_key
+from mesh.relay import RelayLimitsConfig
 
 log = logging.getLogger("mesh.node")
 PING_PROTOCOL = "/ipfs/ping/1.0.0"
@@ -90,6 +93,12 @@ class MeshConfig:
     gossip_fanout: int = 3
     # Blob bytes over a one-off sealed TCP side channel (mesh.bulk) rather than through libp2p.
     bulk_channel: bool = True
+    # NAT traversal (mesh.nat): relay limits and use, LAN discovery, and a forced verdict
+    # ("public", "private") that skips the dial-back checks, for tests and operators who know.
+    relay: RelayLimitsConfig = field(default_factory=RelayLimitsConfig)
+    mdns: bool = True
+    reachability: str | None = None
+    info_retry_s: float = 10.0  # NodeInfo of a peer that is not up is looked up this often
 
 
 class MeshNode:
@@ -117,6 +126,9 @@ class MeshNode:
         self.bytes_sent = 0
         self.bytes_received = 0
         self.bulk_bytes_received = 0
+        self.nat = NatService(self)
+        self.pex = PeerExchange(self, self._learn_info)
+        self._info_tried: dict[str, float] = {}
         self.peers.on_change(self._peer_state_changed)
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -162,12 +174,15 @@ class MeshNode:
             self.host.set_stream_handler(GOSSIP_PROTOCOL, self._guard(self._handle_gossip))
             self.host.set_stream_handler(BLOB_PROTOCOL, self._guard(self._handle_blob))
             self.handlers.register(INFO_REQUEST, self._answer_info_request)
+            self.handlers.register(PEERS_REQUEST, self.pex.answer)
             async with background_trio_service(self.dht):
+                await nursery.start(self.nat.run)
                 self._info_frame = self._seal_node_info()
                 await self._bootstrap()
                 nursery.start_soon(self._discovery_loop)
                 nursery.start_soon(self._health_loop)
                 nursery.start_soon(self._publish_loop)
+                nursery.start_soon(self.pex.run)
                 self._on_event("node_started", message=f"listening on {', '.join(self.multiaddrs())}")
                 task_status.started(self)
                 await self._stopped.wait()
@@ -178,14 +193,20 @@ class MeshNode:
     def multiaddrs(self) -> list[str]:
         if self.host is None:
             return []
-        return [f"{a}" if "/p2p/" in str(a) else f"{a}/p2p/{self.peer_id}" for a in self.host.get_addrs()]
+        direct = [f"{a}" if "/p2p/" in str(a) else f"{a}/p2p/{self.peer_id}" for a in self.host.get_addrs()]
+        return direct + self.nat.circuit_addrs()
 
     def node_info(self) -> dict[str, Any]:
-        info = {"version": __version__, **self.config.node_info}
+        info = {"version": __version__, **self.config.node_info, **self.nat.info()}
         info["peer_id"] = self.peer_id
-        info["addrs"] = [str(a).split("/p2p/")[0] for a in self.multiaddrs()]
+        info["addrs"] = [a if "/p2p-circuit" in a else a.split("/p2p/")[0] for a in self.multiaddrs()]
         info["ts"] = time.time()
         return info
+
+    def reachability_changed(self, old: str, new: str) -> None:
+        """Re-announce at once: peers pick relays and leaders by what NodeInfo says."""
+        self._info_frame = self._seal_node_info()
+        self._on_event("reachability", message=f"this node is {new} (was {old})", reachability=new)
 
     def _seal_node_info(self) -> bytes:
         return seal(self.identity, "nodeinfo", self.node_info())
@@ -214,7 +235,14 @@ class MeshNode:
         if env.sender != peer or not isinstance(env.body, dict):
             self._reject(peer, WireError("signature", "NodeInfo is signed by another peer"), "nodeinfo")
             return None
+        self.pex.remember(peer, frame)
         return env.body
+
+    def _learn_info(self, peer: str, info: dict[str, Any]) -> None:
+        """A verified NodeInfo of ``peer`` relayed by another peer (``mesh.pex``)."""
+        addrs = [a for a in info.get("addrs", []) if isinstance(a, str) and "/p2p-circuit" not in a]
+        rec = self.peers.add(peer, [f"{a}/p2p/{peer}" for a in addrs][:8])
+        rec.info = info
 
     # -- background loops --------------------------------------------------------------------
 
@@ -322,11 +350,26 @@ class MeshNode:
                     if due:
                         sweep.start_soon(self._probe, rec.peer_id)
             self.peers.reevaluate()
+            now = time.monotonic()
             for rec in self.peers.all():
-                if rec.info is None and rec.state == UP and rec.peer_id not in self._info_loading:
+                # A peer that is not up may be behind NAT: its NodeInfo (from the DHT) says
+                # through which relays to reach it, so look it up too, now and then.
+                if self._info_due(rec, now) and rec.peer_id not in self._info_loading:
+                    self._info_tried[rec.peer_id] = now
                     self._info_loading.add(rec.peer_id)
                     self._nursery.start_soon(self._load_info, rec.peer_id)  # type: ignore[union-attr]
             await trio.sleep(cfg.ping_interval_s)
+
+    def _info_due(self, rec: Any, now: float) -> bool:
+        """Up peers: at once, again while they are still checking their reachability, then
+        every half minute; others every ``info_retry_s``."""
+        age = now - self._info_tried.get(rec.peer_id, -1e9)
+        if rec.state != UP:
+            return age > self.config.info_retry_s
+        if rec.info is None:
+            return True
+        checking = rec.info.get("reachability", "unknown") == "unknown"
+        return age > (2.0 if checking else 30.0)
 
     async def _probe(self, peer: str) -> None:
         """One libp2p ping on a kept-open stream, so the RTT is the network's, not a handshake's."""
@@ -444,6 +487,7 @@ class MeshNode:
         from libp2p.peer.id import ID
 
         with trio.fail_after(timeout):
+            await self.nat.route(peer, timeout)
             return await self.host.new_stream(ID.from_base58(peer), [protocol])
 
     async def request(self, peer: str, frame: bytes, payload: bytes | memoryview | None = None,
@@ -592,6 +636,7 @@ class MeshNode:
             "bytes_sent": self.bytes_sent,
             "bytes_received": self.bytes_received,
             "bulk_bytes_received": self.bulk_bytes_received,
+            "nat": self.nat.report(),
         }
 
 

@@ -111,6 +111,7 @@ class JobRunner:
         self.error = ""
         self.waiting = ""  # why this node cannot commit now (too few members reachable)
         self.write_error = ""  # the last failed ledger write, until one succeeds
+        self.stalled = ""  # why the last attempt of the current round did not commit
         self._nursery: trio.Nursery | None = None
         self.ready = trio.Event()
         self.syncing = False
@@ -698,6 +699,9 @@ class JobRunner:
             self.aborted.add((plan.round, plan.attempt))
             why = "".join(f"; secure aggregation failed in the group of {r['leader'][-8:]}: {r['reason']}"
                           for r in failed)
+            present = {u.peer for u in contributions}
+            why += "".join(f"; missing {p[-8:]}: {self.mesh.nat.why_unreachable(p) or 'no update arrived'}"
+                           for p in sorted(set(plan.members) - present)[:8])
             body: dict[str, Any] = {
                 "job": self.job_id, "round": plan.round, "attempt": plan.attempt,
                 "reason": f"{len(contributions)} contributions < min_nodes={self.spec.min_nodes}{why}"}
@@ -746,6 +750,7 @@ class JobRunner:
             reports = parse_secagg_reports(body.get("secagg", []), "abort")
             self.secagg_history = {r: v for r, v in self.secagg_history.items() if r >= plan.round}
             self.secagg_history.setdefault(plan.round, []).extend(reports)
+        self.stalled = f"round {plan.round} attempt {plan.attempt} aborted: {str(body.get('reason', ''))[:600]}"
         self.emit("round_aborted", plan.round, msg.envelope.sender, message=(
             f"round {plan.round}: coordinator aborted attempt {plan.attempt}: {body.get('reason', '')}"))
         self._notify()
@@ -824,6 +829,7 @@ class JobRunner:
             "coordinator": coordinator, "is_coordinator": coordinator == self.me, "role": self.role,
             "members": list(plan.members) if plan else self.eligible(), "error": self.error,
             "waiting": self.waiting if self.state == "running" else "", "write_error": self.write_error,
+            "stalled": self.stalled if self.state == "running" and self.stalled.startswith(f"round {r} ") else "",
             "attempt": plan.attempt if plan else 0, "tree": dict(plan.parent) if plan else {},
             "model_hash": self.head_model, "steps_replayed": self.steps_replayed,
             "epsilon": epsilon_spent(self.spec, len(self.ledger)) if self.spec.uses_dp else None,
