@@ -121,6 +121,7 @@ class MeshNode:
         # Kinds every peer is sent directly by its origin and that are never relayed.
         self.direct_only: set[str] = set()
         self.started_at = time.time()
+        self.listening_since: float | None = None
         self.host: Any = None
         self.dht: Any = None
         self.bytes_sent = 0
@@ -176,6 +177,7 @@ class MeshNode:
             self.handlers.register(INFO_REQUEST, self._answer_info_request)
             self.handlers.register(PEERS_REQUEST, self.pex.answer)
             async with background_trio_service(self.dht):
+                self.listening_since = time.time()
                 await nursery.start(self.nat.run)
                 self._info_frame = self._seal_node_info()
                 await self._bootstrap()
@@ -202,6 +204,11 @@ class MeshNode:
         info["addrs"] = [a if "/p2p-circuit" in a else a.split("/p2p/")[0] for a in self.multiaddrs()]
         info["ts"] = time.time()
         return info
+
+    def claimed_reachability(self, peer: str) -> str:
+        """What ``peer``'s NodeInfo says of its reachability (``unknown`` without one)."""
+        rec = self.peers.get(peer)
+        return str(((rec.info if rec else None) or {}).get("reachability", "unknown"))
 
     def reachability_changed(self, old: str, new: str) -> None:
         """Re-announce at once: peers pick relays and leaders by what NodeInfo says."""
@@ -572,6 +579,8 @@ class MeshNode:
 
     def _bulk_host(self) -> str | None:
         """Where this node may open a one-off bulk port: its --listen host, if it runs the channel."""
+        if self.nat.reachability() in ("private", "relayed"):
+            return None  # nobody off this LAN could dial the port: the bytes stay on the stream
         return bulk.bind_host(self.config.listen) if self._use_bulk() else None
 
     async def announce_blob(self, digest: str) -> None:
@@ -594,6 +603,8 @@ class MeshNode:
                     candidates += [str(p.peer_id) for p in found if str(p.peer_id) != self.peer_id]
                 except Exception as exc:
                     log.debug("find_providers %s failed: %s", digest[:12], exc)
+        # Holders that accept connections first; one behind NAT is reached through its relay.
+        candidates.sort(key=lambda p: self.claimed_reachability(p) != "public")
         errors: list[str] = []
         for peer in candidates:
             if self.peers.is_ignored(peer):
@@ -631,6 +642,7 @@ class MeshNode:
             "peer_id": self.peer_id,
             "addrs": self.multiaddrs(),
             "uptime_s": round(time.time() - self.started_at, 1),
+            "listening_since": self.listening_since,
             "mesh": self.peers.counts(),
             "routing_table": self.dht.get_routing_table_size() if self.dht else 0,
             "bytes_sent": self.bytes_sent,

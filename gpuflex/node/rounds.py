@@ -56,6 +56,7 @@ from gpuflex.node.pipeline import (
     scripted_dropout,
     secagg_member,
 )
+from gpuflex.node.placement import order_for_tree
 from gpuflex.node.ranking import coordinator_ranking
 from gpuflex.privacy import STOP, WARN, budget_status, epsilon_spent
 from gpuflex.secure import SecAggMember, SecAggReducer, answer_recovery, collect_answers
@@ -161,6 +162,15 @@ class JobRunner:
             members &= allow
         return sorted(members)
 
+    def private_members(self) -> set[str]:
+        """Members that say (in their NodeInfo) they cannot accept connections, and this node
+        if it is one: they never lead a group or root a round while others can."""
+        out = {rec.peer_id for rec in self.mesh.peers.all()
+               if (rec.info or {}).get("reachability") in ("private", "relayed")}
+        if self.mesh.nat.reachability() in ("private", "relayed"):
+            out.add(self.me)
+        return out
+
     def participates(self) -> bool:
         return not self.spec.allowlist or self.me in self.spec.allowlist
 
@@ -238,7 +248,8 @@ class JobRunner:
         while len(self.ledger) < r:
             self._set_phase("plan")
             self.role = "idle"
-            ranking = coordinator_ranking(self.job_id, r, self.eligible(), self.recent_coordinators(), attempt)
+            ranking = coordinator_ranking(self.job_id, r, self.eligible(), self.recent_coordinators(), attempt,
+                                          private=self.private_members())
             plan = await self._obtain_plan(r, attempt, ranking)
             if len(self.ledger) >= r:
                 return
@@ -309,9 +320,9 @@ class JobRunner:
             self.emit("round_waiting", r, message=(
                 f"round {r}: only {len(members)} of min_nodes={self.spec.min_nodes} members reachable; not planning"))
             return None
-        ordered = [self.me] + [p for p in members if p != self.me]
+        ordered, group_size = order_for_tree(self.me, members, self.private_members(), self.spec.group_size)
         flat = self.spec.aggregation_mode == "flat-robust"  # leaders only forward: the root sees all
-        parent = build_tree(ordered, max(2, len(ordered)) if flat else self.spec.group_size, self.me)
+        parent = build_tree(ordered, max(2, len(ordered)) if flat else group_size, self.me)
         now = time.time()
         frame = make_plan(
             self.mesh.identity, job=self.job_id, round=r, attempt=attempt, coordinator=self.me,
@@ -349,7 +360,7 @@ class JobRunner:
                 raise Rejected("plan for an older attempt")
             if plan.attempt == current.attempt:
                 ranking = coordinator_ranking(self.job_id, r, self.eligible(), self.recent_coordinators(),
-                                              plan.attempt)
+                                              plan.attempt, private=self.private_members())
                 rank = {p: i for i, p in enumerate(ranking)}
                 if rank.get(plan.coordinator, math.inf) >= rank.get(current.coordinator, math.inf):
                     raise Rejected("a plan from a better-ranked coordinator is already in force")

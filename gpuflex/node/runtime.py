@@ -185,7 +185,7 @@ class NodeRuntime:
             "bytes_sent": mesh["bytes_sent"],
             "bytes_received": mesh["bytes_received"],
             "node_info": self.mesh.node_info(),
-            "nat": mesh["nat"],
+            "nat": {**mesh["nat"], "listening_since": mesh["listening_since"]},
             "jobs": await self.jobs.api_jobs({}),
         }
 
