@@ -69,8 +69,9 @@ class RelayState:
     reservations: dict[str, float] = field(default_factory=dict)  # relay -> expiry (unix time)
     refused: dict[str, str] = field(default_factory=dict)  # relay -> why it refused us
     hop_enabled: bool = False
-    circuits_dialed: int = 0
-    hole_punched: int = 0
+    circuits_dialed: int = 0  # relayed connections this node opened
+    circuits_served: int = 0  # circuits this node relayed for others
+    relayed_bytes: int = 0  # bytes this node relayed for others, both ways
 
 
 class RelayClient:
@@ -87,6 +88,7 @@ class RelayClient:
         # STOP only: a dial through a relay must not take a reservation there as a side effect.
         self.transport = CircuitV2Transport(host, self.protocol, RelayConfig(roles=RelayRole.STOP))
         self._dcutr: Any = None
+        self._count_relayed()
         self._nursery: trio.Nursery | None = None
         self._circuit_failed: dict[str, float] = {}
         self._dialing: dict[str, trio.Event] = {}
@@ -104,6 +106,28 @@ class RelayClient:
                 yield self
             finally:
                 nursery.cancel_scope.cancel()
+
+    def _count_relayed(self) -> None:
+        """Count circuits and bytes through py-libp2p's hop handler, for status and benchmarks."""
+        relay_data, handle_connect = self.protocol._relay_data, self.protocol._handle_connect
+        state = self.state
+
+        async def counted_connect(stream: Any, msg: Any) -> None:
+            state.circuits_served += 1
+            await handle_connect(stream, msg)
+
+        async def counted_data(src: Any, dst: Any, peer_id: Any, *args: Any) -> None:
+            write = dst.write
+
+            async def counted_write(data: bytes) -> None:
+                state.relayed_bytes += len(data)
+                await write(data)
+
+            dst.write = counted_write
+            await relay_data(src, dst, peer_id, *args)
+
+        self.protocol._handle_connect = counted_connect  # type: ignore[method-assign]
+        self.protocol._relay_data = counted_data  # type: ignore[method-assign]
 
     # -- the hop service -------------------------------------------------------------------------
 
@@ -126,7 +150,8 @@ class RelayClient:
     def relay_load(self) -> dict[str, int]:
         rm = self.protocol.resource_manager
         return {"reservations": len(getattr(rm, "_reservations", {}) or {}),
-                "circuits": len(self.protocol._active_relays)}
+                "circuits_now": len(self.protocol._active_relays),
+                "circuits_served": self.state.circuits_served, "relayed_bytes": self.state.relayed_bytes}
 
     # -- reservations ----------------------------------------------------------------------------
 

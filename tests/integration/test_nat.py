@@ -83,8 +83,17 @@ def _nat(mesh: LocalMesh, i: int) -> dict[str, Any]:
 
 
 def _wait_reachability(mesh: LocalMesh, want: dict[int, str], timeout: float) -> None:
-    mesh.wait_until(lambda: all(_nat(mesh, i)["reachability"] == v for i, v in want.items()), timeout,
-                    what=f"reachability {want}")
+    seen: dict[int, Any] = {}
+
+    def ok() -> bool:
+        seen.update({i: _nat(mesh, i) for i in want})
+        return all(seen[i]["reachability"] == v for i, v in want.items())
+
+    try:
+        mesh.wait_until(ok, timeout, what=f"reachability {want}")
+    except TimeoutError as exc:
+        detail = {i: (n["reachability"], n["reservations"], n["refused"], n["checks"]) for i, n in seen.items()}
+        raise TimeoutError(f"{exc}: {detail}") from None
 
 
 @pytest.fixture(scope="module")
@@ -110,8 +119,8 @@ def test_only_the_public_address_commits_every_round(world: World, main_job: str
 
 
 def test_only_a_relay_can_carry_it(world: World, main_job: str) -> None:
-    """Random port mapping on every router: homes in different houses are joined only by
-    relayed connections, and the public node's relay carried circuits for them."""
+    """Random port mapping on every router: homes in different houses were never joined
+    directly, and the public node's relay carried the circuits between them."""
     mesh = world.main
     ids = [mesh.call(i, "status")["peer_id"] for i in range(mesh.size)]
     house = {ids[1]: 1, ids[2]: 1, ids[3]: 2, ids[4]: 3}
@@ -119,9 +128,11 @@ def test_only_a_relay_can_carry_it(world: World, main_job: str) -> None:
         kinds = {p["peer_id"]: p["connection"] for p in mesh.call(i, "peers")}
         for other, h in house.items():
             if other != ids[i] and h != house[ids[i]]:
-                assert kinds.get(other) == "relayed", f"node {i} to {other[-8:]}: {kinds.get(other)}"
-    load = _nat(mesh, 0)
-    assert load["relay_service"] and len(load["relay_load"]) and load["relay_load"]["reservations"] >= 4
+                assert kinds.get(other) in ("relayed", "none"), f"node {i} to {other[-8:]}: {kinds.get(other)}"
+    load = _nat(mesh, 0)["relay_load"]
+    assert load["reservations"] >= 4, load
+    # Every cross-house pair needs a circuit, and the round's updates and models crossed them.
+    assert load["circuits_served"] >= 5 and load["relayed_bytes"] > 100_000, load
 
 
 def test_lan_peers_find_each_other_without_bootstrap(world: World) -> None:
