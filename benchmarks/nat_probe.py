@@ -37,6 +37,29 @@ async def _wait_file(path: Path, timeout: float = 30.0) -> dict[str, Any]:
     return json.loads(path.read_text())
 
 
+async def _echo_rtt_ms(host: Any, peer: Any, count: int = 20) -> float:
+    """Mean round trip of 64-byte echoes on one stream."""
+    with trio.fail_after(10):
+        stream = await host.new_stream(peer, [ECHO])
+        t0 = time.monotonic()
+        for _ in range(count):
+            await stream.write(b"x" * 64)
+            await stream.read(64)
+        rtt = round((time.monotonic() - t0) / count * 1000, 2)
+        await stream.close()
+    return rtt
+
+
+async def _try_stream(host: Any, peer: Any, timeout: float) -> str:
+    """Whether ``host.new_stream`` reaches ``peer`` with what its peerstore holds."""
+    try:
+        with trio.fail_after(timeout):
+            await host.new_stream(peer, [ECHO])
+        return "ok"
+    except Exception as exc:  # a probe records every outcome
+        return f"failed: {exc.__class__.__name__}: {str(exc)[:120]}"
+
+
 async def role(name: str, work: Path, listen_ip: str) -> None:
     from libp2p.host.autonat import AutoNATService
     from libp2p.peer.id import ID
@@ -130,14 +153,7 @@ async def role(name: str, work: Path, listen_ip: str) -> None:
             except Exception as exc:
                 out["autonat_status_announcing_router_addr"] = repr(exc)
             # Round trip on the direct connection to the public host, the baseline for the relay.
-            with trio.fail_after(10):
-                s0 = await host.new_stream(pinfo.peer_id, [ECHO])
-                t1 = time.monotonic()
-                for _ in range(20):
-                    await s0.write(b"x" * 64)
-                    await s0.read(64)
-                out["direct_rtt_ms_to_pub"] = round((time.monotonic() - t1) / 20 * 1000, 2)
-                await s0.close()
+            out["direct_rtt_ms_to_pub"] = await _echo_rtt_ms(host, pinfo.peer_id)
             if name.endswith("lan"):
                 # mDNS between two hosts of one LAN, no bootstrap between them.
                 from libp2p.discovery.mdns.mdns import MDNSDiscovery
@@ -179,35 +195,18 @@ async def role(name: str, work: Path, listen_ip: str) -> None:
                 circuit = Multiaddr(f"{pub['addr']}/p2p-circuit/p2p/{target['id']}")
                 # Direct dial first: it must fail (the target is behind NAT).
                 host.get_peerstore().add_addrs(tid, [Multiaddr(target["addr"].split("/p2p/")[0])], 60)
-                try:
-                    with trio.fail_after(5):
-                        await host.new_stream(tid, [ECHO])
-                    out["direct_dial"] = "connected (unexpected)"
-                except BaseException as exc:
-                    out["direct_dial"] = f"failed: {exc.__class__.__name__}"
+                out["direct_dial"] = await _try_stream(host, tid, 5)
                 # host.new_stream with only a circuit address in the peerstore.
                 host.get_peerstore().clear_addrs(tid)
                 host.get_peerstore().add_addrs(tid, [circuit], 600)
-                try:
-                    with trio.fail_after(10):
-                        await host.new_stream(tid, [ECHO])
-                    out["new_stream_via_circuit_addr"] = "ok"
-                except BaseException as exc:
-                    out["new_stream_via_circuit_addr"] = f"failed: {exc.__class__.__name__}: {str(exc)[:120]}"
+                out["new_stream_via_circuit_addr"] = await _try_stream(host, tid, 10)
                 # The relay transport's own dial.
                 t0 = time.monotonic()
                 try:
                     with trio.fail_after(20):
                         await transport.dial(circuit)
                     out["circuit_dial_s"] = round(time.monotonic() - t0, 2)
-                    with trio.fail_after(10):
-                        s = await host.new_stream(tid, [ECHO])
-                        t1 = time.monotonic()
-                        for _ in range(20):
-                            await s.write(b"x" * 64)
-                            await s.read(64)
-                        out["relayed_rtt_ms"] = round((time.monotonic() - t1) / 20 * 1000, 2)
-                        await s.close()
+                    out["relayed_rtt_ms"] = await _echo_rtt_ms(host, tid)
                     # Throughput of one relayed stream, 8 MB.
                     size = 8 << 20
                     with trio.fail_after(120):

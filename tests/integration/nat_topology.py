@@ -28,7 +28,7 @@ import subprocess
 from dataclasses import dataclass
 
 from gpuflex.localmesh import Placement
-from tests.integration.netns import NetnsUnavailable, _ip, inside
+from tests.integration.netns import NetnsUnavailable, _ip, inside, placement_in
 
 WAN_NET = "198.51.100"
 _serial = itertools.count()
@@ -67,8 +67,7 @@ class Host:
     public_addr: str
 
     def placement(self) -> Placement:
-        return Placement(host=self.addr, prefix=("ip", "netns", "exec", self.netns),
-                         enter=lambda: inside(self.netns))
+        return placement_in(self.netns, self.addr)
 
     def run(self, *cmd: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
         return subprocess.run(["ip", "netns", "exec", self.netns, *cmd], capture_output=True, text=True,
