@@ -217,7 +217,7 @@ def listen_ports(addrs: Iterable[str]) -> list[int]:
 def explain(info: dict[str, Any] | None, state: str, connected: bool) -> str:
     """Why a peer cannot be reached, in a few words, from its own NodeInfo claim and our view."""
     if connected:
-        return ""
+        return "" if state == "up" else f"{state}: connected but slow to answer (busy, or a saturated uplink)"
     if info is None:
         return "unreachable: no connection and no NodeInfo (down, or behind NAT with no relay)"
     claim = parse(info.get("reachability"))

@@ -227,7 +227,8 @@ class RelayClient:
                     try:
                         await self.transport.dial(Multiaddr(text))
                         self.state.circuits_dialed += 1
-                        log.info("connected to %s through relay %s", peer[-8:], text.split("/p2p/")[1][-8:])
+                        relay = text.split("/p2p-circuit")[0].rsplit("/p2p/", 1)[-1]
+                        log.info("connected to %s through relay %s", peer[-8:], relay[-8:])
                         return True
                     except Exception as exc:
                         log.debug("circuit %s failed: %s", text, exc)
