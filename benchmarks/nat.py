@@ -37,6 +37,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.common import stop_on_sigterm
+
 UPLINK_MBIT = 20.0
 HIDDEN = 1600
 ROOT = Path(__file__).resolve().parents[1]
@@ -97,8 +99,11 @@ def run_variant(name: str, rounds: int) -> dict[str, Any]:
                 return all(any(p["peer_id"] == newcomer["peer_id"] and p["state"] == "up"
                                for p in mesh.call(i, "peers")) for i in range(5))
 
-            mesh.wait_until(up_everywhere, 120, interval=0.25, what="newcomer up everywhere")
-            join_s = time.time() - since
+            try:
+                mesh.wait_until(up_everywhere, 120, interval=0.25, what="newcomer up everywhere")
+                join_s: float | None = time.time() - since
+            except TimeoutError:
+                join_s = None
         finally:
             mesh.close()
     bound = model_bytes() * 8 / (UPLINK_MBIT * 1e6)
@@ -110,7 +115,7 @@ def run_variant(name: str, rounds: int) -> dict[str, Any]:
         "relayed_bytes": relay.get("relayed_bytes", 0), "bytes_sent_all": sent,
         "relayed_share": round(relay.get("relayed_bytes", 0) / max(1, sent), 4),
         "circuits_served": relay.get("circuits_served", 0), "cross_home_links": links,
-        "newcomer_up_everywhere_s": round(join_s, 1),
+        "newcomer_up_everywhere_s": None if join_s is None else round(join_s, 1),
     }
 
 
@@ -123,6 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, str(ROOT))
     variants = ("port-preserving", "random-ports") if args.variant == "both" else (args.variant,)
     load = Path("/proc/loadavg").read_text().split()[:3]
+    stop_on_sigterm()  # a SIGTERM unwinds, so the namespaces and nodes are always removed
     results = [run_variant(v, args.rounds) for v in variants]
     if args.json:
         print(json.dumps({"date": time.strftime("%Y-%m-%d"), "loadavg": load, "results": results}, indent=1))

@@ -269,6 +269,9 @@ def main() -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from tests.integration.nat_topology import NatTopology
 
+    from benchmarks.common import stop_on_sigterm
+
+    stop_on_sigterm()
     random_ports = "--random-ports" in sys.argv
     with NatTopology((2, 1), uplink_mbit=20, random_ports=random_ports) as topo, \
             tempfile.TemporaryDirectory() as tmp:

@@ -71,7 +71,15 @@ class RelayState:
     hop_enabled: bool = False
     circuits_dialed: int = 0  # relayed connections this node opened
     circuits_served: int = 0  # circuits this node relayed for others
+    circuits_now: int = 0
     relayed_bytes: int = 0  # bytes this node relayed for others, both ways
+
+
+class _KeepNothing(dict):  # type: ignore[type-arg]
+    """A table that stores nothing: see ``RelayClient._count_relayed``."""
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        return None
 
 
 class RelayClient:
@@ -108,13 +116,26 @@ class RelayClient:
                 nursery.cancel_scope.cancel()
 
     def _count_relayed(self) -> None:
-        """Count circuits and bytes through py-libp2p's hop handler, for status and benchmarks."""
-        relay_data, handle_connect = self.protocol._relay_data, self.protocol._handle_connect
+        """Count circuits and bytes through py-libp2p's hop handler, and close each circuit's
+        own streams when it ends.
+
+        py-libp2p 0.8.1 files its live circuits by peer (``_active_relays[peer]``), so when one
+        of two circuits from the same source ends, its clean-up closes the *other* circuit's
+        streams: measured on the NAT topology, a newcomer that opened three relayed connections
+        at once saw all of them drop within five seconds. Here that table keeps nothing, and
+        each relaying task closes exactly the two streams it was given."""
+        protocol = self.protocol
+        relay_data, handle_connect = protocol._relay_data, protocol._handle_connect
+        protocol._active_relays = _KeepNothing()
         state = self.state
 
         async def counted_connect(stream: Any, msg: Any) -> None:
             state.circuits_served += 1
-            await handle_connect(stream, msg)
+            state.circuits_now += 1
+            try:
+                await handle_connect(stream, msg)
+            finally:
+                state.circuits_now -= 1
 
         async def counted_data(src: Any, dst: Any, peer_id: Any, *args: Any) -> None:
             write = dst.write
@@ -124,7 +145,12 @@ class RelayClient:
                 await write(data)
 
             dst.write = counted_write
-            await relay_data(src, dst, peer_id, *args)
+            try:
+                await relay_data(src, dst, peer_id, *args)
+            finally:
+                with trio.CancelScope(shield=True):
+                    await protocol._close_stream(src)
+                    await protocol._close_stream(dst)
 
         self.protocol._handle_connect = counted_connect  # type: ignore[method-assign]
         self.protocol._relay_data = counted_data  # type: ignore[method-assign]
@@ -150,7 +176,7 @@ class RelayClient:
     def relay_load(self) -> dict[str, int]:
         rm = self.protocol.resource_manager
         return {"reservations": len(getattr(rm, "_reservations", {}) or {}),
-                "circuits_now": len(self.protocol._active_relays),
+                "circuits_now": self.state.circuits_now,
                 "circuits_served": self.state.circuits_served, "relayed_bytes": self.state.relayed_bytes}
 
     # -- reservations ----------------------------------------------------------------------------
