@@ -267,9 +267,8 @@ def main() -> None:
         trio.run(role, sys.argv[2], Path(sys.argv[3]), sys.argv[4])
         return
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from tests.integration.nat_topology import NatTopology
-
     from benchmarks.common import stop_on_sigterm
+    from tests.integration.nat_topology import NatTopology
 
     stop_on_sigterm()
     random_ports = "--random-ports" in sys.argv
