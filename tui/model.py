@@ -163,6 +163,7 @@ class Job:
     role: str = "idle"
     members: tuple[str, ...] = ()
     metrics: tuple[RoundMetrics, ...] = ()
+    stall: str = ""  # why the round in flight cannot commit (``waiting`` or ``stalled``)
 
     @classmethod
     def parse(cls, raw: Any) -> Job:
@@ -180,6 +181,7 @@ class Job:
             role=_str(d.get("role"), "idle"),
             members=tuple(_str(m) for m in as_list(d.get("members"))),
             metrics=tuple(RoundMetrics.parse(m) for m in as_list(d.get("metrics"))),
+            stall=_str(d.get("waiting")) or _str(d.get("stalled")),
         )
 
     def round_progress(self) -> float:

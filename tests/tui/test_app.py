@@ -163,6 +163,18 @@ def test_jobs_screen_shows_the_ledger_of_the_selected_job() -> None:
     drive(make_app(source), scenario)
 
 
+def test_jobs_screen_says_why_a_round_stalls() -> None:
+    source = FakeSource()
+    source.job_list[0]["waiting"] = "only 1 of min_nodes=2 members reachable; …Lw3SBj5a unreachable: behind NAT"
+
+    async def scenario(app: DashboardApp, pilot: Pilot[None]) -> None:
+        await pilot.press("3")
+        await until(pilot, lambda: "behind NAT" in screen_text(app), what="the stall line")
+        assert "⚠ only 1 of min_nodes=2" in screen_text(app)
+
+    drive(make_app(source), scenario, size=(160, 48))
+
+
 def test_polls_at_most_once_per_interval_even_with_many_events() -> None:
     source = FakeSource()
 
