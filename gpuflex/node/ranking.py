@@ -34,8 +34,17 @@ def coordinator_ranking(job_id: str, round_: int, members: Sequence[str],
     k = cooldown_size(len(ranked))
     cooling = set(recent_coordinators[-k:]) if k else set()
     ordered = [p for p in ranked if p not in cooling] + [p for p in ranked if p in cooling]
-    ordered = [p for p in ordered if p not in private] + [p for p in ordered if p in private]
     if not ordered:
         return ordered
-    shift = attempt % len(ordered)
-    return ordered[shift:] + ordered[:shift]
+    # A retried attempt rotates each class on its own: the next reachable backup leads, and a
+    # private member comes first only when no reachable one is left.
+    reach = [p for p in ordered if p not in private]
+    behind = [p for p in ordered if p in private]
+    return _rotate(reach, attempt) + _rotate(behind, attempt)
+
+
+def _rotate(items: list[str], attempt: int) -> list[str]:
+    if not items:
+        return items
+    shift = attempt % len(items)
+    return items[shift:] + items[:shift]

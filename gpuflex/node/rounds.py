@@ -76,6 +76,9 @@ MIN_TRAIN_S = 15.0
 PLAN_TIMEOUT_S = 6.0
 REDUCE_SLACK_S = 5.0
 PRESENCE_FRESH_S = 10.0
+#: The slowest uplink an upload's timeout allows for (2 Mbit/s), so a member on a slow home line,
+#: or two sharing one, is not cut off mid-update.
+SLOWEST_UPLINK_BPS = 250_000
 #: Committed models (and their steps) a node keeps: the head, and the one before it, which a
 #: ledger restored from its backup copy would return to. Older ones are deleted, or a long job
 #: would fill the disk with a model per round.
@@ -540,7 +543,9 @@ class JobRunner:
         while index < len(chain) and self._round_open(plan):
             target = chain[index]
             try:
-                await self.mesh.request(target, frame, payload, timeout=max(10.0, plan.reduce_slack_s * 2))
+                # A home uplink moves a model-sized payload in seconds to minutes, not in a fixed 10 s.
+                timeout = max(10.0, plan.reduce_slack_s * 2, len(payload) / SLOWEST_UPLINK_BPS)
+                await self.mesh.request(target, frame, payload, timeout=timeout)
             except SendError as exc:
                 errors.append(str(exc))
                 log.warning("round %d: %s to %s failed (%s); trying the next ancestor", plan.round, what,
