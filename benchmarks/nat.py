@@ -80,6 +80,10 @@ def run_variant(name: str, rounds: int) -> dict[str, Any]:
             mesh.wait_job(job, list(range(5)), timeout=120 + 60 * rounds)
             job_s = time.time() - t1
             metrics = mesh.job(0, job)["metrics"]
+            ledger = mesh.call(0, "ledger", {"job": job})
+            public_id = mesh.call(0, "status")["peer_id"]
+            retries = sum(row["attempt"] for row in ledger)
+            public_roots = sum(row["coordinator"] == public_id for row in ledger)
             statuses = [mesh.call(i, "status") for i in range(5)]
             relay = statuses[0]["nat"]["relay_load"]
             sent = sum(s["bytes_sent"] for s in statuses)
@@ -116,6 +120,7 @@ def run_variant(name: str, rounds: int) -> dict[str, Any]:
         "relayed_share": round(relay.get("relayed_bytes", 0) / max(1, sent), 4),
         "circuits_served": relay.get("circuits_served", 0), "cross_home_links": links,
         "newcomer_up_everywhere_s": None if join_s is None else round(join_s, 1),
+        "retried_attempts": retries, "rounds_rooted_on_public": public_roots,
     }
 
 
@@ -124,7 +129,8 @@ def _describe(r: dict[str, Any]) -> str:
         return f"\n[{r['variant']}]  failed: {r['error']}"
     newcomer = "never" if r["newcomer_up_everywhere_s"] is None else f"{r['newcomer_up_everywhere_s']}s after it listened"
     return "\n".join([
-        f"\n[{r['variant']}]  mesh ready in {r['mesh_ready_s']}s, {r['rounds']} rounds in {r['job_s']}s",
+        f"\n[{r['variant']}]  mesh ready in {r['mesh_ready_s']}s, {r['rounds']} rounds in {r['job_s']}s "
+        f"({r['retried_attempts']} retried attempts; {r['rounds_rooted_on_public']} rounds rooted on the public node)",
         f"  round time {r['round_s']} s; uplink bound {r['bound_s']} s; median ratio {r['ratio_median']}×",
         f"  relayed {r['relayed_bytes'] / 1e6:.2f} MB of {r['bytes_sent_all'] / 1e6:.1f} MB sent "
         f"({r['relayed_share'] * 100:.2f}%), {r['circuits_served']} circuits; cross-home links {r['cross_home_links']}",
