@@ -3,7 +3,7 @@
 ``NatService`` runs beside a :class:`mesh.node.MeshNode` and owns the loops that keep it
 reachable:
 
-* every few seconds until there is a verdict, then every minute, it asks up to three peers off
+* every few seconds until there is a verdict, then every minute, it asks up to two peers off
   its LAN for a dial-back (``mesh.reachability``); a private node switches its DHT to client
   mode by itself, a public one back to server mode (unless the operator forced ``--client``);
 * a public node offers the relay service (``mesh.relay``); a private one reserves slots on up
@@ -47,7 +47,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("mesh.nat")
 FAST_CHECK_S = 3.0
 SLOW_CHECK_S = 60.0
-SERVERS_PER_CHECK = 3
+SERVERS_PER_CHECK = 2
 
 
 class NatService:

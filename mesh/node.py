@@ -368,7 +368,7 @@ class MeshNode:
             await trio.sleep(cfg.ping_interval_s)
 
     def _info_due(self, rec: Any, now: float) -> bool:
-        """Up peers: at once, again while they are still checking their reachability, then
+        """Up peers: at once, every 5 s while they are still checking their reachability, then
         every half minute; others every ``info_retry_s``."""
         age = now - self._info_tried.get(rec.peer_id, -1e9)
         if rec.state != UP:
@@ -376,7 +376,7 @@ class MeshNode:
         if rec.info is None:
             return True
         checking = rec.info.get("reachability", "unknown") == "unknown"
-        return age > (2.0 if checking else 30.0)
+        return age > (5.0 if checking else 30.0)
 
     async def _probe(self, peer: str) -> None:
         """One libp2p ping on a kept-open stream, so the RTT is the network's, not a handshake's."""
