@@ -26,6 +26,7 @@ from tests.integration.conftest import digits_spec
 from tests.integration.nat_topology import NatTopology, NetnsUnavailable
 
 ROUNDS = 2
+pytestmark = pytest.mark.slow
 
 
 @dataclass
