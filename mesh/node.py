@@ -247,9 +247,16 @@ class MeshNode:
 
     def _learn_info(self, peer: str, info: dict[str, Any]) -> None:
         """A verified NodeInfo of ``peer`` relayed by another peer (``mesh.pex``)."""
-        addrs = [a for a in info.get("addrs", []) if isinstance(a, str) and "/p2p-circuit" not in a]
-        rec = self.peers.add(peer, [f"{a}/p2p/{peer}" for a in addrs][:8])
+        addrs = [a for a in info.get("addrs", []) if isinstance(a, str) and "/p2p-circuit" not in a][:8]
+        rec = self.peers.add(peer, [f"{a}/p2p/{peer}" for a in addrs])
         rec.info = info
+        try:  # so a dial to it has somewhere to go (a DHT walk would have put them there too)
+            from libp2p.peer.id import ID
+            from multiaddr import Multiaddr
+
+            self.host.get_peerstore().add_addrs(ID.from_base58(peer), [Multiaddr(a) for a in addrs], 600)
+        except Exception as exc:
+            log.debug("NodeInfo of %s has addresses this node cannot use: %s", peer[-8:], exc)
 
     # -- background loops --------------------------------------------------------------------
 
