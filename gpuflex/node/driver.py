@@ -260,8 +260,11 @@ class JobDriver:
             status.set_waiting("")
             return
         need = self.spec.min_nodes
-        reachable = len(book.live_members(self.port.alive_peers()))
+        live = book.live_members(self.port.alive_peers())
+        reachable = len(live)
         note = f"only {reachable} of min_nodes={need} members reachable; not committing" if reachable < need else ""
+        if note:
+            note += self._missing_members(live)
         if not status.set_waiting(note):
             return
         r = book.current.round
@@ -270,6 +273,14 @@ class JobDriver:
         else:
             self.port.emit(EventKind.QUORUM_RESTORED, r, message=(
                 f"job {self.job_id} round {r}: {reachable} members reachable again (min_nodes={need})"))
+
+    def _missing_members(self, live: list[str]) -> str:
+        """Which members are out of reach and why, as far as this node can tell (their own
+        NodeInfo says whether they are behind NAT and which relays hold a slot for them)."""
+        book, allow = self.book, set(self.spec.allowlist)
+        missing = sorted(p for p in set(book.info.initial_members) | set(book.eligible())
+                         if p not in live and (not allow or p in allow))
+        return "".join(f"; {peer[-8:]} {self.port.why_unreachable(peer)}" for peer in missing[:8])
 
     def recent_blobs(self) -> set[str]:
         return self.models.recent()

@@ -75,6 +75,17 @@ class NodePort:
         rec = self._mesh.peers.get(peer)
         return None if rec is None else rec.state
 
+    def private_peers(self) -> set[str]:
+        out = {rec.peer_id for rec in self._mesh.peers.all()
+               if (rec.info or {}).get("reachability") in ("private", "relayed")}
+        if self._mesh.nat.reachability() in ("private", "relayed"):
+            out.add(self._mesh.peer_id)
+        return out
+
+    def why_unreachable(self, peer: str) -> str:
+        self._mesh.peers.add(peer)  # so the mesh looks up its NodeInfo in the DHT
+        return str(self._mesh.nat.why_unreachable(peer) or "")
+
     def emit(self, kind: EventKind, round_: int | None = None, peer: str | None = None,
              message: str = "", **extra: Any) -> None:
         self._events.emit(kind, job=self._job_id, round=round_, peer=peer, message=message, **extra)

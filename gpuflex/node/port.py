@@ -90,6 +90,15 @@ class JobPort(Protocol):
         """``peer``'s health (down once silent past the threshold), None if never heard of."""
         ...
 
+    def private_peers(self) -> set[str]:
+        """Peers (and this node) that say they cannot accept connections (behind NAT): they
+        never lead a group or root a round while others can."""
+        ...
+
+    def why_unreachable(self, peer: str) -> str:
+        """What this node can tell of why ``peer`` is out of reach ("" if nothing)."""
+        ...
+
     # -- what the job tells its node -------------------------------------------------------------
 
     def emit(self, kind: EventKind, round_: int | None = None, peer: str | None = None,

@@ -21,6 +21,7 @@ class StatusRecord:
     error: str = ""
     waiting: str = ""  # why this node cannot commit now (too few members reachable)
     write_error: str = ""  # the last failed ledger write, until one succeeds
+    stalled: str = ""  # why the last attempt of the current round did not commit
     steps_replayed: int = 0  # committed models rebuilt from the encoded step, not downloaded
 
     def set_phase(self, phase: Phase, deadline: float | None = None) -> None:
@@ -52,6 +53,9 @@ class StatusRecord:
         """A write succeeded; True when it ends a failure, to be reported."""
         was, self.write_error = bool(self.write_error), ""
         return was
+
+    def stall(self, why: str) -> None:
+        self.stalled = why
 
     def replayed_step(self) -> None:
         self.steps_replayed += 1

@@ -36,6 +36,8 @@ def summarize(book: JobBook, now: float) -> dict[str, Any]:
         "coordinator": coordinator, "is_coordinator": coordinator == book.me, "role": str(status.role),
         "members": list(plan.members) if plan else book.eligible(), "error": status.error,
         "waiting": status.waiting if status.state == JobState.RUNNING else "", "write_error": status.write_error,
+        "stalled": status.stalled if status.state == JobState.RUNNING
+        and status.stalled.startswith(f"round {book.committed + 1} ") else "",
         "attempt": plan.attempt if plan else 0, "tree": dict(plan.parent) if plan else {},
         "model_hash": book.head_model, "steps_replayed": status.steps_replayed,
         "epsilon": epsilon_spent(spec, book.committed) if spec.uses_dp else None,

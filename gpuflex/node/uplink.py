@@ -22,6 +22,9 @@ log = logging.getLogger("gpuflex.uplink")
 #: A delivery up the tree gets at least this long (or two reduce slacks, if longer): the
 #: receiver verifies and folds the payload before it answers.
 SEND_TIMEOUT_MIN_S = 10.0
+#: The slowest uplink an upload's timeout allows for (2 Mbit/s), so a member on a slow home line,
+#: or two sharing one, is not cut off mid-update.
+SLOWEST_UPLINK_BPS = 250_000
 
 
 class Work(StrEnum):
@@ -42,7 +45,8 @@ async def send_up(port: JobPort, book: JobBook, plan: Plan, deadlines: RoundDead
     chain = ancestors(plan.parent, book.me)[: 1 if masked else None]
     errors: list[str] = []
     index = 0
-    timeout = max(SEND_TIMEOUT_MIN_S, plan.reduce_slack_s * 2)
+    # A home uplink moves a model-sized payload in seconds to minutes, not in a fixed 10 s.
+    timeout = max(SEND_TIMEOUT_MIN_S, plan.reduce_slack_s * 2, len(payload) / SLOWEST_UPLINK_BPS)
     while index < len(chain) and book.round_open(plan):
         target = chain[index]
         try:

@@ -130,6 +130,7 @@ class ResultApplier:
             reports = parse_secagg_reports(body.get("secagg", []), "abort")
             book.secagg_history = {r: v for r, v in book.secagg_history.items() if r >= plan.round}
             book.secagg_history.setdefault(plan.round, []).extend(reports)
+        book.status.stall(f"round {plan.round} attempt {plan.attempt} aborted: {str(body.get('reason', ''))[:600]}")
         self.port.emit(EventKind.ROUND_ABORTED, plan.round, msg.envelope.sender, message=(
             f"round {plan.round}: coordinator aborted attempt {plan.attempt}: {body.get('reason', '')}"))
         book.changed.notify()

@@ -16,6 +16,7 @@ import trio
 from aggregation.tree import build_tree
 from gpuflex.node.kinds import EventKind, Phase
 from gpuflex.node.messages import Plan, make_plan, parse_plan
+from gpuflex.node.placement import order_for_tree
 from gpuflex.node.port import JobPort
 from gpuflex.node.ranking import coordinator_ranking
 from gpuflex.node.state import JobBook, RoundDeadlines, RoundState
@@ -38,7 +39,8 @@ class Coordinator:
 
     def ranking(self, round_: int, attempt: int) -> list[str]:
         book = self.book
-        return coordinator_ranking(book.job_id, round_, book.eligible(), book.recent_coordinators(), attempt)
+        return coordinator_ranking(book.job_id, round_, book.eligible(), book.recent_coordinators(), attempt,
+                                   private=self.port.private_peers())
 
     async def obtain_plan(self, rs: RoundState) -> Plan | None:
         """The plan in force for ``rs.attempt`` or later: this node's own if it ranks first
@@ -83,9 +85,9 @@ class Coordinator:
             port.emit(EventKind.ROUND_WAITING, rs.round, message=(
                 f"round {rs.round}: only {len(live)} of min_nodes={spec.min_nodes} members reachable; not planning"))
             return None
-        ordered = [book.me] + [p for p in live if p != book.me]
+        ordered, group_size = order_for_tree(book.me, live, port.private_peers(), spec.group_size)
         flat = spec.aggregation_mode == "flat-robust"  # leaders only forward: the root sees all
-        parent = build_tree(ordered, max(2, len(ordered)) if flat else spec.group_size, book.me)
+        parent = build_tree(ordered, max(2, len(ordered)) if flat else group_size, book.me)
         train_by = port.clock.now() + spec.train_budget(book.recent_durations())
         frame = make_plan(
             port.identity, job=book.job_id, round=rs.round, attempt=rs.attempt, coordinator=book.me,

@@ -24,6 +24,8 @@ from gpuflex.privacy import epsilon_spent
 from mesh.blob import blob_hash
 from mesh.codec import seal
 
+#: An abort names at most this many missing members (and why each is missing).
+MISSING_LISTED = 8
 ModelLoader = Callable[[str, list[str]], Awaitable[tuple[np.ndarray, dict[str, np.ndarray]]]]
 
 
@@ -39,7 +41,7 @@ class Root:
         contributions = walk_contributions(reduced.updates, reduced.partials, book.job_id, plan.round)
         reports = reduced.reports
         if len(contributions) < spec.min_nodes or reduced.avg is None:
-            await self._abort(plan, len(contributions), reports)
+            await self._abort(plan, {u.peer for u in contributions}, reports)
             return
         params, state = await self._load_model(plan.base_hash, [])
         new_params, new_state, step = await port.offload(outer_step, spec, params, state, reduced.avg)
@@ -68,16 +70,18 @@ class Root:
         })
         await port.broadcast(frame)
 
-    async def _abort(self, plan: Plan, contributed: int, reports: list[dict[str, Any]]) -> None:
+    async def _abort(self, plan: Plan, present: set[str], reports: list[dict[str, Any]]) -> None:
         """Too little to commit: abort this attempt, saying why, so every node retries."""
         book, spec = self.book, self.book.spec
         if book.current.round == plan.round:
             book.current.aborted.add(plan.attempt)
         why = "".join(f"; secure aggregation failed in the group of {r['leader'][-8:]}: {r['reason']}"
                       for r in reports if not r["recovered"])
+        why += "".join(f"; missing {p[-8:]}: {self.port.why_unreachable(p) or 'no update arrived'}"
+                       for p in sorted(set(plan.members) - present)[:MISSING_LISTED])
         body: dict[str, Any] = {
             "job": book.job_id, "round": plan.round, "attempt": plan.attempt,
-            "reason": f"{contributed} contributions < min_nodes={spec.min_nodes}{why}"}
+            "reason": f"{len(present)} contributions < min_nodes={spec.min_nodes}{why}"}
         if reports:
             body["secagg"] = reports
         await self.port.broadcast(seal(self.port.identity, ABORT, body))

@@ -202,6 +202,12 @@ class FakePort:
             return None
         return PeerState.DOWN if other.down or self.net.cut(self.node, other) else PeerState.UP
 
+    def private_peers(self) -> set[str]:
+        return set()  # the fake net has no NAT
+
+    def why_unreachable(self, peer: str) -> str:
+        return ""
+
     def emit(self, kind: EventKind, round_: int | None = None, peer: str | None = None,
              message: str = "", **extra: Any) -> None:
         self.node.events.append(Event(trio.current_time(), kind, round_, peer, message))
