@@ -31,6 +31,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mesh.errors import MeshError
 from mesh.fsutil import atomic_write
 
 log = logging.getLogger("mesh.addressbook")
@@ -53,7 +54,7 @@ _ADDR = re.compile(
 _UNSPECIFIED = ("/ip4/0.0.0.0/", "/ip6/::/")
 
 
-class AddressBookError(ValueError):
+class AddressBookError(MeshError, ValueError):
     """An entry or a file that the book refuses; the message says which part and why."""
 
 

@@ -30,9 +30,32 @@ from typing import Any, Literal
 
 import trio
 
+from mesh.compat import StrEnum
+from mesh.errors import MeshError
+
 log = logging.getLogger("mesh.bootstrap")
 
-JoinState = Literal["new-mesh", "joining", "connected", "waiting"]
+
+class JoinState(StrEnum):
+    """How a node stands with the mesh (``status()["join"]["state"]``)."""
+
+    NEW_MESH = "new-mesh"  # nothing to dial: the first node of a mesh, waiting to be dialled
+    JOINING = "joining"  # dialling its bootstrap peers and address book
+    CONNECTED = "connected"
+    WAITING = "waiting"  # has been in a mesh, no one answers: retrying with backoff
+
+
+class JoinEvent(StrEnum):
+    """The events the joiner reports to the embedder's ``on_event``, one per state entered."""
+
+    NEW_MESH = "mesh_new_mesh"
+    JOINING = "mesh_joining"
+    CONNECTED = "mesh_connected"
+    WAITING = "mesh_waiting"
+
+
+JOIN_EVENTS = {JoinState.NEW_MESH: JoinEvent.NEW_MESH, JoinState.JOINING: JoinEvent.JOINING,
+               JoinState.CONNECTED: JoinEvent.CONNECTED, JoinState.WAITING: JoinEvent.WAITING}
 Source = Literal["bootstrap", "book"]
 Dial = Callable[[str, str], Awaitable[None]]
 """Dial ``(peer_id, addr)``; returns once the handshake proved the peer, raises otherwise."""
@@ -41,7 +64,7 @@ DialResult = Callable[[str, str, "str | None"], None]
 MAX_ERROR_LEN = 300
 
 
-class BootstrapError(RuntimeError):
+class BootstrapError(MeshError, RuntimeError):
     """A brand-new node could reach none of its bootstrap addresses."""
 
 
@@ -104,7 +127,7 @@ class Joiner:
         self._has_sink = on_event is not None
         self._on_event = on_event or (lambda *a, **k: None)
         self._dialling: set[str] = set()
-        self.state: JoinState = "joining"
+        self.state: JoinState = JoinState.JOINING
         self.attempt = 0  # failed rounds in a row
         self.rounds = 0
         self.tried = 0  # candidates in the last round
@@ -117,7 +140,7 @@ class Joiner:
     def status(self) -> dict[str, Any]:
         """For ``gpuflex status``: where joining stands, and when the next try is."""
         retry = None
-        if self.state == "waiting" and self.next_retry_at is not None:
+        if self.state == JoinState.WAITING and self.next_retry_at is not None:
             retry = round(max(0.0, self.next_retry_at - trio.current_time()), 1)
         return {"state": self.state, "attempt": self.attempt, "tried": self.tried, "next_retry_s": retry,
                 "last_error": self.last_error, "reached_via": self.reached_via}
@@ -128,7 +151,7 @@ class Joiner:
         self.state = state
         if message and (changed or warn):
             if self._has_sink:
-                self._on_event(f"mesh_{state.replace('-', '_')}", message=message)
+                self._on_event(JOIN_EVENTS[state], message=message)
             else:
                 log.log(logging.WARNING if warn else logging.INFO, "%s", message)
 
@@ -144,7 +167,7 @@ class Joiner:
         failed: BootstrapError | None = None
         async with trio.open_nursery() as nursery:
             if not self._candidates():
-                self._set("new-mesh", "no peer address known (no --bootstrap, an empty address book): "
+                self._set(JoinState.NEW_MESH, "no peer address known (no --bootstrap, an empty address book): "
                           + ("waiting to be dialled" if patient else "starting a new mesh"))
             elif patient:
                 if not await self._round(nursery):
@@ -173,21 +196,21 @@ class Joiner:
     async def _keep_joined(self, nursery: trio.Nursery) -> None:
         while True:
             if self._connected():
-                if self.state != "connected":
-                    self._set("connected", "connected to the mesh" + (
+                if self.state != JoinState.CONNECTED:
+                    self._set(JoinState.CONNECTED, "connected to the mesh" + (
                         f" (after {self.attempt} failed attempts)" if self.attempt else ""))
                 self.attempt, self.next_retry_at = 0, None
                 await trio.sleep(self.policy.check_s)
                 continue
-            if self.state == "new-mesh" and not self._candidates():
+            if self.state == JoinState.NEW_MESH and not self._candidates():
                 await trio.sleep(self.policy.check_s)  # the first node of a mesh: wait to be dialled
                 continue
             now = trio.current_time()
             if self.next_retry_at is not None and now < self.next_retry_at:
                 await trio.sleep(min(self.policy.check_s, self.next_retry_at - now))
                 continue
-            if self.state == "connected":
-                self._set("joining", "no peer is reachable any more: dialling the known peers", warn=True)
+            if self.state == JoinState.CONNECTED:
+                self._set(JoinState.JOINING, "no peer is reachable any more: dialling the known peers", warn=True)
             if not await self._round(nursery):
                 self._schedule_retry()
 
@@ -199,7 +222,7 @@ class Joiner:
         message = (f"no known peer answered (attempt {self.attempt}, {self.tried} tried"
                    f"{'; last error: ' + self.last_error if self.last_error else ''}); "
                    f"retrying in {delay:.0f}s: this node has been in a mesh, so it keeps trying")
-        self._set("waiting", message, warn=True)
+        self._set(JoinState.WAITING, message, warn=True)
 
     # -- one round -------------------------------------------------------------------------------
 
@@ -212,8 +235,8 @@ class Joiner:
         self.rounds += 1
         began = trio.current_time()
         self.tried = len(cands)
-        if self.state not in ("connected", "waiting"):  # a waiting node says so until it is back
-            self._set("joining")
+        if self.state not in (JoinState.CONNECTED, JoinState.WAITING):  # a waiting node says so until it is back
+            self._set(JoinState.JOINING)
         if not cands:
             self.last_error = self.last_error or "no peer address to dial"
             return self._connected()
@@ -228,7 +251,7 @@ class Joiner:
             self.reached_via = rnd.reached[0]
             self.last_error = ""
             self.attempt, self.next_retry_at = 0, None
-            self._set("connected", f"joined the mesh through {self.reached_via[-8:]} "
+            self._set(JoinState.CONNECTED, f"joined the mesh through {self.reached_via[-8:]} "
                       f"({len(cands)} known peers dialled, {trio.current_time() - began:.1f}s)")
             return True
         return self._connected()  # someone may have dialled in meanwhile

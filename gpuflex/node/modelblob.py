@@ -27,7 +27,7 @@ def unpack_model(data: bytes) -> tuple[np.ndarray, dict[str, np.ndarray]]:
         body = msgpack.unpackb(data, raw=False)
         params = np.frombuffer(body["p"], dtype="<f4").astype(np.float32)
         state = {k: np.frombuffer(v, dtype="<f4").astype(np.float32) for k, v in body["s"].items()}
-    except Exception as exc:
+    except Exception as exc:  # untrusted bytes may fail msgpack or numpy in any way
         raise WireError("garbled", f"model blob could not be decoded ({exc.__class__.__name__})") from None
     if any(v.shape != params.shape for v in state.values()):
         raise WireError("garbled", "optimizer state does not match the parameter count")
