@@ -147,16 +147,16 @@ class AddressBook:
     def seen(self, peer_id: str, addrs: Iterable[object] = ()) -> BookEntry | None:
         """``peer_id`` answered over an authenticated connection. ``addrs`` are its own current
         claims (its signed NodeInfo): they lead, so a peer that moved is dialled where it is now."""
+        now = self.clock()
+        if not self.joined and valid_peer_id(peer_id) and peer_id != self.self_id:
+            self.joined = now  # in a mesh now, whether or not this peer's addresses are known yet
+            self.dirty = True
         entry = self._learn(peer_id, addrs, lead=True)
         if entry is None:
             return None
-        now = self.clock()
         if now - entry.last_seen >= SEEN_RESOLUTION_S:
             self.dirty = True
         entry.last_seen = now
-        if not self.joined:
-            self.joined = now
-            self.dirty = True
         return self._evict(peer_id)
 
     def hint(self, peer_id: str, addrs: Iterable[object]) -> BookEntry | None:

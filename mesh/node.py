@@ -105,6 +105,9 @@ GOSSIP_OPEN_S, GOSSIP_PUSH_S = 5.0, 10.0
 BLOB_OPEN_S = 10.0
 #: Closing or resetting a stream: the peer may be gone, never wait long for it.
 STREAM_CLOSE_S = 2.0
+#: The address book takes in what the peer table learnt, and is saved if that changed it,
+#: this often: a node killed right after it met the mesh still finds it again.
+BOOK_EVERY_S = 2.0
 
 
 class MeshEvent(StrEnum):
@@ -392,8 +395,8 @@ class MeshNode:
             self._redialling.discard(peer)
 
     async def _book_loop(self) -> None:
-        """Copy what the node learns into the address book, and save it when it changed (at
-        most every few seconds: a killed node loses at most that much)."""
+        """Copy what the node learns into the address book, and save it when it changed (every
+        ``BOOK_EVERY_S`` at most: a killed node loses at most that much)."""
         try:
             while True:
                 for rec in self.peers.all():
@@ -404,7 +407,7 @@ class MeshNode:
                         self.book.hint(rec.peer_id, rec.addrs)
                 if self.book.dirty:
                     await self._save_book()
-                await trio.sleep(5.0)
+                await trio.sleep(BOOK_EVERY_S)
         finally:
             with trio.CancelScope(shield=True):
                 await self._save_book()

@@ -47,10 +47,10 @@ def test_the_bootstrap_node_moves_and_restarted_nodes_rejoin_through_their_books
     ids = peer_ids(mesh, range(3))
     by_node = {i: p for p, i in ids.items()}
     # min_nodes = every node: a round commits only once each restarted node is back in the job.
-    job = mesh.submit(digits_spec(rounds=3, min_nodes=3, **{**FAST, "train_timeout_s": 8.0}))
-    wait_round(mesh, 0, job, 1, timeout=120)
+    job = mesh.submit(digits_spec(rounds=2, min_nodes=3, **FAST))
 
-    # The first node, every other node's --bootstrap, dies and comes back on another port.
+    # The first node, every other node's --bootstrap, dies as its job starts and comes back on
+    # another port; round 1 cannot be planned without it.
     original = mesh.bootstrap
     assert original is not None
     mesh.kill(0, signal.SIGKILL)
@@ -60,6 +60,7 @@ def test_the_bootstrap_node_moves_and_restarted_nodes_rejoin_through_their_books
     mesh.wait_until(lambda: join_state(mesh, 0) == "connected", 60, what="node 0 back in the mesh")
     for i in (1, 2):  # the others learn where it went (its signed NodeInfo) and save it
         wait_in_book(mesh, i, by_node[0], moved)
+    wait_round(mesh, 0, job, 1, timeout=120)  # node 0 took its job up again
 
     # Two more restarts, with the first node's original (now dead) address still on their
     # command line: they get back in through what their books know.
@@ -71,8 +72,8 @@ def test_the_bootstrap_node_moves_and_restarted_nodes_rejoin_through_their_books
         mesh.wait_api(i, timeout=90)
         assert "--bootstrap" in mesh.procs[i].args and original in mesh.procs[i].args
     mesh.wait_job(job, [0, 1, 2], timeout=240)
-    rows = assert_one_ledger(mesh, [0, 1, 2], job, 3)
-    assert {c["peer"] for c in rows[-1]["contributors"]} == set(ids)  # every restarted node took part
+    rows = assert_one_ledger(mesh, [0, 1, 2], job, 2)
+    assert all({c["peer"] for c in row["contributors"]} == set(ids) for row in rows)  # each took part
     for i in range(3):
         assert join_state(mesh, i) == "connected"
         log = mesh.log_path(i).read_text(errors="replace")

@@ -262,3 +262,13 @@ def test_a_node_asked_for_any_port_gets_its_previous_one_back_when_free(tmp_path
     # Only a port-0 address of the same host is replaced; an explicit port is the user's choice.
     assert sticky_listen(["/ip4/127.0.0.1/tcp/4002", "/ip4/10.0.0.1/tcp/0"], again.listen) == [
         "/ip4/127.0.0.1/tcp/4002", "/ip4/10.0.0.1/tcp/0"]
+
+
+def test_meeting_any_peer_marks_the_node_as_having_been_in_a_mesh(tmp_path: Path) -> None:
+    b = book(tmp_path)
+    assert b.seen(IDS[0], []) is None  # its addresses are not known yet: no entry...
+    assert b.joined > 0 and b.dirty  # ...but a restart must be patient from now on
+    b.save()
+    again = book(tmp_path)
+    again.load()
+    assert again.joined == b.joined and len(again) == 0
