@@ -81,10 +81,16 @@ def redial_addrs(host: Any, peer_id: str, book: AddressBook, limit: int = 4) -> 
     entry = book.get(peer_id)
     out: list[str] = []
     for addr in [*stored, *(entry.addrs if entry else [])]:
-        clean = clean_addr(peer_id, addr)
+        clean = direct(clean_addr(peer_id, addr))
         if clean is not None and clean not in out:
             out.append(clean)
     return out[:limit]
+
+
+def direct(addr: str | None) -> str | None:
+    """``addr`` if this dialler can use it: py-libp2p's swarm cannot dial a relay circuit
+    (``mesh.relay`` does, from the peer's NodeInfo), so circuit addresses are left to it."""
+    return None if addr is None or "/p2p-circuit" in addr else addr
 
 
 def bootstrap_candidates(texts: Sequence[str], self_id: str) -> list[Candidate]:
@@ -115,9 +121,11 @@ def join_candidates(bootstrap: Sequence[Candidate], book: AddressBook, exclude: 
         if cand.peer_id in exclude:
             continue
         entry = book.get(cand.peer_id)
-        known = [a for a in (entry.addrs if entry else []) if a not in cand.addrs]
+        known = [a for a in (entry.addrs if entry else []) if a not in cand.addrs and direct(a)]
         out.append(Candidate(cand.peer_id, (*cand.addrs, *known), "bootstrap"))
     taken = {c.peer_id for c in out} | exclude
-    for entry in book.best(limit, exclude=taken):
-        out.append(Candidate(entry.peer_id, tuple(entry.addrs), "book"))
+    for entry in book.best(4 * limit, exclude=taken):
+        addrs = tuple(a for a in entry.addrs if direct(a))
+        if addrs:  # a peer known only through relays is reached by mesh.relay once in the mesh
+            out.append(Candidate(entry.peer_id, addrs, "book"))
     return out[:limit]

@@ -501,10 +501,9 @@ class MeshNode:
     async def _probe(self, peer: str) -> None:
         """One libp2p ping on a kept-open stream, so the RTT is the network's, not a handshake's."""
         stream = self._ping_streams.get(peer)
-        if stream is None and self._dialer is not None and peer not in self._connected_ids():
-            if peer not in self._redialling and self._redial_backoff.ready(peer):
-                self._nursery.start_soon(self._redial, peer)  # type: ignore[union-attr]
-            return  # probed once the redial has connected
+        if stream is None and self._dialer is not None and peer not in self._redialling \
+                and self._redial_backoff.ready(peer) and peer not in self._connected_ids():
+            self._nursery.start_soon(self._redial, peer)  # type: ignore[union-attr]
         with trio.move_on_after(self.config.health.ping_timeout_s):
             try:
                 if stream is None:

@@ -93,3 +93,12 @@ def test_candidates_put_the_bootstrap_first_with_what_the_book_knows() -> None:
         bootstrap_candidates(["/ip4/10.0.0.2/tcp/4001"], me)
     with pytest.raises(HostError, match="invalid bootstrap address"):
         bootstrap_candidates(["not an address"], me)
+
+
+def test_relay_circuits_are_left_to_the_relay_client() -> None:
+    me, relayed, relay = (Identity.generate().peer_id for _ in range(3))
+    book = AddressBook(None, me)
+    book.seen(relayed, [f"/ip4/10.0.0.9/tcp/4001/p2p/{relay}/p2p-circuit", "/ip4/192.168.1.5/tcp/4001"])
+    book.seen(Identity.generate().peer_id, [f"/ip4/10.0.0.9/tcp/4001/p2p/{relay}/p2p-circuit"])
+    got = join_candidates([], book, exclude=set(), limit=8)
+    assert got == [Candidate(relayed, ("/ip4/192.168.1.5/tcp/4001",), "book")]
