@@ -257,15 +257,19 @@ class AddressBook:
         if self.path is None or not self.path.exists():
             return 0
         try:
-            if self.path.stat().st_size > MAX_FILE_BYTES:
+            if not self.path.is_file():
+                raise AddressBookError("not a regular file")
+            with self.path.open("rb") as f:  # bounded read: the size may change after a stat
+                raw = f.read(MAX_FILE_BYTES + 1)
+            if len(raw) > MAX_FILE_BYTES:
                 raise AddressBookError(f"larger than {MAX_FILE_BYTES} bytes")
-            doc = json.loads(self.path.read_bytes())
+            doc = json.loads(raw)
             if not isinstance(doc, dict) or doc.get("version") != BOOK_VERSION:
                 raise AddressBookError(f"not a version {BOOK_VERSION} address book")
             peers = doc.get("peers")
             if not isinstance(peers, list):
                 raise AddressBookError("no peer list")
-        except (OSError, ValueError) as exc:
+        except (OSError, ValueError, RecursionError) as exc:  # deep nesting: RecursionError
             aside = self.path.with_name(self.path.name + ".corrupt")
             try:
                 self.path.replace(aside)

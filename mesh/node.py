@@ -189,6 +189,7 @@ class MeshNode:
         self._dialer: Any = None
         self._redial_backoff = PeerBackoff()
         self._redialling: set[str] = set()
+        self._book_save_failed = False
         self._on_event = on_event or (lambda *a, **k: None)
         self._nursery: trio.Nursery | None = None
         self._stopped = trio.Event()
@@ -413,10 +414,16 @@ class MeshNode:
                 await self._save_book()
 
     async def _save_book(self) -> None:
+        """Save the book; a failure (full disk, read-only home) is logged once until a save
+        succeeds again, not every ``BOOK_EVERY_S``: the node keeps serving from memory."""
         try:
             await trio.to_thread.run_sync(self.book.save)
         except OSError as exc:
-            log.warning("could not save the address book: %s", exc)
+            if not self._book_save_failed:
+                log.warning("could not save the address book (kept in memory, retried): %s", exc)
+            self._book_save_failed = True
+        else:
+            self._book_save_failed = False
 
     def _learn_routing_table(self) -> None:
         for pid in self.dht.routing_table.get_peer_ids():

@@ -163,6 +163,7 @@ def test_a_failed_write_keeps_the_previous_book(tmp_path: Path, monkeypatch: pyt
 @pytest.mark.parametrize("content", [
     b"{not json", b"", b"[]", b'{"version": 99, "peers": []}', b'{"version": 1, "peers": {}}',
     b"\xff\xfe garbage", b'{"version": 1, "peers": [' + b"1," * 10 + b"1",  # torn mid-write
+    b"[" * 200_000,  # nested past the parser's recursion limit
 ])
 def test_a_corrupt_file_is_put_aside_and_the_node_starts_with_an_empty_book(
         tmp_path: Path, content: bytes, caplog: pytest.LogCaptureFixture) -> None:
@@ -182,6 +183,14 @@ def test_an_oversized_file_is_not_read(tmp_path: Path) -> None:
     (tmp_path / "peers.json").write_bytes(b" " * (MAX_FILE_BYTES + 1))
     assert book(tmp_path).load() == 0
     assert (tmp_path / "peers.json.corrupt").exists()
+
+
+def test_a_book_path_that_is_not_a_file_is_set_aside(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    (tmp_path / "peers.json").mkdir()  # a directory (or a FIFO, a device) is never read
+    with caplog.at_level(logging.WARNING, logger="mesh.addressbook"):
+        assert book(tmp_path).load() == 0
+    assert "not a regular file" in caplog.text
+    assert (tmp_path / "peers.json.corrupt").is_dir()
 
 
 def test_hostile_entries_are_skipped_and_times_clamped(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
