@@ -4,11 +4,17 @@ times. The first node always comes back on a new port, so the restarted nodes, w
 have its original address on their command line, get back in through their address books.
 
 Reports rounds committed, rounds retried, time to detect a dead coordinator (from the kill
-until a surviving node follows a new plan), updates lost (an update a leader acknowledged,
+until a surviving node follows a new plan), rejoin times (from a restart until the node is
+connected to the mesh again, and until its view of the job has caught up with the round the
+mesh was in when it came back), updates lost (an update a leader acknowledged,
 from a node alive when its round committed, missing from that round's result: must be 0), and
 whether every node ends with the same ledger.
 
-    python -m benchmarks.chaos [--nodes 8] [--rounds 12] [--seed 1] [--move-all] [--json]
+``--forget`` deletes a node's address book before each restart: the bootstrap-only
+behaviour, for comparison. A node that exits on its own (it found no one to join) ends the
+run, reported as not completed.
+
+    python -m benchmarks.chaos [--nodes 8] [--rounds 12] [--seed 1] [--move-all] [--forget] [--json]
 """
 
 from __future__ import annotations
@@ -27,17 +33,24 @@ from typing import Any
 
 from gpuflex.client import ControlError
 from gpuflex.demo import demo_spec
+from gpuflex.home import PEERS_FILE
 from gpuflex.localmesh import LocalMesh, free_port
 from gpuflex.node.ledger import Ledger
 
 SENT = re.compile(r"round (\d+): update sent to")
 
 
+class NodeExited(RuntimeError):
+    """A node stopped without being killed: the run cannot finish as designed."""
+
+
 class Chaos:
     def __init__(self, mesh: LocalMesh, job: str, rng: random.Random, max_down: int = 2,
-                 move_all: bool = False) -> None:
+                 move_all: bool = False, forget: bool = False) -> None:
         self.mesh, self.job, self.rng, self.max_down = mesh, job, rng, max_down
-        self.move_all = move_all
+        self.move_all, self.forget = move_all, forget
+        self.restarts: list[dict[str, Any]] = []
+        self.exits: list[str] = []  # nodes that exited without being killed, with their last log line
         self.ids = {mesh.call(i, "status")["peer_id"]: i for i in range(mesh.size)}
         self.down: dict[int, float] = {}
         self.kills: list[dict[str, Any]] = []
@@ -72,9 +85,19 @@ class Chaos:
                 # else; the others keep their port (as a node does when it is free), unless
                 # --move-all moves every one of them.
                 moved = i == 0 or self.move_all
+                if self.forget:
+                    (self.mesh.home(i) / PEERS_FILE).unlink(missing_ok=True)
+                try:
+                    round_now = int(self.observe()["round"])
+                except Exception:
+                    round_now = 0
                 self.mesh.start_node(i, wait=False, port=free_port() if moved else 0)
                 del self.down[i]
+                restart = {"node": i, "at": time.time(), "round": round_now}
+                self.restarts.append(restart)
+                threading.Thread(target=self.time_rejoin, args=(restart,), daemon=True).start()
                 print(f"  t={now - self.t0:5.1f}s restarted node {i}{' on a new port' if moved else ''}")
+        self.check_exits()
         if len(self.down) >= self.max_down:
             return
         status = self.observe()
@@ -94,6 +117,29 @@ class Chaos:
         print(f"  t={time.time() - self.t0:5.1f}s killed node {victim} ({kind}) during round {round_now + 1}")
         if kind == "coordinator":
             threading.Thread(target=self.time_failover, args=(self.kills[-1],), daemon=True).start()
+
+    def check_exits(self) -> None:
+        """Note every node that is gone though chaos did not kill it (it gave up joining)."""
+        for i in range(self.mesh.size):
+            if i in self.down or self.mesh.alive(i) or any(f"node {i}:" in e for e in self.exits):
+                continue
+            lines = self.mesh.log_path(i).read_text(errors="replace").strip().splitlines()
+            self.exits.append(f"node {i}: {lines[-1][-200:] if lines else 'no log'}")
+            print(f"  t={time.time() - self.t0:5.1f}s node {i} exited on its own: {self.exits[-1]}")
+
+    def time_rejoin(self, restart: dict[str, Any]) -> None:
+        """Seconds from a restart until the node says it is connected (``rejoin_s``), and until
+        its view of the job reaches the round the mesh was in at the restart (``catchup_s``)."""
+        i, deadline = restart["node"], restart["at"] + 180
+        while time.time() < deadline and not self.stop.is_set() and i not in self.down and "catchup_s" not in restart:
+            try:
+                if "rejoin_s" not in restart and self.mesh.call(i, "status", timeout=3)["join"]["state"] == "connected":
+                    restart["rejoin_s"] = time.time() - restart["at"]
+                if "rejoin_s" in restart and self.mesh.job(i, self.job)["round"] >= restart["round"]:
+                    restart["catchup_s"] = time.time() - restart["at"]
+            except Exception:  # still starting: no API yet, or the job not known yet
+                pass
+            time.sleep(0.5)
 
     def time_failover(self, kill: dict[str, Any]) -> None:
         """Seconds until a survivor follows a plan or commit made by someone else."""
@@ -133,7 +179,12 @@ def lost_updates(mesh: LocalMesh, job: str, rows: list[dict[str, Any]], kills: l
     return lost
 
 
-def run(nodes: int, rounds: int, seed: int, move_all: bool = False) -> dict[str, Any]:
+def spread(values: list[float]) -> dict[str, float | None]:
+    return {"median": round(statistics.median(values), 1) if values else None,
+            "max": round(max(values), 1) if values else None}
+
+
+def run(nodes: int, rounds: int, seed: int, move_all: bool = False, forget: bool = False) -> dict[str, Any]:
     base = Path(tempfile.mkdtemp(prefix="gpuflex-chaos-"))
     spec = demo_spec(rounds)
     spec.update({"local_epochs": 4, "min_nodes": 3, "plan_timeout_s": 3.0, "train_timeout_s": 15.0,
@@ -143,11 +194,24 @@ def run(nodes: int, rounds: int, seed: int, move_all: bool = False) -> dict[str,
         mesh.start(timeout=180)
         mesh.wait_connected(90)
         job = mesh.submit(spec)
-        chaos = Chaos(mesh, job, random.Random(seed), move_all=move_all)
+        chaos = Chaos(mesh, job, random.Random(seed), move_all=move_all, forget=forget)
         thread = threading.Thread(target=chaos.run, daemon=True)
         thread.start()
-        mesh.wait_until(lambda: chaos.observe()["state"] == "done", timeout=rounds * 60,
-                        interval=1.0, what="job completion under chaos")
+
+        def finished() -> bool:
+            if chaos.exits:
+                raise NodeExited("; ".join(chaos.exits))
+            return bool(chaos.observe()["state"] == "done")
+
+        began = time.time()
+        try:
+            mesh.wait_until(finished, timeout=rounds * 60, interval=1.0, what="job completion under chaos")
+        except (NodeExited, TimeoutError) as exc:
+            chaos.stop.set()
+            thread.join(timeout=30)
+            return {"nodes": nodes, "rounds": rounds, "seed": seed, "move_all": move_all, "forget": forget,
+                    "completed": False, "error": str(exc)[:400], "after_s": round(time.time() - began, 1),
+                    "kills": len(chaos.kills), "first_node_kills": sum(1 for k in chaos.kills if k["node"] == 0)}
         chaos.stop.set()
         thread.join(timeout=30)
         for i in list(chaos.down):
@@ -161,8 +225,11 @@ def run(nodes: int, rounds: int, seed: int, move_all: bool = False) -> dict[str,
             ledger.load()
             frames.append(ledger.frames)
         failovers = [k["failover_s"] for k in chaos.kills if "failover_s" in k]
+        rejoins = [r["rejoin_s"] for r in chaos.restarts if "rejoin_s" in r]
+        catchups = [r["catchup_s"] for r in chaos.restarts if "catchup_s" in r]
         return {
-            "nodes": nodes, "rounds": rounds, "seed": seed, "move_all": move_all,
+            "nodes": nodes, "rounds": rounds, "seed": seed, "move_all": move_all, "forget": forget,
+            "completed": True,
             "first_node_kills": sum(1 for k in chaos.kills if k["node"] == 0),
             "rounds_committed": len(rows),
             "rounds_retried": sum(1 for r in rows if r["attempt"] > 0),
@@ -170,6 +237,11 @@ def run(nodes: int, rounds: int, seed: int, move_all: bool = False) -> dict[str,
             "coordinator_kills": sum(1 for k in chaos.kills if k["kind"] == "coordinator"),
             "failover_median_s": round(statistics.median(failovers), 2) if failovers else None,
             "failover_max_s": round(max(failovers), 2) if failovers else None,
+            "restarts": len(chaos.restarts),
+            # a restart killed again before it rejoined counts in "restarts", not in the times
+            "rejoined": len(rejoins),
+            "rejoin_median_s": spread(rejoins)["median"], "rejoin_max_s": spread(rejoins)["max"],
+            "catchup_median_s": spread(catchups)["median"], "catchup_max_s": spread(catchups)["max"],
             "updates_lost": lost_updates(mesh, job, rows, chaos.kills, chaos.ids),
             "ledgers_agree": all(f == frames[0] for f in frames),
             "final_accuracy": rows[-1]["metrics"].get("accuracy"),
@@ -186,13 +258,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--quick", action="store_true", help="5 nodes, 6 rounds")
     parser.add_argument("--move-all", action="store_true",
                         help="every restarted node comes back on a new port (by default only the first node moves)")
+    parser.add_argument("--forget", action="store_true",
+                        help="delete each node's address book before it restarts (bootstrap-only, for comparison)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     if args.quick:
         args.nodes, args.rounds = 5, 6
     print(f"chaos: seed {args.seed}, {args.nodes} nodes, {args.rounds} rounds (any node may be killed, "
           "the first one included)", flush=True)
-    result = run(args.nodes, args.rounds, args.seed, args.move_all)
+    result = run(args.nodes, args.rounds, args.seed, args.move_all, args.forget)
     if args.json:
         print(json.dumps(result, indent=2))
     else:
