@@ -38,6 +38,8 @@ from gpuflex.localmesh import LocalMesh, free_port
 from gpuflex.node.ledger import Ledger
 
 SENT = re.compile(r"round (\d+): update sent to")
+JOINED = re.compile(r"joined the mesh through \S+ \((\d+) known peers dialled, ([\d.]+)s\)")
+WAITED = "so it keeps trying"
 
 
 class NodeExited(RuntimeError):
@@ -179,6 +181,23 @@ def lost_updates(mesh: LocalMesh, job: str, rows: list[dict[str, Any]], kills: l
     return lost
 
 
+def join_dials(logs: list[Path]) -> dict[str, Any]:
+    """From the nodes' logs: how long each restarted node took to reach its first peer once its
+    process was up (the dials alone, without the seconds Python takes to start a node), and how
+    often a restarted node found no one and waited. A node's first join (from --bootstrap, at
+    the start of the run) is left out."""
+    dials: list[float] = []
+    waits = 0
+    for path in logs:
+        text = path.read_text(errors="replace")
+        joins = [float(m.group(2)) for m in JOINED.finditer(text)]
+        first_start_joins = 0 if "starting a new mesh" in text.split("control API on", 1)[0] else 1
+        dials += joins[first_start_joins:]
+        waits += text.count(WAITED)
+    return {"joins": len(dials), "join_dial_median_s": spread(dials)["median"],
+            "join_dial_max_s": spread(dials)["max"], "join_waits": waits}
+
+
 def spread(values: list[float]) -> dict[str, float | None]:
     return {"median": round(statistics.median(values), 1) if values else None,
             "max": round(max(values), 1) if values else None}
@@ -242,6 +261,7 @@ def run(nodes: int, rounds: int, seed: int, move_all: bool = False, forget: bool
             "rejoined": len(rejoins),
             "rejoin_median_s": spread(rejoins)["median"], "rejoin_max_s": spread(rejoins)["max"],
             "catchup_median_s": spread(catchups)["median"], "catchup_max_s": spread(catchups)["max"],
+            **join_dials([mesh.log_path(i) for i in range(nodes)]),
             "updates_lost": lost_updates(mesh, job, rows, chaos.kills, chaos.ids),
             "ledgers_agree": all(f == frames[0] for f in frames),
             "final_accuracy": rows[-1]["metrics"].get("accuracy"),

@@ -1,5 +1,7 @@
-"""Rejoining after restarts, with real node processes on loopback: every restarted node comes
-back on a new port, and finds the mesh again through its address book."""
+"""Rejoining after restarts, with real node processes on loopback: the first node comes back on
+a new port, the others find the mesh again through their address books, and a node restarted
+with no --bootstrap at all waits for its book's peers. Both tests share one 3-node mesh
+(started once for the module), in this order."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 
 import pytest
 
@@ -40,10 +43,32 @@ def join_state(mesh: LocalMesh, i: int) -> str:
     return str(mesh.call(i, "status")["join"]["state"])
 
 
-def test_the_bootstrap_node_moves_and_restarted_nodes_rejoin_through_their_books(mesh_factory) -> None:
-    mesh = mesh_factory(3)
-    mesh.start(timeout=120)
+# Extra ``node start`` arguments per node, read at each (re)start.
+EXTRA: dict[int, list[str]] = {}
+
+
+@pytest.fixture(scope="module")
+def mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalMesh]:
+    EXTRA.clear()
+    mesh = LocalMesh(tmp_path_factory.mktemp("rejoin"), 3, node_args=lambda i: EXTRA.get(i, []))
+    try:
+        mesh.start(timeout=120)
+        mesh.wait_connected(60)
+        yield mesh
+    finally:
+        mesh.close()
+
+
+def all_up(mesh: LocalMesh) -> None:
+    """Every node running and connected (a failed test before may have left one down)."""
+    for i in range(mesh.size):
+        if not mesh.alive(i):
+            mesh.start_node(i)
     mesh.wait_connected(60)
+
+
+def test_the_bootstrap_node_moves_and_restarted_nodes_rejoin_through_their_books(mesh: LocalMesh) -> None:
+    all_up(mesh)
     ids = peer_ids(mesh, range(3))
     by_node = {i: p for p, i in ids.items()}
     # min_nodes = every node: a round commits only once each restarted node is back in the job.
@@ -81,16 +106,16 @@ def test_the_bootstrap_node_moves_and_restarted_nodes_rejoin_through_their_books
         assert log.count("starting a new mesh") == (1 if i == 0 else 0)  # only at the very first start
 
 
-def test_a_node_restarted_without_bootstrap_waits_for_its_book_peers_then_rejoins(mesh_factory) -> None:
-    mesh = mesh_factory(2, extra_args=["--bootstrap-timeout", "3"])
-    mesh.start(timeout=120)
-    mesh.wait_connected(60)
+def test_a_node_restarted_without_bootstrap_waits_for_its_book_peers_then_rejoins(mesh: LocalMesh) -> None:
+    all_up(mesh)
     first = listen_addr(mesh, 0)
     wait_in_book(mesh, 1, mesh.call(0, "status")["peer_id"], first)
 
-    # Both stop; node 1 comes back first, with no --bootstrap at all, and no one answers it.
-    mesh.kill(0, signal.SIGKILL)
-    mesh.kill(1, signal.SIGKILL)
+    # All stop; node 1 comes back first, with no --bootstrap at all and a 3 s bootstrap timeout
+    # (a brand-new node would give up after it), and no one answers it.
+    for i in range(mesh.size):
+        mesh.kill(i, signal.SIGKILL)
+    EXTRA[1] = ["--bootstrap-timeout", "3"]
     started = time.time()
     mesh.start_node(1, bootstrap=False)
     assert "--bootstrap" not in mesh.procs[1].args
