@@ -205,6 +205,7 @@ def spread(values: list[float]) -> dict[str, float | None]:
 
 def run(nodes: int, rounds: int, seed: int, move_all: bool = False, forget: bool = False) -> dict[str, Any]:
     base = Path(tempfile.mkdtemp(prefix="gpuflex-chaos-"))
+    print(f"node homes and logs in {base}", flush=True)
     spec = demo_spec(rounds)
     spec.update({"local_epochs": 4, "min_nodes": 3, "plan_timeout_s": 3.0, "train_timeout_s": 15.0,
                  "reduce_timeout_s": 2.0, "group_size": 3})
