@@ -23,6 +23,7 @@ import argparse
 import json
 import random
 import re
+import shutil
 import signal
 import statistics
 import tempfile
@@ -203,9 +204,24 @@ def spread(values: list[float]) -> dict[str, float | None]:
             "max": round(max(values), 1) if values else None}
 
 
-def run(nodes: int, rounds: int, seed: int, move_all: bool = False, forget: bool = False) -> dict[str, Any]:
+def run(nodes: int, rounds: int, seed: int, move_all: bool = False, forget: bool = False,
+        keep: bool = False) -> dict[str, Any]:
+    """One chaos run. The node homes and logs are deleted after a completed run unless ``keep``;
+    after a run that did not complete they stay, for reading."""
     base = Path(tempfile.mkdtemp(prefix="gpuflex-chaos-"))
     print(f"node homes and logs in {base}", flush=True)
+    result: dict[str, Any] = {"completed": False}
+    try:
+        result = _run(base, nodes, rounds, seed, move_all, forget)
+        return result
+    finally:
+        if result.get("completed") and not keep:
+            shutil.rmtree(base, ignore_errors=True)
+        else:
+            print(f"node homes and logs kept in {base}", flush=True)
+
+
+def _run(base: Path, nodes: int, rounds: int, seed: int, move_all: bool, forget: bool) -> dict[str, Any]:
     spec = demo_spec(rounds)
     spec.update({"local_epochs": 4, "min_nodes": 3, "plan_timeout_s": 3.0, "train_timeout_s": 15.0,
                  "reduce_timeout_s": 2.0, "group_size": 3})
@@ -281,13 +297,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                         help="every restarted node comes back on a new port (by default only the first node moves)")
     parser.add_argument("--forget", action="store_true",
                         help="delete each node's address book before it restarts (bootstrap-only, for comparison)")
+    parser.add_argument("--keep", action="store_true", help="keep the node homes and logs after a completed run")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     if args.quick:
         args.nodes, args.rounds = 5, 6
     print(f"chaos: seed {args.seed}, {args.nodes} nodes, {args.rounds} rounds (any node may be killed, "
           "the first one included)", flush=True)
-    result = run(args.nodes, args.rounds, args.seed, args.move_all, args.forget)
+    result = run(args.nodes, args.rounds, args.seed, args.move_all, args.forget, args.keep)
     if args.json:
         print(json.dumps(result, indent=2))
     else:
