@@ -26,6 +26,7 @@ import re
 import shutil
 import signal
 import statistics
+import sys
 import tempfile
 import threading
 import time
@@ -41,6 +42,11 @@ from gpuflex.node.ledger import Ledger
 SENT = re.compile(r"round (\d+): update sent to")
 JOINED = re.compile(r"joined the mesh through \S+ \((\d+) known peers dialled, ([\d.]+)s\)")
 WAITED = "so it keeps trying"
+
+
+def say(text: str) -> None:
+    """Progress goes to stderr, so that stdout holds only the result (``--json`` parses)."""
+    print(text, file=sys.stderr, flush=True)
 
 
 class NodeExited(RuntimeError):
@@ -78,7 +84,7 @@ class Chaos:
             try:
                 self.step()
             except Exception as exc:  # chaos must not stop on a transient API error
-                print(f"  chaos step skipped: {exc}")
+                say(f"  chaos step skipped: {exc}")
 
     def step(self) -> None:
         now = time.time()
@@ -99,7 +105,7 @@ class Chaos:
                 restart = {"node": i, "at": time.time(), "round": round_now}
                 self.restarts.append(restart)
                 threading.Thread(target=self.time_rejoin, args=(restart,), daemon=True).start()
-                print(f"  t={now - self.t0:5.1f}s restarted node {i}{' on a new port' if moved else ''}")
+                say(f"  t={now - self.t0:5.1f}s restarted node {i}{' on a new port' if moved else ''}")
         self.check_exits()
         if len(self.down) >= self.max_down:
             return
@@ -117,7 +123,7 @@ class Chaos:
         self.down[victim] = time.time()
         self.kills.append({"node": victim, "kind": kind, "at": time.time(), "round": round_now,
                            "coordinator": status["coordinator"]})
-        print(f"  t={time.time() - self.t0:5.1f}s killed node {victim} ({kind}) during round {round_now + 1}")
+        say(f"  t={time.time() - self.t0:5.1f}s killed node {victim} ({kind}) during round {round_now + 1}")
         if kind == "coordinator":
             threading.Thread(target=self.time_failover, args=(self.kills[-1],), daemon=True).start()
 
@@ -128,7 +134,7 @@ class Chaos:
                 continue
             lines = self.mesh.log_path(i).read_text(errors="replace").strip().splitlines()
             self.exits.append(f"node {i}: {lines[-1][-200:] if lines else 'no log'}")
-            print(f"  t={time.time() - self.t0:5.1f}s node {i} exited on its own: {self.exits[-1]}")
+            say(f"  t={time.time() - self.t0:5.1f}s node {i} exited on its own: {self.exits[-1]}")
 
     def time_rejoin(self, restart: dict[str, Any]) -> None:
         """Seconds from a restart until the node says it is connected (``rejoin_s``), and until
@@ -209,7 +215,7 @@ def run(nodes: int, rounds: int, seed: int, move_all: bool = False, forget: bool
     """One chaos run. The node homes and logs are deleted after a completed run unless ``keep``;
     after a run that did not complete they stay, for reading."""
     base = Path(tempfile.mkdtemp(prefix="gpuflex-chaos-"))
-    print(f"node homes and logs in {base}", flush=True)
+    say(f"node homes and logs in {base}")
     result: dict[str, Any] = {"completed": False}
     try:
         result = _run(base, nodes, rounds, seed, move_all, forget)
@@ -218,7 +224,7 @@ def run(nodes: int, rounds: int, seed: int, move_all: bool = False, forget: bool
         if result.get("completed") and not keep:
             shutil.rmtree(base, ignore_errors=True)
         else:
-            print(f"node homes and logs kept in {base}", flush=True)
+            say(f"node homes and logs kept in {base}")
 
 
 def _run(base: Path, nodes: int, rounds: int, seed: int, move_all: bool, forget: bool) -> dict[str, Any]:
@@ -302,8 +308,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parser.parse_args(argv)
     if args.quick:
         args.nodes, args.rounds = 5, 6
-    print(f"chaos: seed {args.seed}, {args.nodes} nodes, {args.rounds} rounds (any node may be killed, "
-          "the first one included)", flush=True)
+    say(f"chaos: seed {args.seed}, {args.nodes} nodes, {args.rounds} rounds (any node may be killed, "
+        "the first one included)")
     result = run(args.nodes, args.rounds, args.seed, args.move_all, args.forget, args.keep)
     if args.json:
         print(json.dumps(result, indent=2))
@@ -314,4 +320,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    main()
+    outcome = main()
+    # A run that did not finish, lost an update or split the ledger is a failure.
+    sys.exit(0 if outcome.get("completed") and outcome.get("updates_lost") == 0 and outcome.get("ledgers_agree") else 1)
