@@ -173,6 +173,10 @@ class Workload:
     def state_dict(self, params: np.ndarray) -> dict[str, torch.Tensor]:
         return state_dict_from_flat(self._model, params)
 
+    def export_model(self, params: np.ndarray, out: Path) -> list[Path]:
+        """The final model for people and tools: ``model.pt``, a plain torch state_dict."""
+        return [self.save_state_dict(params, Path(out) / "model.pt")]
+
     def save_state_dict(self, params: np.ndarray, path: str | os.PathLike[str]) -> Path:
         """Write a CPU state_dict that plain ``torch.load`` reads; atomic via rename."""
         path = Path(path)
@@ -181,3 +185,24 @@ class Workload:
         torch.save(self.state_dict(params), tmp)
         os.replace(tmp, path)
         return path
+
+
+def open_workload(
+    spec: JobSpec,
+    part_index: int,
+    num_parts: int,
+    home: Path | None = None,
+    device: torch.device | None = None,
+    data_hook: Callable[[Dataset, int], Dataset] | None = None,
+) -> Any:
+    """The workload for ``spec``: a language model's (gpuflex.ml.llm) or the classic one.
+
+    Both offer the same flat-vector surface, so the node never needs to know which it runs.
+    """
+    from gpuflex.llmspec import is_llm
+
+    if is_llm(spec.model):
+        from gpuflex.ml.llm.workload import LLMWorkload
+
+        return LLMWorkload(spec, part_index, num_parts, home, device=device, data_hook=data_hook)
+    return Workload(spec, part_index, num_parts, home, device=device, data_hook=data_hook)

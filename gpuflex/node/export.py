@@ -19,14 +19,18 @@ METRIC_COLUMNS = ("round", "loss", "accuracy", "train_loss", "contributors", "du
 
 
 def export_results(runner: JobRunner, out: Path) -> list[Path]:
-    """Final model (plain torch state_dict), metrics (CSV, JSON and a PNG plot) and the ledger.
+    """Final model, metrics (CSV, JSON and a PNG plot) and the ledger.
+
+    The workload writes the model: a plain torch state_dict, or for a language model the
+    Hugging Face directories (gpuflex/ml/llm/export.py).
 
     MLflow export reads these files (``gpuflex.tracking``), so there is one writer of results.
     """
     out.mkdir(parents=True, exist_ok=True)
     blob = runner.mesh.blobs.read(runner.head_model)
     params, _ = unpack_model(blob)
-    files = [runner.workload.save_state_dict(params, out / "model.pt")]
+    files = runner.workload.export_model(params, out)
+    del params
     # The exact bytes the ledger's model_hash names, for `gpuflex audit verify --model`.
     atomic_write(out / "model.blob", blob, mode=0o644)
     files.append(out / "model.blob")

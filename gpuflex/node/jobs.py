@@ -39,6 +39,22 @@ PRESENCE_EVERY_S = 3.0
 QUORUM_CHECK_S = 1.0
 
 
+def pin_spec(spec: Any, home: Path) -> Any:
+    """A language-model job records the hashes of its base and tokenizer as the submitting
+    node holds them, so every member can check its own (gpuflex/ml/llm/pin.py)."""
+    from gpuflex.llmspec import is_llm
+
+    if not is_llm(spec.model):
+        return spec
+    from gpuflex.ml.llm import LLMError
+    from gpuflex.ml.llm.pin import pin_llm_spec
+
+    try:
+        return pin_llm_spec(spec, home)
+    except LLMError as exc:
+        raise ApiError(str(exc)) from None
+
+
 def job_id_of(env: Envelope) -> str:
     return env.digest[:16]
 
@@ -335,6 +351,7 @@ class JobManager:
             spec = JobSpec.from_dict(params.get("spec") or {}, check_paths=True)
         except JobSpecError as exc:
             raise ApiError(str(exc)) from None
+        spec = await trio.to_thread.run_sync(pin_spec, spec, self.home)
         members = sorted({self.mesh.peer_id, *self.mesh.peers.alive()})
         frame = seal(self.mesh.identity, JOB, {"spec": spec.to_dict(), "members": members, "created": time.time()})
         env = open_envelope(frame, expect_kind=JOB)

@@ -195,7 +195,7 @@ class JobRunner:
             nursery.cancel_scope.cancel()
 
     async def _prepare(self) -> None:
-        from gpuflex.ml.workload import Workload
+        from gpuflex.ml.workload import open_workload
 
         problems = self.ledger.load()
         for problem in problems:
@@ -207,7 +207,7 @@ class JobRunner:
             index = int.from_bytes(hashlib.blake2b(self.me.encode(), digest_size=4).digest(), "big") % parts
         hook = self.m.adversary.data_hook() if self.m.adversary else None
         self.workload = await trio.to_thread.run_sync(
-            lambda: Workload(self.spec, index, parts, self.m.home, data_hook=hook))
+            lambda: open_workload(self.spec, index, parts, self.m.home, data_hook=hook))
         init = await trio.to_thread.run_sync(self.workload.initial_params)
         self.init_hash = self.mesh.blobs.put(pack_model(init, {}))
         if problems or (self.ledger.results and not self.mesh.blobs.has(self.head_model)):
