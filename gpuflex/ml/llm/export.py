@@ -32,6 +32,9 @@ def _files(folder: Path) -> list[Path]:
 def export_llm(work: LLMWorkload, out: Path) -> list[Path]:
     """Write the model (or adapter, and base) with its tokenizer under ``out``; the
     workload's model must already hold the parameters to export."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # a node's log is no terminal
     spec, settings = work.spec, work.settings
     out.mkdir(parents=True, exist_ok=True)
     max_len = settings["seq_len"]

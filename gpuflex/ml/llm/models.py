@@ -12,6 +12,7 @@ adapters that mean different things.
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import torch
@@ -111,7 +112,8 @@ def with_adapter(model: nn.Module, spec: Any) -> nn.Module:
     lora = LoraConfig(r=settings["lora_rank"], lora_alpha=settings["lora_alpha"],
                       lora_dropout=settings["lora_dropout"], target_modules=list(settings["lora_targets"]),
                       bias="none", task_type="CAUSAL_LM", fan_in_fan_out=spec.model == "gpt2")
-    with seeded_build(spec.seed + 1):
+    with seeded_build(spec.seed + 1), warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # peft reads a renamed transformers attribute
         return get_peft_model(model, lora)
 
 
