@@ -30,6 +30,7 @@ from gpuflex.ml.llm import LLMError, require_extra
 from gpuflex.ml.llm.models import base_hash, build_base, trainable, with_adapter
 from gpuflex.ml.llm.text import TextBundle, documents, load_text
 from gpuflex.ml.llm.tokenizer import eos_id, make_tokenizer, tokenizer_hash
+from gpuflex.ml.params import as_tensor
 from gpuflex.ml.partition import partition_indices
 from gpuflex.ml.train import configure_threads, make_optimizer, pick_device
 from gpuflex.nodeconfig import NodeConfig, NodeConfigError, load_node_config
@@ -118,7 +119,7 @@ class LLMWorkload:
         vec = np.asarray(vec)
         if vec.ndim != 1 or vec.shape[0] != self.num_params:
             raise ValueError(f"parameter vector has shape {vec.shape}, expected ({self.num_params},)")
-        flat = torch.from_numpy(np.ascontiguousarray(vec, dtype=np.float32))
+        flat = as_tensor(vec)
         offset = 0
         with torch.no_grad():
             for p in self._params:
@@ -213,6 +214,8 @@ class LLMWorkload:
                 samples += len(batch)
                 steps += 1
             del optimizer  # its state (two copies of the trainable tensors for Adam) goes now
+            for p in self._params:
+                p.grad = None  # and the gradients: neither is needed until the next round
             seconds = time.perf_counter() - start
             self._trained_rounds += 1
             delta = self._flatten()
@@ -246,7 +249,7 @@ class LLMWorkload:
 
     def state_dict(self, params: np.ndarray) -> dict[str, torch.Tensor]:
         """The trainable tensors by name, on the CPU (the adapter alone under LoRA)."""
-        vec = torch.from_numpy(np.ascontiguousarray(params, dtype=np.float32))
+        vec = as_tensor(params)
         out, offset = {}, 0
         for name, p in trainable(self.model):
             n = p.numel()
