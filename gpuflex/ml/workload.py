@@ -187,6 +187,26 @@ class Workload:
         return path
 
 
+class WorkloadUnavailable(RuntimeError):
+    """This node cannot run (or pin) the job; the message says why in one line."""
+
+
+def pin_job_spec(spec: JobSpec, home: Path | None) -> JobSpec:
+    """``spec`` with the hashes of what every member must hold alike filled in, as this
+    (submitting) node holds them; unchanged for jobs that have none."""
+    from gpuflex.llmspec import is_llm
+
+    if not is_llm(spec.model):
+        return spec
+    from gpuflex.ml.llm import LLMError
+    from gpuflex.ml.llm.pin import pin_llm_spec
+
+    try:
+        return pin_llm_spec(spec, home)
+    except LLMError as exc:
+        raise WorkloadUnavailable(str(exc)) from None
+
+
 def open_workload(
     spec: JobSpec,
     part_index: int,

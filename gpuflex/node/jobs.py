@@ -40,18 +40,13 @@ QUORUM_CHECK_S = 1.0
 
 
 def pin_spec(spec: Any, home: Path) -> Any:
-    """A language-model job records the hashes of its base and tokenizer as the submitting
-    node holds them, so every member can check its own (gpuflex/ml/llm/pin.py)."""
-    from gpuflex.llmspec import is_llm
-
-    if not is_llm(spec.model):
-        return spec
-    from gpuflex.ml.llm import LLMError
-    from gpuflex.ml.llm.pin import pin_llm_spec
+    """The spec as this node signs it: the workload may record hashes of the inputs every
+    member must hold alike (a language model's base weights and tokenizer)."""
+    from gpuflex.ml.workload import WorkloadUnavailable, pin_job_spec
 
     try:
-        return pin_llm_spec(spec, home)
-    except LLMError as exc:
+        return pin_job_spec(spec, home)
+    except WorkloadUnavailable as exc:
         raise ApiError(str(exc)) from None
 
 

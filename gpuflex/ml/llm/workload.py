@@ -230,6 +230,7 @@ class LLMWorkload:
     def evaluate(self, params: np.ndarray) -> dict[str, float]:
         """Next-token loss, accuracy and perplexity on the first ``eval_sequences`` held-out rows."""
         configure_threads()
+        began = time.perf_counter()
         with self._lock:
             self._load(params)
             self.model.eval()
@@ -243,7 +244,8 @@ class LLMWorkload:
         if count == 0:
             return {"loss": math.nan, "accuracy": math.nan, "perplexity": math.nan}
         loss = total / count
-        return {"loss": loss, "accuracy": correct / count, "perplexity": math.exp(min(loss, 50.0))}
+        return {"loss": loss, "accuracy": correct / count, "perplexity": math.exp(min(loss, 50.0)),
+                "eval_seconds": time.perf_counter() - began}
 
     # -- results ---------------------------------------------------------------------------
 
