@@ -31,6 +31,7 @@ import argparse
 import os
 import statistics
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -59,13 +60,49 @@ def write_home(home: Path, text: Path, models: dict[str, str] | None = None) -> 
     return home
 
 
+def mem_available_mb() -> float:
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) * 1024 / MB
+    return float("inf")
+
+
+class MemoryGuard:
+    """Kills the mesh if the machine's available memory falls below ``floor_mb``: the machine
+    is shared, and a benchmark must never push other people's work into the OOM killer."""
+
+    def __init__(self, mesh: Any, floor_mb: float) -> None:
+        self.mesh, self.floor_mb, self.tripped = mesh, floor_mb, ""
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+
+    def __enter__(self) -> MemoryGuard:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+    def _watch(self) -> None:
+        while not self._stop.wait(0.5):
+            free = mem_available_mb()
+            if free < self.floor_mb:
+                self.tripped = f"only {free:.0f} MB of memory left on the machine; stopped the mesh"
+                log(self.tripped)
+                for i in list(self.mesh.procs):
+                    self.mesh.kill(i)
+                return
+
+
 def mesh_job(base: Path, nodes: int, spec: dict[str, Any], text: Path, models: dict[str, str] | None,
-             timeout: float) -> dict[str, Any]:
+             timeout: float, floor_mb: float = 2500.0) -> dict[str, Any]:
     """Run one job on ``nodes`` fresh node processes; ledger rows, bytes, memory, final params."""
     from gpuflex.localmesh import LocalMesh
     from gpuflex.node.modelblob import unpack_model
 
     mesh = LocalMesh(base, nodes, log_level="warning")
+    guard = MemoryGuard(mesh, floor_mb)
     try:
         for i in range(nodes):
             write_home(mesh.home(i), text, models)
@@ -73,9 +110,14 @@ def mesh_job(base: Path, nodes: int, spec: dict[str, Any], text: Path, models: d
         mesh.wait_connected(timeout=90.0)
         idle = [process_memory_mb(p.pid)[0] for p in mesh.procs.values()]
         before = [mesh.call(i, "status") for i in range(nodes)]
-        with Stopwatch() as run:
+        with Stopwatch() as run, guard:
             job = mesh.submit(spec)
-            mesh.wait_job(job, list(range(nodes)), timeout=timeout)
+            try:
+                mesh.wait_job(job, list(range(nodes)), timeout=timeout)
+            except Exception:
+                if guard.tripped:
+                    raise RuntimeError(guard.tripped) from None
+                raise
         after = [mesh.call(i, "status") for i in range(nodes)]
         memory = [process_memory_mb(p.pid) for p in mesh.procs.values()]
         rows = mesh.call(0, "ledger", {"job": job}, timeout=30)
@@ -159,7 +201,7 @@ def compare_spec(model: str, partition: str, rounds: int, steps: int, args: argp
             "batch_size": args.compare_batch, "optimizer": "adamw", "lr": llm.pop("lr", 2e-3),
             "strategy": "diloco", "server_lr": 0.7, "server_momentum": 0.9, "codec": "int8",
             "min_nodes": args.compare_nodes, "test_fraction": 0.1, "train_timeout_s": 1500.0,
-            "llm": {"size": args.compare_size, "seq_len": args.seq_len, "eval_sequences": args.eval_sequences,
+            "llm": {"size": args.compare_size, "seq_len": args.compare_seq_len, "eval_sequences": args.eval_sequences,
                     **llm}}
 
 
@@ -212,7 +254,7 @@ def run_compare(args: argparse.Namespace, text: Path) -> dict[str, Any]:
         log(f"compare: federated LoRA in {fed['job_s']:.0f}s: loss {fed_scores['loss']:.4f}")
     return {
         "size": args.compare_size, "nodes": n, "rounds": rounds, "local_steps": steps, "total_steps": total,
-        "batch_size": args.compare_batch, "seq_len": args.seq_len, "eval_sequences": args.eval_sequences,
+        "batch_size": args.compare_batch, "seq_len": args.compare_seq_len, "eval_sequences": args.eval_sequences,
         "pretrain": pre, "lora_start": before,
         "central": {**central_scores, "seconds": sw.seconds},
         "federated": {**fed_scores, "seconds": fed["job_s"], "per_round": fed["rows"]},
@@ -287,16 +329,17 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--seq-len", type=int, default=128)
     p.add_argument("--compare-size", default="small")
     p.add_argument("--compare-nodes", type=int, default=3)
-    p.add_argument("--compare-rounds", type=int, default=4)
-    p.add_argument("--compare-steps", type=int, default=15)
+    p.add_argument("--compare-rounds", type=int, default=3)
+    p.add_argument("--compare-steps", type=int, default=10)
     p.add_argument("--compare-batch", type=int, default=8)
-    p.add_argument("--pretrain-steps", type=int, default=300)
-    p.add_argument("--eval-sequences", type=int, default=256)
+    p.add_argument("--compare-seq-len", type=int, default=64)
+    p.add_argument("--pretrain-steps", type=int, default=120)
+    p.add_argument("--eval-sequences", type=int, default=128)
     add_json_flag(p)
     args = p.parse_args(argv)
     if args.quick:
         args.base_size = args.compare_size = "tiny"
-        args.base_rounds, args.base_steps, args.seq_len = 2, 2, 64
+        args.base_rounds, args.base_steps, args.seq_len, args.compare_seq_len = 2, 2, 64, 64
         args.compare_rounds, args.compare_steps, args.pretrain_steps, args.eval_sequences = 2, 3, 20, 32
     emit(run(args), args.json, render)
 

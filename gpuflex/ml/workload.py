@@ -14,7 +14,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -207,22 +207,29 @@ def pin_job_spec(spec: JobSpec, home: Path | None) -> JobSpec:
         raise WorkloadUnavailable(str(exc)) from None
 
 
-def open_workload(
-    spec: JobSpec,
-    part_index: int,
-    num_parts: int,
-    home: Path | None = None,
-    device: torch.device | None = None,
-    data_hook: Callable[[Dataset, int], Dataset] | None = None,
-) -> Any:
-    """The workload for ``spec``: a language model's (gpuflex.ml.llm) or the classic one.
+class NodeWorkload(Protocol):
+    """What the node asks of a workload: flat float32 vectors in and out, and an export."""
 
-    Both offer the same flat-vector surface, so the node never needs to know which it runs.
-    """
+    @property
+    def num_samples(self) -> int: ...
+
+    def initial_params(self) -> np.ndarray: ...
+
+    def train(self, base: np.ndarray) -> tuple[np.ndarray, dict[str, Any]]: ...
+
+    def evaluate(self, params: np.ndarray) -> dict[str, float]: ...
+
+    def export_model(self, params: np.ndarray, out: Path) -> list[Path]: ...
+
+
+def open_workload(spec: JobSpec, *args: Any, **kwargs: Any) -> NodeWorkload:
+    """The workload for ``spec`` (arguments as :class:`Workload`'s): a language model's
+    (gpuflex.ml.llm) or the classic one. Both offer the same flat-vector surface, so the node
+    never needs to know which it runs."""
     from gpuflex.llmspec import is_llm
 
     if is_llm(spec.model):
         from gpuflex.ml.llm.workload import LLMWorkload
 
-        return LLMWorkload(spec, part_index, num_parts, home, device=device, data_hook=data_hook)
-    return Workload(spec, part_index, num_parts, home, device=device, data_hook=data_hook)
+        return LLMWorkload(spec, *args, **kwargs)
+    return Workload(spec, *args, **kwargs)

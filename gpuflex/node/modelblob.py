@@ -34,32 +34,25 @@ def _str(text: str) -> bytes:
     return msgpack.packb(text, use_bin_type=True)
 
 
-def pack_model(params: np.ndarray, state: dict[str, np.ndarray] | None = None) -> bytearray:
-    """The blob bytes, identical to ``msgpack.packb`` of the map, built in one buffer."""
+def model_parts(params: np.ndarray, state: dict[str, np.ndarray] | None = None) -> list[memoryview]:
+    """The blob as a list of buffers (headers, then the arrays themselves, uncopied) whose
+    concatenation is exactly ``msgpack.packb`` of the map; hash and store them with
+    ``parts_hash`` and ``BlobStore.put_parts``."""
     arrays = [np.ascontiguousarray(params, dtype="<f4").reshape(-1)]
     items = sorted((state or {}).items())
     pieces: list[bytes | np.ndarray] = [b"\x83", _str("v"), b"\x01", _str("p"), _bin_header(arrays[0].nbytes),
-                                        arrays[0], _str("s"), msgpack.packb({}) if not items else b""]
-    if items:
-        n = len(items)
-        pieces[-1] = bytes([0x80 | n]) if n < 16 else b"\xde" + struct.pack(">H", n)
-        for key, value in items:
-            arr = np.ascontiguousarray(value, dtype="<f4").reshape(-1)
-            pieces += [_str(key), _bin_header(arr.nbytes), arr]
-    out = bytearray(sum(len(p) if isinstance(p, bytes) else p.nbytes for p in pieces))
-    view, offset = memoryview(out), 0
-    for piece in pieces:
-        raw = memoryview(piece).cast("B") if isinstance(piece, np.ndarray) else piece
-        view[offset:offset + len(raw)] = raw
-        offset += len(raw)
-    return out
+                                        arrays[0], _str("s")]
+    n = len(items)
+    pieces.append(bytes([0x80 | n]) if n < 16 else b"\xde" + struct.pack(">H", n))
+    for key, value in items:
+        arr = np.ascontiguousarray(value, dtype="<f4").reshape(-1)
+        pieces += [_str(key), _bin_header(arr.nbytes), arr]
+    return [memoryview(p).cast("B") if isinstance(p, np.ndarray) else memoryview(p) for p in pieces]
 
 
-def _floats(data: bytes | bytearray | memoryview, offset: int, nbytes: int) -> np.ndarray:
-    if nbytes % 4:
-        raise ValueError("float32 section is not a whole number of values")
-    arr = np.frombuffer(data, dtype="<f4", count=nbytes // 4, offset=offset)
-    return arr if _LITTLE else arr.astype(np.float32)
+def pack_model(params: np.ndarray, state: dict[str, np.ndarray] | None = None) -> bytes:
+    """The blob bytes in one buffer (for small models, tests and audits)."""
+    return b"".join(model_parts(params, state))
 
 
 class _Cursor:

@@ -45,7 +45,7 @@ from gpuflex.node.messages import (
     parse_update,
     walk_contributions,
 )
-from gpuflex.node.modelblob import pack_delta, pack_model, unpack_delta, unpack_model
+from gpuflex.node.modelblob import model_parts, pack_delta, unpack_delta, unpack_model
 from gpuflex.node.pipeline import (
     DeltaEncoder,
     decode_payload,
@@ -59,7 +59,7 @@ from gpuflex.node.pipeline import (
 from gpuflex.node.ranking import coordinator_ranking
 from gpuflex.privacy import STOP, WARN, budget_status, epsilon_spent
 from gpuflex.secure import SecAggMember, SecAggReducer, answer_recovery, collect_answers
-from mesh.blob import BlobError, blob_hash
+from mesh.blob import BlobError, blob_hash, parts_hash
 from mesh.codec import WireError, open_envelope, seal
 from mesh.fsutil import StateWriteError
 from mesh.health import DOWN
@@ -209,7 +209,7 @@ class JobRunner:
         self.workload = await trio.to_thread.run_sync(
             lambda: open_workload(self.spec, index, parts, self.m.home, data_hook=hook))
         init = await trio.to_thread.run_sync(self.workload.initial_params)
-        self.init_hash = self.mesh.blobs.put(pack_model(init, {}))
+        self.init_hash = self.mesh.blobs.put_parts(model_parts(init, {}))
         if problems or (self.ledger.results and not self.mesh.blobs.has(self.head_model)):
             await self.m.sync_from_peers(self)
         self.ready.set()
@@ -367,6 +367,8 @@ class JobRunner:
         has_children = bool(children(plan.parent, self.me))
         self.role = "root" if is_root else ("leader" if has_children else "member")
         if is_root or has_children:
+            # A finished round's collector holds a model-sized sum: keep only this round's.
+            self.collectors = {k: v for k, v in self.collectors.items() if k[0] >= plan.round}
             col = Collector(plan, self.me, make_reducer(self.spec, is_root, plan=plan, me=self.me))
             self.collectors[(plan.round, plan.attempt)] = col
             self._nursery.start_soon(self._reduce, plan, col)
@@ -392,9 +394,9 @@ class JobRunner:
         if res.step_hash is not None and not blobs.has(res.model_hash) and blobs.has(res.base_hash):
             try:
                 await self.mesh.fetch_blob(res.step_hash, [res.coordinator], timeout=60)
-                data = await trio.to_thread.run_sync(self._replay, res)
-                if blob_hash(data) == res.model_hash:
-                    blobs.put(data)
+                parts = await trio.to_thread.run_sync(self._replay, res)
+                if parts_hash(parts) == res.model_hash:
+                    blobs.put_parts(parts)
                     self.steps_replayed += 1
                 else:
                     log.warning("round %d: the model rebuilt from the step does not match %s; "
@@ -425,11 +427,11 @@ class JobRunner:
             except OSError as exc:
                 log.warning("could not delete old model blob %s: %s", str(digest)[:12], exc)
 
-    def _replay(self, res: Result) -> bytes:
+    def _replay(self, res: Result) -> list[memoryview]:
         assert res.step_hash is not None
         params, state = unpack_model(self.mesh.blobs.read(res.base_hash, verify=True))
         step = self.mesh.blobs.read(res.step_hash, verify=True)
-        return pack_model(*replay_step(self.spec, params, state, step))
+        return model_parts(*replay_step(self.spec, params, state, step))
 
     async def _train_and_send(self, plan: Plan) -> None:
         r = plan.round
@@ -707,7 +709,7 @@ class JobRunner:
             return
         params, state = await self._model(plan.base_hash, [])
         new_params, new_state, step = await trio.to_thread.run_sync(outer_step, self.spec, params, state, avg)
-        model_hash = self.mesh.blobs.put(pack_model(new_params, new_state))
+        model_hash = self.mesh.blobs.put_parts(model_parts(new_params, new_state))
         step_hash = self.mesh.blobs.put(step) if step is not None else None
         evaluation = await trio.to_thread.run_sync(self.workload.evaluate, new_params)
         total = sum(u.samples for u in contributions)

@@ -36,6 +36,8 @@ from gpuflex.ml.train import configure_threads, make_optimizer, pick_device
 from gpuflex.nodeconfig import NodeConfig, NodeConfigError, load_node_config
 
 log = logging.getLogger("gpuflex.llm")
+#: Above this many trainable values the optimizer steps tensor by tensor (less memory).
+FOREACH_MAX_PARAMS = 10_000_000
 
 
 def job_tokenizer(spec: JobSpec, config: NodeConfig) -> Any:
@@ -201,6 +203,11 @@ class LLMWorkload:
             self._load(base)
             self.model.train()
             optimizer = make_optimizer(self.model, self.spec)
+            if self.num_params > FOREACH_MAX_PARAMS:
+                # torch's multi-tensor ("foreach") step allocates temporaries the size of all
+                # trainable tensors at once: a few hundred MB each for a 100M model.
+                for group in optimizer.param_groups:
+                    group["foreach"] = False
             start = time.perf_counter()
             total, samples, steps = 0.0, 0, 0
             for batch in self._batches():
