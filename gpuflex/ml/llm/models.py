@@ -15,6 +15,7 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
+import blake3
 import torch
 from torch import nn
 
@@ -22,7 +23,6 @@ from gpuflex.llmspec import model_config
 from gpuflex.ml.llm import LLMError
 from gpuflex.ml.models import seeded_build
 from gpuflex.nodeconfig import NodeConfig, NodeConfigError
-from mesh.blob import blob_hasher
 
 
 def hf_config(family: str, settings: dict[str, Any], vocab_size: int, eos: int) -> Any:
@@ -84,7 +84,7 @@ def build_base(spec: Any, config: NodeConfig, vocab_size: int, eos: int) -> nn.M
 def base_hash(model: nn.Module) -> str:
     """BLAKE3 over every tensor of the state dict (name, dtype, shape, bytes), in name
     order; streamed tensor by tensor, so it needs no copy of the model."""
-    hasher = blob_hasher()
+    hasher = blake3.blake3()  # the mesh's blob hash, without importing the mesh
     for name, tensor in sorted(model.state_dict().items()):
         t = tensor.detach().to("cpu").contiguous()
         hasher.update(f"{name}|{t.dtype}|{tuple(t.shape)}\n".encode())

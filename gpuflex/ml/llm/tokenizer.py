@@ -23,7 +23,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from mesh.blob import blob_hash
+import blake3
 
 EOS = "<|endoftext|>"
 #: BPE is trained on at most this much text: enough for a few thousand merges, and cheap.
@@ -92,7 +92,7 @@ def load_model_tokenizer(model_dir: Path) -> Any:
 def tokenizer_hash(tok: Any) -> str:
     """BLAKE3 of the canonical JSON (keys sorted), so formatting never changes the hash."""
     canonical = json.dumps(json.loads(tok.to_str()), sort_keys=True, separators=(",", ":"))
-    return blob_hash(canonical.encode("utf-8"))
+    return str(blake3.blake3(canonical.encode("utf-8")).hexdigest())
 
 
 def eos_id(tok: Any) -> int:
@@ -114,7 +114,7 @@ def make_tokenizer(kind: str, vocab_size: int, texts: Iterable[str] | None = Non
         assert model_dir is not None
         return load_model_tokenizer(model_dir)
     text = list(texts or [])
-    key = ("bpe", vocab_size, blob_hash("\x00".join(text).encode("utf-8", "replace")))
+    key = ("bpe", vocab_size, blake3.blake3("\x00".join(text).encode("utf-8", "replace")).hexdigest())
     with _cache_lock:
         if key not in _cache:
             _cache[key] = train_bpe(text, vocab_size)
