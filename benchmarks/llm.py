@@ -150,7 +150,9 @@ def base_spec(adapter: str, size: str, rounds: int, steps: int, batch: int, seq_
             "rounds": rounds, "local_epochs": 0, "local_steps": steps, "batch_size": batch, "optimizer": "adamw",
             "lr": 1e-3 if adapter == "lora" else 1e-4, "strategy": "diloco", "server_lr": 0.7,
             "server_momentum": 0.9, "codec": "int8", "min_nodes": nodes, "test_fraction": 0.05,
-            "train_timeout_s": 1500.0, "reduce_timeout_s": 30.0,
+            # Each node builds the 100M model when the job arrives (tens of seconds on a busy
+            # machine): backups wait that long before planning in place of a slow coordinator.
+            "plan_timeout_s": 60.0, "train_timeout_s": 600.0, "reduce_timeout_s": 30.0,
             "llm": {"size": size, "adapter": adapter, "lora_rank": 8, "seq_len": seq_len, "eval_sequences": 8}}
 
 
@@ -200,7 +202,7 @@ def compare_spec(model: str, partition: str, rounds: int, steps: int, args: argp
             "partition": partition, "rounds": rounds, "local_epochs": 0, "local_steps": steps,
             "batch_size": args.compare_batch, "optimizer": "adamw", "lr": llm.pop("lr", 2e-3),
             "strategy": "diloco", "server_lr": 0.7, "server_momentum": 0.9, "codec": "int8",
-            "min_nodes": args.compare_nodes, "test_fraction": 0.1, "train_timeout_s": 1500.0,
+            "min_nodes": args.compare_nodes, "test_fraction": 0.1, "plan_timeout_s": 30.0, "train_timeout_s": 600.0,
             "llm": {"size": args.compare_size, "seq_len": args.compare_seq_len, "eval_sequences": args.eval_sequences,
                     **llm}}
 

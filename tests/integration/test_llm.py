@@ -43,6 +43,9 @@ def test_three_nodes_fine_tune_a_tiny_llama_with_lora_and_export_the_adapter(mes
         "name": "lora-test", "model": "llama", "data": "shakespeare", "partition": "groups", "rounds": 3,
         "local_epochs": 0, "local_steps": 6, "batch_size": 8, "optimizer": "adamw", "lr": 1e-2,
         "strategy": "diloco", "server_lr": 0.8, "codec": "int8", "min_nodes": 3, "test_fraction": 0.1,
+        # Each node imports transformers when the job arrives; on a busy machine that takes
+        # longer than the default plan timeout, and a backup would plan beside the coordinator.
+        "plan_timeout_s": 20.0,
         "llm": {"size": "tiny", "adapter": "lora", "lora_rank": 4, "seq_len": 64, "eval_sequences": 32},
     })
     mesh.wait_job(job, [0, 1, 2], timeout=200)
