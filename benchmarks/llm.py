@@ -88,7 +88,9 @@ class MemoryGuard:
         while not self._stop.wait(0.5):
             free = mem_available_mb()
             if free < self.floor_mb:
-                self.tripped = f"only {free:.0f} MB of memory left on the machine; stopped the mesh"
+                self.peaks = [round(process_memory_mb(p.pid)[1]) for p in self.mesh.procs.values()]
+                self.tripped = (f"only {free:.0f} MB of memory left on the machine; stopped the mesh "
+                                f"(peak RSS per node so far: {self.peaks} MB)")
                 log(self.tripped)
                 for i in list(self.mesh.procs):
                     self.mesh.kill(i)
@@ -160,12 +162,17 @@ def run_base(args: argparse.Namespace, text: Path) -> dict[str, Any]:
     out: dict[str, Any] = {"size": args.base_size, "nodes": args.nodes, "rounds": args.base_rounds,
                            "local_steps": args.base_steps, "batch_size": args.base_batch, "seq_len": args.seq_len,
                            "runs": []}
-    for adapter in ("none", "lora"):
+    for adapter in ("lora", "none"):
         spec = base_spec(adapter, args.base_size, args.base_rounds, args.base_steps, args.base_batch, args.seq_len,
                          args.nodes)
         log(f"base: {args.nodes} nodes, {args.base_size}, adapter={adapter}: starting")
-        with tempfile.TemporaryDirectory(prefix=f"gpuflex-bench-llm-{adapter}-") as tmp:
-            res = mesh_job(Path(tmp), args.nodes, spec, text, None, timeout=3000.0)
+        try:
+            with tempfile.TemporaryDirectory(prefix=f"gpuflex-bench-llm-{adapter}-") as tmp:
+                res = mesh_job(Path(tmp), args.nodes, spec, text, None, timeout=3000.0)
+        except (RuntimeError, TimeoutError) as exc:
+            log(f"base: adapter={adapter}: FAILED: {exc}")
+            out["runs"].append({"adapter": adapter, "error": str(exc)})
+            continue
         rows = res["rows"]
         run = {
             "adapter": adapter, "trainable_params": int(res["params"].size), "model_blob_mb": res["model_blob_bytes"] / MB,
@@ -182,14 +189,21 @@ def run_base(args: argparse.Namespace, text: Path) -> dict[str, Any]:
         log(f"base: adapter={adapter}: round {run['round_s']:.1f}s (compute {run['compute_s']:.1f}s), "
             f"{run['traffic_mb_per_node_round']:.1f} MB/node/round, peak RSS {run['peak_rss_mb']:.0f} MB")
         out["runs"].append(run)
-    full, lora = out["runs"]
-    out["base_params"] = full["trainable_params"]
-    out["fp32_model_mb"] = full["trainable_params"] * 4 / MB
-    for run in out["runs"]:
+    from gpuflex.jobspec import JobSpec
+    from gpuflex.llmspec import estimate_params, model_config
+
+    settings = JobSpec.from_dict(base_spec("none", args.base_size, 1, 1, 1, args.seq_len, args.nodes)).llm
+    runs = {r["adapter"]: r for r in out["runs"] if "error" not in r}
+    out["base_params"] = runs["none"]["trainable_params"] if "none" in runs else estimate_params(
+        model_config(settings), 257, "llama")
+    out["fp32_model_mb"] = out["base_params"] * 4 / MB
+    for run in runs.values():
         run["peak_vs_fp32"] = ratio(run["peak_rss_mb"], out["fp32_model_mb"])
         run["peak_above_idle_vs_fp32"] = ratio(run["peak_rss_mb"] - run["idle_rss_mb"], out["fp32_model_mb"])
-    out["lora_traffic_vs_full"] = ratio(lora["traffic_mb_per_node_round"], full["traffic_mb_per_node_round"])
-    out["lora_params_vs_full"] = ratio(lora["trainable_params"], full["trainable_params"])
+    if len(runs) == 2:
+        full, lora = runs["none"], runs["lora"]
+        out["lora_traffic_vs_full"] = ratio(lora["traffic_mb_per_node_round"], full["traffic_mb_per_node_round"])
+        out["lora_params_vs_full"] = ratio(lora["trainable_params"], full["trainable_params"])
     return out
 
 
@@ -286,7 +300,7 @@ def render(result: dict[str, Any]) -> str:
             f"\n`{b['size']}` llama-like model, {b['base_params'] / 1e6:.1f}M parameters ({b['fp32_model_mb']:.0f} MB in "
             f"fp32); {b['nodes']} node processes; DiLoCo + int8; {b['rounds']} rounds x {b['local_steps']} steps of "
             f"{b['batch_size']} x {b['seq_len']} tokens; medians over rounds",
-            format_table(b["runs"], [
+            format_table([r for r in b["runs"] if "error" not in r], [
                 ("adapter", "adapter", ""), ("trainable_params", "trainable params", ",d"),
                 ("model_blob_mb", "model blob MB", ".2f"), ("sent_mb_per_node_round", "sent MB/node/round", ".2f"),
                 ("received_mb_per_node_round", "received MB/node/round", ".2f"),
@@ -295,10 +309,12 @@ def render(result: dict[str, Any]) -> str:
                 ("peak_vs_fp32", "peak / fp32 model", ".1f"),
                 ("peak_above_idle_vs_fp32", "(peak - idle) / fp32", ".1f"),
                 ("loss_first", "loss r1", ".3f"), ("loss_last", "loss last", ".3f")]),
-            f"LoRA traffic / full fine-tune traffic = {b['lora_traffic_vs_full']:.4f} "
-            f"({100 * b['lora_traffic_vs_full']:.2f}%, goal < 2%); trainable parameters "
-            f"{100 * b['lora_params_vs_full']:.2f}% of the model. Peak RSS per node: "
-            + "; ".join(f"{r['adapter']} {r['peak_rss_mb_nodes']}" for r in b["runs"]),
+            *([f"LoRA traffic / full fine-tune traffic = {b['lora_traffic_vs_full']:.4f} "
+               f"({100 * b['lora_traffic_vs_full']:.2f}%, goal < 2%); trainable parameters "
+               f"{100 * b['lora_params_vs_full']:.2f}% of the model."] if "lora_traffic_vs_full" in b else []),
+            "Peak RSS per node: " + "; ".join(f"{r['adapter']} {r['peak_rss_mb_nodes']}" for r in b["runs"]
+                                              if "error" not in r),
+            *(f"adapter={r['adapter']}: FAILED: {r['error']}" for r in b["runs"] if "error" in r),
         ]
     if "compare" in result:
         c = result["compare"]

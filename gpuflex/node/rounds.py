@@ -439,7 +439,9 @@ class JobRunner:
             key = (r, plan.base_hash)
             if key not in self.cached_updates:
                 self._set_phase("train", plan.train_deadline)
-                params, _ = await self._model(plan.base_hash, [plan.coordinator])
+                # A copy of the parameters alone: the blob they are read from (which also holds
+                # the server optimizer's state) is freed before training starts.
+                params = (await self._model(plan.base_hash, [plan.coordinator]))[0].copy()
                 delta, metrics = await trio.to_thread.run_sync(self.workload.train, params)
                 delta = self.m.adversary.tamper(delta) if self.m.adversary else delta
                 self.emit("trained", r, self.me, message=(

@@ -40,6 +40,22 @@ log = logging.getLogger("gpuflex.llm")
 FOREACH_MAX_PARAMS = 10_000_000
 
 
+def return_freed_memory() -> None:
+    """Have glibc hand every freed block of 1 MiB or more back to the system at once.
+
+    Training and the round's vector work allocate and free many temporaries of a few MB;
+    glibc otherwise raises its mmap threshold after the first frees and keeps later ones in
+    its heap, which measured 0.4 GB of resident memory per node at 100M parameters.
+    """
+    import contextlib
+    import ctypes
+    import sys
+
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL("libc.so.6").mallopt(-3, 1 << 20)  # M_MMAP_THRESHOLD
+
+
 def job_tokenizer(spec: JobSpec, config: NodeConfig) -> Any:
     """The job's tokenizer on this node (BPE is trained on the job's shared text)."""
     s = spec.llm
@@ -69,6 +85,7 @@ class LLMWorkload:
                  device: torch.device | None = None, data_hook: Callable[[Dataset, int], Dataset] | None = None,
                  *, verify: bool = True):
         require_extra()
+        return_freed_memory()
         if data_hook is not None:
             log.warning("the label-flip data hook does not apply to language models; ignored")
         self.spec = spec
