@@ -351,7 +351,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--compare-steps", type=int, default=10)
     p.add_argument("--compare-batch", type=int, default=8)
     p.add_argument("--compare-seq-len", type=int, default=64)
-    p.add_argument("--pretrain-steps", type=int, default=120)
+    p.add_argument("--pretrain-steps", type=int, default=80)
     p.add_argument("--eval-sequences", type=int, default=128)
     add_json_flag(p)
     args = p.parse_args(argv)

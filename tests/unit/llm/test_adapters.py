@@ -13,6 +13,7 @@ import torch
 
 from gpuflex.ml.llm import LLMError
 from gpuflex.ml.llm.pin import pin_llm_spec
+from gpuflex.ml.llm.tokenizer import byte_tokenizer, tokenizer_hash
 from gpuflex.ml.llm.workload import LLMWorkload
 from gpuflex.node.modelblob import pack_model, unpack_model
 from gpuflex.node.pipeline import DeltaEncoder, decode_payload, outer_step, replay_step
@@ -65,6 +66,12 @@ def test_every_member_checks_the_base_hash_and_refuses_a_different_base(home: Pa
         LLMWorkload(unpinned, 0, 2, ours)
     with pytest.raises(LLMError, match="no \\[models\\] entry 'mini'"):
         LLMWorkload(spec, 0, 2, home)
+    # The pretrained directory's own tokenizer.json, hashed like any other tokenizer.
+    byte_tokenizer().save(str(tmp_path / "m1" / "tokenizer.json"))
+    own = pin_llm_spec(tiny_spec("pretrained", pretrained="mini", tokenizer="model"), ours)
+    assert LLMWorkload(own, 0, 1, ours).tokenizer_hash == own.llm["tokenizer_hash"] == tokenizer_hash(byte_tokenizer())
+    with pytest.raises(LLMError, match=r"has no tokenizer\.json"):
+        pin_llm_spec(tiny_spec("pretrained", pretrained="mini", tokenizer="model"), theirs)
 
 
 def test_diloco_int8_on_adapters_rebuilds_the_exact_committed_adapter_on_every_member(home: Path) -> None:
