@@ -9,7 +9,8 @@ from __future__ import annotations
 import json
 import os
 import socket
-from collections.abc import Iterator
+from collections import OrderedDict
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,6 +44,28 @@ def locate(home: str | os.PathLike[str] | None = None) -> Endpoint:
     except (OSError, ValueError) as exc:
         raise ControlError(f"cannot read the control files in {root}: {exc}") from None
     return Endpoint(str(info.get("host", "127.0.0.1")), int(info["port"]), token, root)
+
+
+class SeenEvents:
+    """Which events a reconnecting subscriber has already passed on.
+
+    Every subscription asks for the node's whole recent history (``since: 0``) and drops what
+    was seen, keyed by (seq, ts): a restarted node counts seq from zero again, so resuming from
+    the last seq would hide its first events. The memory is bounded to the last ``limit``.
+    """
+
+    def __init__(self, limit: int = 4096) -> None:
+        self.limit = limit
+        self._seen: OrderedDict[tuple[Any, Any], None] = OrderedDict()
+
+    def first_time(self, event: Mapping[str, Any]) -> bool:
+        key = (event.get("seq"), event.get("ts"))
+        if key in self._seen:
+            return False
+        self._seen[key] = None
+        if len(self._seen) > self.limit:
+            self._seen.popitem(last=False)
+        return True
 
 
 class ControlClient:

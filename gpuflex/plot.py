@@ -50,7 +50,7 @@ def plot_metrics(rows: Sequence[dict[str, Any]], path: str | Path, title: str = 
         ax.grid(alpha=0.3)
         ax.xaxis.get_major_locator().set_params(integer=True)
     if title:
-        fig.suptitle(title)
+        fig.suptitle(title, parse_math=False)  # a job name is peer text: "$\\x$" is not mathtext
     fig.tight_layout()
     out = Path(path)
     tmp = out.with_name(out.name + ".tmp")

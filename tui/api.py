@@ -13,11 +13,10 @@ import asyncio
 import contextlib
 import json
 import os
-from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from gpuflex.client import MAX_LINE, ControlError, Endpoint, locate
+from gpuflex.client import MAX_LINE, ControlError, Endpoint, SeenEvents, locate
 from gpuflex.home import resolve_home
 from tui.source import SourceUnavailable
 
@@ -170,13 +169,8 @@ class ControlSource:
         return await self.call("ledger", {"job": job})
 
     async def events(self) -> AsyncIterator[dict[str, Any]]:
-        """Events forever, across reconnects, each delivered once.
-
-        Every subscription asks for the node's whole recent history (``since: 0``) and drops
-        what was already seen, keyed by (seq, ts): a restarted node counts seq from zero
-        again, and resuming from our last seq would then hide its first events.
-        """
-        seen: OrderedDict[tuple[Any, Any], None] = OrderedDict()
+        """Events forever, across reconnects, each delivered once (see SeenEvents)."""
+        seen = SeenEvents()
         attempt = 0
         while True:
             conn: Connection | None = None
@@ -189,13 +183,8 @@ class ControlSource:
                     event = msg.get("event")
                     if not isinstance(event, dict):
                         continue
-                    key = (event.get("seq"), event.get("ts"))
-                    if key in seen:
-                        continue
-                    seen[key] = None
-                    if len(seen) > 4096:
-                        seen.popitem(last=False)
-                    yield event
+                    if seen.first_time(event):
+                        yield event
             except (SourceUnavailable, ControlError):
                 pass
             finally:

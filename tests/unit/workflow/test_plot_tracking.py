@@ -33,6 +33,11 @@ def test_plot_is_a_png(tmp_path) -> None:
     assert plot_metrics([], tmp_path / "empty.png") is None and not (tmp_path / "empty.png").exists()
 
 
+def test_a_job_name_is_drawn_as_text_not_parsed_as_mathtext(tmp_path) -> None:
+    out = plot_metrics(ROWS, tmp_path / "m.png", title="job <script> [/evil] $\\x$")
+    assert out is not None and out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
 def test_missing_results_say_how_to_make_them(tmp_path) -> None:
     with pytest.raises(TrackingError, match="gpuflex job results"):
         load_results(tmp_path)

@@ -1,0 +1,185 @@
+"""Who may see the portal, and what every response tells the browser.
+
+- On loopback (the default) anyone on this machine may look, as with the node's metrics
+  endpoint; the Host header must name loopback, so a web page elsewhere cannot reach the
+  portal by rebinding its own DNS name to 127.0.0.1.
+- On any other address a login token is required. It lives in ``<home>/web.token`` (mode
+  0600), separate from the node's control token, which can stop the node. A browser logs in
+  once and keeps an HttpOnly, SameSite=Strict cookie; scripts send ``Authorization: Bearer``.
+- Every response carries a content security policy that allows scripts, styles and images
+  from the portal itself and nothing else, so no inline script can ever run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import ipaddress
+import secrets
+from collections.abc import Awaitable, Callable, MutableMapping
+from http.cookies import SimpleCookie
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlencode, urlsplit
+
+from mesh.fsutil import atomic_write_text
+from web import WebError
+
+TOKEN_FILE = "web.token"
+COOKIE = "gpuflex_web"
+CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+       "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
+SECURITY_HEADERS = [
+    (b"content-security-policy", CSP.encode()),
+    (b"x-content-type-options", b"nosniff"),
+    (b"referrer-policy", b"no-referrer"),
+    (b"x-frame-options", b"DENY"),
+    (b"cross-origin-opener-policy", b"same-origin"),
+]
+LOOPBACK_NAMES = {"localhost", "127.0.0.1", "::1"}
+OPEN_PATHS = ("/login", "/static/")
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+
+def is_loopback(host: str) -> bool:
+    if host in LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def load_or_create_token(home: Path) -> str:
+    """The portal's login token: 64 hex characters, created once, kept in a 0600 file."""
+    path = home / TOKEN_FILE
+    try:
+        if path.exists():
+            token = path.read_text().strip()
+            if len(token) == 64:
+                path.chmod(0o600)
+                return token
+        home.mkdir(parents=True, exist_ok=True)
+        token = secrets.token_hex(32)
+        atomic_write_text(path, token + "\n", mode=0o600)
+    except OSError as exc:
+        raise WebError(f"cannot use the login token file {path}: {exc.strerror or exc}") from None
+    return token
+
+
+def session_value(token: str) -> str:
+    """What the login cookie holds: derived from the token, so the token itself never sits in
+    a cookie, and a new token (delete web.token) logs every browser out."""
+    return hmac.new(token.encode(), b"gpuflex-web-session", hashlib.sha256).hexdigest()
+
+
+def safe_next(target: str) -> str:
+    """Where to go after login: a path on this portal, never another site."""
+    parts = urlsplit(target)
+    if parts.scheme or parts.netloc or not target.startswith("/") or target.startswith("//"):
+        return "/"
+    return target
+
+
+def _header(scope: Scope, name: bytes) -> str:
+    for key, value in scope.get("headers", []):
+        if key == name:
+            return str(value.decode("latin-1"))
+    return ""
+
+
+def host_name(host_header: str) -> str:
+    if host_header.startswith("["):
+        return host_header[1:].split("]", 1)[0]
+    return host_header.rsplit(":", 1)[0] if host_header.count(":") == 1 else host_header
+
+
+class Guard:
+    """ASGI middleware: security headers on every response, Host and login checks before any
+    handler runs. Pure ASGI (not BaseHTTPMiddleware) so live streams pass through untouched."""
+
+    def __init__(self, app: ASGIApp, token: str | None) -> None:
+        self.app = app
+        self.token = token
+        self.session = session_value(token) if token else None
+
+    def authorized(self, scope: Scope) -> bool:
+        if self.token is None:
+            return True
+        auth = _header(scope, b"authorization")
+        if auth.startswith("Bearer ") and hmac.compare_digest(auth[7:].strip(), self.token):
+            return True
+        cookie = SimpleCookie()
+        try:
+            cookie.load(_header(scope, b"cookie"))
+        except Exception:
+            return False
+        morsel = cookie.get(COOKIE)
+        return morsel is not None and self.session is not None and hmac.compare_digest(
+            morsel.value, self.session)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def send_with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = list(message.get("headers", []))
+                names = {k.lower() for k, _ in headers}
+                headers += [(k, v) for k, v in SECURITY_HEADERS if k not in names]
+                if b"cache-control" not in names:
+                    headers.append((b"cache-control", b"no-store"))
+                message["headers"] = headers
+            await send(message)
+
+        path = str(scope.get("path", "/"))
+        if self.token is None and not is_loopback(host_name(_header(scope, b"host"))):
+            await _plain(send_with_headers, 421, "this portal answers to 127.0.0.1 and localhost only")
+            return
+        if scope.get("method") == "POST" and not _same_origin(scope):
+            await _plain(send_with_headers, 403, "cross-site request refused")
+            return
+        if not path.startswith(OPEN_PATHS) and not self.authorized(scope):
+            if scope.get("method") == "GET" and _wants_html(scope):
+                query = str(scope.get("query_string", b"").decode("latin-1"))
+                target = path + ("?" + query if query else "")
+                await _redirect(send_with_headers, "/login?" + _q("next", target))
+            else:
+                await _plain(send_with_headers, 401, "log in first: see `gpuflex web --help`")
+            return
+        await self.app(scope, receive, send_with_headers)
+
+
+def _same_origin(scope: Scope) -> bool:
+    """Browsers send Origin on every POST; a form posted from another site (or a sandboxed
+    frame, "null") names a different origin and is refused."""
+    origin = _header(scope, b"origin")
+    return not origin or urlsplit(origin).netloc == _header(scope, b"host")
+
+
+def _wants_html(scope: Scope) -> bool:
+    return "text/html" in _header(scope, b"accept") or not _header(scope, b"accept")
+
+
+def _q(key: str, value: str) -> str:
+    return urlencode({key: value})
+
+
+async def _plain(send: Send, status: int, text: str) -> None:
+    body = (text + "\n").encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"text/plain; charset=utf-8"),
+                            (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def _redirect(send: Send, location: str) -> None:
+    await send({"type": "http.response.start", "status": 303,
+                "headers": [(b"location", location.encode("latin-1")), (b"content-length", b"0")]})
+    await send({"type": "http.response.body", "body": b""})
