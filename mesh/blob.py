@@ -87,21 +87,7 @@ class BlobStore:
         return self.path(digest).stat().st_size
 
     def put(self, data: bytes | memoryview) -> str:
-        digest = blob_hash(data)
-        target = self.path(digest)
-        if not target.exists():
-            tmp = target.with_name(f".{digest}.{os.getpid()}.tmp")
-            try:
-                with open(tmp, "wb") as fh:
-                    fh.write(data)
-                    fh.flush()
-                    os.fsync(fh.fileno())
-                os.replace(tmp, target)
-            except OSError as exc:
-                with contextlib.suppress(OSError):
-                    tmp.unlink()
-                raise BlobError(f"could not store blob {digest[:16]}…: {exc.strerror or exc}") from exc
-        return digest
+        return self.put_parts([data])
 
     def put_parts(self, parts: Sequence[bytes | memoryview]) -> str:
         """Store the concatenation of ``parts`` without ever joining them in memory: a 100M
