@@ -343,6 +343,9 @@ def iter_checks(home: str | os.PathLike[str] | None = None, listen: str = DEFAUL
     node, peers, clock = query_node(root)
     yield check_port(listen, node)
     yield check_clock(node, peers, clock)
+    from gpuflex.doctor_reach import check_reachability
+
+    yield check_reachability(node)
     torch, torch_finding = import_torch()
     yield torch_finding
     gpus = check_gpus(torch)

@@ -53,6 +53,7 @@ class PeerRecord:
             "state": self.state,
             "rtt_ms": None if self.rtt_ms is None else round(self.rtt_ms, 3),
             "last_seen": self.last_seen,
+            "first_seen": self.first_seen,
             "addrs": list(self.addrs),
             "info": self.info,
             "rounds_contributed": self.rounds_contributed,

@@ -55,8 +55,11 @@ from mesh.messaging import (
     SeenCache,
     SendError,
 )
+from mesh.nat import NatService
+from mesh.pex import PEERS_REQUEST, PeerExchange
 from mesh.push import PUSH_FLAG, PUSH_MIN, push_payload, receive_pushed
 from mesh.records import NODEINFO_NS, RecordValidator, nodeinfo_key
+from mesh.relay import RelayLimitsConfig
 
 log = logging.getLogger("mesh.node")
 PING_PROTOCOL = "/ipfs/ping/1.0.0"
@@ -90,6 +93,12 @@ class MeshConfig:
     gossip_fanout: int = 3
     # Blob bytes over a one-off sealed TCP side channel (mesh.bulk) rather than through libp2p.
     bulk_channel: bool = True
+    # NAT traversal (mesh.nat): relay limits and use, LAN discovery, and a forced verdict
+    # ("public", "private") that skips the dial-back checks, for tests and operators who know.
+    relay: RelayLimitsConfig = field(default_factory=RelayLimitsConfig)
+    mdns: bool = True
+    reachability: str | None = None
+    info_retry_s: float = 10.0  # NodeInfo of a peer that is not up is looked up this often
 
 
 class MeshNode:
@@ -112,11 +121,15 @@ class MeshNode:
         # Kinds every peer is sent directly by its origin and that are never relayed.
         self.direct_only: set[str] = set()
         self.started_at = time.time()
+        self.listening_since: float | None = None
         self.host: Any = None
         self.dht: Any = None
         self.bytes_sent = 0
         self.bytes_received = 0
         self.bulk_bytes_received = 0
+        self.nat = NatService(self)
+        self.pex = PeerExchange(self, self._learn_info)
+        self._info_tried: dict[str, float] = {}
         self.peers.on_change(self._peer_state_changed)
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -162,12 +175,16 @@ class MeshNode:
             self.host.set_stream_handler(GOSSIP_PROTOCOL, self._guard(self._handle_gossip))
             self.host.set_stream_handler(BLOB_PROTOCOL, self._guard(self._handle_blob))
             self.handlers.register(INFO_REQUEST, self._answer_info_request)
+            self.handlers.register(PEERS_REQUEST, self.pex.answer)
             async with background_trio_service(self.dht):
+                self.listening_since = time.time()
+                await nursery.start(self.nat.run)
                 self._info_frame = self._seal_node_info()
                 await self._bootstrap()
                 nursery.start_soon(self._discovery_loop)
                 nursery.start_soon(self._health_loop)
                 nursery.start_soon(self._publish_loop)
+                nursery.start_soon(self.pex.run)
                 self._on_event("node_started", message=f"listening on {', '.join(self.multiaddrs())}")
                 task_status.started(self)
                 await self._stopped.wait()
@@ -178,14 +195,25 @@ class MeshNode:
     def multiaddrs(self) -> list[str]:
         if self.host is None:
             return []
-        return [f"{a}" if "/p2p/" in str(a) else f"{a}/p2p/{self.peer_id}" for a in self.host.get_addrs()]
+        direct = [f"{a}" if "/p2p/" in str(a) else f"{a}/p2p/{self.peer_id}" for a in self.host.get_addrs()]
+        return direct + self.nat.circuit_addrs()
 
     def node_info(self) -> dict[str, Any]:
-        info = {"version": __version__, **self.config.node_info}
+        info = {"version": __version__, **self.config.node_info, **self.nat.info()}
         info["peer_id"] = self.peer_id
-        info["addrs"] = [str(a).split("/p2p/")[0] for a in self.multiaddrs()]
+        info["addrs"] = [a if "/p2p-circuit" in a else a.split("/p2p/")[0] for a in self.multiaddrs()]
         info["ts"] = time.time()
         return info
+
+    def claimed_reachability(self, peer: str) -> str:
+        """What ``peer``'s NodeInfo says of its reachability (``unknown`` without one)."""
+        rec = self.peers.get(peer)
+        return str(((rec.info if rec else None) or {}).get("reachability", "unknown"))
+
+    def reachability_changed(self, old: str, new: str) -> None:
+        """Re-announce at once: peers pick relays and leaders by what NodeInfo says."""
+        self._info_frame = self._seal_node_info()
+        self._on_event("reachability", message=f"this node is {new} (was {old})", reachability=new)
 
     def _seal_node_info(self) -> bytes:
         return seal(self.identity, "nodeinfo", self.node_info())
@@ -214,7 +242,21 @@ class MeshNode:
         if env.sender != peer or not isinstance(env.body, dict):
             self._reject(peer, WireError("signature", "NodeInfo is signed by another peer"), "nodeinfo")
             return None
+        self.pex.remember(peer, frame)
         return env.body
+
+    def _learn_info(self, peer: str, info: dict[str, Any]) -> None:
+        """A verified NodeInfo of ``peer`` relayed by another peer (``mesh.pex``)."""
+        addrs = [a for a in info.get("addrs", []) if isinstance(a, str) and "/p2p-circuit" not in a][:8]
+        rec = self.peers.add(peer, [f"{a}/p2p/{peer}" for a in addrs])
+        rec.info = info
+        try:  # so a dial to it has somewhere to go (a DHT walk would have put them there too)
+            from libp2p.peer.id import ID
+            from multiaddr import Multiaddr
+
+            self.host.get_peerstore().add_addrs(ID.from_base58(peer), [Multiaddr(a) for a in addrs], 600)
+        except Exception as exc:
+            log.debug("NodeInfo of %s has addresses this node cannot use: %s", peer[-8:], exc)
 
     # -- background loops --------------------------------------------------------------------
 
@@ -322,11 +364,26 @@ class MeshNode:
                     if due:
                         sweep.start_soon(self._probe, rec.peer_id)
             self.peers.reevaluate()
+            now = time.monotonic()
             for rec in self.peers.all():
-                if rec.info is None and rec.state == UP and rec.peer_id not in self._info_loading:
+                # A peer that is not up may be behind NAT: its NodeInfo (from the DHT) says
+                # through which relays to reach it, so look it up too, now and then.
+                if self._info_due(rec, now) and rec.peer_id not in self._info_loading:
+                    self._info_tried[rec.peer_id] = now
                     self._info_loading.add(rec.peer_id)
                     self._nursery.start_soon(self._load_info, rec.peer_id)  # type: ignore[union-attr]
             await trio.sleep(cfg.ping_interval_s)
+
+    def _info_due(self, rec: Any, now: float) -> bool:
+        """Up peers: at once, every 5 s while they are still checking their reachability, then
+        every half minute; others every ``info_retry_s``."""
+        age = now - self._info_tried.get(rec.peer_id, -1e9)
+        if rec.state != UP:
+            return age > self.config.info_retry_s
+        if rec.info is None:
+            return True
+        checking = rec.info.get("reachability", "unknown") == "unknown"
+        return age > (5.0 if checking else 30.0)
 
     async def _probe(self, peer: str) -> None:
         """One libp2p ping on a kept-open stream, so the RTT is the network's, not a handshake's."""
@@ -444,6 +501,7 @@ class MeshNode:
         from libp2p.peer.id import ID
 
         with trio.fail_after(timeout):
+            await self.nat.route(peer, timeout)
             return await self.host.new_stream(ID.from_base58(peer), [protocol])
 
     async def request(self, peer: str, frame: bytes, payload: bytes | memoryview | None = None,
@@ -528,6 +586,8 @@ class MeshNode:
 
     def _bulk_host(self) -> str | None:
         """Where this node may open a one-off bulk port: its --listen host, if it runs the channel."""
+        if self.nat.reachability() in ("private", "relayed"):
+            return None  # nobody off this LAN could dial the port: the bytes stay on the stream
         return bulk.bind_host(self.config.listen) if self._use_bulk() else None
 
     async def announce_blob(self, digest: str) -> None:
@@ -550,6 +610,8 @@ class MeshNode:
                     candidates += [str(p.peer_id) for p in found if str(p.peer_id) != self.peer_id]
                 except Exception as exc:
                     log.debug("find_providers %s failed: %s", digest[:12], exc)
+        # Holders that accept connections first; one behind NAT is reached through its relay.
+        candidates.sort(key=lambda p: self.claimed_reachability(p) != "public")
         errors: list[str] = []
         for peer in candidates:
             if self.peers.is_ignored(peer):
@@ -587,11 +649,13 @@ class MeshNode:
             "peer_id": self.peer_id,
             "addrs": self.multiaddrs(),
             "uptime_s": round(time.time() - self.started_at, 1),
+            "listening_since": self.listening_since,
             "mesh": self.peers.counts(),
             "routing_table": self.dht.get_routing_table_size() if self.dht else 0,
             "bytes_sent": self.bytes_sent,
             "bytes_received": self.bytes_received,
             "bulk_bytes_received": self.bulk_bytes_received,
+            "nat": self.nat.report(),
         }
 
 

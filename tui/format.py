@@ -13,6 +13,7 @@ LIBP2P_PREFIX = "12D3KooW"
 """Every Ed25519 libp2p id starts with this, so it carries no information on screen."""
 
 STATE_STYLES = {"up": "green", "suspect": "yellow", "down": "red"}
+REACH_STYLES = {"public": "green", "relayed": "cyan", "private": "yellow", "unknown": "dim"}
 JOB_STATE_STYLES = {"running": "cyan", "done": "green", "failed": "red", "pending": "yellow"}
 DASH = "–"
 

@@ -108,6 +108,8 @@ class Peer:
     info: NodeInfo | None = None
     rounds_contributed: int = 0
     penalty: float = 0.0
+    reachability: str = "unknown"  # public, private, relayed or unknown (its own NodeInfo)
+    connection: str = "none"  # direct, relayed or none (this node's link to it)
 
     @classmethod
     def parse(cls, raw: Any) -> Peer:
@@ -121,6 +123,8 @@ class Peer:
             info=NodeInfo.parse(d.get("info")),
             rounds_contributed=_int(d.get("rounds_contributed")),
             penalty=_float(d.get("penalty")) or 0.0,
+            reachability=_str(d.get("reachability"), "unknown"),
+            connection=_str(d.get("connection"), "none"),
         )
 
 
@@ -159,6 +163,7 @@ class Job:
     role: str = "idle"
     members: tuple[str, ...] = ()
     metrics: tuple[RoundMetrics, ...] = ()
+    stall: str = ""  # why the round in flight cannot commit (``waiting`` or ``stalled``)
 
     @classmethod
     def parse(cls, raw: Any) -> Job:
@@ -176,6 +181,7 @@ class Job:
             role=_str(d.get("role"), "idle"),
             members=tuple(_str(m) for m in as_list(d.get("members"))),
             metrics=tuple(RoundMetrics.parse(m) for m in as_list(d.get("metrics"))),
+            stall=_str(d.get("waiting")) or _str(d.get("stalled")),
         )
 
     def round_progress(self) -> float:

@@ -76,6 +76,8 @@ def format_status(js: dict[str, Any]) -> str:
         lines.append(f"error        {js['error']}")
     if js.get("waiting"):
         lines.append(f"waiting      {js['waiting']}")
+    if js.get("stalled"):
+        lines.append(f"stalled      {js['stalled']}")
     if js.get("write_error"):
         lines.append(f"disk         {js['write_error']}")
     if js["metrics"]:

@@ -37,7 +37,7 @@ def start(
     listen: list[str] = typer.Option(["/ip4/0.0.0.0/tcp/4001"], "--listen", help="Multiaddr to listen on."),
     announce: list[str] = typer.Option([], "--announce", help="Multiaddr to announce to peers."),
     bootstrap: list[str] = typer.Option([], "--bootstrap", help="Multiaddr of a mesh peer (/p2p/<id> included)."),
-    client: bool = typer.Option(False, "--client", help="DHT client mode, for nodes others cannot reach."),
+    client: bool = typer.Option(False, "--client", help="Force DHT client mode (automatic behind NAT)."),
     bootstrap_timeout: float = typer.Option(30.0, "--bootstrap-timeout", min=1.0,
                                             help="Seconds to keep trying the --bootstrap peers before giving up."),
     bulk: bool = typer.Option(True, "--bulk/--no-bulk",
@@ -51,6 +51,15 @@ def start(
     metrics: str | None = typer.Option(None, "--metrics", metavar="ADDR",
                                           help="Serve Prometheus metrics on ADDR (PORT or HOST:PORT; loopback if only a port)."),
     adversary: str | None = typer.Option(None, hidden=True, help="Test meshes only: behave as KIND."),
+    mdns: bool = typer.Option(True, "--mdns/--no-mdns", help="Find peers on this LAN by mDNS (UDP 5353)."),
+    relay_service: bool = typer.Option(True, "--relay-service/--no-relay-service",
+                                       help="When publicly reachable, relay for peers behind NAT (within the limits)."),
+    relay_max_reservations: int = typer.Option(32, min=0, help="Relay service: peers behind NAT it holds a slot for."),
+    relay_max_circuits: int = typer.Option(8, min=0, help="Relay service: relayed connections at once per peer."),
+    relay_max_mb: int = typer.Option(1024, min=0, help="Relay service: megabytes one relayed connection may carry."),
+    relay_max_duration: int = typer.Option(3600, min=0, help="Relay service: seconds one relayed connection may last."),
+    relays: int = typer.Option(2, min=0, max=8, help="Behind NAT: how many relays to reserve a slot on (0: none)."),
+    reachability: str = typer.Option("auto", help="auto (ask peers to dial back), public or private."),
 ) -> None:
     """Start a node; it joins the mesh through --bootstrap, or starts a new mesh without one."""
     import trio
@@ -80,12 +89,20 @@ def start(
             fail("--adversary is only allowed on loopback test meshes (listen on 127.0.0.1)")
         if adversary not in KINDS:
             fail(f"unknown adversary {adversary!r}; choose from {', '.join(KINDS)}")
+    if reachability not in ("auto", "public", "private"):
+        fail("--reachability must be 'auto', 'public' or 'private'")
+    from mesh.relay import RelayLimitsConfig
+
+    relay = RelayLimitsConfig(service=relay_service, max_reservations=relay_max_reservations,
+                              max_circuits=relay_max_circuits, max_circuit_bytes=relay_max_mb << 20,
+                              max_circuit_duration_s=relay_max_duration, reservations=relays)
     try:
         health = HealthConfig(suspect_after_s=suspect_after, down_after_s=down_after)
         runtime = NodeRuntime(NodeOptions(home=root, listen=listen, announce=announce, bootstrap=bootstrap,
                                           client_mode=client, control_port=control_port, health=health, bulk_channel=bulk,
                                           bootstrap_timeout_s=bootstrap_timeout,
-                                          adversary=adversary, metrics=metrics))
+                                          adversary=adversary, metrics=metrics, relay=relay, mdns=mdns,
+                                          reachability=None if reachability == "auto" else reachability))
         trio.run(runtime.serve)
     except KeyboardInterrupt:
         typer.echo("stopped", err=True)

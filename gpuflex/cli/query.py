@@ -16,10 +16,11 @@ def peers(home: str | None = HomeOpt, json_out: bool = JsonOpt) -> None:
     if not rows:
         typer.echo("no peers yet")
         return
-    typer.echo(f"{'PEER':54} {'STATE':8} {'RTT':>8} {'LAST SEEN':>10}  HARDWARE / ADDRESSES")
+    typer.echo(f"{'PEER':54} {'STATE':8} {'REACH':8} {'LINK':8} {'RTT':>8} {'LAST SEEN':>10}  HARDWARE / ADDRESSES")
     for r in rows:
         rtt = "-" if r["rtt_ms"] is None else f"{r['rtt_ms']:.1f}ms"
-        typer.echo(f"{r['peer_id']:54} {r['state']:8} {rtt:>8} {ago(r['last_seen']):>10}  "
+        typer.echo(f"{r['peer_id']:54} {r['state']:8} {r.get('reachability', 'unknown'):8} "
+                   f"{r.get('connection', '-'):8} {rtt:>8} {ago(r['last_seen']):>10}  "
                    f"{hardware_summary(r['info'])}  {' '.join(r['addrs'][:2])}")
 
 
@@ -36,9 +37,24 @@ def status(home: str | None = HomeOpt, json_out: bool = JsonOpt) -> None:
         typer.echo(f"address  {addr}")
     typer.echo(f"hardware {hardware_summary(st['node_info'])}")
     typer.echo(f"mesh     {m['peers']} peers: {m['up']} up, {m['suspect']} suspect, {m['down']} down")
+    if "nat" in st:
+        typer.echo(f"reach    {reach_line(st['nat'])}")
     for job in st["jobs"]:
         typer.echo(f"job      {job['job_id']} {job['name']}: {job['state']}, round {job['round']}/{job['rounds']}, "
                    f"phase {job['phase']}, coordinator {short(job['coordinator'])}")
+
+
+def reach_line(nat: dict) -> str:  # type: ignore[type-arg]
+    """One line on whether others can reach this node, and how."""
+    text = f"{nat['reachability']} (DHT {nat.get('dht_mode', '?')} mode)"
+    if nat.get("reservations"):
+        text += f", relayed by {', '.join(short(r, 8) for r in nat['reservations'])}"
+    if nat.get("relay_service"):
+        load = nat.get("relay_load", {})
+        text += f", relay service on ({load.get('reservations', 0)} reservations, {load.get('circuits_now', 0)} circuits)"
+    if not nat.get("mdns"):
+        text += ", LAN discovery off"
+    return text
 
 
 def version(json_out: bool = JsonOpt) -> None:

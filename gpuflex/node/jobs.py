@@ -196,8 +196,11 @@ class JobManager:
             runner.waiting = ""
             return
         need = runner.spec.min_nodes
-        reachable = len(runner.live_members())
+        live = runner.live_members()
+        reachable = len(live)
         note = f"only {reachable} of min_nodes={need} members reachable; not committing" if reachable < need else ""
+        if note:
+            note += self._missing_members(runner, live)
         if note == runner.waiting:
             return
         r = len(runner.ledger) + 1
@@ -207,6 +210,16 @@ class JobManager:
             runner.emit("quorum_restored", r, message=(
                 f"job {runner.job_id} round {r}: {reachable} members reachable again (min_nodes={need})"))
         runner.waiting = note
+
+    def _missing_members(self, runner: JobRunner, live: list[str]) -> str:
+        """Which members are out of reach and why, as far as this node can tell (their own
+        NodeInfo says whether they are behind NAT and which relays hold a slot for them)."""
+        allow = set(runner.spec.allowlist)
+        missing = sorted(p for p in set(runner.initial_members) | set(runner.eligible())
+                         if p not in live and (not allow or p in allow))
+        for peer in missing:
+            self.mesh.peers.add(peer)  # so the mesh looks up its NodeInfo in the DHT
+        return "".join(f"; {peer[-8:]} {self.mesh.nat.why_unreachable(peer)}" for peer in missing[:8])
 
     def write_failed(self, runner: JobRunner, round_: int, exc: StateWriteError) -> None:
         """A ledger write failed (a full disk): the file keeps the previous rounds, this node

@@ -10,7 +10,7 @@ the ranking so the next backup leads.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 
 def rendezvous_rank(job_id: str, round_: int, members: Sequence[str]) -> list[str]:
@@ -25,12 +25,26 @@ def cooldown_size(n_members: int) -> int:
 
 
 def coordinator_ranking(job_id: str, round_: int, members: Sequence[str],
-                        recent_coordinators: Sequence[str] = (), attempt: int = 0) -> list[str]:
+                        recent_coordinators: Sequence[str] = (), attempt: int = 0,
+                        private: Collection[str] = ()) -> list[str]:
+    """``private``: members known to be behind NAT. They rank after every other member, since
+    the coordinator is the round's root and receives from its children; with none known, the
+    ranking is the plain one."""
     ranked = rendezvous_rank(job_id, round_, members)
     k = cooldown_size(len(ranked))
     cooling = set(recent_coordinators[-k:]) if k else set()
     ordered = [p for p in ranked if p not in cooling] + [p for p in ranked if p in cooling]
     if not ordered:
         return ordered
-    shift = attempt % len(ordered)
-    return ordered[shift:] + ordered[:shift]
+    # A retried attempt rotates each class on its own: the next reachable backup leads, and a
+    # private member comes first only when no reachable one is left.
+    reach = [p for p in ordered if p not in private]
+    behind = [p for p in ordered if p in private]
+    return _rotate(reach, attempt) + _rotate(behind, attempt)
+
+
+def _rotate(items: list[str], attempt: int) -> list[str]:
+    if not items:
+        return items
+    shift = attempt % len(items)
+    return items[shift:] + items[:shift]

@@ -56,6 +56,7 @@ from gpuflex.node.pipeline import (
     scripted_dropout,
     secagg_member,
 )
+from gpuflex.node.placement import order_for_tree
 from gpuflex.node.ranking import coordinator_ranking
 from gpuflex.privacy import STOP, WARN, budget_status, epsilon_spent
 from gpuflex.secure import SecAggMember, SecAggReducer, answer_recovery, collect_answers
@@ -75,6 +76,9 @@ MIN_TRAIN_S = 15.0
 PLAN_TIMEOUT_S = 6.0
 REDUCE_SLACK_S = 5.0
 PRESENCE_FRESH_S = 10.0
+#: The slowest uplink an upload's timeout allows for (2 Mbit/s), so a member on a slow home line,
+#: or two sharing one, is not cut off mid-update.
+SLOWEST_UPLINK_BPS = 250_000
 #: Committed models (and their steps) a node keeps: the head, and the one before it, which a
 #: ledger restored from its backup copy would return to. Older ones are deleted, or a long job
 #: would fill the disk with a model per round.
@@ -111,6 +115,7 @@ class JobRunner:
         self.error = ""
         self.waiting = ""  # why this node cannot commit now (too few members reachable)
         self.write_error = ""  # the last failed ledger write, until one succeeds
+        self.stalled = ""  # why the last attempt of the current round did not commit
         self._nursery: trio.Nursery | None = None
         self.ready = trio.Event()
         self.syncing = False
@@ -159,6 +164,15 @@ class JobRunner:
         if allow:
             members &= allow
         return sorted(members)
+
+    def private_members(self) -> set[str]:
+        """Members that say (in their NodeInfo) they cannot accept connections, and this node
+        if it is one: they never lead a group or root a round while others can."""
+        out = {rec.peer_id for rec in self.mesh.peers.all()
+               if (rec.info or {}).get("reachability") in ("private", "relayed")}
+        if self.mesh.nat.reachability() in ("private", "relayed"):
+            out.add(self.me)
+        return out
 
     def participates(self) -> bool:
         return not self.spec.allowlist or self.me in self.spec.allowlist
@@ -237,7 +251,8 @@ class JobRunner:
         while len(self.ledger) < r:
             self._set_phase("plan")
             self.role = "idle"
-            ranking = coordinator_ranking(self.job_id, r, self.eligible(), self.recent_coordinators(), attempt)
+            ranking = coordinator_ranking(self.job_id, r, self.eligible(), self.recent_coordinators(), attempt,
+                                          private=self.private_members())
             plan = await self._obtain_plan(r, attempt, ranking)
             if len(self.ledger) >= r:
                 return
@@ -308,9 +323,9 @@ class JobRunner:
             self.emit("round_waiting", r, message=(
                 f"round {r}: only {len(members)} of min_nodes={self.spec.min_nodes} members reachable; not planning"))
             return None
-        ordered = [self.me] + [p for p in members if p != self.me]
+        ordered, group_size = order_for_tree(self.me, members, self.private_members(), self.spec.group_size)
         flat = self.spec.aggregation_mode == "flat-robust"  # leaders only forward: the root sees all
-        parent = build_tree(ordered, max(2, len(ordered)) if flat else self.spec.group_size, self.me)
+        parent = build_tree(ordered, max(2, len(ordered)) if flat else group_size, self.me)
         now = time.time()
         frame = make_plan(
             self.mesh.identity, job=self.job_id, round=r, attempt=attempt, coordinator=self.me,
@@ -348,7 +363,7 @@ class JobRunner:
                 raise Rejected("plan for an older attempt")
             if plan.attempt == current.attempt:
                 ranking = coordinator_ranking(self.job_id, r, self.eligible(), self.recent_coordinators(),
-                                              plan.attempt)
+                                              plan.attempt, private=self.private_members())
                 rank = {p: i for i, p in enumerate(ranking)}
                 if rank.get(plan.coordinator, math.inf) >= rank.get(current.coordinator, math.inf):
                     raise Rejected("a plan from a better-ranked coordinator is already in force")
@@ -532,7 +547,9 @@ class JobRunner:
         while index < len(chain) and self._round_open(plan):
             target = chain[index]
             try:
-                await self.mesh.request(target, frame, payload, timeout=max(10.0, plan.reduce_slack_s * 2))
+                # A home uplink moves a model-sized payload in seconds to minutes, not in a fixed 10 s.
+                timeout = max(10.0, plan.reduce_slack_s * 2, len(payload) / SLOWEST_UPLINK_BPS)
+                await self.mesh.request(target, frame, payload, timeout=timeout)
             except SendError as exc:
                 errors.append(str(exc))
                 log.warning("round %d: %s to %s failed (%s); trying the next ancestor", plan.round, what,
@@ -702,6 +719,9 @@ class JobRunner:
             self.aborted.add((plan.round, plan.attempt))
             why = "".join(f"; secure aggregation failed in the group of {r['leader'][-8:]}: {r['reason']}"
                           for r in failed)
+            present = {u.peer for u in contributions}
+            why += "".join(f"; missing {p[-8:]}: {self.mesh.nat.why_unreachable(p) or 'no update arrived'}"
+                           for p in sorted(set(plan.members) - present)[:8])
             body: dict[str, Any] = {
                 "job": self.job_id, "round": plan.round, "attempt": plan.attempt,
                 "reason": f"{len(contributions)} contributions < min_nodes={self.spec.min_nodes}{why}"}
@@ -750,6 +770,7 @@ class JobRunner:
             reports = parse_secagg_reports(body.get("secagg", []), "abort")
             self.secagg_history = {r: v for r, v in self.secagg_history.items() if r >= plan.round}
             self.secagg_history.setdefault(plan.round, []).extend(reports)
+        self.stalled = f"round {plan.round} attempt {plan.attempt} aborted: {str(body.get('reason', ''))[:600]}"
         self.emit("round_aborted", plan.round, msg.envelope.sender, message=(
             f"round {plan.round}: coordinator aborted attempt {plan.attempt}: {body.get('reason', '')}"))
         self._notify()
@@ -828,6 +849,7 @@ class JobRunner:
             "coordinator": coordinator, "is_coordinator": coordinator == self.me, "role": self.role,
             "members": list(plan.members) if plan else self.eligible(), "error": self.error,
             "waiting": self.waiting if self.state == "running" else "", "write_error": self.write_error,
+            "stalled": self.stalled if self.state == "running" and self.stalled.startswith(f"round {r} ") else "",
             "attempt": plan.attempt if plan else 0, "tree": dict(plan.parent) if plan else {},
             "model_hash": self.head_model, "steps_replayed": self.steps_replayed,
             "epsilon": epsilon_spent(self.spec, len(self.ledger)) if self.spec.uses_dp else None,

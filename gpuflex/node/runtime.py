@@ -20,6 +20,7 @@ from gpuflex.node.events import EventLog
 from mesh.health import HealthConfig
 from mesh.identity import Identity
 from mesh.node import MeshConfig, MeshNode
+from mesh.relay import RelayLimitsConfig
 
 log = logging.getLogger("gpuflex.node")
 
@@ -41,6 +42,9 @@ class NodeOptions:
     health: HealthConfig = field(default_factory=HealthConfig)
     adversary: str | None = None
     metrics: str | None = None  # Prometheus endpoint, e.g. "127.0.0.1:9464"; off when None
+    relay: RelayLimitsConfig = field(default_factory=RelayLimitsConfig)
+    mdns: bool = True
+    reachability: str | None = None  # forced "public"/"private"; None: ask peers
 
 
 def load_identity(home: Path) -> tuple[Identity, bool]:
@@ -106,6 +110,9 @@ class NodeRuntime:
                 data_dir=self.home,
                 health=options.health,
                 node_info=self._hardware(),
+                relay=options.relay,
+                mdns=options.mdns,
+                reachability=options.reachability,
             ),
             on_event=self._mesh_event,
         )
@@ -178,6 +185,7 @@ class NodeRuntime:
             "bytes_sent": mesh["bytes_sent"],
             "bytes_received": mesh["bytes_received"],
             "node_info": self.mesh.node_info(),
+            "nat": {**mesh["nat"], "listening_since": mesh["listening_since"]},
             "jobs": await self.jobs.api_jobs({}),
         }
 
@@ -186,6 +194,8 @@ class NodeRuntime:
         for rec in self.mesh.peers.all():
             row = rec.row()
             row["rounds_contributed"] = self.jobs.rounds_contributed(rec.peer_id)
+            row["reachability"] = (rec.info or {}).get("reachability", "unknown")
+            row["connection"] = self.mesh.nat.connection(rec.peer_id)
             rows.append(row)
         return sorted(rows, key=lambda r: r["peer_id"])
 

@@ -61,6 +61,11 @@ def inside(name: str) -> Iterator[None]:
         os.close(own)
 
 
+def placement_in(netns: str, addr: str) -> Placement:
+    """A node that runs in namespace ``netns`` and listens on ``addr``."""
+    return Placement(host=addr, prefix=("ip", "netns", "exec", netns), enter=lambda: inside(netns))
+
+
 @dataclass(frozen=True)
 class Side:
     netns: str
@@ -68,8 +73,7 @@ class Side:
     dev: str
 
     def placement(self) -> Placement:
-        return Placement(host=self.addr, prefix=("ip", "netns", "exec", self.netns),
-                         enter=lambda: inside(self.netns))
+        return placement_in(self.netns, self.addr)
 
 
 class NetnsPair:

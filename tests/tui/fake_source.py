@@ -63,6 +63,9 @@ PEERS = [  # n, device, GiB, capability, cpus, state, rtt, seen ago, rounds, pen
 ]
 
 
+REACH = ("public", "relayed", "public", "private", "relayed", "public")
+
+
 def peer_rows() -> list[dict[str, Any]]:
     return [
         {
@@ -74,6 +77,8 @@ def peer_rows() -> list[dict[str, Any]]:
             "info": node_info(n, name, mem, cap, cpus),
             "rounds_contributed": rounds,
             "penalty": pen,
+            "reachability": REACH[n % len(REACH)],
+            "connection": "relayed" if REACH[n % len(REACH)] == "relayed" else "direct",
         }
         for n, name, mem, cap, cpus, state, rtt, ago, rounds, pen in PEERS
     ]

@@ -83,6 +83,21 @@ def test_peer_table_fills_sorts_filters_and_copies() -> None:
     drive(make_app(), scenario)
 
 
+def test_peer_table_shows_and_filters_reachability() -> None:
+    async def scenario(app: DashboardApp, pilot: Pilot[None]) -> None:
+        await pilot.press("2")
+        await until(pilot, lambda: len(table_keys(app)) == 5, what="peer rows")
+        table = app.screen.query_one(KeyedTable)
+        assert str(table.get_cell(peer_id(1), "reach")) == "relayed·r"
+        assert str(table.get_cell(peer_id(3), "reach")) == "private"
+        await pilot.press("h")  # by reachability: private, public, public, relayed, relayed
+        assert table_keys(app)[0] == peer_id(3)
+        await pilot.press("slash", *"private", "enter")
+        await until(pilot, lambda: table_keys(app) == [peer_id(3)], what="filtered rows")
+
+    drive(make_app(), scenario)
+
+
 def test_node_going_down_changes_colour_and_counts() -> None:
     source = FakeSource()
 
@@ -146,6 +161,18 @@ def test_jobs_screen_shows_the_ledger_of_the_selected_job() -> None:
         assert source.calls.count("ledger") == calls
 
     drive(make_app(source), scenario)
+
+
+def test_jobs_screen_says_why_a_round_stalls() -> None:
+    source = FakeSource()
+    source.job_list[0]["waiting"] = "only 1 of min_nodes=2 members reachable; …Lw3SBj5a unreachable: behind NAT"
+
+    async def scenario(app: DashboardApp, pilot: Pilot[None]) -> None:
+        await pilot.press("3")
+        await until(pilot, lambda: "behind NAT" in screen_text(app), what="the stall line")
+        assert "⚠ only 1 of min_nodes=2" in screen_text(app)
+
+    drive(make_app(source), scenario, size=(160, 48))
 
 
 def test_polls_at_most_once_per_interval_even_with_many_events() -> None:

@@ -4,7 +4,9 @@ committed rounds from the ledger, with who coordinated and who contributed."""
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
+from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 from textual import on
@@ -159,10 +161,10 @@ class JobsScreen(DashboardScreen):
         key = self.query_one("#ledger-table", KeyedTable).selected_key()
         rounds = self.ledgers.get(job.job_id, (0, ()))[1] if job else ()
         entry = next((r for r in rounds if str(r.round) == key), None)
-        if entry is None:
-            detail.update(Text("no committed round selected", style="dim"))
-        else:
-            detail.update(round_details(entry))
+        shown: Any = Text("no committed round selected", style="dim") if entry is None else round_details(entry)
+        if job is not None and job.stall:  # why the round in flight does not commit, first
+            shown = Group(Text(f"⚠ {job.stall}", style="bold yellow"), shown)
+        detail.update(shown)
 
     @on(DataTable.RowHighlighted, "#job-table")
     def _job_highlighted(self) -> None:

@@ -36,6 +36,7 @@ class Column:
 COLUMNS = (
     Column("peer", "peer", "i", lambda p: p.peer_id),
     Column("state", "state", "t", lambda p: (STATE_ORDER.get(p.state, 3), p.peer_id)),
+    Column("reach", "reach", "h", lambda p: (p.reachability, p.peer_id)),
     Column("rtt", "rtt", "l", lambda p: math.inf if p.rtt_ms is None else p.rtt_ms),
     Column("seen", "seen", "e", lambda p: -(p.last_seen or 0.0)),
     Column("device", "device", "d", lambda p: p.info.device() if p.info else ""),
@@ -52,6 +53,8 @@ def peer_cells(peer: Peer, now: float) -> list[Cell]:
     return [
         fmt.short_id(peer.peer_id),
         Text(peer.state, style=fmt.STATE_STYLES.get(peer.state, "")),
+        Text(peer.reachability + ("·r" if peer.connection == "relayed" else ""),
+             style=fmt.REACH_STYLES.get(peer.reachability, "")),
         Text(fmt.rtt(peer.rtt_ms), justify="right"),
         Text(fmt.ago(peer.last_seen, now), justify="right"),
         peer.info.device() if peer.info else fmt.DASH,
@@ -69,6 +72,7 @@ def matches(peer: Peer, needle: str) -> bool:
         [
             peer.peer_id,
             peer.state,
+            peer.reachability,
             peer.info.device() if peer.info else "",
             "legacy" if peer.info and peer.info.legacy else "",
         ]

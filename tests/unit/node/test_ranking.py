@@ -44,3 +44,14 @@ def test_retry_attempt_promotes_the_next_backup() -> None:
 
 def test_rendezvous_depends_on_round() -> None:
     assert len({tuple(rendezvous_rank("job", r, PEERS)) for r in range(1, 6)}) > 1
+
+
+@given(st.integers(0, 20), st.integers(1, 50), st.sets(st.sampled_from(PEERS[:6])))
+def test_private_members_rank_last_in_every_attempt(attempt: int, round_: int, private: set[str]) -> None:
+    members = PEERS[:6]
+    ranking = coordinator_ranking("job", round_, members, [], attempt, private=private)
+    assert sorted(ranking) == sorted(members)
+    reach = [p for p in ranking if p not in private]
+    assert ranking[: len(reach)] == reach  # every reachable member before any private one
+    assert coordinator_ranking("job", round_, members, [], attempt) == \
+        coordinator_ranking("job", round_, members, [], attempt, private=())

@@ -96,3 +96,20 @@ def test_listen_forms() -> None:
     assert doctor.listen_multiaddr("4001") == "/ip4/0.0.0.0/tcp/4001"
     assert doctor.listen_multiaddr("127.0.0.1:4002") == "/ip4/127.0.0.1/tcp/4002"
     assert doctor.listen_multiaddr("/ip4/10.0.0.1/tcp/9") == "/ip4/10.0.0.1/tcp/9"
+
+
+@pytest.mark.parametrize(("nat", "status", "words"), [
+    (None, "WARN", "no node is running"),
+    ({"reachability": "public", "reached_at": ["/ip4/203.0.113.5/tcp/4001"]}, "OK", "dialled this node back"),
+    ({"reachability": "relayed", "reservations": ["12D3KooWrelayrelay"]}, "OK", "nothing to do"),
+    ({"reachability": "private", "refused": {"12D3KooWrelayrelay": "full"}}, "FAIL", "no relay reservation"),
+    ({"reachability": "unknown"}, "WARN", "not known yet"),
+])
+def test_reachability_finding_says_what_to_do(nat: dict | None, status: str, words: str) -> None:
+    from gpuflex.doctor_reach import check_reachability
+
+    node = None if nat is None else {"addrs": ["/ip4/192.168.1.2/tcp/4001/p2p/x"], "nat": nat}
+    finding = check_reachability(node)
+    assert finding.status == status and words in finding.message
+    if status == "FAIL":
+        assert "forward TCP port 4001" in finding.fix and "…layrelay full" in finding.message

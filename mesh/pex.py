@@ -1,0 +1,94 @@
+"""Peer exchange: learn of peers that the DHT cannot show, from peers that know them.
+
+A node behind NAT runs its DHT in client mode, and Kademlia keeps clients out of routing
+tables, so two homes that both joined through one public node would never hear of each other
+through the DHT. Every node therefore answers a ``peers_req`` with the signed NodeInfo records
+of the peers it sees up, exactly as each peer signed them: the asker checks every signature
+and learns the peer's addresses, its reachability and its relay circuits, and can then reach
+it through a relay. The answer is bounded (``MAX_PEERS`` records, each within the NodeInfo
+size limit), and a record never overrides a newer one from the same signer.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from mesh.codec import WireError, open_envelope, register_kind, seal
+from mesh.messaging import Inbound, SendError
+
+if TYPE_CHECKING:
+    from mesh.node import MeshNode
+
+log = logging.getLogger("mesh.pex")
+PEERS_REQUEST = "peers_req"
+register_kind(PEERS_REQUEST, 1024)
+MAX_PEERS = 64
+YOUNG_S = 30.0  # ask often while this node is new
+FAST_S = 2.0
+SLOW_S = 20.0
+
+
+class PeerExchange:
+    def __init__(self, node: MeshNode, on_info: Callable[[str, dict[str, Any]], None]) -> None:
+        self.node = node
+        self.on_info = on_info
+        self.frames: dict[str, bytes] = {}  # peer -> its latest signed NodeInfo
+
+    def remember(self, peer: str, frame: bytes) -> None:
+        self.frames[peer] = frame
+
+    async def answer(self, msg: Inbound) -> list[bytes]:
+        alive = set(self.node.peers.alive())
+        out = [f for p, f in self.frames.items() if p in alive and p != msg.envelope.sender]
+        return out[:MAX_PEERS]
+
+    def learn(self, frames: object, source: str) -> int:
+        """Take the verified records of an answer; the number of peers new to this node."""
+        if not isinstance(frames, list):
+            return 0
+        new = 0
+        for frame in frames[:MAX_PEERS]:
+            if not isinstance(frame, bytes):
+                continue
+            try:
+                env = open_envelope(frame, expect_kind="nodeinfo")
+            except WireError as exc:
+                log.info("peer exchange from %s: dropped a bad record: %s", source[-8:], exc)
+                continue
+            body = env.body
+            if not isinstance(body, dict) or body.get("peer_id") != env.sender or env.sender == self.node.peer_id:
+                continue
+            rec = self.node.peers.get(env.sender)
+            if rec is not None and rec.info is not None and float(rec.info.get("ts", 0)) >= env.ts:
+                continue
+            new += rec is None
+            self.frames[env.sender] = frame
+            self.on_info(env.sender, body)
+        return new
+
+    async def run(self) -> None:
+        started = time.monotonic()
+        while True:
+            frame = seal(self.node.identity, PEERS_REQUEST, {})
+            for peer in self._sources():
+                try:
+                    reply = await self.node.request(peer, frame, timeout=10)
+                except SendError as exc:
+                    log.debug("peer exchange with %s failed: %s", peer[-8:], exc)
+                    continue
+                added = self.learn(reply, peer)
+                if added:
+                    log.info("learnt of %d peer(s) from %s", added, peer[-8:])
+            young = time.monotonic() - started < YOUNG_S
+            await trio.sleep(FAST_S if young else SLOW_S)
+
+    def _sources(self) -> list[str]:
+        """Up peers, public ones first (they are connected to everyone)."""
+        ups = [r for r in self.node.peers.all() if r.state == "up"]
+        ups.sort(key=lambda r: (r.info or {}).get("reachability") != "public")
+        return [r.peer_id for r in ups[:2]]
