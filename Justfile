@@ -35,9 +35,11 @@ demo *ARGS: setup
 test *ARGS: setup
     .venv/bin/python -m pytest -q {{ARGS}}
 
-# Lint with ruff.
+# Lint: ruff, the import contracts (pyproject.toml [tool.importlinter]) and mypy on mesh/, aggregation/, gpuflex/node/.
 lint: setup
     .venv/bin/ruff check .
+    .venv/bin/lint-imports --no-cache
+    .venv/bin/mypy
 
 # Run the benchmarks and print ratios measured side by side.
 bench *ARGS: setup

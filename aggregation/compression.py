@@ -51,7 +51,8 @@ _INT8_ROWS = 64
 class Codec(Protocol):
     """Turns a flat float32 vector into an EncodedDelta and back."""
 
-    name: str
+    @property
+    def name(self) -> str: ...
 
     def encode(self, vec: np.ndarray) -> EncodedDelta:
         """Compress ``vec`` (finite values only)."""
@@ -129,7 +130,7 @@ class Fp16Codec:
                 ensure_finite(flat, "delta")
                 raise AggregationError(f"delta has values beyond the fp16 range (+-{_FP16_MAX:g})")
             np.copyto(out[sl], block, casting="same_kind")
-        return EncodedDelta(self.name, flat.size, memoryview(out).cast("B"))
+        return EncodedDelta(self.name, flat.size, out.data.cast("B"))
 
     def decode(self, enc: EncodedDelta) -> np.ndarray:
         _expect(enc, self.name, 2 * enc.size)

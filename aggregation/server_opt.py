@@ -24,7 +24,8 @@ State = dict[str, np.ndarray]
 class ServerOptimizer(Protocol):
     """Applies one round's averaged delta (new_local - base) to the parameters."""
 
-    name: str
+    @property
+    def name(self) -> str: ...
 
     def step(self, params: np.ndarray, delta: np.ndarray, state: State) -> tuple[np.ndarray, State]:
         """Return (new params, new state); ``state`` is {} on the first round."""

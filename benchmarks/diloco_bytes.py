@@ -1,6 +1,6 @@
 """Bytes on the wire to reach the same test loss: synchronous data-parallel, FedAvg and DiLoCo.
 
-One model, one seed, one data split, N in-process workers (gpuflex/ml/simulate.py), with every
+One model, one seed, one data split, N in-process workers (gpuflex/simulate.py), with every
 update going through the node's own encoder, decoder, reducer and server optimizer. Each
 strategy gets the same compute, counted in optimizer steps per worker: FedAvg runs the job's
 rounds with its usual local work, and the others spend the same number of steps.
@@ -149,7 +149,7 @@ def reach_table(rows: list[dict[str, Any]], histories: dict[str, list[dict[str, 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from aggregation.errors import AggregationError
     from gpuflex.jobspec import JobSpec
-    from gpuflex.ml.simulate import simulate
+    from gpuflex.simulate import simulate
     from mesh.codec import WireError
 
     task = tasks()[args.task]()

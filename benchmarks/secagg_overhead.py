@@ -91,7 +91,7 @@ def build_group(spec: Any, ids: list[Any], deltas: list[np.ndarray], round_: int
 def direct_request(ids: list[Any], sides: dict[str, Any], sent: list[int]) -> Any:
     """The survivors' side of the exchange without a transport; counts the bytes both ways."""
     from gpuflex.node.messages import SECAGG_RECOVER, parse_recovery_request
-    from gpuflex.secure import answer_recovery
+    from gpuflex.node.secure import answer_recovery
     from mesh.codec import open_envelope
 
     by_id = {i.peer_id: i for i in ids}
@@ -107,7 +107,7 @@ def direct_request(ids: list[Any], sides: dict[str, Any], sent: list[int]) -> An
 
 def measure(size: int, members: int) -> dict[str, Any]:
     from gpuflex.jobspec import JobSpec
-    from gpuflex.secure import collect_answers
+    from gpuflex.node.secure import collect_answers
     from mesh.identity import Identity
 
     plain_spec = JobSpec.from_dict({"model": "mlp", "data": "sklearn-digits"})
@@ -152,7 +152,7 @@ async def wire_round_trip(members: int, reps: int) -> dict[str, Any]:
     number of concurrent direct requests of the same sizes to a handler that does nothing."""
     from gpuflex.jobspec import JobSpec
     from gpuflex.node.messages import SECAGG_RECOVER, parse_recovery_request
-    from gpuflex.secure import answer_recovery, collect_answers
+    from gpuflex.node.secure import answer_recovery, collect_answers
     from mesh.codec import register_kind, seal
     from mesh.health import HealthConfig
     from mesh.identity import Identity

@@ -61,6 +61,10 @@ class Adversary:
         """Wraps the node's training set (label-flip only); None for the delta attacks."""
         return flip_labels if self.kind == "label-flip" else None
 
+    def after_masking(self, ctx: Any, me: str) -> None:
+        """An adversary sends its poisoned update like any member: nothing happens here."""
+        return None
+
 
 def flip_labels(dataset: Any, num_classes: int | None = None) -> Any:
     """A view of ``dataset`` whose labels are mapped y -> C - 1 - y (torch imported lazily)."""

@@ -19,6 +19,7 @@ from typing import Any
 
 import msgpack
 
+from gpuflex.errors import GpuflexError
 from gpuflex.node.ledger import LedgerError, verify_chain
 from gpuflex.node.messages import (
     PARTIAL,
@@ -33,7 +34,7 @@ from mesh.blob import blob_hash
 from mesh.codec import WireError, open_envelope
 
 
-class AuditError(ValueError):
+class AuditError(GpuflexError, ValueError):
     """The first problem found; ``round`` is None for problems with the file as a whole."""
 
     def __init__(self, round_: int | None, reason: str) -> None:

@@ -15,12 +15,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gpuflex.errors import GpuflexError
 from gpuflex.home import CONTROL_FILE, TOKEN_FILE, resolve_home
 
 MAX_LINE = 1 << 20
 
 
-class ControlError(RuntimeError):
+class ControlError(GpuflexError, RuntimeError):
     """The node could not be reached, or it answered with an error."""
 
 

@@ -11,16 +11,19 @@ from __future__ import annotations
 import difflib
 import json
 import math
-from collections.abc import Callable, Mapping
+import statistics
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args
+
+from gpuflex.errors import GpuflexError
 
 try:
     import tomllib
 except ModuleNotFoundError:  # Python 3.10
-    import tomli as tomllib
+    import tomli as tomllib  # type: ignore[no-redef]
 
 from gpuflex.llmspec import LLM_MODELS, is_llm, llm_cross_checks
 from gpuflex.plugins import is_plugin_path, plugin_path_problem
@@ -32,20 +35,41 @@ DATA_PATH_KIND: dict[str, str] = {"cifar10": "dir", "shakespeare": "file"}
 # Built-in data sets with a natural per-sample group (the speaking role), for partition="groups".
 GROUPED_DATA: tuple[str, ...] = ("shakespeare",)
 
-PARTITIONS = ("iid", "dirichlet", "shards", "groups", "local")
-OPTIMIZERS = ("sgd", "momentum", "adam", "adamw")
-STRATEGIES = ("fedavg", "fedavgm", "fedadam", "diloco")
-CODECS = ("none", "fp16", "int8", "topk")
-AGGREGATION_MODES = ("tree", "flat-robust")
-NORM_BOUND_MODES = ("clip", "reject")
-DP_ON_BUDGET = ("stop", "warn")
+Partition = Literal["iid", "dirichlet", "shards", "groups", "local"]
+Optimizer = Literal["sgd", "momentum", "adam", "adamw"]
+Strategy = Literal["fedavg", "fedavgm", "fedadam", "diloco"]
+CodecName = Literal["none", "fp16", "int8", "topk"]
+AggregationMode = Literal["tree", "flat-robust"]
+NormBoundMode = Literal["clip", "reject"]
+OnBudget = Literal["stop", "warn"]
+PARTITIONS: tuple[Partition, ...] = get_args(Partition)
+OPTIMIZERS: tuple[Optimizer, ...] = get_args(Optimizer)
+STRATEGIES: tuple[Strategy, ...] = get_args(Strategy)
+CODECS: tuple[CodecName, ...] = get_args(CodecName)
+AGGREGATION_MODES: tuple[AggregationMode, ...] = get_args(AggregationMode)
+NORM_BOUND_MODES: tuple[NormBoundMode, ...] = get_args(NormBoundMode)
+DP_ON_BUDGET: tuple[OnBudget, ...] = get_args(OnBudget)
+
+#: What 0 means for the three timeouts of a job (see ``JobSpec.plan_timeout``, ...).
+#: A backup coordinator waits this long per better-ranked live candidate before planning.
+AUTO_PLAN_TIMEOUT_S = 6.0
+#: Each level of the group tree gets this long after the training deadline to reduce.
+AUTO_REDUCE_SLACK_S = 5.0
+#: The first round's training budget, with no committed round to learn durations from.
+AUTO_FIRST_TRAIN_S = 120.0
+#: The adaptive training budget never drops below this (a slow round after fast ones).
+AUTO_MIN_TRAIN_S = 15.0
+#: The adaptive budget is this many times the median duration of recent rounds.
+AUTO_TRAIN_FACTOR = 4.0
+#: How many recent committed rounds the adaptive budget looks at.
+AUTO_TRAIN_HISTORY = 5
 
 TEMPLATE = "templates/job.toml"
 #: ``gpuflex job init --template NAME`` writes templates/NAME.toml.
 TEMPLATES: tuple[str, ...] = ("job", "lora")
 
 
-class JobSpecError(ValueError):
+class JobSpecError(GpuflexError, ValueError):
     """Every problem found in a job, as (field, message) pairs, so all can be fixed in one go."""
 
     def __init__(self, errors: list[tuple[str, str]]):
@@ -61,7 +85,7 @@ class JobSpec:
     data: str
     name: str = "job"
     data_path: str = ""
-    partition: str = "iid"
+    partition: Partition = "iid"
     alpha: float = 0.5
     shards_per_node: int = 2
     rounds: int = 15
@@ -69,25 +93,25 @@ class JobSpec:
     local_steps: int = 0
     batch_size: int = 32
     lr: float = 0.05
-    optimizer: str = "momentum"
+    optimizer: Optimizer = "momentum"
     weight_decay: float = 0.0
-    strategy: str = "fedavg"
+    strategy: Strategy = "fedavg"
     server_lr: float = 1.0
     server_momentum: float = 0.9
     rule: str = "mean"
     rule_params: dict[str, Any] = field(default_factory=dict)
-    aggregation_mode: str = "tree"
+    aggregation_mode: AggregationMode = "tree"
     norm_bound: float = 0.0
-    norm_bound_mode: str = "clip"
-    codec: str = "none"
+    norm_bound_mode: NormBoundMode = "clip"
+    codec: CodecName = "none"
     error_feedback: bool = True
     group_size: int = 4
     min_nodes: int = 2
     seed: int = 0
     test_fraction: float = 0.25
-    plan_timeout_s: float = 0.0
-    train_timeout_s: float = 0.0
-    reduce_timeout_s: float = 0.0
+    plan_timeout_s: float = 0.0  # 0: AUTO_PLAN_TIMEOUT_S, see plan_timeout
+    train_timeout_s: float = 0.0  # 0: adaptive, see train_budget
+    reduce_timeout_s: float = 0.0  # 0: AUTO_REDUCE_SLACK_S, see reduce_slack
     allowlist: tuple[str, ...] = field(default_factory=tuple)
     train_fn: str = ""
     partitioner: str = ""
@@ -95,9 +119,9 @@ class JobSpec:
     dp_noise_multiplier: float = 0.0
     dp_delta: float = 1e-5
     dp_epsilon_budget: float = 0.0
-    dp_on_budget: str = "stop"
+    dp_on_budget: OnBudget = "stop"
     secure_aggregation: bool = False
-    secagg_threshold: int = 0
+    secagg_threshold: int = 0  # 0: half the group, see secagg_threshold_for
     #: Language-model settings (model, LoRA adapter, tokenizer, text); see gpuflex/llmspec.py.
     llm: dict[str, Any] = field(default_factory=dict)
 
@@ -189,6 +213,34 @@ class JobSpec:
     def uses_steps(self) -> bool:
         """local_steps wins when set, so users can switch by adding one line."""
         return self.local_steps > 0
+
+    # -- what 0 means: each automatic default is resolved here, beside its field ------------
+
+    @property
+    def plan_timeout(self) -> float:
+        """Seconds a backup coordinator waits per better-ranked candidate."""
+        return self.plan_timeout_s or AUTO_PLAN_TIMEOUT_S
+
+    @property
+    def reduce_slack(self) -> float:
+        """Seconds each level of the group tree gets to reduce after the training deadline."""
+        return self.reduce_timeout_s or AUTO_REDUCE_SLACK_S
+
+    def train_budget(self, recent_durations: Sequence[object]) -> float:
+        """Seconds members get to train: the job's own setting, or a multiple of the median
+        duration of the last few committed rounds (``duration_s`` of their metrics)."""
+        if self.train_timeout_s:
+            return self.train_timeout_s
+        durations = [float(d) for d in recent_durations[-AUTO_TRAIN_HISTORY:]
+                     if isinstance(d, (int, float)) and not isinstance(d, bool) and d > 0]
+        if not durations:
+            return AUTO_FIRST_TRAIN_S
+        return max(AUTO_MIN_TRAIN_S, AUTO_TRAIN_FACTOR * statistics.median(durations))
+
+    def secagg_threshold_for(self, default: int) -> int:
+        """How many of a secure-aggregation group's shares rebuild a mask: the job's setting,
+        or ``default`` (the aggregation layer's choice for the group's size)."""
+        return self.secagg_threshold or default
 
 
 def example_job_toml(template: str = "job") -> str:

@@ -21,10 +21,11 @@ from pathlib import Path
 from typing import Any
 
 from gpuflex.client import ControlClient, ControlError, call
+from gpuflex.errors import GpuflexError
 from gpuflex.home import CONTROL_FILE
 
 
-class MeshStartError(RuntimeError):
+class MeshStartError(GpuflexError, RuntimeError):
     """The local mesh did not come up in time."""
 
 
@@ -42,7 +43,8 @@ class Placement:
 class LocalMesh:
     def __init__(self, base: Path, size: int, extra_args: Sequence[str] = (),
                  node_args: Callable[[int], Sequence[str]] | None = None, log_level: str = "info",
-                 env: dict[str, str] | None = None, placement: Callable[[int], Placement] | None = None) -> None:
+                 env: dict[str, str] | None = None, placement: Callable[[int], Placement] | None = None,
+                 launcher: Sequence[str] = ("-m", "gpuflex")) -> None:
         self.base = Path(base)
         self.size = size
         self.extra_args = list(extra_args)
@@ -50,6 +52,7 @@ class LocalMesh:
         self.placement = placement or (lambda i: Placement())
         self.log_level = log_level
         self.env = {**os.environ, "GPUFLEX_TORCH_THREADS": "1", "PYTHONUNBUFFERED": "1", **(env or {})}
+        self.launcher = list(launcher)  # how to run `gpuflex` (a test harness may wrap it)
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
         self.bootstrap: str | None = None
 
@@ -66,7 +69,7 @@ class LocalMesh:
         home.mkdir(parents=True, exist_ok=True)
         (home / CONTROL_FILE).unlink(missing_ok=True)
         place = self.placement(i)
-        cmd = [*place.prefix, sys.executable, "-m", "gpuflex", "node", "start", "--home", str(home),
+        cmd = [*place.prefix, sys.executable, *self.launcher, "node", "start", "--home", str(home),
                "--listen", f"/ip4/{place.host}/tcp/0", "--log-level", self.log_level, *self.extra_args]
         if self.node_args is not None:
             cmd += list(self.node_args(i))

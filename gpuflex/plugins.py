@@ -17,6 +17,8 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+from gpuflex.errors import GpuflexError
+
 # What each kind of plug-in must look like; quoted in every error so the fix is obvious.
 EXPECTED: dict[str, str] = {
     "model": "'package.module:function' returning torch.nn.Module",
@@ -32,7 +34,7 @@ EXPECTED: dict[str, str] = {
 _PATH_RE = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
 
 
-class PluginError(ValueError):
+class PluginError(GpuflexError, ValueError):
     """A plug-in path is malformed, does not import, or names the wrong kind of object."""
 
 

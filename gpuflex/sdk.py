@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuflex.client import ControlClient, ControlError
+from gpuflex.errors import GpuflexError
 from gpuflex.plugins import EXPECTED, PluginError, is_plugin_path, load_callable
 
 Ref = str | Callable[..., Any] | None
@@ -50,7 +51,7 @@ _local_ids = itertools.count(1)
 _local_lock = threading.Lock()
 
 
-class JobFailed(RuntimeError):
+class JobFailed(GpuflexError, RuntimeError):
     """The job ended in the ``failed`` state; the message is the node's error."""
 
 

@@ -16,12 +16,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from gpuflex.errors import GpuflexError
+
 ROUND_METRICS = ("loss", "accuracy", "train_loss", "contributors", "duration_s")
 ARTIFACTS = ("metrics.csv", "metrics.json", "metrics.png", "ledger.json", "job.json")
 MLFLOW_PARAM_MAX = 6000
 
 
-class TrackingError(RuntimeError):
+class TrackingError(GpuflexError, RuntimeError):
     """The results folder is incomplete, or the tracker is not installed."""
 
 

@@ -15,13 +15,14 @@ import logging
 import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 import blake3
 import trio
 
 from mesh import bulk
-from mesh.codec import WireError
+from mesh.codec import Truncated, WireError
+from mesh.errors import MeshError
 from mesh.framing import Stream, read_exactly, read_obj, write_obj
 from mesh.push import dial_and_transfer
 
@@ -35,7 +36,7 @@ STALL_S = 15.0
 log = logging.getLogger(__name__)
 
 
-class BlobError(RuntimeError):
+class BlobError(MeshError, RuntimeError):
     """A blob could not be found, read or fetched."""
 
 
@@ -64,7 +65,7 @@ def parts_hash(parts: Sequence[bytes | memoryview]) -> str:
     return str(hasher.hexdigest())
 
 
-def valid_hash(text: object) -> bool:
+def valid_hash(text: object) -> TypeGuard[str]:
     return isinstance(text, str) and len(text) == HASH_HEX_LEN and all(c in "0123456789abcdef" for c in text)
 
 
@@ -167,7 +168,7 @@ class IncomingBlob:
                 return
             raise BlobError(f"no room for blob {self.digest[:16]}… ({size} bytes): {exc.strerror or exc}") from None
 
-    def write(self, chunk: bytes) -> None:
+    def write(self, chunk: bytes | memoryview) -> None:
         self._hasher.update(chunk)
         self._fh.write(chunk)
         self.received += len(chunk)
@@ -176,8 +177,8 @@ class IncomingBlob:
         self._fh.close()
         if self.expected is not None and self.received != self.expected:
             self.abort()
-            raise WireError("truncated", f"blob {self.digest[:16]}… ended after {self.received} of "
-                                         f"{self.expected} bytes")
+            raise Truncated(f"blob {self.digest[:16]}… ended after {self.received} of {self.expected} bytes",
+                            self.received)
         got = self._hasher.hexdigest()
         if got != self.digest:
             self.abort()
@@ -236,7 +237,7 @@ async def _serve_bulk(stream: Stream, sender: bulk.BulkSender, path: Path, size:
 
         async def send() -> None:
             try:
-                await trio.to_thread.run_sync(sender.serve, path, size, abandon_on_cancel=True)
+                await trio.to_thread.run_sync(sender.serve, path, size, abandon_on_cancel=True)  # type: ignore[call-arg]  # mypy misreads trio's TypeVarTuple signature
             except (bulk.BulkUnavailable, WireError, OSError) as exc:
                 log.info("bulk send of %s stopped: %s", path.name[:12], exc)
 
@@ -280,8 +281,8 @@ async def receive_blob(stream: Stream, store: BlobStore, digest: str, peer: str,
                 with trio.move_on_after(STALL_S) as stall:
                     chunk = await read_exactly(stream, min(CHUNK, remaining))
                 if stall.cancelled_caught:
-                    raise WireError("truncated", f"peer {peer} sent nothing for {STALL_S:g} s with "
-                                                 f"{remaining} of {size} bytes to go")
+                    raise Truncated(f"peer {peer} sent nothing for {STALL_S:g} s with "
+                                    f"{remaining} of {size} bytes to go", size - remaining)
                 incoming.write(chunk)
                 remaining -= len(chunk)
         return incoming.commit(peer), via_bulk

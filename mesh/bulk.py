@@ -43,7 +43,8 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from mesh.codec import WireError
+from mesh.codec import Truncated, WireError
+from mesh.errors import MeshError
 
 FRAME = 1 << 20  # plaintext bytes per sealed frame
 TAG = 16
@@ -57,7 +58,7 @@ _HELLO = b"\x00\x00\x00\x02"  # nonce tag of the dialer's proof of the key
 CIPHERS = ("aes256gcm", "chacha20poly1305")
 
 
-class BulkUnavailable(Exception):
+class BulkUnavailable(MeshError):
     """The side channel could not be set up; the caller falls back to the libp2p stream."""
 
 
@@ -122,7 +123,7 @@ def _recv_exactly(sock: socket.socket, view: memoryview) -> None:
     while got < len(view):
         n = sock.recv_into(view[got:])
         if n == 0:
-            raise WireError("truncated", f"bulk channel closed after {got} of {len(view)} bytes of a frame")
+            raise Truncated(f"bulk channel closed after {got} of {len(view)} bytes of a frame", got)
         got += n
 
 
@@ -189,7 +190,7 @@ class _Listening:
                 hello = _read_frame(conn, buf, len(HELLO))
                 if aead.decrypt(_nonce(0, _HELLO), hello, self.offer.tid) != HELLO:
                     raise WireError("auth", "bulk hello does not match")
-            except Exception:
+            except Exception:  # whoever dialled and failed the hello, however, is not our peer
                 conn.close()
                 continue
             conn.settimeout(IO_TIMEOUT_S)
@@ -268,7 +269,7 @@ def _receive_sealed(sock: socket.socket, offer: BulkOffer, size: int, sink: Call
                 sealed = _read_frame(sock, buf, FRAME)
                 try:
                     n = aead.decrypt_into(_nonce(counter, _DATA), sealed, offer.tid, sealed[: len(sealed) - TAG])
-                except Exception:
+                except Exception:  # the AEAD libraries raise their own types for a bad tag
                     raise WireError("auth", f"bulk frame {counter} failed authentication") from None
                 if got + n > size:
                     raise WireError("oversized", f"bulk channel sent more than the {size} bytes announced")
@@ -278,8 +279,8 @@ def _receive_sealed(sock: socket.socket, offer: BulkOffer, size: int, sink: Call
     except OSError as exc:
         if stop.is_set():
             raise BulkUnavailable("bulk transfer cancelled") from None
-        raise WireError("truncated", f"bulk channel failed after {got} of {size} bytes: "
-                                     f"{exc.strerror or exc}") from None
+        raise Truncated(f"bulk channel failed after {got} of {size} bytes: {exc.strerror or exc}",
+                        got) from None
     if got < size:
         raise BulkUnavailable("bulk transfer cancelled")
 
@@ -350,7 +351,7 @@ def bind_host(listen: list[str]) -> str | None:
 def peer_ip(stream: Any) -> str | None:
     try:
         remote = stream.get_remote_address()
-    except Exception:
+    except Exception:  # py-libp2p transports differ in what they support
         return None
     return str(remote[0]) if remote else None
 

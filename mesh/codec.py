@@ -18,6 +18,7 @@ from typing import Any
 
 import msgpack
 
+from mesh.errors import MeshError
 from mesh.identity import Identity, peer_id_from_public_key, verify
 
 SCHEMA_VERSION = 1
@@ -33,12 +34,23 @@ _KIND_LIMITS: dict[str, int] = {
 }
 
 
-class WireError(ValueError):
+class WireError(MeshError, ValueError):
     """Untrusted input that was rejected; ``reason`` is a short machine-readable code."""
 
     def __init__(self, reason: str, message: str) -> None:
         super().__init__(f"{reason}: {message}")
         self.reason = reason
+
+
+class Truncated(WireError):
+    """A stream or frame ended early; ``received`` bytes of it had arrived.
+
+    A peer that closes before sending anything (``received == 0``) most likely timed out or
+    crashed; one that stops half way may be cutting frames on purpose."""
+
+    def __init__(self, message: str, received: int) -> None:
+        super().__init__("truncated", message)
+        self.received = received
 
 
 def register_kind(kind: str, max_bytes: int = DEFAULT_KIND_LIMIT) -> None:
@@ -116,7 +128,7 @@ def _unpack(data: bytes, what: str) -> Any:
         text = str(exc)
         reason = "truncated" if "incomplete" in text.lower() else "garbled"
         raise WireError(reason, f"{what} could not be decoded ({text})") from None
-    except Exception as exc:
+    except Exception as exc:  # untrusted bytes may fail msgpack in any other way
         raise WireError("garbled", f"{what} could not be decoded ({exc.__class__.__name__})") from None
 
 

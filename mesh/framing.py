@@ -12,7 +12,7 @@ from typing import Any, Protocol
 
 import msgpack
 
-from mesh.codec import WireError
+from mesh.codec import Truncated, WireError
 
 _LEN = struct.Struct(">I")
 _LEN64 = struct.Struct(">Q")
@@ -41,12 +41,12 @@ async def read_into(stream: Stream, view: memoryview, what: str = "payload") -> 
     while got < total:
         try:
             chunk = await stream.read(min(total - got, 1 << 20))
-        except Exception as exc:
+        except Exception as exc:  # py-libp2p's stream errors have no common base: EOF is told by name
             if _is_eof(exc):
-                raise WireError("truncated", f"{what} ended after {got} of {total} bytes") from None
+                raise Truncated(f"{what} ended after {got} of {total} bytes", got) from None
             raise
         if not chunk:
-            raise WireError("truncated", f"{what} ended after {got} of {total} bytes")
+            raise Truncated(f"{what} ended after {got} of {total} bytes", got)
         view[got : got + len(chunk)] = chunk
         got += len(chunk)
 
@@ -72,7 +72,7 @@ async def read_obj(stream: Stream, max_size: int = 64 * 1024) -> Any:
     try:
         return msgpack.unpackb(raw, raw=False, strict_map_key=True, max_bin_len=max_size,
                                max_str_len=max_size, max_array_len=4096, max_map_len=4096)
-    except Exception as exc:
+    except Exception as exc:  # untrusted bytes may fail msgpack in any way
         raise WireError("garbled", f"control frame could not be decoded ({exc.__class__.__name__})") from None
 
 

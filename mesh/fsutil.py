@@ -11,8 +11,10 @@ import contextlib
 import os
 from pathlib import Path
 
+from mesh.errors import MeshError
 
-class StateWriteError(OSError):
+
+class StateWriteError(MeshError, OSError):
     """A state file could not be written; the previous version is still intact."""
 
 

@@ -12,7 +12,18 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-UP, SUSPECT, DOWN = "up", "suspect", "down"
+from mesh.compat import StrEnum
+
+
+class PeerState(StrEnum):
+    """A peer's health, from how long ago it was last heard from."""
+
+    UP = "up"
+    SUSPECT = "suspect"
+    DOWN = "down"
+
+
+UP, SUSPECT, DOWN = PeerState.UP, PeerState.SUSPECT, PeerState.DOWN
 
 
 @dataclass(frozen=True)
@@ -38,7 +49,7 @@ class PeerRecord:
     first_seen: float
     last_seen: float | None = None
     rtt_ms: float | None = None
-    state: str = SUSPECT
+    state: PeerState = SUSPECT
     addrs: list[str] = field(default_factory=list)
     info: dict[str, Any] | None = None
     penalty: float = 0.0
@@ -50,7 +61,7 @@ class PeerRecord:
     def row(self) -> dict[str, Any]:
         return {
             "peer_id": self.peer_id,
-            "state": self.state,
+            "state": str(self.state),
             "rtt_ms": None if self.rtt_ms is None else round(self.rtt_ms, 3),
             "last_seen": self.last_seen,
             "first_seen": self.first_seen,
@@ -61,7 +72,7 @@ class PeerRecord:
         }
 
 
-StateListener = Callable[[PeerRecord, str, str], None]
+StateListener = Callable[[PeerRecord, PeerState, PeerState], None]
 
 
 class PeerTable:
@@ -94,7 +105,7 @@ class PeerTable:
     def all(self) -> list[PeerRecord]:
         return list(self._peers.values())
 
-    def ids(self, state: str | None = None) -> list[str]:
+    def ids(self, state: PeerState | None = None) -> list[str]:
         return [p.peer_id for p in self._peers.values() if state is None or p.state == state]
 
     def alive(self) -> list[str]:
@@ -103,9 +114,9 @@ class PeerTable:
         return [p.peer_id for p in self._peers.values() if p.state == UP and p.ignored_until <= now]
 
     def counts(self) -> dict[str, int]:
-        out = {UP: 0, SUSPECT: 0, DOWN: 0}
+        out: dict[str, int] = {str(s): 0 for s in PeerState}
         for p in self._peers.values():
-            out[p.state] += 1
+            out[str(p.state)] += 1
         out["peers"] = len(self._peers)
         return out
 
@@ -127,7 +138,7 @@ class PeerTable:
             elif silent >= self.config.suspect_after_s:
                 self._set_state(rec, SUSPECT)
 
-    def _set_state(self, rec: PeerRecord, state: str) -> None:
+    def _set_state(self, rec: PeerRecord, state: PeerState) -> None:
         if rec.state == state:
             return
         old, rec.state = rec.state, state

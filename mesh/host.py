@@ -9,8 +9,9 @@ from __future__ import annotations
 import errno
 import socket
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from mesh.errors import MeshError
 from mesh.identity import Identity
 
 if TYPE_CHECKING:
@@ -19,16 +20,16 @@ if TYPE_CHECKING:
 DEFAULT_LISTEN = "/ip4/0.0.0.0/tcp/4001"
 
 
-class HostError(RuntimeError):
+class HostError(MeshError, RuntimeError):
     """The host could not be created or could not listen."""
 
 
-def parse_multiaddr(text: str, what: str = "address"):  # type: ignore[no-untyped-def]
+def parse_multiaddr(text: str, what: str = "address") -> Any:
     import multiaddr
 
     try:
         return multiaddr.Multiaddr(text)
-    except Exception as exc:
+    except Exception as exc:  # multiaddr's parsers raise from several unrelated roots
         raise HostError(f"invalid {what} {text!r}: {exc}") from None
 
 
@@ -38,7 +39,7 @@ def check_tcp_port_free(listen: str) -> None:
     try:
         host = ma.value_for_protocol("ip4") or ma.value_for_protocol("ip6")
         port = int(ma.value_for_protocol("tcp"))
-    except Exception:
+    except Exception:  # not an ip/tcp address: nothing to check here, the host reports it
         return
     if port == 0:
         return

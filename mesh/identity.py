@@ -17,6 +17,7 @@ from nacl.exceptions import BadSignatureError
 from nacl.signing import SigningKey, VerifyKey
 
 from mesh.base58 import b58decode, b58encode
+from mesh.errors import MeshError
 from mesh.fsutil import atomic_write
 
 if TYPE_CHECKING:
@@ -29,7 +30,7 @@ _MH_PREFIX = bytes([0x00, len(_PB_PREFIX) + 32])
 KEY_FILE_MAGIC = b"GPUFLEX-ED25519-V1\n"
 
 
-class IdentityError(RuntimeError):
+class IdentityError(MeshError, RuntimeError):
     """The key file is missing, malformed or too widely readable."""
 
 

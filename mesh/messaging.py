@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mesh.codec import Envelope, WireError
+from mesh.errors import MeshError
 
 MSG_PROTOCOL = "/gpuflex/msg/1.0.0"
 GOSSIP_PROTOCOL = "/gpuflex/gossip/1.0.0"
@@ -40,11 +41,11 @@ class Inbound:
 Handler = Callable[[Inbound], Awaitable[Any]]
 
 
-class Rejected(Exception):
+class Rejected(MeshError):
     """Raised by a handler to refuse a message without penalising the sender."""
 
 
-class SendError(RuntimeError):
+class SendError(MeshError, RuntimeError):
     """A message could not be delivered, or the receiver refused it."""
 
 

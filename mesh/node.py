@@ -15,11 +15,12 @@ import logging
 import os
 import random
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import trio
 
@@ -32,7 +33,17 @@ from mesh.blob import (
     receive_blob,
     serve_blob,
 )
-from mesh.codec import MAX_FRAME, ReplayGuard, WireError, open_envelope, register_kind, seal
+from mesh.codec import (
+    MAX_FRAME,
+    ReplayGuard,
+    Truncated,
+    WireError,
+    open_envelope,
+    register_kind,
+    seal,
+)
+from mesh.compat import StrEnum
+from mesh.errors import MeshError
 from mesh.framing import (
     read_exactly,
     read_frame,
@@ -43,7 +54,7 @@ from mesh.framing import (
     write_len64,
     write_obj,
 )
-from mesh.health import DOWN, UP, HealthConfig, PeerTable
+from mesh.health import DOWN, UP, HealthConfig, PeerRecord, PeerState, PeerTable
 from mesh.host import DEFAULT_LISTEN, HostError, build_host, check_tcp_port_free, parse_multiaddr
 from mesh.identity import Identity
 from mesh.messaging import (
@@ -69,10 +80,61 @@ register_kind(INFO_REQUEST, 1024)
 EventSink = Callable[..., None]
 # A cut stream can be an honest peer's timeout; forged or garbled input cannot.
 PENALTY = {"truncated": 0.5, "stale": 0.5}
+#: One dial of one bootstrap address: a live peer on a loaded machine answers well within it.
+BOOTSTRAP_DIAL_S = 10.0
+#: Ceiling of the pause between bootstrap sweeps (it grows by a quarter second per sweep).
+BOOTSTRAP_BACKOFF_MAX_S = 2.0
+#: One DHT chore (a routing-table walk, a NodeInfo publish): bounded so a stuck one cannot
+#: stall the loop that runs it.
+DHT_CHORE_S = 10.0
+#: A provider lookup or announcement: best effort, the caller has other ways to find a blob.
+DHT_PROVIDER_S = 5.0
+#: The NodeInfo republish interval starts at 1 s and doubles to this: fresh nodes publish
+#: often while the DHT forms, settled ones rarely.
+PUBLISH_MAX_S = 60.0
+#: A peer that is down is still probed, but only on every this-many-th second.
+DOWN_PROBE_EVERY_S = 5
+#: A gossip push to one peer: opening the stream, then the whole push.
+GOSSIP_OPEN_S, GOSSIP_PUSH_S = 5.0, 10.0
+#: Opening a blob stream, before the transfer's own timeout starts to matter.
+BLOB_OPEN_S = 10.0
+#: Closing or resetting a stream: the peer may be gone, never wait long for it.
+STREAM_CLOSE_S = 2.0
 
 
-class BootstrapError(RuntimeError):
+class MeshEvent(StrEnum):
+    """The events a mesh node reports to its embedder (``on_event``)."""
+
+    NODE_STARTED = "node_started"
+    REJECTED = "rejected"
+    PEER_UP = "peer_up"
+    PEER_SUSPECT = "peer_suspect"
+    PEER_DOWN = "peer_down"
+    REACHABILITY = "reachability"
+
+
+PEER_EVENTS = {PeerState.UP: MeshEvent.PEER_UP, PeerState.SUSPECT: MeshEvent.PEER_SUSPECT,
+               PeerState.DOWN: MeshEvent.PEER_DOWN}
+
+
+class BootstrapError(MeshError, RuntimeError):
     """None of the bootstrap addresses could be reached."""
+
+
+async def best_effort(what: str, chore: Callable[[], Awaitable[Any]], timeout: float) -> Any:
+    """Run one py-libp2p DHT chore within ``timeout``; None if it failed or timed out.
+
+    The only place the mesh swallows any exception from a DHT call: py-libp2p raises from
+    several unrelated roots (its BaseLibp2pError, trio's, OSError, multiaddr's, its resource
+    manager's own), and a background chore that fails must never take the node down; the
+    next round of the loop tries again.
+    """
+    with trio.move_on_after(timeout):
+        try:
+            return await chore()
+        except Exception as exc:  # see the docstring: the one catch-all for DHT chores
+            log.debug("%s failed: %s", what, exc)
+    return None
 
 
 @dataclass
@@ -163,12 +225,12 @@ class MeshNode:
             self.host = build_host(self.identity, self.config.listen, self.config.announce)
         except HostError:
             raise  # already says what is wrong
-        except Exception as exc:
+        except Exception as exc:  # py-libp2p's constructors raise from unrelated roots
             raise HostError(f"could not create the libp2p host: {exc}") from exc
         listen = [parse_multiaddr(a, "listen address") for a in self.config.listen]
         async with self.host.run(listen), trio.open_nursery() as nursery:
             self._nursery = nursery
-            validator = NamespacedValidator({NODEINFO_NS: RecordValidator("nodeinfo")})
+            validator = NamespacedValidator({NODEINFO_NS: cast(Any, RecordValidator("nodeinfo"))})
             mode = DHTMode.CLIENT if self.config.client_mode else DHTMode.SERVER
             self.dht = KadDHT(self.host, mode, validator=validator, validator_changed=True)
             self.host.set_stream_handler(MSG_PROTOCOL, self._guard(self._handle_msg))
@@ -185,7 +247,7 @@ class MeshNode:
                 nursery.start_soon(self._health_loop)
                 nursery.start_soon(self._publish_loop)
                 nursery.start_soon(self.pex.run)
-                self._on_event("node_started", message=f"listening on {', '.join(self.multiaddrs())}")
+                self._on_event(MeshEvent.NODE_STARTED, message=f"listening on {', '.join(self.multiaddrs())}")
                 task_status.started(self)
                 await self._stopped.wait()
                 nursery.cancel_scope.cancel()
@@ -213,7 +275,7 @@ class MeshNode:
     def reachability_changed(self, old: str, new: str) -> None:
         """Re-announce at once: peers pick relays and leaders by what NodeInfo says."""
         self._info_frame = self._seal_node_info()
-        self._on_event("reachability", message=f"this node is {new} (was {old})", reachability=new)
+        self._on_event(MeshEvent.REACHABILITY, message=f"this node is {new} (was {old})", reachability=new)
 
     def _seal_node_info(self) -> bytes:
         return seal(self.identity, "nodeinfo", self.node_info())
@@ -227,11 +289,8 @@ class MeshNode:
         try:
             frame = await self.request(peer, seal(self.identity, INFO_REQUEST, {}), timeout=timeout / 2)
         except SendError:
-            with trio.move_on_after(timeout / 2):
-                try:
-                    frame = await self.dht.get_value(nodeinfo_key(peer))
-                except Exception as exc:
-                    log.debug("DHT lookup of NodeInfo for %s failed: %s", peer, exc)
+            frame = await best_effort(f"DHT lookup of NodeInfo for {peer}",
+                                      lambda: self.dht.get_value(nodeinfo_key(peer)), timeout / 2)
         if not isinstance(frame, bytes):
             return None
         try:
@@ -255,7 +314,7 @@ class MeshNode:
             from multiaddr import Multiaddr
 
             self.host.get_peerstore().add_addrs(ID.from_base58(peer), [Multiaddr(a) for a in addrs], 600)
-        except Exception as exc:
+        except Exception as exc:  # a peer's claimed addresses may fail multiaddr or libp2p in any way
             log.debug("NodeInfo of %s has addresses this node cannot use: %s", peer[-8:], exc)
 
     # -- background loops --------------------------------------------------------------------
@@ -264,7 +323,9 @@ class MeshNode:
         if not self.config.bootstrap:
             log.info("no bootstrap address: starting a new mesh")
             return
+        from libp2p.exceptions import BaseLibp2pError
         from libp2p.peer.peerinfo import info_from_p2p_addr
+        from multiaddr.exceptions import Error as MultiaddrError
 
         errors: list[str] = []
         reached = 0
@@ -275,21 +336,21 @@ class MeshNode:
                         pinfo = info_from_p2p_addr(parse_multiaddr(text, "bootstrap address"))
                     except HostError:
                         raise
-                    except Exception as exc:
+                    except (ValueError, KeyError, BaseLibp2pError, MultiaddrError) as exc:
                         raise HostError(f"bootstrap address {text!r} needs a /p2p/<peer id> part ({exc})") from None
                     if str(pinfo.peer_id) == self.peer_id:
                         continue
                     try:
-                        with trio.fail_after(10):
+                        with trio.fail_after(BOOTSTRAP_DIAL_S):
                             await self.host.connect(pinfo)
                         await self.dht.add_peer(pinfo.peer_id)
                         self.peers.seen(str(pinfo.peer_id))
                         reached += 1
-                    except Exception as exc:
+                    except Exception as exc:  # a dial fails in any of py-libp2p's error roots
                         errors.append(f"{text}: {exc.__class__.__name__} {exc}".strip())
                 if reached:
                     return
-                await trio.sleep(min(2.0, 0.25 * (attempt + 1)))
+                await trio.sleep(min(BOOTSTRAP_BACKOFF_MAX_S, 0.25 * (attempt + 1)))
         if not reached and any(
             str(parse_multiaddr(t, "bootstrap address")).split("/p2p/")[-1] != self.peer_id
             for t in self.config.bootstrap
@@ -304,12 +365,14 @@ class MeshNode:
             self._learn(pid)
 
     def _learn(self, pid: Any) -> None:
+        from libp2p.peer.peerstore import PeerStoreError
+
         text = str(pid)
         if text == self.peer_id:
             return
         try:
             addrs = [str(a) for a in self.host.get_peerstore().addrs(pid)]
-        except Exception:
+        except PeerStoreError:  # known from a connection, with no address stored yet
             addrs = []
         self.peers.add(text, addrs)
 
@@ -330,37 +393,27 @@ class MeshNode:
         next_walk = started
         while True:
             if time.monotonic() >= next_walk:
-                with trio.move_on_after(10):
-                    try:
-                        await self.dht.refresh_routing_table()
-                    except Exception as exc:
-                        log.debug("routing table refresh failed: %s", exc)
+                await best_effort("routing table refresh", self.dht.refresh_routing_table, DHT_CHORE_S)
                 fast = time.monotonic() - started < self.config.fast_refresh_period_s
                 next_walk = time.monotonic() + (self.config.refresh_fast_s if fast else self.config.refresh_slow_s)
-            try:
-                self._learn_routing_table()
-            except Exception as exc:
-                log.warning("could not read the routing table: %s", exc)
+            self._learn_routing_table()
             await trio.sleep(max(0.0, min(self.config.refresh_fast_s, next_walk - time.monotonic())))
 
     async def _publish_loop(self) -> None:
         delay = 1.0
         while True:
             self._info_frame = self._seal_node_info()
-            with trio.move_on_after(10):
-                try:
-                    await self.dht.put_value(nodeinfo_key(self.peer_id), self._info_frame)
-                except Exception as exc:
-                    log.debug("publishing NodeInfo failed: %s", exc)
+            await best_effort("publishing NodeInfo",
+                              partial(self.dht.put_value, nodeinfo_key(self.peer_id), self._info_frame), DHT_CHORE_S)
             await trio.sleep(delay)
-            delay = min(delay * 2, 60.0)
+            delay = min(delay * 2, PUBLISH_MAX_S)
 
     async def _health_loop(self) -> None:
         cfg = self.config.health
         while True:
             async with trio.open_nursery() as sweep:
                 for rec in self.peers.all():
-                    due = rec.state != DOWN or int(time.time()) % 5 == 0
+                    due = rec.state != DOWN or int(time.time()) % DOWN_PROBE_EVERY_S == 0
                     if due:
                         sweep.start_soon(self._probe, rec.peer_id)
             self.peers.reevaluate()
@@ -400,14 +453,14 @@ class MeshNode:
                 if echo == payload:
                     self.peers.seen(peer, (time.perf_counter() - t0) * 1000)
                     return
-            except Exception as exc:
+            except Exception as exc:  # a dead peer's stream fails in any of py-libp2p's roots
                 log.debug("ping %s failed: %s", peer, exc)
         dropped = self._ping_streams.pop(peer, None)
         if dropped is not None:
             self._nursery.start_soon(_reset, dropped)  # type: ignore[union-attr]
 
-    def _peer_state_changed(self, rec: Any, old: str, new: str) -> None:
-        self._on_event(f"peer_{new}", peer=rec.peer_id, message=f"peer {rec.peer_id[-8:]} is {new}")
+    def _peer_state_changed(self, rec: PeerRecord, old: PeerState, new: PeerState) -> None:
+        self._on_event(PEER_EVENTS[new], peer=rec.peer_id, message=f"peer {rec.peer_id[-8:]} is {new}")
 
     # -- inbound streams ---------------------------------------------------------------------
 
@@ -424,7 +477,7 @@ class MeshNode:
                 await _reset(stream)
             except trio.Cancelled:
                 raise
-            except Exception as exc:
+            except Exception as exc:  # one stream's failure, whatever it is, never stops the node
                 log.warning("error while serving %s: %s: %s", remote[-8:], exc.__class__.__name__, exc)
                 await _reset(stream)
             else:
@@ -433,13 +486,13 @@ class MeshNode:
         return run
 
     def _reject(self, peer: str, exc: WireError, what: Any) -> None:
-        if exc.reason == "truncated" and "after 0 of" in str(exc):
+        if isinstance(exc, Truncated) and exc.received == 0:
             # The peer closed before sending anything: a timeout or a crash, not an attack.
             log.info("stream from %s (%s) ended before any data: %s", peer[-8:], what, exc)
             return
         rec = self.peers.penalise(peer, PENALTY.get(exc.reason, 1.0))
         log.warning("rejected input from %s (%s): %s; penalty now %.1f", peer[-8:], what, exc, rec.penalty)
-        self._on_event("rejected", peer=peer, reason=exc.reason, message=f"rejected {what} from {peer[-8:]}: {exc}")
+        self._on_event(MeshEvent.REJECTED, peer=peer, reason=exc.reason, message=f"rejected {what} from {peer[-8:]}: {exc}")
 
     async def _handle_msg(self, stream: Any, remote: str) -> None:
         frame = await read_frame(stream, MAX_FRAME)
@@ -531,7 +584,7 @@ class MeshNode:
             raise SendError(f"peer {peer[-8:]} did not answer within {timeout:.0f}s") from None
         except (WireError, OSError) as exc:
             raise SendError(f"peer {peer[-8:]}: {exc}") from None
-        except Exception as exc:
+        except Exception as exc:  # the verb's contract: any failure to deliver is a SendError
             raise SendError(f"peer {peer[-8:]}: {exc.__class__.__name__}: {exc}") from None
         if not isinstance(reply, dict) or not reply.get("ok"):
             err = reply.get("error", "refused") if isinstance(reply, dict) else "garbled reply"
@@ -563,15 +616,15 @@ class MeshNode:
             targets = random.sample(targets, fanout)
 
         async def push(peer: str) -> None:
-            with trio.move_on_after(10):
+            with trio.move_on_after(GOSSIP_PUSH_S):
                 try:
-                    stream = await self._open(peer, GOSSIP_PROTOCOL, 5)
+                    stream = await self._open(peer, GOSSIP_PROTOCOL, GOSSIP_OPEN_S)
                     try:
                         await write_frame(stream, frame)
                         self.bytes_sent += len(frame)
                     finally:
                         await _close(stream)
-                except Exception as exc:
+                except Exception as exc:  # best effort: relays and later gossip cover a miss
                     log.debug("gossip to %s failed: %s", peer[-8:], exc)
 
         async with trio.open_nursery() as nursery:
@@ -592,11 +645,7 @@ class MeshNode:
 
     async def announce_blob(self, digest: str) -> None:
         """Advertise a provider record so any peer can find this blob by hash."""
-        with trio.move_on_after(5):
-            try:
-                await self.dht.provide(digest)
-            except Exception as exc:
-                log.debug("provide %s failed: %s", digest[:12], exc)
+        await best_effort(f"provide {digest[:12]}", lambda: self.dht.provide(digest), DHT_PROVIDER_S)
 
     async def fetch_blob(self, digest: str, providers: Sequence[str] = (), timeout: float = 120.0) -> Path:
         """Download ``digest`` from the first provider that serves the right bytes."""
@@ -604,21 +653,19 @@ class MeshNode:
             return self.blobs.path(digest)
         candidates = [p for p in providers if p != self.peer_id]
         if not candidates:
-            with trio.move_on_after(5):
-                try:
-                    found = await self.dht.find_providers(digest, 8)
-                    candidates += [str(p.peer_id) for p in found if str(p.peer_id) != self.peer_id]
-                except Exception as exc:
-                    log.debug("find_providers %s failed: %s", digest[:12], exc)
+            found = await best_effort(f"find_providers {digest[:12]}",
+                                      lambda: self.dht.find_providers(digest, 8), DHT_PROVIDER_S) or []
+            candidates += [str(p.peer_id) for p in found if str(p.peer_id) != self.peer_id]
         # Holders that accept connections first; one behind NAT is reached through its relay.
         candidates.sort(key=lambda p: self.claimed_reachability(p) != "public")
         errors: list[str] = []
+        integrity: list[BlobIntegrityError] = []
         for peer in candidates:
             if self.peers.is_ignored(peer):
                 continue
             try:
                 with trio.fail_after(timeout):
-                    stream = await self._open(peer, BLOB_PROTOCOL, 10)
+                    stream = await self._open(peer, BLOB_PROTOCOL, BLOB_OPEN_S)
                     try:
                         path, via_bulk = await receive_blob(stream, self.blobs, digest, peer,
                                                             self.config.max_payload, use_bulk=self._use_bulk())
@@ -632,12 +679,13 @@ class MeshNode:
             except BlobIntegrityError as exc:
                 self._reject(peer, WireError("hash", str(exc)), "blob")
                 errors.append(str(exc))
+                integrity.append(exc)
             except (BlobError, WireError) as exc:
                 errors.append(str(exc))
-            except Exception as exc:
+            except Exception as exc:  # one provider's failure, of any kind, moves on to the next
                 errors.append(f"{peer[-8:]}: {exc.__class__.__name__}: {exc}")
         detail = "; ".join(errors) if errors else "no peer has it"
-        if any("wrong bytes" in e for e in errors):
+        if integrity:
             raise BlobIntegrityError(candidates[0], digest, "mismatch") if len(candidates) == 1 else BlobError(
                 f"could not fetch blob {digest[:16]}…: {detail}")
         raise BlobError(f"could not fetch blob {digest[:16]}…: {detail}")
@@ -667,13 +715,13 @@ def _pack_reply(reply: Any) -> bytes:
 
 
 async def _close(stream: Any) -> None:
-    with trio.move_on_after(2):
+    with trio.move_on_after(STREAM_CLOSE_S):
         with suppress(Exception):
             await stream.close()
 
 
 async def _reset(stream: Any) -> None:
-    with trio.move_on_after(2):
+    with trio.move_on_after(STREAM_CLOSE_S):
         with suppress(Exception):
             await stream.reset()
 

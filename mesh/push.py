@@ -65,13 +65,13 @@ async def dial_and_transfer(stream: Stream, wire_offer: object, dialer_type: typ
     try:
         if host is None:
             raise bulk.BulkUnavailable("the peer's address is unknown")
-        await trio.to_thread.run_sync(dialer.connect, abandon_on_cancel=True)
+        await trio.to_thread.run_sync(dialer.connect, abandon_on_cancel=True)  # type: ignore[call-arg]  # mypy misreads trio's TypeVarTuple signature
     except bulk.BulkUnavailable as exc:
         log.info("%s over libp2p: %s", what, exc)
         await write_obj(stream, {"fallback": True})
         return False
     try:
-        await trio.to_thread.run_sync(transfer, dialer, abandon_on_cancel=True)
+        await trio.to_thread.run_sync(transfer, dialer, abandon_on_cancel=True)  # type: ignore[call-arg]  # mypy misreads trio's TypeVarTuple signature
     except BaseException:
         dialer.abort()
         raise
@@ -113,7 +113,7 @@ async def _take(stream: Stream, inbox: bulk.BulkInbox, buf: bytearray) -> bool:
 
         async def receive() -> None:
             try:
-                await trio.to_thread.run_sync(inbox.receive, len(buf), sink, abandon_on_cancel=True)
+                await trio.to_thread.run_sync(inbox.receive, len(buf), sink, abandon_on_cancel=True)  # type: ignore[call-arg]  # mypy misreads trio's TypeVarTuple signature
             except (bulk.BulkUnavailable, WireError, OSError) as exc:
                 failure.append(exc)
 

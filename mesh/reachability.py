@@ -29,12 +29,12 @@ import logging
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from enum import StrEnum
 from typing import Any
 
 import trio
 
 from mesh.codec import register_kind
+from mesh.compat import StrEnum
 
 log = logging.getLogger("mesh.reachability")
 

@@ -75,7 +75,7 @@ class RelayState:
     relayed_bytes: int = 0  # bytes this node relayed for others, both ways
 
 
-class _KeepNothing(dict):  # type: ignore[type-arg]
+class _KeepNothing(dict[Any, Any]):
     """A table that stores nothing: see ``RelayClient._count_relayed``."""
 
     def __setitem__(self, key: Any, value: Any) -> None:
@@ -153,7 +153,7 @@ class RelayClient:
                     await protocol._close_stream(dst)
 
         self.protocol._handle_connect = counted_connect  # type: ignore[method-assign]
-        self.protocol._relay_data = counted_data  # type: ignore[method-assign]
+        self.protocol._relay_data = counted_data  # type: ignore[method-assign,assignment]
 
     # -- the hop service -------------------------------------------------------------------------
 

@@ -19,11 +19,12 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, TensorDataset
 
+from gpuflex.errors import GpuflexError
 from gpuflex.jobspec import JobSpec
 from gpuflex.plugins import PluginError, call_with_accepted, is_plugin_path, load_callable
 
 
-class DataError(ValueError):
+class DataError(GpuflexError, ValueError):
     """The data on disk is missing or not in the expected format."""
 
 

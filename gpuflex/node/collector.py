@@ -8,7 +8,9 @@ deeper in the tree (their own leader died) are accepted as well, so their work i
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import trio
@@ -34,7 +36,7 @@ def descendants(parent: dict[str, str | None], node: str) -> set[str]:
 
 
 def ancestors(parent: dict[str, str | None], node: str) -> list[str]:
-    chain = []
+    chain: list[str] = []
     cur = parent.get(node)
     while cur is not None and len(chain) <= len(parent):
         chain.append(cur)
@@ -44,12 +46,16 @@ def ancestors(parent: dict[str, str | None], node: str) -> list[str]:
 
 @dataclass
 class Collector:
+    """One tree node's reduce state for one plan; ``deadline`` is the trio time at which it
+    stops waiting for children (see ``RoundDeadlines.reduce_by`` and ``height``)."""
+
     plan: Plan
     me: str
     acc: Reducer
+    deadline: float
+    on_done: Callable[[], None] = lambda: None  # wakes whoever waits for the reduce to finish
     expected: set[str] = field(init=False)
     allowed: set[str] = field(init=False)
-    deadline: float = field(init=False)
     updates: list[Update] = field(default_factory=list)
     partials: list[Partial] = field(default_factory=list)
     reported: set[str] = field(default_factory=set)
@@ -61,8 +67,11 @@ class Collector:
     def __post_init__(self) -> None:
         self.expected = set(children(self.plan.parent, self.me)) | {self.me}
         self.allowed = descendants(self.plan.parent, self.me) | {self.me}
-        height = subtree_height(self.plan.parent, self.me)
-        self.deadline = self.plan.train_deadline + height * self.plan.reduce_slack_s
+
+    @property
+    def height(self) -> int:
+        """Tree levels below this node: each gets one reduce slack after the training deadline."""
+        return subtree_height(self.plan.parent, self.me)
 
     def accepts(self, peer: str) -> bool:
         return not self.closed and peer in self.allowed and peer not in self.covered
@@ -74,6 +83,7 @@ class Collector:
         self.reported.add(reporter)
         if self.expected <= self.reported:
             self.done.set()
+            self.on_done()
 
     def add_update(self, update: Update, delta: np.ndarray) -> None:
         self.updates.append(update)
@@ -93,3 +103,14 @@ class Collector:
     @property
     def progress(self) -> float:
         return len(self.reported & self.expected) / max(1, len(self.expected))
+
+
+@dataclass
+class Reduced:
+    """What a leader folded for one plan: the combined delta and the evidence behind it."""
+
+    avg: np.ndarray | None  # None when secure aggregation lost the masked sum and nothing is left
+    updates: list[bytes]  # signed updates folded here directly
+    partials: list[bytes]  # signed partials of child leaders
+    samples: int
+    reports: list[dict[str, Any]] = field(default_factory=list)  # secure-aggregation group reports

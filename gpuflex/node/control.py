@@ -17,6 +17,7 @@ from typing import Any
 
 import trio
 
+from gpuflex.errors import GpuflexError
 from gpuflex.home import CONTROL_FILE, TOKEN_FILE
 from gpuflex.node.events import EventLog
 from mesh.fsutil import atomic_write_text
@@ -27,7 +28,7 @@ MAX_LINE = 1 << 20
 Method = Callable[[dict[str, Any]], Awaitable[Any]]
 
 
-class ApiError(Exception):
+class ApiError(GpuflexError):
     """An error reply with a message meant for the user."""
 
 
@@ -115,7 +116,7 @@ class ControlServer:
         except ApiError as exc:
             await _send(stream, {"ok": False, "error": str(exc)})
             return True
-        except Exception as exc:
+        except Exception as exc:  # a failing method answers with an error; the API keeps serving
             log.exception("control method %s failed", method)
             await _send(stream, {"ok": False, "error": f"{method} failed: {exc}"})
             return True

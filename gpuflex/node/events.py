@@ -14,6 +14,9 @@ from typing import Any
 
 import trio
 
+from gpuflex.node.kinds import EventKind
+from mesh.node import MeshEvent
+
 log = logging.getLogger("gpuflex.events")
 
 
@@ -23,10 +26,10 @@ class EventLog:
         self._subscribers: list[trio.MemorySendChannel[dict[str, Any]]] = []
         self._seq = 0
 
-    def emit(self, type_: str, *, job: str | None = None, round: int | None = None,
+    def emit(self, type_: EventKind | MeshEvent, *, job: str | None = None, round: int | None = None,
              peer: str | None = None, message: str = "", **extra: Any) -> dict[str, Any]:
         self._seq += 1
-        event = {"seq": self._seq, "ts": time.time(), "type": type_, "job": job, "round": round,
+        event = {"seq": self._seq, "ts": time.time(), "type": str(type_), "job": job, "round": round,
                  "peer": peer, "message": message or type_.replace("_", " "), **extra}
         self._history.append(event)
         log.info("%s", event["message"], extra={"event": event})

@@ -16,6 +16,7 @@ from typing import Any
 
 import msgpack
 
+from gpuflex.errors import GpuflexError
 from gpuflex.node.messages import PLAN, RESULT, Result, parse_plan, parse_result, walk_contributions
 from mesh.codec import WireError, open_envelope
 from mesh.fsutil import atomic_write
@@ -24,7 +25,7 @@ log = logging.getLogger("gpuflex.ledger")
 GENESIS = ""
 
 
-class LedgerError(ValueError):
+class LedgerError(GpuflexError, ValueError):
     """The ledger does not verify; the message names the round and the reason."""
 
 
@@ -156,6 +157,6 @@ def read_ledger_file(path: Path) -> list[bytes]:
         frames = body["frames"]
         if not all(isinstance(f, bytes) for f in frames):
             raise TypeError("frames")
-    except Exception as exc:
+    except Exception as exc:  # a torn or foreign file may fail msgpack in any way: it is unreadable
         raise LedgerError(f"round ?: file cannot be read ({exc.__class__.__name__})") from None
     return list(frames)

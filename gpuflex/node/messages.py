@@ -12,10 +12,28 @@ from typing import Any
 
 from mesh.blob import valid_hash
 from mesh.codec import Envelope, WireError, open_envelope, register_kind, seal
+from mesh.compat import StrEnum
 from mesh.identity import Identity
 
+
+class MessageKind(StrEnum):
+    """Every kind of signed message the round protocol sends (the envelope's ``kind``)."""
+
+    JOB = "job"
+    PRESENCE = "presence"
+    PLAN = "plan"
+    UPDATE = "update"
+    PARTIAL = "partial"
+    RESULT = "result"
+    ABORT = "abort"
+    SYNC = "sync_req"
+    SECAGG_RECOVER = "secagg_recover"
+    SECAGG_SHARES = "secagg_shares"
+
+
 JOB, PRESENCE, PLAN, UPDATE, PARTIAL, RESULT, ABORT, SYNC = (
-    "job", "presence", "plan", "update", "partial", "result", "abort", "sync_req")
+    MessageKind.JOB, MessageKind.PRESENCE, MessageKind.PLAN, MessageKind.UPDATE, MessageKind.PARTIAL,
+    MessageKind.RESULT, MessageKind.ABORT, MessageKind.SYNC)
 register_kind(JOB, 256 * 1024)
 register_kind(PRESENCE, 8 * 1024)
 register_kind(PLAN, 1024 * 1024)
@@ -27,7 +45,7 @@ register_kind(SYNC, 8 * 1024)
 # Secure-aggregation dropout recovery: a leader's request to one survivor, and its answer.
 # One entry per (surviving owner, dropped partner) pair is about 220 bytes: 2 MiB covers a
 # group of about 190 members with half of them gone.
-SECAGG_RECOVER, SECAGG_SHARES = "secagg_recover", "secagg_shares"
+SECAGG_RECOVER, SECAGG_SHARES = MessageKind.SECAGG_RECOVER, MessageKind.SECAGG_SHARES
 register_kind(SECAGG_RECOVER, 2 * 1024 * 1024)
 register_kind(SECAGG_SHARES, 2 * 1024 * 1024)
 #: A Shamir share is one element of GF(2^521 - 1): 66 bytes, big-endian.

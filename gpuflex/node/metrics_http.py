@@ -18,6 +18,8 @@ from typing import Any
 
 import trio
 
+from gpuflex.errors import GpuflexError
+
 log = logging.getLogger("gpuflex.metrics")
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -26,7 +28,7 @@ MAX_REQUEST = 8192
 REQUEST_TIMEOUT_S = 5.0
 
 
-class MetricsAddrError(ValueError):
+class MetricsAddrError(GpuflexError, ValueError):
     """``--metrics`` is not ``PORT`` or ``HOST:PORT``."""
 
 

@@ -47,7 +47,7 @@ def model_parts(params: np.ndarray, state: dict[str, np.ndarray] | None = None) 
     for key, value in items:
         arr = np.ascontiguousarray(value, dtype="<f4").reshape(-1)
         pieces += [_str(key), _bin_header(arr.nbytes), arr]
-    return [memoryview(p).cast("B") if isinstance(p, np.ndarray) else memoryview(p) for p in pieces]
+    return [p.data.cast("B") if isinstance(p, np.ndarray) else memoryview(p) for p in pieces]
 
 
 def pack_model(params: np.ndarray, state: dict[str, np.ndarray] | None = None) -> bytes:
@@ -123,7 +123,7 @@ def unpack_model(data: bytes | bytearray | memoryview) -> tuple[np.ndarray, dict
                 raise ValueError(f"unknown key {key!r}")
         if version != 1 or params is None or cur.at != len(data):
             raise ValueError("unknown version, no parameters, or trailing bytes")
-    except Exception as exc:
+    except Exception as exc:  # untrusted bytes may fail in any way
         raise WireError("garbled", f"model blob could not be decoded ({exc.__class__.__name__})") from None
     if any(v.shape != params.shape for v in state.values()):
         raise WireError("garbled", "optimizer state does not match the parameter count")

@@ -11,8 +11,6 @@ the job file choose the math without touching the protocol.
 from __future__ import annotations
 
 import logging
-import os
-from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
@@ -26,14 +24,14 @@ from aggregation.secagg import default_threshold
 from aggregation.server_opt import ServerOptimizer, make_server_optimizer
 from aggregation.weighted import WeightedAccumulator
 from gpuflex.node.modelblob import unpack_delta
-from gpuflex.plugins import is_plugin_path, load_callable
-from gpuflex.secure import (
+from gpuflex.node.secure import (
     GroupContext,
     SecAggMember,
     SecAggReducer,
     decode_masked,
     mask_group,
 )
+from gpuflex.plugins import is_plugin_path, load_callable
 from mesh.codec import WireError
 
 if TYPE_CHECKING:
@@ -44,9 +42,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("gpuflex.pipeline")
 #: Secure aggregation clips each coordinate to this range (wider under DP, whose noise is large).
 SECAGG_RANGE = 4.0
-#: Test meshes only: "ROUND:POS[,POS...]" makes the masking members at those positions of their
-#: sorted group exit right after masking, in attempt 0 of that round, before the update is sent.
-SECAGG_DROP_ENV = "GPUFLEX_TEST_SECAGG_DROP"
 
 
 class Reducer(Protocol):
@@ -147,7 +142,7 @@ def secagg_context(spec: JobSpec, plan: Plan, node: str) -> GroupContext | None:
     leader, group = mask_group(plan.parent, node)
     if not group:
         return None
-    threshold = spec.secagg_threshold or default_threshold(len(group))
+    threshold = spec.secagg_threshold_for(default_threshold(len(group)))
     return GroupContext(job=plan.job, round=plan.round, attempt=plan.attempt, leader=leader,
                         group=group, threshold=min(threshold, max(1, len(group) - 2)),
                         clip_range=secagg_range(spec))
@@ -167,7 +162,7 @@ def make_reducer(spec: JobSpec, is_root: bool, plan: Plan | None = None,
     if spec.secure_aggregation and plan is not None and me is not None:
         ctx = secagg_context(spec, plan, me)
         if ctx is not None and ctx.leader == me:
-            return SecAggReducer(ctx)  # type: ignore[return-value]
+            return SecAggReducer(ctx)
     if spec.rule == "mean" and spec.norm_bound <= 0:
         return MeanReducer()
     rule = plugin_rule(spec) if is_plugin_path(spec.rule) else make_rule(spec.rule, **spec.rule_params)
@@ -241,30 +236,6 @@ def secagg_member(spec: JobSpec, identity: Identity, plan: Plan) -> SecAggMember
     if ctx is None or identity.peer_id not in ctx.group:
         return None
     return SecAggMember(identity, ctx)
-
-
-def scripted_dropout(ctx: GroupContext, me: str, listen: Sequence[str]) -> bool:
-    """Whether this member must drop right after masking (``GPUFLEX_TEST_SECAGG_DROP``).
-
-    The dropout tests need a member that dies after its partners' masks already include it,
-    at a point no outside kill can hit reliably. Like ``--adversary`` it is honoured only by a
-    node whose every listen address is on loopback.
-    """
-    from gpuflex.adversary import loopback_only
-
-    raw = os.environ.get(SECAGG_DROP_ENV, "")
-    if not raw or ctx.attempt != 0 or me not in ctx.group:
-        return False
-    if not loopback_only(list(listen)):
-        log.warning("%s is ignored: it is only honoured on loopback test meshes", SECAGG_DROP_ENV)
-        return False
-    try:
-        round_text, _, positions = raw.partition(":")
-        wanted = {int(p) for p in positions.split(",") if p.strip()}
-        return ctx.round == int(round_text) and ctx.group.index(me) in wanted
-    except ValueError:
-        log.warning("%s=%r is not ROUND:POS[,POS...]; ignored", SECAGG_DROP_ENV, raw)
-        return False
 
 
 def decode_payload(spec: JobSpec, payload: bytes, size: int) -> np.ndarray:

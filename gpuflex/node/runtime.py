@@ -9,23 +9,28 @@ import time
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 
 from gpuflex import __version__
+from gpuflex.errors import GpuflexError
 from gpuflex.home import CONTROL_FILE, KEY_FILE
 from gpuflex.node.control import ApiError, ControlServer
 from gpuflex.node.events import EventLog
+from gpuflex.node.jobs import JobManager
 from mesh.health import HealthConfig
 from mesh.identity import Identity
-from mesh.node import MeshConfig, MeshNode
+from mesh.node import MeshConfig, MeshEvent, MeshNode
 from mesh.relay import RelayLimitsConfig
+
+if TYPE_CHECKING:
+    from gpuflex.node.faults import Faults
 
 log = logging.getLogger("gpuflex.node")
 
 
-class NodeStartError(RuntimeError):
+class NodeStartError(GpuflexError, RuntimeError):
     """The node cannot start; the message says why and what to do."""
 
 
@@ -84,8 +89,6 @@ def warm_up_torch() -> None:
 
 class NodeRuntime:
     def __init__(self, options: NodeOptions) -> None:
-        from gpuflex.node.jobs import JobManager
-
         self.options = options
         self.home = options.home
         self.home.mkdir(parents=True, exist_ok=True)
@@ -116,9 +119,24 @@ class NodeRuntime:
             ),
             on_event=self._mesh_event,
         )
-        self.jobs = JobManager(self)
+        self.jobs = JobManager(self.mesh, self.events, self.home, self._faults(options))
         self._stop = trio.Event()
         self.metrics_addr: tuple[str, int] | None = None
+
+    @staticmethod
+    def _faults(options: NodeOptions) -> Faults:
+        """A normal node's no-op hooks, unless a test harness installed its own or the node
+        was started as a (loopback-only) ``--adversary``."""
+        from gpuflex.node import faults
+
+        hooks = faults.installed()
+        if hooks is not None:
+            return hooks
+        if options.adversary:
+            from gpuflex.adversary import make_adversary
+
+            return make_adversary(options.adversary)
+        return faults.NO_FAULTS
 
     @staticmethod
     def _hardware() -> dict[str, Any]:
@@ -126,7 +144,7 @@ class NodeRuntime:
 
         return collect_hardware()
 
-    def _mesh_event(self, type_: str, **fields: Any) -> None:
+    def _mesh_event(self, type_: MeshEvent, **fields: Any) -> None:
         self.events.emit(type_, **fields)
 
     async def serve(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
@@ -137,7 +155,8 @@ class NodeRuntime:
             for addr in self.mesh.multiaddrs():
                 log.info("gpuflex node %s listening on %s", self.identity.peer_id, addr)
             # Abandoned on stop: a node stopped while torch still imports must not wait for it.
-            nursery.start_soon(partial(trio.to_thread.run_sync, warm_up_torch, abandon_on_cancel=True))
+            nursery.start_soon(partial(trio.to_thread.run_sync, warm_up_torch,  # type: ignore[call-arg]
+                                       abandon_on_cancel=True))  # (mypy misreads trio's TypeVarTuple signature)
             await nursery.start(self.jobs.run)
             port = await nursery.start(control.run)
             log.info("control API on 127.0.0.1:%d (token in %s)", port, self.home / "control.token")

@@ -72,3 +72,11 @@ def digits_spec(**overrides: object) -> dict:
     spec = demo_spec(int(overrides.pop("rounds", 4)))  # type: ignore[arg-type]
     spec.update(overrides)
     return spec
+
+
+def load_factor() -> float:
+    """How many times slower than idle this machine runs now: the one-minute load per core,
+    between 1 and 4. Discovery and failure detection are bounded by CPU (every node process
+    walks the DHT and answers pings), so a budget that holds on an idle 2-core machine is
+    scaled by this on a shared, busy one instead of flaking."""
+    return min(4.0, max(1.0, os.getloadavg()[0] / (os.cpu_count() or 1)))

@@ -1,7 +1,8 @@
 """Secure aggregation with real node processes: a member that dies right after masking is
 recovered from the survivors' seed shares, and too many dropouts fail the group, never the sum.
 
-The dropout is scripted (``GPUFLEX_TEST_SECAGG_DROP``, loopback meshes only): the member exits
+The dropout is scripted by the test harness (``tests.integration.dropout_node``, which installs
+the fault through ``gpuflex.node.faults`` before running the ordinary CLI): the member exits
 with SIGKILL after its partners' masks already include it and before its update is sent, a
 point an outside kill cannot hit reliably. The committed model is checked against the
 survivors' deltas recomputed here, which are deterministic given the job's seed.
@@ -9,6 +10,7 @@ survivors' deltas recomputed here, which are deterministic given the job's seed.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -17,9 +19,9 @@ import pytest
 from gpuflex.localmesh import LocalMesh
 from gpuflex.node.messages import PLAN, RESULT, parse_plan
 from gpuflex.node.modelblob import unpack_model
-from gpuflex.node.pipeline import SECAGG_DROP_ENV
 from mesh.codec import open_envelope
 from tests.integration.conftest import digits_spec
+from tests.integration.dropout_node import DROP_ENV
 from tests.integration.test_faults import FAST, ledger_frames, peer_ids
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
@@ -32,7 +34,8 @@ SECAGG = {**FAST, "secure_aggregation": True, "group_size": 8, "min_nodes": 2, "
 
 
 def start(mesh_factory: Any, drop: str) -> tuple[LocalMesh, dict[str, int], str]:
-    mesh = mesh_factory(5, env={SECAGG_DROP_ENV: drop})
+    root = str(Path(__file__).resolve().parents[2])  # where the harness module imports from
+    mesh = mesh_factory(5, env={DROP_ENV: drop, "PYTHONPATH": root}, launcher=("-m", "tests.integration.dropout_node"))
     mesh.start(timeout=120)
     mesh.wait_connected(60)
     ids = peer_ids(mesh, range(5))

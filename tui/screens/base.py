@@ -5,8 +5,8 @@ new ones while visible, so a screen that was hidden for a minute is never stale.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, ClassVar, cast
+from collections.abc import Callable, Sequence
+from typing import ClassVar, Protocol, cast
 
 from textual.app import ComposeResult
 from textual.screen import Screen
@@ -17,16 +17,23 @@ from tui.model import Event
 from tui.widgets.banner import Banner
 from tui.widgets.masthead import Masthead
 
-if TYPE_CHECKING:
-    from tui.app import DashboardApp
+
+class Dashboard(Protocol):
+    """What a screen reads from the app that hosts it (tui.app.DashboardApp): attributes
+    down, so no screen imports the app."""
+
+    clock: Callable[[], float]
+
+    @property
+    def snapshot(self) -> Snapshot: ...
 
 
 class DashboardScreen(Screen[None]):
     MODE: ClassVar[str] = ""
 
     @property
-    def dashboard(self) -> DashboardApp:
-        return cast("DashboardApp", self.app)
+    def dashboard(self) -> Dashboard:
+        return cast(Dashboard, self.app)
 
     def compose(self) -> ComposeResult:
         yield Masthead()

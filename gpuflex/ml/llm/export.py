@@ -14,22 +14,33 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from gpuflex.ml.llm import LLMError
 from gpuflex.ml.llm.models import base_hash, build_base
 from gpuflex.ml.llm.tokenizer import eos_id, save_hf_tokenizer
 from mesh.fsutil import atomic_write_text
 
-if TYPE_CHECKING:
-    from gpuflex.ml.llm.workload import LLMWorkload
+
+class ExportSource(Protocol):
+    """What the export reads of a language-model workload (``workload.LLMWorkload``); named
+    here so that the workload may call the export without the two importing each other."""
+
+    spec: Any
+    settings: dict[str, Any]
+    base_hash: str
+    tokenizer_hash: str
+    num_params: int
+    model: Any
+    tokenizer: Any
+    config: Any
 
 
 def _files(folder: Path) -> list[Path]:
     return sorted(p for p in folder.iterdir() if p.is_file())
 
 
-def export_llm(work: LLMWorkload, out: Path) -> list[Path]:
+def export_llm(work: ExportSource, out: Path) -> list[Path]:
     """Write the model (or adapter, and base) with its tokenizer under ``out``; the
     workload's model must already hold the parameters to export."""
     from transformers.utils import logging as hf_logging

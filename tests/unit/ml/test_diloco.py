@@ -1,13 +1,13 @@
 """DiLoCo's communication saving rests on int8 costing about a quarter of fp32 on the wire,
 both ways, while training as well; checked here on a tiny run through the node's own
-encoder, decoder and outer optimizer (gpuflex/ml/simulate.py)."""
+encoder, decoder and outer optimizer (gpuflex/simulate.py)."""
 
 from __future__ import annotations
 
 import dataclasses
 
 from gpuflex.jobspec import JobSpec
-from gpuflex.ml.simulate import simulate
+from gpuflex.simulate import simulate
 
 DILOCO = JobSpec(model="digits-cnn", data="sklearn-digits", partition="iid", strategy="diloco",
                  optimizer="adamw", lr=3e-3, weight_decay=0.1, local_epochs=0, local_steps=10,

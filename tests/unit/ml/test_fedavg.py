@@ -9,7 +9,7 @@ import pytest
 
 from gpuflex.jobspec import JobSpec, example_job_toml
 from gpuflex.ml.baseline import central_baseline
-from gpuflex.ml.simulate import simulate_fedavg
+from gpuflex.simulate import simulate_fedavg
 
 
 def demo_spec(**overrides) -> JobSpec:

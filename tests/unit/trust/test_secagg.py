@@ -10,7 +10,7 @@ import pytest
 from aggregation import secagg
 from gpuflex.jobspec import JobSpec
 from gpuflex.node.pipeline import DeltaEncoder, decode_payload, make_reducer, secagg_member
-from gpuflex.secure import MaskedUpdate, SecAggReducer, mask_group, pairwise_keys
+from gpuflex.node.secure import MaskedUpdate, SecAggReducer, mask_group, pairwise_keys
 from mesh.identity import Identity
 
 SPEC = JobSpec.from_dict({"model": "mlp", "data": "sklearn-digits", "secure_aggregation": True})

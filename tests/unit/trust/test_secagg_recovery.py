@@ -17,8 +17,8 @@ from gpuflex.node.messages import (
     parse_recovery_request,
     parse_secagg_reports,
 )
-from gpuflex.node.pipeline import SECAGG_DROP_ENV, scripted_dropout, secagg_context
-from gpuflex.secure import (
+from gpuflex.node.pipeline import secagg_context
+from gpuflex.node.secure import (
     SecAggMember,
     SecAggReducer,
     accept_answer,
@@ -188,23 +188,34 @@ def test_recovery_messages_reject_malformed_bodies() -> None:
         parse_secagg_reports([{**report, "recovered": "yes"}], "partial")
 
 
-def test_scripted_dropout_only_on_loopback_in_attempt_zero(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_scripted_dropout_hits_its_positions_in_attempt_zero_of_its_round_only() -> None:
+    from tests.integration.dropout_node import ScriptedDropout
+
     ids, plan = group(4)
     ctx = secagg_context(SPEC, plan, ids[1].peer_id)
     assert ctx is not None and ctx.round == 3
     first, second = ctx.group[0], ctx.group[1]
-    loop, public = ["/ip4/127.0.0.1/tcp/0"], ["/ip4/0.0.0.0/tcp/4001"]
-    assert not scripted_dropout(ctx, first, loop)  # not set
-    monkeypatch.setenv(SECAGG_DROP_ENV, "3:0")
-    assert scripted_dropout(ctx, first, loop)
-    assert not scripted_dropout(ctx, second, loop)
-    assert not scripted_dropout(ctx, first, public)
+    script = ScriptedDropout.parse("3:0")
+    assert script.drops(ctx, first)
+    assert not script.drops(ctx, second)
     retry = secagg_context(SPEC, SimpleNamespace(**{**vars(plan), "attempt": 1}), first)
-    assert retry is not None and not scripted_dropout(retry, first, loop)
-    monkeypatch.setenv(SECAGG_DROP_ENV, "2:0")
-    assert not scripted_dropout(ctx, first, loop)
-    monkeypatch.setenv(SECAGG_DROP_ENV, "three:zero")
-    assert not scripted_dropout(ctx, first, loop)
+    assert retry is not None and not script.drops(retry, first)
+    assert not ScriptedDropout.parse("2:0").drops(ctx, first)
+    with pytest.raises(ValueError):
+        ScriptedDropout.parse("three:zero")
+
+
+def test_a_node_honours_no_dropout_script_from_its_environment(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    """The dropout lives in the test harness only: a node started normally ignores the variable
+    the harness reads, and its fault hooks do nothing."""
+    from gpuflex.node import faults
+    from gpuflex.node.runtime import NodeOptions, NodeRuntime
+    from tests.integration.dropout_node import DROP_ENV
+
+    monkeypatch.setenv(DROP_ENV, "3:0")
+    monkeypatch.setattr(faults, "_installed", None)
+    hooks = NodeRuntime._faults(NodeOptions(home=tmp_path))
+    assert hooks is faults.NO_FAULTS
 
 
 async def test_round_trip_tolerates_a_silent_survivor_and_reports_a_bad_answer() -> None:

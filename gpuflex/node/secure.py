@@ -182,7 +182,7 @@ def decode_masked(payload: bytes, size: int) -> MaskedUpdate:
         meta = msgpack.unpackb(payload[8 : 8 + length], raw=False)
         body = payload[8 + length :]
         shares = {(str(p), str(h)): bytes(c) for p, h, c in meta["shares"]}
-    except Exception as exc:
+    except Exception as exc:  # untrusted bytes may fail msgpack or the unpacking in any way
         raise WireError("garbled", f"masked delta could not be decoded ({exc})") from None
     if len(body) != size * 4:
         raise WireError("garbled", f"masked delta has {len(body)} bytes, expected {size * 4}")
@@ -344,7 +344,7 @@ async def collect_answers(identity: Identity, red: SecAggReducer,
     async def ask(holder: str, frame: bytes) -> None:
         try:
             accept_answer(red, holder, await request(holder, frame), frame)
-        except Exception as exc:
+        except Exception as exc:  # any failure of one survivor only counts against the threshold
             problems[holder] = exc
 
     with trio.move_on_after(timeout):

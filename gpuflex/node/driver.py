@@ -1,0 +1,301 @@
+"""One job on one node: prepare it, sequence its rounds through the roles, route its messages.
+
+For round r the driver asks the coordinator role for the plan, then waits for the round to
+commit; a plan in force starts this node's roles in it (member, and leader or root when it
+has children). An attempt that cannot commit (aborted, its deadline passed, its coordinator
+down) is retried with the next attempt's ranking, from the same base: members re-send the
+update they already computed, so accepted work is not lost.
+
+The driver holds the job's state (``JobBook``) and its ``JobPort``; it never reaches into its
+owner, and its owner only calls its methods.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from aggregation.tree import children
+from gpuflex.node.collector import Collector
+from gpuflex.node.export import JobExport
+from gpuflex.node.faults import NO_FAULTS, Faults
+from gpuflex.node.kinds import EventKind, JobState, Phase, Role
+from gpuflex.node.messages import (
+    ABORT,
+    PARTIAL,
+    PLAN,
+    RESULT,
+    SECAGG_RECOVER,
+    UPDATE,
+    MessageKind,
+    Plan,
+)
+from gpuflex.node.modelblob import model_parts
+from gpuflex.node.models import Models
+from gpuflex.node.pipeline import DeltaEncoder
+from gpuflex.node.policy import Reports
+from gpuflex.node.port import JobPort, Trainer, TrainerFactory
+from gpuflex.node.roles.apply import ResultApplier
+from gpuflex.node.roles.coordinator import Coordinator
+from gpuflex.node.roles.leader import Leader
+from gpuflex.node.roles.member import Member
+from gpuflex.node.roles.root import Root
+from gpuflex.node.state import JobBook, JobInfo, RoundDeadlines, RoundState
+from gpuflex.node.summary import ledger_rows, metric_rows, summarize
+from gpuflex.privacy import STOP, WARN, budget_status
+from mesh.codec import WireError
+from mesh.health import PeerState
+from mesh.messaging import Inbound, SendError
+
+log = logging.getLogger("gpuflex.rounds")
+#: A fresh plan's coordinator is not declared dead for this long: its health record may lag.
+COORDINATOR_GRACE_S = 2.0
+
+
+def load_trainer(spec: Any, index: int, parts: int, home: Path, data_hook: Callable[..., Any] | None) -> Trainer:
+    """The real workload (torch), imported only when a job starts: a language model's or the
+    classic one, behind the same flat-vector surface."""
+    from gpuflex.ml.workload import open_workload
+
+    return open_workload(spec, index, parts, home, data_hook=data_hook)
+
+
+class JobDriver:
+    def __init__(self, info: JobInfo, port: JobPort, jobs_dir: Path, *, faults: Faults = NO_FAULTS,
+                 trainers: TrainerFactory = load_trainer) -> None:
+        self.port, self.faults, self._trainers = port, faults, trainers
+        self.book = book = JobBook(info, port.identity.peer_id, jobs_dir / info.job_id)
+        self.job_id, self.spec = info.job_id, info.spec
+        self._trainer: Trainer | None = None
+        reports = Reports(port, book.status, info.job_id)
+        self.models = Models(port, book)
+        self.coordinator = Coordinator(port, book)
+        self.member = Member(port, book, DeltaEncoder(info.spec), faults, self.models.load, self.trainer)
+        self.leader = Leader(port, book, reports)
+        self.root = Root(port, book, self.models.load, self.trainer)
+        self.applier = ResultApplier(port, book, self.models, reports)
+        self._handlers: dict[str, Callable[[Inbound], Awaitable[Any]]] = {
+            PLAN: self.on_plan, UPDATE: self.leader.on_update, PARTIAL: self.leader.on_partial,
+            RESULT: self.applier.on_result, ABORT: self.applier.on_abort,
+            SECAGG_RECOVER: self.member.on_secagg_recover}
+
+    #: The message kinds a job handles (the job manager routes them here by the body's job id).
+    HANDLED: tuple[MessageKind, ...] = (PLAN, UPDATE, PARTIAL, RESULT, ABORT, SECAGG_RECOVER)
+
+    def trainer(self) -> Trainer:
+        if self._trainer is None:
+            raise RuntimeError("the job's workload is not prepared yet")
+        return self._trainer
+
+    async def handle(self, msg: Inbound) -> Any:
+        """Route one of this job's messages to the role that handles its kind."""
+        handler = self._handlers.get(msg.envelope.kind)
+        if handler is None:
+            raise WireError("kind", f"a job does not handle {msg.envelope.kind} messages")
+        return await handler(msg)
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        book, status = self.book, self.book.status
+        async with trio.open_nursery() as nursery:
+            book.tasks.nursery = nursery
+            try:
+                await self._prepare()
+                status.start()
+                while book.committed < self.spec.rounds and self._budget_allows():
+                    await self._drive_round(book.current)
+                status.finish()
+                last = book.ledger.results[-1].metrics if book.ledger.results else {}
+                self.port.emit(EventKind.JOB_DONE, book.committed, message=(
+                    f"job {self.job_id} done after {book.committed} rounds: "
+                    f"accuracy {last.get('accuracy', float('nan')):.3f}"))
+                book.changed.notify()
+            except Exception as exc:  # a local failure (data, model, disk) ends this job, not the node
+                status.fail(str(exc))
+                log.exception("job %s failed", self.job_id)
+                self.port.emit(EventKind.JOB_FAILED, message=f"job {self.job_id} failed: {exc}")
+                nursery.cancel_scope.cancel()
+                return
+            # Done: the last round's tasks end by themselves; the job keeps serving its messages
+            # (a competing result still triggers fork choice, a peer still gets recovery answers).
+            await trio.sleep_forever()
+
+    def _budget_allows(self) -> bool:
+        """False once the next round would spend more privacy than the job allows."""
+        done, spec = self.book.committed, self.spec
+        budget = budget_status(spec, done)
+        if budget == STOP:
+            self.port.emit(EventKind.PRIVACY_BUDGET, done, message=(
+                f"job {self.job_id}: stopping, round {done + 1} would exceed ε={spec.dp_epsilon_budget:g}"))
+            return False
+        if budget == WARN:
+            self.port.emit(EventKind.PRIVACY_BUDGET, done, message=(
+                f"job {self.job_id}: privacy budget ε={spec.dp_epsilon_budget:g} exceeded"))
+        return True
+
+    async def _prepare(self) -> None:
+        book, port = self.book, self.port
+        problems = book.ledger.load()
+        for problem in problems:
+            port.emit(EventKind.STATE_CORRUPT, message=f"ledger of job {self.job_id}: {problem}; recovering")
+        book.advance()
+        index, parts = book.info.part_for(book.me)
+        self._trainer = await port.offload(self._trainers, self.spec, index, parts, port.home,
+                                           self.faults.data_hook())
+        init = await port.offload(self._trainer.initial_params)
+        book.init_hash = port.blobs.put_parts(model_parts(init, {}))
+        if problems or (book.ledger.results and not port.blobs.has(book.head_model)):
+            await port.catch_up()
+        book.ready.set()
+
+    # -- one round -----------------------------------------------------------------------------------
+
+    async def _drive_round(self, rs: RoundState) -> None:
+        book, status = self.book, self.book.status
+        rs.attempt = rs.plan.attempt if rs.plan is not None else 0
+        while book.committed < rs.round:
+            status.set_phase(Phase.PLAN)
+            status.set_role(Role.IDLE)
+            plan = await self.coordinator.obtain_plan(rs)
+            if book.committed >= rs.round:
+                return
+            if plan is None:
+                rs.attempt += 1
+                continue
+            reason = await self._await_commit(rs, plan)
+            if reason is None:
+                return
+            latest = rs.plan
+            rs.attempt = max(plan.attempt, latest.attempt if latest else 0) + 1
+            self.port.emit(EventKind.ROUND_RETRIED, rs.round, message=(
+                f"round {rs.round} attempt {plan.attempt} did not commit ({reason}); retrying as attempt {rs.attempt}"))
+
+    async def _await_commit(self, rs: RoundState, plan: Plan) -> str | None:
+        """Wait for round ``rs.round`` to commit; the reason it will not, otherwise."""
+        book, clock, port = self.book, self.port.clock, self.port
+        grace_until = clock.now() + COORDINATOR_GRACE_S
+        deadlines = rs.deadlines
+        while book.committed < rs.round:
+            if rs.plan is not None and rs.plan.attempt > plan.attempt:
+                plan, deadlines = rs.plan, rs.deadlines
+            if plan.attempt in rs.aborted:
+                return "aborted by its coordinator"
+            assert deadlines is not None  # set with every plan in force
+            now = clock.now()
+            if now >= deadlines.end:
+                return "deadline passed"
+            if plan.coordinator != book.me and port.health(plan.coordinator) == PeerState.DOWN and now >= grace_until:
+                return f"coordinator {plan.coordinator[-8:]} is down"
+            await book.changed.wait(min(deadlines.end, grace_until) if now < grace_until else deadlines.end)
+        return None
+
+    async def on_plan(self, msg: Inbound) -> None:
+        plan, deadlines = await self.coordinator.accept(msg)
+        self._start_roles(plan, deadlines)
+
+    def _start_roles(self, plan: Plan, deadlines: RoundDeadlines) -> None:
+        """This node's part in a plan now in force: member always, leader or root with children."""
+        book = self.book
+        if book.me not in plan.parent:
+            book.status.set_role(Role.IDLE)
+            return
+        is_root = plan.coordinator == book.me
+        has_children = bool(children(plan.parent, book.me))
+        book.status.set_role(Role.ROOT if is_root else (Role.LEADER if has_children else Role.MEMBER))
+        if is_root or has_children:
+            book.tasks.start_soon(self._lead, plan, deadlines, self.leader.open(plan, deadlines, is_root))
+        book.tasks.start_soon(self.member.train_and_send, plan, deadlines)
+
+    async def _lead(self, plan: Plan, deadlines: RoundDeadlines, col: Collector) -> None:
+        """Reduce the group, then commit (the root) or send the partial up (a leader)."""
+        try:
+            reduced = await self.leader.reduce(plan, col)
+            if reduced is None:
+                return
+            if plan.coordinator == self.book.me:
+                await self.root.commit(plan, reduced)
+            else:
+                await self.leader.send_partial(plan, deadlines, reduced)
+        except (SendError, WireError, OSError) as exc:
+            self.port.emit(EventKind.PARTIAL_FAILED, plan.round, message=(
+                f"round {plan.round}: partial not delivered: {exc}"))
+        except Exception as exc:  # the job's rule may be a user's plug-in, which may raise anything
+            log.exception("reduce for round %d failed", plan.round)
+            self.port.emit(EventKind.PARTIAL_FAILED, plan.round, message=f"round {plan.round}: reduce failed: {exc}")
+
+    # -- what the job manager asks of a job -----------------------------------------------------------
+
+    @property
+    def state(self) -> JobState:
+        return self.book.status.state
+
+    @property
+    def committed(self) -> int:
+        return self.book.committed
+
+    def participates(self) -> bool:
+        return self.book.participates()
+
+    def notify(self) -> None:
+        """Something outside the job changed (a peer's health): re-check what waits on it."""
+        self.book.changed.notify()
+
+    def saw_presence(self, peer: str, last_round: object) -> bool:
+        """Record ``peer``'s presence; True when it says it is ahead of this node."""
+        self.book.saw_presence(peer)
+        return isinstance(last_round, int) and last_round > self.book.committed
+
+    async def offer_ledger(self, frames: list[bytes], peer: str) -> None:
+        await self.applier.offer_ledger(frames, peer)
+
+    def check_quorum(self) -> None:
+        """Say so while fewer than min_nodes members are reachable: this side of a partition
+        will not commit until more return, and must not look merely slow."""
+        book, status = self.book, self.book.status
+        if status.state != JobState.RUNNING:
+            status.set_waiting("")
+            return
+        need = self.spec.min_nodes
+        live = book.live_members(self.port.alive_peers())
+        reachable = len(live)
+        note = f"only {reachable} of min_nodes={need} members reachable; not committing" if reachable < need else ""
+        if note:
+            note += self._missing_members(live)
+        if not status.set_waiting(note):
+            return
+        r = book.current.round
+        if note:
+            self.port.emit(EventKind.ROUND_WAITING, r, message=f"job {self.job_id} round {r}: waiting, {note}")
+        else:
+            self.port.emit(EventKind.QUORUM_RESTORED, r, message=(
+                f"job {self.job_id} round {r}: {reachable} members reachable again (min_nodes={need})"))
+
+    def _missing_members(self, live: list[str]) -> str:
+        """Which members are out of reach and why, as far as this node can tell (their own
+        NodeInfo says whether they are behind NAT and which relays hold a slot for them)."""
+        book, allow = self.book, set(self.spec.allowlist)
+        missing = sorted(p for p in set(book.info.initial_members) | set(book.eligible())
+                         if p not in live and (not allow or p in allow))
+        return "".join(f"; {peer[-8:]} {self.port.why_unreachable(peer)}" for peer in missing[:8])
+
+    def recent_blobs(self) -> set[str]:
+        return self.models.recent()
+
+    def summary(self) -> dict[str, Any]:
+        return summarize(self.book, trio.current_time())
+
+    def ledger_rows(self) -> list[dict[str, Any]]:
+        return ledger_rows(self.book)
+
+    def export(self) -> JobExport:
+        """What ``export_results`` writes, taken now (it runs in a worker thread)."""
+        book = self.book
+        head, blobs = book.head_model, self.port.blobs
+        return JobExport(job_id=self.job_id, spec=self.spec, model_hash=head,
+                         read_model=lambda: blobs.read(head), trainer=self.trainer(),
+                         metrics=metric_rows(book), ledger=ledger_rows(book), ledger_path=book.ledger.path)

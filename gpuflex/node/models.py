@@ -1,0 +1,91 @@
+"""The models a job holds on this node: fetched by hash, rebuilt from a committed step where
+the root sent one, and pruned to the last few as rounds commit."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+
+from gpuflex.node.kinds import EventKind
+from gpuflex.node.messages import Result
+from gpuflex.node.modelblob import model_parts, unpack_model
+from gpuflex.node.pipeline import replay_step
+from gpuflex.node.port import JobPort
+from gpuflex.node.state import JobBook
+from mesh.blob import BlobError, parts_hash
+from mesh.codec import WireError
+
+log = logging.getLogger("gpuflex.models")
+#: Committed models (and their steps) a node keeps: the head, and the one before it, which a
+#: ledger restored from its backup copy would return to. Older ones are deleted, or a long job
+#: would fill the disk with a model per round.
+MODELS_KEPT = 2
+#: A committed step is a quarter of the model or less: if it takes longer than this, download
+#: the model instead.
+STEP_FETCH_S = 60.0
+
+
+class Models:
+    def __init__(self, port: JobPort, book: JobBook) -> None:
+        self.port, self.book = port, book
+
+    async def load(self, digest: str, providers: list[str]) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """The model blob ``digest``, re-fetched from peers if the local copy fails its hash."""
+        port = self.port
+        await port.fetch_blob(digest, providers)
+        try:
+            data = port.blobs.read(digest, verify=True)
+        except BlobError as exc:
+            port.emit(EventKind.STATE_CORRUPT, message=f"{exc}; fetching it again from peers")
+            await port.fetch_blob(digest, providers or port.alive_peers())
+            data = port.blobs.read(digest, verify=True)
+        return unpack_model(data)
+
+    async def hold_committed(self, res: Result) -> None:
+        """Hold the model a result commits: rebuilt from the previous model and the encoded
+        step where the root sent one, else (or if the rebuild does not match) downloaded."""
+        blobs = self.port.blobs
+        if res.step_hash is not None and not blobs.has(res.model_hash) and blobs.has(res.base_hash):
+            try:
+                await self.port.fetch_blob(res.step_hash, [res.coordinator], timeout=STEP_FETCH_S)
+                parts = await self.port.offload(self._replay, res)
+                if parts_hash(parts) == res.model_hash:
+                    blobs.put_parts(parts)
+                    self.book.status.replayed_step()
+                else:
+                    log.warning("round %d: the model rebuilt from the step does not match %s; "
+                                "downloading it", res.round, res.model_hash[:12])
+            except (BlobError, WireError) as exc:
+                log.info("round %d: rebuilding from the step failed (%s); downloading the model",
+                         res.round, exc)
+        await self.load(res.model_hash, [res.coordinator])
+
+    def _replay(self, res: Result) -> list[memoryview]:
+        assert res.step_hash is not None
+        params, state = unpack_model(self.port.blobs.read(res.base_hash, verify=True))
+        step = self.port.blobs.read(res.step_hash, verify=True)
+        return model_parts(*replay_step(self.book.spec, params, state, step))
+
+    def recent(self) -> set[str]:
+        """The models (and steps) this job still needs on this node."""
+        results = self.book.ledger.results
+        recent = results[-MODELS_KEPT:]
+        keep = {x.model_hash for x in recent} | {x.step_hash for x in recent if x.step_hash}
+        if len(results) < MODELS_KEPT:
+            keep.add(self.book.init_hash)
+        return keep
+
+    def prune(self) -> None:
+        """Delete the model (and step) that the last commit moved out of ``recent``."""
+        results = self.book.ledger.results
+        gone = len(results) - MODELS_KEPT  # the round whose model just left the window
+        if gone < 0:
+            return
+        old = results[gone - 1] if gone else None
+        stale = {self.book.init_hash} if old is None else {old.model_hash, old.step_hash or ""}
+        for digest in stale - self.port.blobs_in_use() - {""}:
+            try:
+                self.port.blobs.discard(digest)
+            except OSError as exc:
+                log.warning("could not delete old model blob %s: %s", str(digest)[:12], exc)

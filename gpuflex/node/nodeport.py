@@ -1,0 +1,106 @@
+"""The real ``JobPort``: one job's view of the node, over its MeshNode and event log."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import trio
+
+from gpuflex.node.clock import DeadlineClock
+from gpuflex.node.events import EventLog
+from gpuflex.node.kinds import EventKind
+from gpuflex.node.port import FETCH_TIMEOUT_S, REQUEST_TIMEOUT_S, BlobStorePort
+from mesh.health import PeerState
+from mesh.identity import Identity
+from mesh.node import MeshNode
+
+T = TypeVar("T")
+#: One fault scored against a peer that sent a job bad input.
+PENALTY_POINTS = 1.0
+
+
+@dataclass(frozen=True)
+class NodeServices:
+    """What the job manager offers every job, as plain callbacks."""
+
+    credit: Callable[[str], None]
+    blobs_in_use: Callable[[], set[str]]
+    catch_up: Callable[[Sequence[str]], Awaitable[None]]
+
+
+class NodePort:
+    def __init__(self, mesh: MeshNode, events: EventLog, home: Path, job_id: str, services: NodeServices,
+                 clock: DeadlineClock | None = None) -> None:
+        self._mesh, self._events, self._job_id, self._services = mesh, events, job_id, services
+        self._home = home
+        self._clock = clock or DeadlineClock()
+
+    @property
+    def identity(self) -> Identity:
+        return self._mesh.identity
+
+    @property
+    def home(self) -> Path:
+        return self._home
+
+    @property
+    def blobs(self) -> BlobStorePort:
+        return self._mesh.blobs
+
+    @property
+    def clock(self) -> DeadlineClock:
+        return self._clock
+
+    async def request(self, peer: str, frame: bytes, payload: bytes | None = None,
+                      timeout: float = REQUEST_TIMEOUT_S) -> Any:
+        return await self._mesh.request(peer, frame, payload, timeout=timeout)
+
+    async def broadcast(self, frame: bytes) -> int:
+        return await self._mesh.broadcast(frame)
+
+    async def fetch_blob(self, digest: str, providers: Sequence[str] = (),
+                         timeout: float = FETCH_TIMEOUT_S) -> object:
+        return await self._mesh.fetch_blob(digest, providers, timeout=timeout)
+
+    async def announce_blob(self, digest: str) -> None:
+        await self._mesh.announce_blob(digest)
+
+    def alive_peers(self) -> list[str]:
+        return self._mesh.peers.alive()
+
+    def health(self, peer: str) -> PeerState | None:
+        rec = self._mesh.peers.get(peer)
+        return None if rec is None else rec.state
+
+    def private_peers(self) -> set[str]:
+        out = {rec.peer_id for rec in self._mesh.peers.all()
+               if (rec.info or {}).get("reachability") in ("private", "relayed")}
+        if self._mesh.nat.reachability() in ("private", "relayed"):
+            out.add(self._mesh.peer_id)
+        return out
+
+    def why_unreachable(self, peer: str) -> str:
+        self._mesh.peers.add(peer)  # so the mesh looks up its NodeInfo in the DHT
+        return str(self._mesh.nat.why_unreachable(peer) or "")
+
+    def emit(self, kind: EventKind, round_: int | None = None, peer: str | None = None,
+             message: str = "", **extra: Any) -> None:
+        self._events.emit(kind, job=self._job_id, round=round_, peer=peer, message=message, **extra)
+
+    def penalise(self, peer: str) -> None:
+        self._mesh.peers.penalise(peer, PENALTY_POINTS)
+
+    def credit(self, peer: str) -> None:
+        self._services.credit(peer)
+
+    def blobs_in_use(self) -> set[str]:
+        return self._services.blobs_in_use()
+
+    async def catch_up(self, prefer: Sequence[str] = ()) -> None:
+        await self._services.catch_up(prefer)
+
+    async def offload(self, fn: Callable[..., T], *args: Any) -> T:
+        return await trio.to_thread.run_sync(fn, *args)

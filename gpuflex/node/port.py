@@ -1,0 +1,149 @@
+"""The narrow interface between one job and the node that runs it.
+
+A job's objects (the driver and its roles) receive a ``JobPort`` and nothing else of the node:
+never the job manager, the runtime or the mesh node themselves. Everything a round needs from
+outside is named here (the mesh verbs, the blob store, peer health, the identity, the event
+sink, the penalty and credit callbacks, the home directory, and where blocking work runs), so
+a test can stand in for the whole node with one small fake, and a reader sees at a glance
+what a job can do to its node.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, Protocol, TypeVar
+
+import numpy as np
+
+from gpuflex.node.clock import DeadlineClock
+from gpuflex.node.kinds import EventKind
+from mesh.health import PeerState
+from mesh.identity import Identity
+
+T = TypeVar("T")
+
+#: A direct message's default timeout, as the mesh's own ``request``.
+REQUEST_TIMEOUT_S = 30.0
+#: A blob download's default timeout, as the mesh's own ``fetch_blob``.
+FETCH_TIMEOUT_S = 120.0
+
+
+class BlobStorePort(Protocol):
+    """Content-addressed local storage (``mesh.blob.BlobStore``)."""
+
+    def put(self, data: bytes | memoryview) -> str: ...
+
+    def put_parts(self, parts: Sequence[bytes | memoryview]) -> str: ...
+
+    def read(self, digest: str, verify: bool = True) -> bytes: ...
+
+    def has(self, digest: str) -> bool: ...
+
+    def discard(self, digest: str) -> bool: ...
+
+
+class JobPort(Protocol):
+    """Everything one job may use of its node."""
+
+    @property
+    def identity(self) -> Identity:
+        """This node's signing key; ``identity.peer_id`` is who "me" is."""
+        ...
+
+    @property
+    def home(self) -> Path:
+        """The node's home directory (data locations are resolved against it)."""
+        ...
+
+    @property
+    def blobs(self) -> BlobStorePort: ...
+
+    @property
+    def clock(self) -> DeadlineClock: ...
+
+    # -- the mesh verbs ------------------------------------------------------------------------
+
+    async def request(self, peer: str, frame: bytes, payload: bytes | None = None,
+                      timeout: float = REQUEST_TIMEOUT_S) -> Any:
+        """Deliver a signed frame (and payload) to ``peer``; its handler's reply, or SendError."""
+        ...
+
+    async def broadcast(self, frame: bytes) -> int:
+        """Gossip a signed frame to the mesh; it is applied here first."""
+        ...
+
+    async def fetch_blob(self, digest: str, providers: Sequence[str] = (),
+                         timeout: float = FETCH_TIMEOUT_S) -> object:
+        """Hold blob ``digest`` locally, downloading it if needed; BlobError if nobody serves it."""
+        ...
+
+    async def announce_blob(self, digest: str) -> None:
+        """Tell the mesh this node serves ``digest`` (best effort)."""
+        ...
+
+    # -- peer health -----------------------------------------------------------------------------
+
+    def alive_peers(self) -> list[str]:
+        """Peers that are up and not ignored for misbehaviour."""
+        ...
+
+    def health(self, peer: str) -> PeerState | None:
+        """``peer``'s health (down once silent past the threshold), None if never heard of."""
+        ...
+
+    def private_peers(self) -> set[str]:
+        """Peers (and this node) that say they cannot accept connections (behind NAT): they
+        never lead a group or root a round while others can."""
+        ...
+
+    def why_unreachable(self, peer: str) -> str:
+        """What this node can tell of why ``peer`` is out of reach ("" if nothing)."""
+        ...
+
+    # -- what the job tells its node -------------------------------------------------------------
+
+    def emit(self, kind: EventKind, round_: int | None = None, peer: str | None = None,
+             message: str = "", **extra: Any) -> None:
+        """Report an event of this job (the control API's event stream, the log)."""
+        ...
+
+    def penalise(self, peer: str) -> None:
+        """Score one fault against ``peer`` (bad input it is to blame for)."""
+        ...
+
+    def credit(self, peer: str) -> None:
+        """Count one committed contribution of ``peer``."""
+        ...
+
+    def blobs_in_use(self) -> set[str]:
+        """Blobs any job on this node still needs; pruning never deletes them."""
+        ...
+
+    async def catch_up(self, prefer: Sequence[str] = ()) -> None:
+        """Ask peers (``prefer`` first) for newer ledgers; what they hold comes back through
+        the job's own ``offer_ledger``."""
+        ...
+
+    async def offload(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run blocking work (training, evaluation, masking) off the event loop."""
+        ...
+
+
+class Trainer(Protocol):
+    """A node's share of one job's model and data (``gpuflex.ml.workload.Workload``)."""
+
+    @property
+    def num_samples(self) -> int: ...
+
+    def initial_params(self) -> np.ndarray: ...
+
+    def train(self, base: np.ndarray) -> tuple[np.ndarray, dict[str, Any]]: ...
+
+    def evaluate(self, params: np.ndarray) -> dict[str, float]: ...
+
+    def export_model(self, params: np.ndarray, out: Path) -> list[Path]: ...
+
+
+#: Builds a job's Trainer: (spec, part index, number of parts, home, data hook).
+TrainerFactory = Callable[[Any, int, int, Path, Callable[..., Any] | None], Trainer]

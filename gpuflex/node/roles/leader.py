@@ -1,0 +1,197 @@
+"""The leader's side of a round (the root's too): verify and fold what the group sends, then
+hand the reduced result on.
+
+A collector folds each verified update or child partial the moment it arrives, so reduction
+overlaps with stragglers still training. The leader waits for its children until its reduce
+deadline, expecting the children of any child that goes down instead, and under secure
+aggregation asks the survivors for the seed shares that unmask the sum after a dropout.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import numpy as np
+
+from aggregation.secagg import SecAggError
+from gpuflex.node.collector import Collector, Reduced, subtree_height
+from gpuflex.node.kinds import EventKind
+from gpuflex.node.messages import PARTIAL, Plan, parse_partial, parse_update, walk_contributions
+from gpuflex.node.modelblob import pack_delta, unpack_delta
+from gpuflex.node.pipeline import decode_payload, make_reducer
+from gpuflex.node.policy import Reports
+from gpuflex.node.port import JobPort
+from gpuflex.node.secure import SecAggReducer, collect_answers
+from gpuflex.node.state import JobBook, RoundDeadlines
+from gpuflex.node.uplink import Work, send_up
+from mesh.blob import blob_hash
+from mesh.codec import WireError, seal
+from mesh.health import PeerState
+from mesh.messaging import Inbound, Rejected
+
+log = logging.getLogger("gpuflex.leader")
+#: An update may reach its leader before the plan does: it waits this long for the plan.
+EARLY_MESSAGE_WAIT_S = 5.0
+#: A survivor gets at least this long (or one reduce slack) to answer a recovery request.
+RECOVERY_TIMEOUT_MIN_S = 2.0
+#: The whole recovery round trip gets this much beyond one survivor's timeout.
+RECOVERY_MARGIN_S = 1.0
+
+
+class Leader:
+    def __init__(self, port: JobPort, book: JobBook, reports: Reports) -> None:
+        self.port, self.book, self.reports = port, book, reports
+
+    def open(self, plan: Plan, deadlines: RoundDeadlines, is_root: bool) -> Collector:
+        """Start collecting for ``plan``; the collector is this round's for its attempt."""
+        book = self.book
+        height = subtree_height(plan.parent, book.me)
+        col = Collector(plan, book.me, make_reducer(book.spec, is_root, plan=plan, me=book.me),
+                        deadline=deadlines.reduce_by(height), on_done=book.changed.notify)
+        book.current.collectors[plan.attempt] = col
+        return col
+
+    # -- inbound ---------------------------------------------------------------------------------
+
+    async def _collector_for(self, job: str, round_: int, sender: str) -> Collector:
+        book = self.book
+
+        def ready() -> bool:
+            rs = book.current
+            return book.committed >= round_ - 1 and rs.round == round_ and rs.plan is not None \
+                and rs.plan.attempt in rs.collectors
+
+        if job == book.job_id and round_ >= book.current.round:
+            # the plan may reach this leader after the update
+            await book.changed.wait_for(ready, self.port.clock.now() + EARLY_MESSAGE_WAIT_S)
+        if job != book.job_id or round_ != book.current.round:
+            raise WireError("round", f"message for round {round_}, this node is at round {book.current.round}")
+        rs = book.current
+        col = rs.collectors.get(rs.plan.attempt) if rs.plan is not None and rs.round == round_ else None
+        if col is None or not col.accepts(sender):
+            raise Rejected(f"not collecting from {sender[-8:]} for round {round_}")
+        return col
+
+    async def on_update(self, msg: Inbound) -> None:
+        up = parse_update(msg.envelope)
+        col = await self._collector_for(up.job, up.round, up.peer)
+        if up.base_hash != col.plan.base_hash:
+            raise WireError("round", "update was trained from another base model")
+        if msg.payload is None or blob_hash(msg.payload) != up.delta_hash:
+            raise WireError("hash", f"delta from {up.peer[-8:]} does not match its signed hash")
+        col.add_update(up, decode_payload(self.book.spec, msg.payload, up.delta_size))
+        self.port.emit(EventKind.UPDATE_RECEIVED, up.round, up.peer, message=f"round {up.round}: update from {up.peer[-8:]}")
+
+    async def on_partial(self, msg: Inbound) -> None:
+        part = parse_partial(msg.envelope)
+        col = await self._collector_for(part.job, part.round, part.leader)
+        if msg.payload is None or blob_hash(msg.payload) != part.delta_hash:
+            raise WireError("hash", f"partial from {part.leader[-8:]} does not match its signed hash")
+        ups = walk_contributions(part.updates, part.partials, part.job, part.round)
+        covers = {u.peer for u in ups}
+        if not covers <= col.allowed or covers & col.covered or sum(u.samples for u in ups) != part.samples:
+            raise WireError("round", f"partial from {part.leader[-8:]} covers the wrong contributions")
+        if any(u.base_hash != col.plan.base_hash for u in ups):
+            raise WireError("round", "partial mixes updates from another base model")
+        col.add_partial(part, unpack_delta(msg.payload, len(msg.payload) // 4), covers)
+        self.port.emit(EventKind.PARTIAL_VERIFIED, part.round, part.leader, message=(
+            f"round {part.round}: partial from {part.leader[-8:]} verified ({len(ups)} updates)"))
+
+    # -- reduce ----------------------------------------------------------------------------------
+
+    async def _collect(self, col: Collector) -> None:
+        """Wait for the children, expecting the children of any child that goes down instead."""
+        changed = self.book.changed
+        while not col.done.is_set() and self.port.clock.now() < col.deadline:
+            for child in sorted(col.expected - col.reported - {self.book.me}):
+                if self.port.health(child) == PeerState.DOWN:
+                    col.child_down(child)
+                    self.port.emit(EventKind.LEADER_DOWN, col.plan.round, child, message=(
+                        f"round {col.plan.round}: {child[-8:]} is down; expecting its group directly"))
+            if not col.done.is_set():
+                await changed.wait(col.deadline)  # a child's report and a peer's health both notify
+        col.closed = True
+
+    async def reduce(self, plan: Plan, col: Collector) -> Reduced | None:
+        """Everything folded for ``plan`` once the collector closes; None when the round moved
+        on meanwhile or nothing arrived."""
+        book = self.book
+        await self._collect(col)
+        if (plan.attempt in book.current.aborted and book.current.round == plan.round) \
+                or book.committed >= plan.round:
+            return None
+        if col.acc.count == 0:
+            self.port.emit(EventKind.REDUCE_EMPTY, plan.round, message=f"round {plan.round}: nothing reached this leader")
+            return None
+        updates, samples = col.updates, col.samples
+        reports = [r for p in col.partials for r in p.secagg]
+        avg: np.ndarray | None
+        if isinstance(col.acc, SecAggReducer):
+            avg, report = await self._secagg_unmask(plan, col.acc)
+            reports.insert(0, report)
+            if avg is None:  # the masked sum is lost: keep only what came in clear
+                updates = [u for u in col.updates if u.peer not in col.acc.ctx.group]
+                samples = sum(u.samples for u in updates) + sum(p.samples for p in col.partials)
+                avg = col.acc.plain_result()
+        else:
+            avg = col.acc.result()
+        return Reduced(avg, [u.env.raw for u in updates], [p.env.raw for p in col.partials], samples, reports)
+
+    async def send_partial(self, plan: Plan, deadlines: RoundDeadlines, reduced: Reduced) -> None:
+        """Sign the group's partial and deliver it up the tree."""
+        if reduced.avg is None:
+            self.port.emit(EventKind.PARTIAL_FAILED, plan.round, message=(
+                f"round {plan.round}: nothing left to send after secure aggregation failed"))
+            return
+        payload = pack_delta(reduced.avg)
+        body: dict[str, Any] = {
+            "job": self.book.job_id, "round": plan.round, "attempt": plan.attempt, "leader": self.book.me,
+            "samples": reduced.samples, "delta_hash": blob_hash(payload), "updates": reduced.updates,
+            "partials": reduced.partials,
+        }
+        if self.book.spec.secure_aggregation:
+            body["secagg"] = reduced.reports
+        frame = seal(self.port.identity, PARTIAL, body)
+        await send_up(self.port, self.book, plan, deadlines, frame, payload, Work.PARTIAL)
+
+    # -- secure aggregation ----------------------------------------------------------------------
+
+    async def _secagg_unmask(self, plan: Plan, red: SecAggReducer) -> tuple[np.ndarray | None, dict[str, Any]]:
+        """The group mean, after asking the survivors for the shares that rebuild the masks
+        dropped members left dangling; None (and a failed report) rather than a wrong sum."""
+        survivors, dropped = red.survivors(), red.missing()
+        report: dict[str, Any] = {"leader": self.book.me, "attempt": plan.attempt, "survivors": survivors,
+                                  "dropped": dropped, "recovered": True, "reason": ""}
+        try:
+            if dropped:
+                red.check_recoverable()
+                await self._ask_survivors(plan, red)
+            avg = red.result()
+        except SecAggError as exc:
+            report.update(recovered=False, reason=str(exc))
+            self.port.emit(EventKind.SECAGG_RECOVERY_FAILED, plan.round, message=(
+                f"round {plan.round}: secure aggregation could not recover the group sum ({exc}); "
+                f"the {len(survivors)} masked update(s) of this group are left out"))
+            return None, report
+        if dropped:
+            self.port.emit(EventKind.SECAGG_RECOVERED, plan.round, message=(
+                f"round {plan.round}: unmasked the sum of {len(survivors)} survivors after "
+                f"{len(dropped)} member(s) dropped"))
+        return avg, report
+
+    async def _ask_survivors(self, plan: Plan, red: SecAggReducer) -> None:
+        """One bounded round trip to all survivors at once; a survivor that does not answer in
+        time only counts against the threshold, one whose answer is bad is also penalised."""
+        timeout = max(RECOVERY_TIMEOUT_MIN_S, plan.reduce_slack_s)
+
+        async def request(holder: str, frame: bytes) -> object:
+            return await self.port.request(holder, frame, timeout=timeout)
+
+        problems = await collect_answers(self.port.identity, red, request, timeout + RECOVERY_MARGIN_S)
+        for holder, exc in sorted(problems.items()):
+            if isinstance(exc, WireError):
+                self.reports.rejected(holder, plan.round,
+                                      f"round {plan.round}: recovery answer from {holder[-8:]} rejected: {exc}")
+            else:
+                log.warning("round %d: no recovery answer from %s: %s", plan.round, holder[-8:], exc)

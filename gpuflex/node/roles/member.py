@@ -1,0 +1,128 @@
+"""The member's side of a round: train from the plan's base model, sign the update, send it up.
+
+The trained update is kept per (round, base model): a retried attempt of the same round
+re-sends it (sealed afresh, or masked afresh for the new group) instead of training again, so
+accepted work is not lost and, under DP, no fresh noise can be averaged across attempts.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+
+import numpy as np
+
+from gpuflex.node.faults import Faults
+from gpuflex.node.kinds import EventKind, Phase
+from gpuflex.node.messages import UPDATE, Plan, parse_recovery_request, parse_update
+from gpuflex.node.modelblob import unpack_delta
+from gpuflex.node.pipeline import DeltaEncoder, decode_payload, secagg_member
+from gpuflex.node.port import JobPort, Trainer
+from gpuflex.node.secure import SecAggMember, answer_recovery
+from gpuflex.node.state import JobBook, RoundDeadlines
+from gpuflex.node.uplink import Work, send_up
+from mesh.blob import blob_hash
+from mesh.codec import WireError, open_envelope, seal
+from mesh.messaging import Inbound, Rejected, SendError
+
+log = logging.getLogger("gpuflex.member")
+
+#: Loads a model blob by hash from these providers: (parameters, optimizer state).
+ModelLoader = Callable[[str, list[str]], Awaitable[tuple[np.ndarray, dict[str, np.ndarray]]]]
+
+
+class Member:
+    def __init__(self, port: JobPort, book: JobBook, encoder: DeltaEncoder, faults: Faults,
+                 load_model: ModelLoader, trainer: Callable[[], Trainer]) -> None:
+        self.port, self.book, self.encoder, self.faults = port, book, encoder, faults
+        self._load_model = load_model
+        self._trainer = trainer
+
+    async def train_and_send(self, plan: Plan, deadlines: RoundDeadlines) -> None:
+        """Train (or reuse this round's update), then deliver it up the tree. Failures are
+        reported as events: a member's failure never stops the job."""
+        r = plan.round
+        try:
+            frame, payload = await self._update_for(plan, deadlines)
+            side = secagg_member(self.book.spec, self.port.identity, plan)
+            if side is not None:
+                frame, payload = await self._mask(plan, side, frame, payload)
+            elif plan.attempt:  # sealed afresh: who got it in an earlier attempt would take it for a replay
+                frame = seal(self.port.identity, UPDATE, open_envelope(frame, expect_kind=UPDATE).body)
+            self.book.status.set_phase(Phase.REDUCE, deadlines.train)
+            col = self.book.current.collectors.get(plan.attempt) if self.book.current.round == r else None
+            if col is not None and col.plan.env.digest == plan.env.digest:  # not a replaced plan's
+                up = parse_update(open_envelope(frame, expect_kind=UPDATE))
+                col.add_update(up, decode_payload(self.book.spec, payload, up.delta_size))
+                return
+            await send_up(self.port, self.book, plan, deadlines, frame, payload, Work.UPDATE,
+                          masked=side is not None)
+        except (SendError, WireError, OSError) as exc:
+            self.port.emit(EventKind.UPDATE_FAILED, r, message=f"round {r}: could not deliver this node's update: {exc}")
+        except Exception as exc:  # user code (a model, a train_fn plug-in) may raise anything;
+            # one member's failed round must not end the job, which the others carry on
+            log.exception("training for round %d failed", r)
+            self.port.emit(EventKind.UPDATE_FAILED, r, message=f"round {r}: local training failed: {exc}")
+
+    async def _update_for(self, plan: Plan, deadlines: RoundDeadlines) -> tuple[bytes, bytes]:
+        """This node's signed clear update for the plan's round and base model, trained once."""
+        book, r = self.book, plan.round
+        key = (r, plan.base_hash)
+        if key not in book.cached_updates:
+            book.status.set_phase(Phase.TRAIN, deadlines.train)
+            # A copy of the parameters alone: the blob they are read from (which also holds
+            # the server optimizer's state) is freed before training starts.
+            params = (await self._load_model(plan.base_hash, [plan.coordinator]))[0].copy()
+            trainer = self._trainer()
+            delta, metrics = await self.port.offload(trainer.train, params)
+            delta = self.faults.tamper(delta)
+            self.port.emit(EventKind.TRAINED, r, book.me, message=(
+                f"round {r}: trained on {metrics.get('samples')} samples in {metrics.get('seconds', 0):.2f}s"),
+                samples=metrics.get("samples"), seconds=metrics.get("seconds"))
+            samples = int(metrics.get("dataset_size") or trainer.num_samples)
+            # Under secure aggregation this is the clear (DP-noised) delta; it is masked per
+            # attempt, because the masks depend on the attempt's group and leader.
+            payload = self.encoder.encode(delta, samples)
+            frame = seal(self.port.identity, UPDATE, {
+                "job": book.job_id, "round": r, "peer": book.me, "base_hash": plan.base_hash,
+                "samples": samples, "delta_hash": blob_hash(payload), "delta_size": int(np.asarray(delta).size),
+                "metrics": {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))},
+            })
+            book.cached_updates = {k: v for k, v in book.cached_updates.items() if k[0] >= r}
+            book.cached_updates[key] = (frame, payload)
+        return book.cached_updates[key]
+
+    async def _mask(self, plan: Plan, side: SecAggMember, frame: bytes, payload: bytes) -> tuple[bytes, bytes]:
+        """The cached clear update, masked for this attempt's group and signed again.
+
+        The DP noise was drawn once, at training time: a retry masks the same noisy delta, so
+        no one can average fresh noise away across attempts. Masking expands g - 1 PRG streams
+        of the model's size, so it runs off the event loop.
+        """
+        book = self.book
+        up = parse_update(open_envelope(frame, expect_kind=UPDATE))
+        masked = await self.port.offload(side.encode, unpack_delta(payload, up.delta_size), up.samples)
+        book.secagg_sides = {k: v for k, v in book.secagg_sides.items() if k[0] >= plan.round}
+        book.secagg_sides[(plan.round, plan.attempt, side.ctx.leader)] = side
+        self.faults.after_masking(side.ctx, book.me)
+        return seal(self.port.identity, UPDATE, {**up.env.body, "delta_hash": blob_hash(masked)}), masked
+
+    async def on_secagg_recover(self, msg: Inbound) -> bytes:
+        """Answer this node's leader with the seed shares that unmask a group sum after a dropout."""
+        if msg.gossip:  # only the leader's direct request counts; a relay is not to blame
+            raise Rejected("a recovery request must come straight from its leader, not by gossip")
+        req = parse_recovery_request(msg.envelope)
+        current = self.book.current.round
+        if req.round < current:
+            raise Rejected(f"round {req.round} is already committed here")
+        if req.round > current:
+            raise WireError("round", f"recovery request for round {req.round}, this node is at round {current}")
+        side = self.book.secagg_sides.get((req.round, req.attempt, req.leader))
+        if side is None:  # a restart lost the keys, or this node never masked for that leader
+            raise Rejected(f"this node sent {req.leader[-8:]} no masked update in round {req.round} "
+                           f"attempt {req.attempt}")
+        reply = answer_recovery(self.port.identity, side, req)
+        self.port.emit(EventKind.SECAGG_ANSWERED, req.round, req.leader, message=(
+            f"round {req.round}: gave {len(req.shares)} seed shares to {req.leader[-8:]} to recover "
+            f"{len(req.dropped)} dropped member(s)"))
+        return reply

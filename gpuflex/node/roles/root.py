@@ -1,0 +1,87 @@
+"""The root's side of a round: apply the server optimizer and sign the round's result.
+
+The root is the round's coordinator. With fewer than min_nodes contributions (or a masked sum
+that could not be recovered) it aborts the attempt instead, saying why, and the round is
+retried. The result carries its evidence: the signed plan, every signed update (inside the
+partials), the previous result's hash and the new model's hash.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import numpy as np
+
+from gpuflex.node.collector import Reduced
+from gpuflex.node.kinds import Phase
+from gpuflex.node.messages import ABORT, RESULT, Plan, walk_contributions
+from gpuflex.node.modelblob import model_parts
+from gpuflex.node.pipeline import describe_rule, outer_step
+from gpuflex.node.port import JobPort, Trainer
+from gpuflex.node.state import JobBook
+from gpuflex.privacy import epsilon_spent
+from mesh.blob import blob_hash
+from mesh.codec import seal
+
+#: An abort names at most this many missing members (and why each is missing).
+MISSING_LISTED = 8
+ModelLoader = Callable[[str, list[str]], Awaitable[tuple[np.ndarray, dict[str, np.ndarray]]]]
+
+
+class Root:
+    def __init__(self, port: JobPort, book: JobBook, load_model: ModelLoader,
+                 trainer: Callable[[], Trainer]) -> None:
+        self.port, self.book = port, book
+        self._load_model, self._trainer = load_model, trainer
+
+    async def commit(self, plan: Plan, reduced: Reduced) -> None:
+        book, port, spec = self.book, self.port, self.book.spec
+        book.status.set_phase(Phase.COMMIT)
+        contributions = walk_contributions(reduced.updates, reduced.partials, book.job_id, plan.round)
+        reports = reduced.reports
+        if len(contributions) < spec.min_nodes or reduced.avg is None:
+            await self._abort(plan, {u.peer for u in contributions}, reports)
+            return
+        params, state = await self._load_model(plan.base_hash, [])
+        new_params, new_state, step = await port.offload(outer_step, spec, params, state, reduced.avg)
+        model_hash = port.blobs.put_parts(model_parts(new_params, new_state))
+        step_hash = port.blobs.put(step) if step is not None else None
+        evaluation = await port.offload(self._trainer().evaluate, new_params)
+        total = sum(u.samples for u in contributions)
+        train_loss = sum(u.metrics.get("train_loss", 0.0) * u.samples for u in contributions) / max(1, total)
+        metrics: dict[str, Any] = {
+            **{k: float(v) for k, v in evaluation.items()}, "train_loss": float(train_loss),
+            "contributors": len(contributions), "samples": total,
+            "duration_s": round(port.clock.since_wall(plan.issued), 3)}
+        if spec.uses_dp:
+            metrics["epsilon"] = round(epsilon_spent(spec, plan.round), 4)
+        present = {u.peer for u in contributions}
+        frame = seal(port.identity, RESULT, {
+            "job": book.job_id, "round": plan.round, "attempt": plan.attempt, "coordinator": book.me,
+            "prev_result": book.ledger.head, "base_hash": plan.base_hash, "model_hash": model_hash,
+            "plan": plan.env.raw, "updates": reduced.updates, "partials": reduced.partials,
+            "contributors": [{"peer": u.peer, "samples": u.samples, "delta_hash": u.delta_hash}
+                             for u in contributions],
+            "absent": sorted(set(plan.members) - present), "metrics": metrics, "strategy": spec.strategy,
+            "rule": describe_rule(spec), "spec_hash": blob_hash(spec.canonical_bytes()),
+            **({"step_hash": step_hash} if step_hash is not None else {}),
+            **({"secagg": book.secagg_history.get(plan.round, []) + reports} if spec.secure_aggregation else {}),
+        })
+        await port.broadcast(frame)
+
+    async def _abort(self, plan: Plan, present: set[str], reports: list[dict[str, Any]]) -> None:
+        """Too little to commit: abort this attempt, saying why, so every node retries."""
+        book, spec = self.book, self.book.spec
+        if book.current.round == plan.round:
+            book.current.aborted.add(plan.attempt)
+        why = "".join(f"; secure aggregation failed in the group of {r['leader'][-8:]}: {r['reason']}"
+                      for r in reports if not r["recovered"])
+        why += "".join(f"; missing {p[-8:]}: {self.port.why_unreachable(p) or 'no update arrived'}"
+                       for p in sorted(set(plan.members) - present)[:MISSING_LISTED])
+        body: dict[str, Any] = {
+            "job": book.job_id, "round": plan.round, "attempt": plan.attempt,
+            "reason": f"{len(present)} contributions < min_nodes={spec.min_nodes}{why}"}
+        if reports:
+            body["secagg"] = reports
+        await self.port.broadcast(seal(self.port.identity, ABORT, body))

@@ -1,0 +1,209 @@
+"""One job's protocol state on one node, with no I/O: the round being worked on and the job
+book every role reads and updates.
+
+The current round is named here once (``RoundState.round``), and replaced by a fresh
+``RoundState`` when the ledger grows, so nothing re-derives it from the ledger's length.
+Deadlines are trio times (see ``gpuflex.node.clock``); waiting is on a change notifier, not
+on polling.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from gpuflex.node.ledger import Ledger
+from gpuflex.node.messages import PLAN, Plan, parse_plan
+from gpuflex.node.status import StatusRecord
+from mesh.codec import open_envelope
+
+if TYPE_CHECKING:
+    from gpuflex.jobspec import JobSpec
+    from gpuflex.node.collector import Collector
+    from gpuflex.node.secure import SecAggMember
+
+#: A peer whose presence is older than this is no longer counted as taking part.
+PRESENCE_FRESH_S = 10.0
+#: After the last tree level's reduce slack, a round still gets this long before it is given up.
+ROUND_END_MARGIN_S = 10.0
+#: Tree levels budgeted beyond the members' count when a round's end is set (root and slack).
+ROUND_END_EXTRA_LEVELS = 2
+
+
+@dataclass(frozen=True)
+class JobInfo:
+    """What a job is: fixed when it arrives."""
+
+    job_id: str
+    spec: JobSpec
+    initial_members: tuple[str, ...]
+    frame: bytes  # the signed JobSpec envelope, as offered to peers on sync
+    submitted_by: str
+
+    def part_for(self, me: str) -> tuple[int, int]:
+        """This node's (index, count) of the data split: its place among the initial
+        members, or a stable hash of its id for a node that joined later."""
+        if me in self.initial_members:
+            return self.initial_members.index(me), len(self.initial_members)
+        parts = max(1, len(self.initial_members))
+        return int.from_bytes(hashlib.blake2b(me.encode(), digest_size=4).digest(), "big") % parts, parts
+
+
+@dataclass(frozen=True)
+class RoundDeadlines:
+    """A plan's deadlines on this node's trio clock, converted once when the plan arrives."""
+
+    train: float  # members should have sent their updates by then
+    slack: float  # seconds per tree level to reduce after ``train``
+    members: int
+
+    def reduce_by(self, height: int) -> float:
+        """When a tree node ``height`` levels above the leaves stops waiting for its children."""
+        return self.train + height * self.slack
+
+    @property
+    def end(self) -> float:
+        """After this the round is given up and retried."""
+        return self.train + (self.members + ROUND_END_EXTRA_LEVELS) * self.slack + ROUND_END_MARGIN_S
+
+
+@dataclass
+class RoundState:
+    """The round this node works on: its number, the attempt, the plan in force and its
+    deadlines, the attempts its coordinators aborted, and this node's collectors."""
+
+    round: int
+    attempt: int = 0
+    plan: Plan | None = None
+    deadlines: RoundDeadlines | None = None
+    aborted: set[int] = field(default_factory=set)
+    collectors: dict[int, Collector] = field(default_factory=dict)  # by attempt
+
+    def in_force(self, plan: Plan) -> bool:
+        """Whether ``plan`` is this round's plan in force and its attempt was not aborted."""
+        return (plan.round == self.round and plan.attempt not in self.aborted
+                and (self.plan is None or self.plan.attempt == plan.attempt))
+
+
+class Notifier:
+    """Wakes every waiter when job state changes (a plan, a result, a peer's health)."""
+
+    def __init__(self) -> None:
+        self._event = trio.Event()
+
+    def notify(self) -> None:
+        self._event.set()
+        self._event = trio.Event()
+
+    async def wait(self, until: float) -> None:
+        """Until the next change, or trio time ``until``."""
+        with trio.move_on_at(until):
+            await self._event.wait()
+
+    async def wait_for(self, predicate: Callable[[], bool], until: float) -> bool:
+        """Until ``predicate`` holds (True) or trio time ``until`` passes (False)."""
+        while not predicate():
+            if trio.current_time() >= until:
+                return False
+            await self.wait(until)
+        return True
+
+
+class TaskGroup:
+    """Where a job's roles start background work; the driver opens it for the job's life."""
+
+    def __init__(self) -> None:
+        self.nursery: trio.Nursery | None = None
+
+    def start_soon(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> None:
+        if self.nursery is None:
+            raise RuntimeError("the job is not running")
+        self.nursery.start_soon(fn, *args)
+
+
+class JobBook:
+    """Everything one job's roles share on one node."""
+
+    def __init__(self, info: JobInfo, me: str, job_dir: Path) -> None:
+        self.info = info
+        self.spec = info.spec
+        self.job_id = info.job_id
+        self.me = me
+        self.dir = job_dir
+        self.ledger = Ledger(job_dir / "ledger.msgpack", info.job_id)
+        self.current = RoundState(round=1)
+        self.status = StatusRecord()
+        self.changed = Notifier()
+        self.tasks = TaskGroup()
+        self.apply_lock = trio.Lock()
+        self.ready = trio.Event()
+        self.init_hash = ""
+        self.presence: dict[str, float] = {}  # peer -> trio time of its last presence
+        # A member's trained update per (round, base model): a retried attempt re-sends it.
+        self.cached_updates: dict[tuple[int, str], tuple[bytes, bytes]] = {}
+        # Secure aggregation: this node's masking side per (round, attempt, leader), kept to
+        # answer its leader's recovery request (two coordinators may plan the same attempt,
+        # with other leaders), and the group reports of attempts that were aborted.
+        self.secagg_sides: dict[tuple[int, int, str], SecAggMember] = {}
+        self.secagg_history: dict[int, list[dict[str, Any]]] = {}
+
+    # -- the ledger and the round ----------------------------------------------------------------
+
+    @property
+    def committed(self) -> int:
+        """Rounds committed here: the ledger's height."""
+        return len(self.ledger)
+
+    def advance(self) -> None:
+        """Start the next round's state once the ledger has grown past the current one."""
+        if self.current.round <= self.committed:
+            self.current = RoundState(round=self.committed + 1)
+        self.changed.notify()
+
+    def round_open(self, plan: Plan) -> bool:
+        """Whether work for ``plan`` still counts: its round is uncommitted, it is in force."""
+        return self.committed < plan.round and self.current.in_force(plan)
+
+    @property
+    def head_model(self) -> str:
+        return self.ledger.results[-1].model_hash if self.ledger.results else self.init_hash
+
+    def recent_coordinators(self) -> list[str]:
+        return [r.coordinator for r in self.ledger.results]
+
+    def recent_durations(self) -> list[object]:
+        return [r.metrics.get("duration_s") for r in self.ledger.results]
+
+    def eligible(self) -> list[str]:
+        """Who may coordinate and take part: the last committed plan's members."""
+        if self.ledger.results:
+            plan = parse_plan(open_envelope(self.ledger.results[-1].plan_frame, expect_kind=PLAN))
+            return list(plan.members)
+        return list(self.info.initial_members)
+
+    # -- membership -----------------------------------------------------------------------------
+
+    def saw_presence(self, peer: str) -> None:
+        self.presence[peer] = trio.current_time()
+        self.changed.notify()
+
+    def live_members(self, alive: list[str]) -> list[str]:
+        """Who a plan made now would include: this node, fresh presence from live peers, and
+        the job's known members that are up; within the allowlist, if the job has one."""
+        now = trio.current_time()
+        up = set(alive)
+        fresh = {p for p, t in self.presence.items() if now - t <= PRESENCE_FRESH_S and p in up}
+        # Members of the job so far are known to hold it; being up is enough for them.
+        known = (set(self.info.initial_members) | set(self.eligible())) & up
+        members = {self.me} | fresh | known
+        if self.spec.allowlist:
+            members &= set(self.spec.allowlist)
+        return sorted(members)
+
+    def participates(self) -> bool:
+        return not self.spec.allowlist or self.me in self.spec.allowlist

@@ -1,0 +1,51 @@
+"""The JobSummary of the control API (docs/control-api.md), built from a job's status record
+and its state, never from the roles' internals."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpuflex.node.kinds import JobState, Phase
+from gpuflex.node.ledger import result_row
+from gpuflex.node.state import JobBook
+from gpuflex.privacy import epsilon_spent
+
+#: The per-round metrics the summary lists (and exports write as columns).
+METRIC_KEYS = ("loss", "accuracy", "train_loss", "contributors", "duration_s")
+
+
+def metric_rows(book: JobBook) -> list[dict[str, Any]]:
+    """One row per committed round: who coordinated and the round's metrics."""
+    return [{"round": x.round, "coordinator": x.coordinator, **{k: x.metrics.get(k) for k in METRIC_KEYS}}
+            for x in book.ledger.results]
+
+
+def summarize(book: JobBook, now: float) -> dict[str, Any]:
+    """The JobSummary of docs/control-api.md; ``now`` is trio time (phase progress)."""
+    spec, status, rs = book.spec, book.status, book.current
+    plan = rs.plan if rs.round == book.committed + 1 else None
+    results = book.ledger.results
+    coordinator = plan.coordinator if plan else (results[-1].coordinator if results else None)
+    progress = status.progress(now)
+    col = rs.collectors.get(plan.attempt) if plan else None
+    if col is not None and status.phase == Phase.REDUCE:
+        progress = col.progress
+    return {
+        "job_id": book.job_id, "name": spec.name, "state": str(status.state), "round": book.committed,
+        "rounds": spec.rounds, "phase": str(status.phase), "phase_progress": round(progress, 3),
+        "coordinator": coordinator, "is_coordinator": coordinator == book.me, "role": str(status.role),
+        "members": list(plan.members) if plan else book.eligible(), "error": status.error,
+        "waiting": status.waiting if status.state == JobState.RUNNING else "", "write_error": status.write_error,
+        "stalled": status.stalled if status.state == JobState.RUNNING
+        and status.stalled.startswith(f"round {book.committed + 1} ") else "",
+        "attempt": plan.attempt if plan else 0, "tree": dict(plan.parent) if plan else {},
+        "model_hash": book.head_model, "steps_replayed": status.steps_replayed,
+        "epsilon": epsilon_spent(spec, book.committed) if spec.uses_dp else None,
+        "epsilon_budget": spec.dp_epsilon_budget or None,
+        "metrics": metric_rows(book),
+    }
+
+
+def ledger_rows(book: JobBook) -> list[dict[str, Any]]:
+    """The ledger as the API's rows, one per committed round."""
+    return [result_row(x) for x in book.ledger.results]

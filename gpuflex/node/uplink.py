@@ -1,0 +1,76 @@
+"""Sending work up the group tree, and sending it again if the receiver dies holding it.
+
+Members send updates and leaders send partials the same way: to the parent, or the next live
+ancestor; then they keep watching the receiver until the round commits, and deliver again one
+level up if it goes down, so work a leader accepted is not lost with it.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from gpuflex.node.collector import ancestors
+from gpuflex.node.kinds import EventKind
+from gpuflex.node.messages import Plan
+from gpuflex.node.port import JobPort
+from gpuflex.node.state import JobBook, RoundDeadlines
+from mesh.compat import StrEnum
+from mesh.health import PeerState
+from mesh.messaging import SendError
+
+log = logging.getLogger("gpuflex.uplink")
+#: A delivery up the tree gets at least this long (or two reduce slacks, if longer): the
+#: receiver verifies and folds the payload before it answers.
+SEND_TIMEOUT_MIN_S = 10.0
+#: The slowest uplink an upload's timeout allows for (2 Mbit/s), so a member on a slow home line,
+#: or two sharing one, is not cut off mid-update.
+SLOWEST_UPLINK_BPS = 250_000
+
+
+class Work(StrEnum):
+    """What travels up the tree."""
+
+    UPDATE = "update"
+    PARTIAL = "partial"
+
+
+SENT = {Work.UPDATE: EventKind.UPDATE_SENT, Work.PARTIAL: EventKind.PARTIAL_SENT}
+
+
+async def send_up(port: JobPort, book: JobBook, plan: Plan, deadlines: RoundDeadlines, frame: bytes,
+                  payload: bytes, what: Work, masked: bool = False) -> None:
+    """Deliver ``frame`` and ``payload`` up the tree and watch the receiver until the round
+    ends. A masked update goes to its own leader only: no other node could unmask it.
+    Raises SendError when no ancestor took it and the round is still open."""
+    chain = ancestors(plan.parent, book.me)[: 1 if masked else None]
+    errors: list[str] = []
+    index = 0
+    # A home uplink moves a model-sized payload in seconds to minutes, not in a fixed 10 s.
+    timeout = max(SEND_TIMEOUT_MIN_S, plan.reduce_slack_s * 2, len(payload) / SLOWEST_UPLINK_BPS)
+    while index < len(chain) and book.round_open(plan):
+        target = chain[index]
+        try:
+            await port.request(target, frame, payload, timeout=timeout)
+        except SendError as exc:
+            errors.append(str(exc))
+            log.warning("round %d: %s to %s failed (%s); trying the next ancestor", plan.round, what,
+                        target[-8:], exc)
+            index += 1
+            continue
+        port.emit(SENT[what], plan.round, target, message=f"round {plan.round}: {what} sent to {target[-8:]}")
+        if not await _watch(port, book, plan, deadlines, target):
+            return
+        port.emit(EventKind.RESEND, plan.round, target, message=(
+            f"round {plan.round}: {target[-8:]} died holding this node's {what}; sending it higher"))
+        index += 1
+    if errors and book.round_open(plan):
+        raise SendError("; ".join(errors))
+
+
+async def _watch(port: JobPort, book: JobBook, plan: Plan, deadlines: RoundDeadlines, target: str) -> bool:
+    """Until the round closes or ends: True if ``target`` went down first."""
+    while book.round_open(plan) and port.clock.now() < deadlines.end:
+        if port.health(target) == PeerState.DOWN:
+            return True
+        await book.changed.wait(deadlines.end)
+    return False

@@ -1,0 +1,210 @@
+"""The round protocol in one process: real drivers and roles over a fake transport, under
+trio's MockClock, so every deadline passes without real waiting."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import trio
+
+from gpuflex.node.kinds import EventKind
+from gpuflex.node.ledger import verify_chain
+from tests.unit.node.fakenet import FakeNet, fast_spec
+
+pytestmark = pytest.mark.timeout(10)
+
+
+def one_ledger(net: FakeNet, rounds: int) -> list:
+    nodes = net.alive_nodes()
+    frames = [net.ledger(n) for n in nodes]
+    assert all(f == frames[0] for f in frames), "ledgers differ between nodes"
+    results = verify_chain(frames[0], net.info.job_id)
+    assert [r.round for r in results] == list(range(1, rounds + 1))
+    for r in range(1, rounds + 1):  # hierarchical mean == flat weighted mean of the contributors
+        np.testing.assert_allclose(net.committed_model(nodes[0], r), net.expected_model(nodes[0], r), atol=1e-5)
+    return results
+
+
+async def test_happy_round_commits_the_flat_mean_on_every_node(autojump_clock, tmp_path) -> None:
+    net = FakeNet(tmp_path, 5, fast_spec(rounds=2, group_size=2))
+    async with trio.open_nursery() as nursery:
+        await net.start(nursery)
+        await net.wait_rounds(2)
+        results = one_ledger(net, 2)
+        nursery.cancel_scope.cancel()
+    assert all(len(r.contributors) == 5 and r.attempt == 0 for r in results)
+    assert results[0].coordinator != results[1].coordinator
+    plan_parents = [p for p in results[0].partials]
+    assert plan_parents, "five members in groups of two need a leader below the root"
+    assert all(n.driver.summary()["state"] == "done" for n in net.alive_nodes())
+    assert trio.current_time() < 60, "a round on the fake net takes mock seconds, not a deadline"
+
+
+def contributors(res) -> set[str]:
+    return {c["peer"] for c in res.contributors}
+
+
+def plan_of(node):
+    rs = node.driver.book.current
+    return rs.plan if rs.plan is not None and rs.round == node.driver.committed + 1 else None
+
+
+async def test_a_member_dying_in_training_is_left_out_and_the_round_commits(autojump_clock, tmp_path) -> None:
+    net = FakeNet(tmp_path, 4, fast_spec(rounds=2, min_nodes=2))
+    for n in net.nodes.values():
+        n.train_s = 3.0
+    victim = net.ranking()[-1]  # the last-ranked: a plain member
+    async with trio.open_nursery() as nursery:
+        await net.start(nursery)
+        await net.wait_until(lambda: victim.driver.summary()["phase"] == "train")
+        net.kill(victim)
+        await net.wait_rounds(2)
+        res, after = one_ledger(net, 2)
+        nursery.cancel_scope.cancel()
+    assert res.attempt == 0
+    assert victim.peer_id not in contributors(res) and victim.peer_id in res.absent
+    assert len(contributors(res)) == 3
+    assert victim.peer_id not in contributors(after) and victim.peer_id not in after.absent, \
+        "a dead member is not planned again once it is down"
+
+
+async def test_a_dead_leaders_group_sends_to_the_root_instead(autojump_clock, tmp_path) -> None:
+    net = FakeNet(tmp_path, 5, fast_spec(rounds=1, group_size=2))
+    for n in net.nodes.values():
+        n.train_s = 2.0
+    async with trio.open_nursery() as nursery:
+        await net.start(nursery)
+        await net.wait_until(lambda: all(plan_of(n) is not None for n in net.nodes.values()))
+        plan = plan_of(net.node(0))
+        tree = plan.parent
+        leader = next(p for p in tree if tree[p] is not None and p in tree.values())
+        group = [p for p, parent in tree.items() if parent == leader]
+        net.kill(net.nodes[leader])  # before any of its members has sent
+        await net.wait_rounds(1)
+        (res,) = one_ledger(net, 1)
+        nursery.cancel_scope.cancel()
+    assert res.attempt == 0
+    assert group and set(group) <= contributors(res), "the dead leader's members lost their updates"
+    assert leader not in contributors(res)
+
+
+async def test_a_coordinator_dead_before_its_plan_is_replaced_by_the_next_in_rank(autojump_clock, tmp_path) -> None:
+    net = FakeNet(tmp_path, 4, fast_spec(rounds=1))
+    first, second = net.ranking()[:2]
+    async with trio.open_nursery() as nursery:
+        await net.start(nursery, hold=[first.index])  # peers see it up; it never plans
+        net.kill(first)
+        await net.wait_rounds(1)
+        (res,) = one_ledger(net, 1)
+        nursery.cancel_scope.cancel()
+    assert res.coordinator == second.peer_id and res.attempt == 0
+    assert first.peer_id not in contributors(res)
+    # the backup waited one plan timeout for the better-ranked candidate, no more
+    issued = [e for e in second.events if e.kind == EventKind.PLAN_RECEIVED]
+    assert issued
+
+
+async def test_a_coordinator_dead_after_its_plan_is_retried_without_retraining(autojump_clock, tmp_path) -> None:
+    net = FakeNet(tmp_path, 4, fast_spec(rounds=1))
+    for n in net.nodes.values():
+        n.train_s = 2.0
+    coordinator = net.ranking()[0]
+    async with trio.open_nursery() as nursery:
+        await net.start(nursery)
+        await net.wait_until(lambda: all(plan_of(n) is not None for n in net.nodes.values()))
+        net.kill(coordinator)
+        await net.wait_rounds(1)
+        (res,) = one_ledger(net, 1)
+        nursery.cancel_scope.cancel()
+    assert res.attempt >= 1 and res.coordinator != coordinator.peer_id
+    assert coordinator.peer_id not in contributors(res)
+    assert len(contributors(res)) == 3
+    for n in net.alive_nodes():
+        assert EventKind.ROUND_RETRIED in n.kinds()
+        assert n.kinds().count(EventKind.TRAINED) == 1, "a retry re-sends the update it already trained"
+
+
+async def test_a_round_below_min_nodes_is_aborted_and_retried(autojump_clock, tmp_path) -> None:
+    net = FakeNet(tmp_path, 3, fast_spec(rounds=1, min_nodes=3))
+    straggler = net.ranking()[-1]
+    straggler.train_s = 20.0  # misses attempt 0's deadline (12 s + slack)
+    async with trio.open_nursery() as nursery:
+        await net.start(nursery)
+        await net.wait_rounds(1)
+        (res,) = one_ledger(net, 1)
+        nursery.cancel_scope.cancel()
+    assert res.attempt >= 1 and len(contributors(res)) == 3
+    aborted = [e for n in net.alive_nodes() for e in n.events if e.kind == EventKind.ROUND_ABORTED]
+    assert aborted and all("contributions < min_nodes=3" in e.message for e in aborted)
+    assert all(EventKind.ROUND_RETRIED in n.kinds() for n in net.alive_nodes())
+
+
+async def test_fork_choice_settles_two_sides_of_a_partition_on_one_ledger(autojump_clock, tmp_path) -> None:
+    from gpuflex.node.ledger import result_key
+
+    net = FakeNet(tmp_path, 4, fast_spec(rounds=3, min_nodes=2))
+    for n in net.nodes.values():
+        n.train_s = 2.0  # the job is still running when the network heals
+    net.split([0, 1], [2, 3])
+    async with trio.open_nursery() as nursery:
+        await net.start(nursery)
+        await net.wait_rounds(1)
+        sides = [net.node(0).driver.book.ledger.results[0], net.node(2).driver.book.ledger.results[0]]
+        assert sides[0].digest != sides[1].digest, "each side committed its own round 1"
+        net.heal()
+        await net.wait_rounds(3)
+        await net.wait_until(lambda: len({tuple(net.ledger(n)) for n in net.alive_nodes()}) == 1, limit=120)
+        results = one_ledger(net, 3)
+        nursery.cancel_scope.cancel()
+    winner = min(sides, key=result_key)
+    assert results[0].digest == winner.digest
+    resolved = [n for n in net.alive_nodes() if EventKind.LEDGER_FORK_RESOLVED in n.kinds()]
+    assert resolved and all(n.index in ((2, 3) if winner is sides[0] else (0, 1)) for n in resolved)
+
+
+async def test_a_late_joiner_catches_up_and_contributes(autojump_clock, tmp_path) -> None:
+    net = FakeNet(tmp_path, 4, fast_spec(rounds=4), initial=3)
+    for n in net.nodes.values():
+        n.train_s = 2.0  # rounds long enough for the joiner's presence to reach a plan
+    joiner = net.node(3)
+    async with trio.open_nursery() as nursery:
+        await net.start(nursery, count=3)
+        await net.wait_rounds(1)
+        await net.join(joiner)
+        await net.wait_rounds(4)
+        results = one_ledger(net, 4)
+        nursery.cancel_scope.cancel()
+    late = [r.round for r in results if joiner.peer_id in contributors(r)]
+    assert late and min(late) >= 2, f"the late joiner contributed in rounds {late}"
+    assert EventKind.LEDGER_SYNCED in joiner.kinds()
+
+
+async def test_a_straggler_missing_the_deadline_is_left_out_of_that_round_only(autojump_clock, tmp_path) -> None:
+    net = FakeNet(tmp_path, 4, fast_spec(rounds=2, min_nodes=2))
+    straggler = net.ranking()[-1]
+    straggler.train_delays = [20.0]  # its first training outlasts the 12 s budget; the next is quick
+    async with trio.open_nursery() as nursery:
+        await net.start(nursery)
+        await net.wait_rounds(2)
+        results = one_ledger(net, 2)
+        nursery.cancel_scope.cancel()
+    assert results[0].attempt == 0 and straggler.peer_id in results[0].absent, net.dump()
+    assert straggler.peer_id in contributors(results[1]), net.dump()
+
+
+async def test_a_leader_dying_after_it_acknowledged_an_update_has_it_resent_higher(autojump_clock, tmp_path) -> None:
+    net = FakeNet(tmp_path, 5, fast_spec(rounds=1, group_size=2))
+    tree = net.first_tree()
+    leader = next(p for p in tree if tree[p] is not None and p in tree.values())
+    net.nodes[leader].train_s = 30.0  # its own training keeps it from sending its partial
+    async with trio.open_nursery() as nursery:
+        await net.start(nursery)
+        assert plan_of(net.node(0)) is None or plan_of(net.node(0)).parent == tree
+        await net.wait_until(lambda: any(acceptor == leader for *_, acceptor in net.acks))
+        member = next(m for (_, _, m, acceptor) in net.acks if acceptor == leader)
+        net.kill(net.nodes[leader])
+        await net.wait_rounds(1)
+        (res,) = one_ledger(net, 1)
+        nursery.cancel_scope.cancel()
+    assert EventKind.RESEND in net.nodes[member].kinds()
+    assert member in contributors(res) and leader not in contributors(res)
