@@ -22,7 +22,9 @@ setup:
     else
         .venv/bin/python -m pip install --quiet "{{torch_spec}}"
     fi
-    .venv/bin/python -m pip install --quiet -e '.[dev]'
+    .venv/bin/python -m pip install --quiet -e '.[dev,llm]'
+    # The extras must never replace the pinned torch (a newer one pulls GBs of CUDA).
+    .venv/bin/python -c 'import sys, torch; want = sys.argv[1].partition("==")[2]; sys.exit(0 if not want or torch.__version__.split("+")[0] == want else f"torch {torch.__version__} replaced {want}")' "{{torch_spec}}"
     echo "$want" > .venv/.gpuflex-setup
 
 # Run the main job on a local mesh of node processes on loopback.

@@ -133,10 +133,15 @@ class DiLoCo:
     def step(self, params: np.ndarray, delta: np.ndarray, state: State) -> tuple[np.ndarray, State]:
         p, d, (m,), shape = _inputs(params, delta, state, ("m",))
         mu = np.float32(self.momentum)
-        g = -d
-        m = mu * m + g
-        new = p - np.float32(self.lr) * (g + mu * m)
-        return new.reshape(shape), {"m": m.reshape(shape)}
+        # The same float operations as m = mu*m + g; p - lr*(g + mu*m) with g = -d, written
+        # into two new vectors only: at 100M parameters each temporary is 400 MB.
+        m_new = np.multiply(m, mu)
+        m_new -= d
+        new = np.multiply(m_new, mu)
+        new -= d
+        new *= np.float32(self.lr)
+        np.subtract(p, new, out=new)
+        return new.reshape(shape), {"m": m_new.reshape(shape)}
 
 
 _OPTIMIZERS: dict[str, Callable[..., ServerOptimizer]] = {

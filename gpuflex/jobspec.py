@@ -25,10 +25,11 @@ try:
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib  # type: ignore[no-redef]
 
+from gpuflex.llmspec import LLM_MODELS, is_llm, llm_cross_checks
 from gpuflex.plugins import is_plugin_path, plugin_path_problem
 
-BUILTIN_MODELS: tuple[str, ...] = ("digits-cnn", "cifar10-cnn", "mlp", "char-gru")
-BUILTIN_DATA: tuple[str, ...] = ("sklearn-digits", "sklearn-breast-cancer", "cifar10", "shakespeare")
+BUILTIN_MODELS: tuple[str, ...] = ("digits-cnn", "cifar10-cnn", "mlp", "char-gru", *LLM_MODELS)
+BUILTIN_DATA: tuple[str, ...] = ("sklearn-digits", "sklearn-breast-cancer", "cifar10", "shakespeare", "text")
 # Built-in data sets read from data_path, and what that path must be.
 DATA_PATH_KIND: dict[str, str] = {"cifar10": "dir", "shakespeare": "file"}
 # Built-in data sets with a natural per-sample group (the speaking role), for partition="groups".
@@ -64,6 +65,8 @@ AUTO_TRAIN_FACTOR = 4.0
 AUTO_TRAIN_HISTORY = 5
 
 TEMPLATE = "templates/job.toml"
+#: ``gpuflex job init --template NAME`` writes templates/NAME.toml.
+TEMPLATES: tuple[str, ...] = ("job", "lora")
 
 
 class JobSpecError(GpuflexError, ValueError):
@@ -119,6 +122,8 @@ class JobSpec:
     dp_on_budget: OnBudget = "stop"
     secure_aggregation: bool = False
     secagg_threshold: int = 0  # 0: half the group, see secagg_threshold_for
+    #: Language-model settings (model, LoRA adapter, tokenizer, text); see gpuflex/llmspec.py.
+    llm: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def from_dict(
@@ -238,9 +243,12 @@ class JobSpec:
         return self.secagg_threshold or default
 
 
-def example_job_toml() -> str:
-    """The commented example job that ``gpuflex job init`` writes."""
-    return resources.files("gpuflex").joinpath(TEMPLATE).read_text(encoding="utf-8")
+def example_job_toml(template: str = "job") -> str:
+    """The commented example job that ``gpuflex job init [--template NAME]`` writes."""
+    if template not in TEMPLATES:
+        raise ValueError(f"unknown template {template!r}; expected one of {', '.join(TEMPLATES)}")
+    path = TEMPLATE if template == "job" else f"templates/{template}.toml"
+    return resources.files("gpuflex").joinpath(path).read_text(encoding="utf-8")
 
 
 # --- field checks -------------------------------------------------------------------------
@@ -353,6 +361,13 @@ def _bool(value: Any) -> bool:
     return value
 
 
+def _table(value: Any) -> dict[str, Any]:
+    """The [llm] table; its keys are checked against the model in the cross checks."""
+    if not isinstance(value, Mapping):
+        raise _Invalid(f"must be a table, e.g. [llm], got {value!r}")
+    return dict(value)
+
+
 def _allowlist(value: Any) -> tuple[str, ...]:
     if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
         raise _Invalid(f"must be a list of peer id strings, got {value!r}")
@@ -402,6 +417,7 @@ _CHECKS: dict[str, Callable[[Any], Any]] = {
     "dp_on_budget": _choice(DP_ON_BUDGET),
     "secure_aggregation": _bool,
     "secagg_threshold": _int(0),
+    "llm": _table,
 }
 assert set(_CHECKS) == {f.name for f in fields(JobSpec)}, "every JobSpec field needs a check"
 
@@ -431,7 +447,8 @@ def _cross_checks(
     local = partition == "local"
     if "data_path" in failed or "data" in failed:
         pass
-    elif data in DATA_PATH_KIND and not path:
+    elif data in DATA_PATH_KIND and not path and not is_llm(values.get("model")):
+        # A language model reads its text from the node's node.toml [data] when no path is given.
         errors.append(("data_path", f"is required for data {data!r}"))
     elif path and check_paths and not (local and not Path(path).expanduser().is_absolute()):
         # A relative path under partition="local" is resolved per node, against its home.
@@ -453,6 +470,7 @@ def _cross_checks(
             ("partition", f"'groups' needs data with natural groups ({', '.join(GROUPED_DATA)}), got {data!r}")
         )
     errors.extend(_trust_checks(values, failed))
+    errors.extend(llm_cross_checks(values, failed))
     return errors
 
 

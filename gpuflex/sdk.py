@@ -194,13 +194,15 @@ class JobHandle:
         return [Path(f) for f in reply["files"]]
 
     def state_dict(self) -> dict[str, Any]:
-        """The latest committed model as a CPU torch ``state_dict`` (after ``wait()``: the final one)."""
-        if self._state is None or self.status()["state"] not in FINISHED:
-            import torch
+        """The latest committed model as a CPU torch ``state_dict`` (after ``wait()``: the final one).
 
+        For a language model: its weights, or under LoRA the adapter's tensors alone (as
+        peft names them); ``results(out)`` writes the directories transformers and peft load.
+        """
+        if self._state is None or self.status()["state"] not in FINISHED:
             with tempfile.TemporaryDirectory(prefix="gpuflex-model-") as tmp:
                 self.results(tmp)
-                state = torch.load(Path(tmp) / "model.pt", map_location="cpu", weights_only=True)
+                state = load_exported_state(Path(tmp))
             if self.status()["state"] not in FINISHED:
                 return state
             self._state = state
@@ -222,6 +224,20 @@ class JobHandle:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def load_exported_state(folder: Path) -> dict[str, Any]:
+    """The tensors of what ``job results`` wrote: model.pt, or a language model's safetensors."""
+    if (folder / "model.pt").is_file():
+        import torch
+
+        return dict(torch.load(folder / "model.pt", map_location="cpu", weights_only=True))
+    for rel in ("model/model.safetensors", "adapter/adapter_model.safetensors"):
+        if (folder / rel).is_file():
+            from safetensors.torch import load_file
+
+            return dict(load_file(str(folder / rel)))
+    raise FileNotFoundError(f"no model in {folder}")
 
 
 def submit(model_fn: Ref, data_fn: Ref, *, home: str | os.PathLike[str] | None = None,

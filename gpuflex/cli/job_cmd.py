@@ -16,11 +16,16 @@ NodeOpt = typer.Option(None, "--node", "--home", help="Home of the node to talk 
 
 @job_app.command("init")
 def init(path: Path = typer.Argument(Path("job.toml"), help="Where to write the example ('-' for stdout)."),
-         force: bool = typer.Option(False, help="Overwrite an existing file.")) -> None:
-    """Write a commented example job file (the digits demo job)."""
+         force: bool = typer.Option(False, help="Overwrite an existing file."),
+         template: str = typer.Option("job", "--template", help="'job' (the digits demo) or 'lora' "
+                                      "(LoRA fine-tuning of a language model).")) -> None:
+    """Write a commented example job file (the digits demo job, or --template lora)."""
     from gpuflex.jobspec import example_job_toml
 
-    text = example_job_toml()
+    try:
+        text = example_job_toml(template)
+    except ValueError as exc:
+        fail(str(exc))
     if str(path) == "-":
         typer.echo(text, nl=False)
         return
@@ -107,7 +112,8 @@ def results(job: str = typer.Argument(..., help="Job id or prefix."),
             mlflow: str | None = typer.Option(None, "--mlflow", metavar="URI",
                                               help="Also log the job to MLflow (pip install 'gpuflex[mlflow]').")
             ) -> None:
-    """Write the final model (torch state_dict), per-round metrics (CSV, JSON), a plot and the ledger."""
+    """Write the final model (a torch state_dict; for a language model a Hugging Face model or
+    LoRA adapter directory in safetensors, with its tokenizer), metrics, a plot and the ledger."""
     reply = call_node("job_results", {"job": job, "out": str(out.resolve())}, home=node, timeout=120)
     if mlflow:
         from gpuflex.tracking import TrackingError, export_mlflow

@@ -8,9 +8,10 @@ The built-ins avoid BatchNorm so that the flat parameter vector is the entire mo
 
 from __future__ import annotations
 
+import contextlib
 import math
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import torch
 from torch import nn
@@ -127,15 +128,24 @@ BUILDERS: dict[str, Callable[[DataBundle], nn.Module]] = {
 }
 
 
+@contextlib.contextmanager
+def seeded_build(seed: int) -> Iterator[None]:
+    """Build under torch's RNG seeded with ``seed``, leaving the caller's RNG untouched.
+
+    torch's generator is process-global: nodes sharing a process (an in-process mesh) must
+    not interleave their seeded builds, or they start from different weights.
+    """
+    with _SEEDED_BUILD, torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        yield
+
+
 def build_model(spec: JobSpec, data_info: DataBundle) -> nn.Module:
     """Build the job's model with weights that depend only on ``spec.seed``.
 
     A plug-in is called with whichever of ``num_classes`` and ``input_shape`` it asks for.
     """
-    # torch's generator is process-global: nodes sharing a process (an in-process mesh) must
-    # not interleave their seeded builds, or they start from different weights.
-    with _SEEDED_BUILD, torch.random.fork_rng(devices=[]):
-        torch.manual_seed(spec.seed)
+    with seeded_build(spec.seed):
         if is_plugin_path(spec.model):
             fn = load_callable(spec.model, "model")
             model = call_with_accepted(

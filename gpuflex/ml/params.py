@@ -10,6 +10,8 @@ model holds. The built-in models avoid BatchNorm, so for them the vector is the 
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import torch
 from torch import nn
@@ -42,10 +44,19 @@ def _check_length(model: nn.Module, vec: np.ndarray) -> np.ndarray:
     return vec
 
 
+def as_tensor(vec: np.ndarray) -> torch.Tensor:
+    """A float32 CPU tensor sharing ``vec``'s memory, also when ``vec`` is a read-only view
+    into a model blob (torch warns about those; every caller here only reads from it)."""
+    vec = np.ascontiguousarray(vec, dtype=np.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.from_numpy(vec)
+
+
 def state_dict_from_flat(model: nn.Module, vec: np.ndarray) -> dict[str, torch.Tensor]:
     """A fresh CPU state_dict holding ``vec``; integer buffers are copied from ``model``."""
     vec = _check_length(model, vec)
-    flat = torch.from_numpy(np.ascontiguousarray(vec, dtype=np.float32))
+    flat = as_tensor(vec)
     out: dict[str, torch.Tensor] = {}
     offset = 0
     for key, value in model.state_dict().items():
@@ -61,7 +72,7 @@ def state_dict_from_flat(model: nn.Module, vec: np.ndarray) -> dict[str, torch.T
 def load_flat_params(model: nn.Module, vec: np.ndarray) -> None:
     """Write ``vec`` into the model in place, on whatever device the model lives."""
     vec = _check_length(model, vec)
-    flat = torch.from_numpy(np.ascontiguousarray(vec, dtype=np.float32))
+    flat = as_tensor(vec)
     offset = 0
     with torch.no_grad():
         for _, value in _float_items(model):

@@ -14,7 +14,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -173,6 +173,10 @@ class Workload:
     def state_dict(self, params: np.ndarray) -> dict[str, torch.Tensor]:
         return state_dict_from_flat(self._model, params)
 
+    def export_model(self, params: np.ndarray, out: Path) -> list[Path]:
+        """The final model for people and tools: ``model.pt``, a plain torch state_dict."""
+        return [self.save_state_dict(params, Path(out) / "model.pt")]
+
     def save_state_dict(self, params: np.ndarray, path: str | os.PathLike[str]) -> Path:
         """Write a CPU state_dict that plain ``torch.load`` reads; atomic via rename."""
         path = Path(path)
@@ -181,3 +185,51 @@ class Workload:
         torch.save(self.state_dict(params), tmp)
         os.replace(tmp, path)
         return path
+
+
+class WorkloadUnavailable(RuntimeError):
+    """This node cannot run (or pin) the job; the message says why in one line."""
+
+
+def pin_job_spec(spec: JobSpec, home: Path | None) -> JobSpec:
+    """``spec`` with the hashes of what every member must hold alike filled in, as this
+    (submitting) node holds them; unchanged for jobs that have none."""
+    from gpuflex.llmspec import is_llm
+
+    if not is_llm(spec.model):
+        return spec
+    from gpuflex.ml.llm import LLMError
+    from gpuflex.ml.llm.pin import pin_llm_spec
+
+    try:
+        return pin_llm_spec(spec, home)
+    except LLMError as exc:
+        raise WorkloadUnavailable(str(exc)) from None
+
+
+class NodeWorkload(Protocol):
+    """What the node asks of a workload: flat float32 vectors in and out, and an export."""
+
+    @property
+    def num_samples(self) -> int: ...
+
+    def initial_params(self) -> np.ndarray: ...
+
+    def train(self, base: np.ndarray) -> tuple[np.ndarray, dict[str, Any]]: ...
+
+    def evaluate(self, params: np.ndarray) -> dict[str, float]: ...
+
+    def export_model(self, params: np.ndarray, out: Path) -> list[Path]: ...
+
+
+def open_workload(spec: JobSpec, *args: Any, **kwargs: Any) -> NodeWorkload:
+    """The workload for ``spec`` (arguments as :class:`Workload`'s): a language model's
+    (gpuflex.ml.llm) or the classic one. Both offer the same flat-vector surface, so the node
+    never needs to know which it runs."""
+    from gpuflex.llmspec import is_llm
+
+    if is_llm(spec.model):
+        from gpuflex.ml.llm.workload import LLMWorkload
+
+        return LLMWorkload(spec, *args, **kwargs)
+    return Workload(spec, *args, **kwargs)

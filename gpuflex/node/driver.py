@@ -34,7 +34,7 @@ from gpuflex.node.messages import (
     MessageKind,
     Plan,
 )
-from gpuflex.node.modelblob import pack_model
+from gpuflex.node.modelblob import model_parts
 from gpuflex.node.models import Models
 from gpuflex.node.pipeline import DeltaEncoder
 from gpuflex.node.policy import Reports
@@ -57,10 +57,11 @@ COORDINATOR_GRACE_S = 2.0
 
 
 def load_trainer(spec: Any, index: int, parts: int, home: Path, data_hook: Callable[..., Any] | None) -> Trainer:
-    """The real workload (torch), imported only when a job starts."""
-    from gpuflex.ml.workload import Workload
+    """The real workload (torch), imported only when a job starts: a language model's or the
+    classic one, behind the same flat-vector surface."""
+    from gpuflex.ml.workload import open_workload
 
-    return Workload(spec, index, parts, home, data_hook=data_hook)
+    return open_workload(spec, index, parts, home, data_hook=data_hook)
 
 
 class JobDriver:
@@ -147,7 +148,7 @@ class JobDriver:
         self._trainer = await port.offload(self._trainers, self.spec, index, parts, port.home,
                                            self.faults.data_hook())
         init = await port.offload(self._trainer.initial_params)
-        book.init_hash = port.blobs.put(pack_model(init, {}))
+        book.init_hash = port.blobs.put_parts(model_parts(init, {}))
         if problems or (book.ledger.results and not port.blobs.has(book.head_model)):
             await port.catch_up()
         book.ready.set()

@@ -19,8 +19,10 @@ from mesh.fsutil import atomic_write, atomic_write_text
 METRIC_COLUMNS = ("round", "loss", "accuracy", "train_loss", "contributors", "duration_s")
 
 
-class StateDictWriter(Protocol):
-    def save_state_dict(self, params: np.ndarray, path: Path) -> Path: ...
+class ModelWriter(Protocol):
+    def export_model(self, params: np.ndarray, out: Path) -> list[Path]:
+        """Write the final model in the format its ecosystem loads; the files written."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -31,21 +33,25 @@ class JobExport:
     spec: Any  # JobSpec
     model_hash: str
     read_model: Callable[[], bytes]  # the exact bytes the ledger's model_hash names
-    trainer: StateDictWriter
+    trainer: ModelWriter
     metrics: list[dict[str, Any]]
     ledger: list[dict[str, Any]]
     ledger_path: Path  # the signed ledger as stored
 
 
 def export_results(job: JobExport, out: Path) -> list[Path]:
-    """Final model (plain torch state_dict), metrics (CSV, JSON and a PNG plot) and the ledger.
+    """Final model, metrics (CSV, JSON and a PNG plot) and the ledger.
+
+    The workload writes the model: a plain torch state_dict, or for a language model the
+    Hugging Face directories (gpuflex/ml/llm/export.py).
 
     MLflow export reads these files (``gpuflex.tracking``), so there is one writer of results.
     """
     out.mkdir(parents=True, exist_ok=True)
     blob = job.read_model()
     params, _ = unpack_model(blob)
-    files = [job.trainer.save_state_dict(params, out / "model.pt")]
+    files = job.trainer.export_model(params, out)
+    del params
     # The exact bytes the ledger's model_hash names, for `gpuflex audit verify --model`.
     atomic_write(out / "model.blob", blob, mode=0o644)
     files.append(out / "model.blob")

@@ -43,6 +43,17 @@ INITIAL_SYNC_TRIES = 30
 INITIAL_SYNC_PEERS, CATCH_UP_PEERS = 2, 4
 
 
+def pin_spec(spec: Any, home: Path) -> Any:
+    """The spec as this node signs it: the workload may record hashes of the inputs every
+    member must hold alike (a language model's base weights and tokenizer)."""
+    from gpuflex.ml.workload import WorkloadUnavailable, pin_job_spec
+
+    try:
+        return pin_job_spec(spec, home)
+    except WorkloadUnavailable as exc:
+        raise ApiError(str(exc)) from None
+
+
 def job_id_of(env: Envelope) -> str:
     return env.digest[:16]
 
@@ -266,6 +277,7 @@ class JobManager:
             spec = JobSpec.from_dict(params.get("spec") or {}, check_paths=True)
         except JobSpecError as exc:
             raise ApiError(str(exc)) from None
+        spec = await trio.to_thread.run_sync(pin_spec, spec, self.home)
         members = sorted({self.mesh.peer_id, *self.mesh.peers.alive()})
         frame = seal(self.mesh.identity, JOB, {"spec": spec.to_dict(), "members": members, "created": time.time()})
         env = open_envelope(frame, expect_kind=JOB)

@@ -9,11 +9,11 @@ import numpy as np
 
 from gpuflex.node.kinds import EventKind
 from gpuflex.node.messages import Result
-from gpuflex.node.modelblob import pack_model, unpack_model
+from gpuflex.node.modelblob import model_parts, unpack_model
 from gpuflex.node.pipeline import replay_step
 from gpuflex.node.port import JobPort
 from gpuflex.node.state import JobBook
-from mesh.blob import BlobError, blob_hash
+from mesh.blob import BlobError, parts_hash
 from mesh.codec import WireError
 
 log = logging.getLogger("gpuflex.models")
@@ -49,9 +49,9 @@ class Models:
         if res.step_hash is not None and not blobs.has(res.model_hash) and blobs.has(res.base_hash):
             try:
                 await self.port.fetch_blob(res.step_hash, [res.coordinator], timeout=STEP_FETCH_S)
-                data = await self.port.offload(self._replay, res)
-                if blob_hash(data) == res.model_hash:
-                    blobs.put(data)
+                parts = await self.port.offload(self._replay, res)
+                if parts_hash(parts) == res.model_hash:
+                    blobs.put_parts(parts)
                     self.book.status.replayed_step()
                 else:
                     log.warning("round %d: the model rebuilt from the step does not match %s; "
@@ -61,11 +61,11 @@ class Models:
                          res.round, exc)
         await self.load(res.model_hash, [res.coordinator])
 
-    def _replay(self, res: Result) -> bytes:
+    def _replay(self, res: Result) -> list[memoryview]:
         assert res.step_hash is not None
         params, state = unpack_model(self.port.blobs.read(res.base_hash, verify=True))
         step = self.port.blobs.read(res.step_hash, verify=True)
-        return pack_model(*replay_step(self.book.spec, params, state, step))
+        return model_parts(*replay_step(self.book.spec, params, state, step))
 
     def recent(self) -> set[str]:
         """The models (and steps) this job still needs on this node."""

@@ -70,7 +70,9 @@ class Member:
         key = (r, plan.base_hash)
         if key not in book.cached_updates:
             book.status.set_phase(Phase.TRAIN, deadlines.train)
-            params, _ = await self._load_model(plan.base_hash, [plan.coordinator])
+            # A copy of the parameters alone: the blob they are read from (which also holds
+            # the server optimizer's state) is freed before training starts.
+            params = (await self._load_model(plan.base_hash, [plan.coordinator]))[0].copy()
             trainer = self._trainer()
             delta, metrics = await self.port.offload(trainer.train, params)
             delta = self.faults.tamper(delta)

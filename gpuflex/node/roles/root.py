@@ -16,7 +16,7 @@ import numpy as np
 from gpuflex.node.collector import Reduced
 from gpuflex.node.kinds import Phase
 from gpuflex.node.messages import ABORT, RESULT, Plan, walk_contributions
-from gpuflex.node.modelblob import pack_model
+from gpuflex.node.modelblob import model_parts
 from gpuflex.node.pipeline import describe_rule, outer_step
 from gpuflex.node.port import JobPort, Trainer
 from gpuflex.node.state import JobBook
@@ -45,7 +45,7 @@ class Root:
             return
         params, state = await self._load_model(plan.base_hash, [])
         new_params, new_state, step = await port.offload(outer_step, spec, params, state, reduced.avg)
-        model_hash = port.blobs.put(pack_model(new_params, new_state))
+        model_hash = port.blobs.put_parts(model_parts(new_params, new_state))
         step_hash = port.blobs.put(step) if step is not None else None
         evaluation = await port.offload(self._trainer().evaluate, new_params)
         total = sum(u.samples for u in contributions)

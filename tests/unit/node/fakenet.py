@@ -76,7 +76,7 @@ class FakeTrainer:
     def evaluate(self, params: np.ndarray) -> dict[str, float]:
         return {"loss": float(np.linalg.norm(params)), "accuracy": 0.5}
 
-    def save_state_dict(self, params: np.ndarray, path: Path) -> Path:
+    def export_model(self, params: np.ndarray, out: Path) -> list[Path]:
         raise NotImplementedError
 
 
@@ -97,6 +97,9 @@ class MemBlobs:
         digest = blob_hash(data)
         self.data[digest] = self.archive[digest] = bytes(data)
         return digest
+
+    def put_parts(self, parts: Sequence[bytes | memoryview]) -> str:
+        return self.put(b"".join(parts))
 
     def read(self, digest: str, verify: bool = True) -> bytes:
         if digest not in self.data:

@@ -1,0 +1,185 @@
+"""The node operator's own configuration: ``<home>/node.toml``.
+
+Data locations, local model directories and private text corpora belong to whoever runs the
+node, never to a job that arrives from the wire: a job names a data set or a model by a short
+name, and this file says where that name lives on this machine. This module is the one reader
+of the file. It returns a frozen, validated :class:`NodeConfig`, and a bad file fails with one
+line that names the key, so an operator can fix it without reading a traceback.
+
+```toml
+[jobs]
+accept = "any"                      # or ["12D3Koo...", ...]: whose jobs this node runs
+allow_plugins = ["mylab.models:*"]  # patterns of module:function this operator allows
+[data]                              # dataset name -> local path
+shakespeare = "/data/tinyshakespeare.txt"
+[models]                            # pretrained model name -> local directory
+tinyllama = "/models/tinyllama"
+[text]                              # private text corpora for partition = "local"
+notes = ["/data/notes1.txt", "/data/notes2.txt"]
+```
+
+Relative paths are taken relative to the node's home. No torch and no numpy here: the CLI
+reads this file too.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
+
+CONFIG_FILE = "node.toml"
+#: Names of data sets, models and corpora: short, printable, safe in a log line.
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+_SECTIONS = ("jobs", "data", "models", "text")
+_JOBS_KEYS = ("accept", "allow_plugins")
+#: Files one corpus may list; a corpus is a handful of files, not a directory crawl.
+MAX_TEXT_FILES = 1000
+
+
+class NodeConfigError(ValueError):
+    """``node.toml`` is unreadable or has a bad key; the message names the file and the key."""
+
+
+def _frozen(mapping: Mapping[str, Any]) -> Mapping[str, Any]:
+    return MappingProxyType(dict(mapping))
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    """What this node's operator configured; an absent file is the empty configuration."""
+
+    accept: str | tuple[str, ...] = "any"
+    allow_plugins: tuple[str, ...] = ()
+    data: Mapping[str, Path] = field(default_factory=lambda: _frozen({}))
+    models: Mapping[str, Path] = field(default_factory=lambda: _frozen({}))
+    text: Mapping[str, tuple[Path, ...]] = field(default_factory=lambda: _frozen({}))
+    source: Path | None = None
+
+    def data_path(self, name: str) -> Path | None:
+        """Where the data set ``name`` lives here, or None when the operator did not say."""
+        return self.data.get(name)
+
+    def model_dir(self, name: str) -> Path:
+        """The local directory of pretrained model ``name``; a clear error when it is not
+        configured, because a job may only name models the operator put there."""
+        if name not in self.models:
+            known = ", ".join(sorted(self.models)) or "none"
+            raise NodeConfigError(f"{self._where()}: no [models] entry {name!r} (configured: {known})")
+        return self.models[name]
+
+    def text_files(self, name: str) -> tuple[Path, ...]:
+        """The files of private corpus ``name``, for ``partition = "local"``."""
+        if name not in self.text:
+            known = ", ".join(sorted(self.text)) or "none"
+            raise NodeConfigError(f"{self._where()}: no [text] entry {name!r} (configured: {known})")
+        return self.text[name]
+
+    def _where(self) -> str:
+        return str(self.source) if self.source else CONFIG_FILE
+
+
+def config_path(home: str | os.PathLike[str]) -> Path:
+    return Path(home) / CONFIG_FILE
+
+
+def load_node_config(home: str | os.PathLike[str] | None) -> NodeConfig:
+    """Read ``<home>/node.toml``; a missing home or file gives the empty configuration."""
+    if home is None:
+        return NodeConfig()
+    path = config_path(home)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return NodeConfig(source=path)
+    except (OSError, UnicodeDecodeError) as exc:
+        raise NodeConfigError(f"{path}: cannot read: {exc}") from None
+    try:
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise NodeConfigError(f"{path}: not valid TOML: {exc}") from None
+    return parse_node_config(raw, base=Path(home), source=path)
+
+
+def parse_node_config(raw: Mapping[str, Any], *, base: Path, source: Path | None = None) -> NodeConfig:
+    """Validate the parsed TOML; the first problem is reported with its dotted key."""
+    where = str(source) if source else CONFIG_FILE
+
+    def bad(key: str, why: str) -> NodeConfigError:
+        return NodeConfigError(f"{where}: {key}: {why}")
+
+    for key in raw:
+        if key not in _SECTIONS:
+            raise bad(key, f"unknown section (expected one of {', '.join(_SECTIONS)})")
+    sections: dict[str, Mapping[str, Any]] = {}
+    for name in _SECTIONS:
+        value = raw.get(name, {})
+        if not isinstance(value, Mapping):
+            raise bad(name, f"must be a table, got {type(value).__name__}")
+        sections[name] = value
+
+    jobs = sections["jobs"]
+    for key in jobs:
+        if key not in _JOBS_KEYS:
+            raise bad(f"jobs.{key}", f"unknown key (expected one of {', '.join(_JOBS_KEYS)})")
+    accept: str | tuple[str, ...] = jobs.get("accept", "any")
+    if isinstance(accept, list) and all(isinstance(p, str) and p for p in accept):
+        accept = tuple(accept)
+    elif accept != "any":
+        raise bad("jobs.accept", f'must be "any" or a list of peer ids, got {accept!r}')
+    plugins = jobs.get("allow_plugins", [])
+    if not isinstance(plugins, list) or not all(isinstance(p, str) and ":" in p for p in plugins):
+        raise bad("jobs.allow_plugins", f'must be a list of "module:function" patterns, got {plugins!r}')
+
+    def path_of(key: str, value: Any) -> Path:
+        if not isinstance(value, str) or not value.strip() or "\x00" in value:
+            raise bad(key, f"must be a path string, got {value!r}")
+        path = Path(value).expanduser()
+        return path if path.is_absolute() else (base / path)
+
+    def names(section: str) -> Mapping[str, Any]:
+        table = sections[section]
+        for key in table:
+            if not _NAME_RE.match(key):
+                raise bad(f"{section}.{key}", "names use letters, digits, '_', '.' and '-' (at most 64)")
+        return table
+
+    data = {k: path_of(f"data.{k}", v) for k, v in names("data").items()}
+    models = {k: path_of(f"models.{k}", v) for k, v in names("models").items()}
+    text: dict[str, tuple[Path, ...]] = {}
+    for key, value in names("text").items():
+        files = [value] if isinstance(value, str) else value
+        if not isinstance(files, list) or not files or len(files) > MAX_TEXT_FILES:
+            raise bad(f"text.{key}", f"must be a path or a list of 1 to {MAX_TEXT_FILES} paths, got {value!r}")
+        text[key] = tuple(path_of(f"text.{key}", f) for f in files)
+    return NodeConfig(accept=accept, allow_plugins=tuple(plugins), data=_frozen(data), models=_frozen(models),
+                      text=_frozen(text), source=source)
+
+
+def dump_node_config(config: Mapping[str, Mapping[str, Any]]) -> str:
+    """TOML text for a small configuration (tests, the benchmarks, ``gpuflex`` helpers)."""
+    lines: list[str] = []
+    for section in _SECTIONS:
+        table = config.get(section)
+        if not table:
+            continue
+        lines.append(f"[{section}]")
+        for key, value in table.items():
+            lines.append(f"{key} = {_toml_value(value)}")
+    return "\n".join(lines) + "\n"
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    text = str(value).replace("\\", "\\\\").replace('"', '\\"')
+    return f'"{text}"'
