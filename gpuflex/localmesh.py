@@ -66,6 +66,7 @@ class LocalMesh:
         self.env = {**os.environ, "GPUFLEX_TORCH_THREADS": "1", "PYTHONUNBUFFERED": "1", **(env or {})}
         self.launcher = list(launcher)  # how to run `gpuflex` (a test harness may wrap it)
         self.procs: dict[int, subprocess.Popen[bytes] | forkserver.ForkedProcess] = {}
+        self.args: dict[int, list[str]] = {}  # the command line each node was last started with
         self.bootstrap: str | None = None
 
     def home(self, i: int) -> Path:
@@ -92,6 +93,7 @@ class LocalMesh:
             cmd += list(self.node_args(i))
         if bootstrap and self.bootstrap and i != 0:
             cmd += ["--bootstrap", self.bootstrap]
+        self.args[i] = cmd
         if not place.prefix and len(self.launcher) == 2 and self.launcher[0] == "-m" and forkserver.enabled():
             # Forked from a launcher that imported torch and libp2p once (gpuflex/forkserver.py).
             self.procs[i] = forkserver.shared().spawn(cmd[3:], self.env, self.log_path(i), module=self.launcher[1])

@@ -95,7 +95,7 @@ def test_the_bootstrap_node_moves_and_restarted_nodes_rejoin_through_their_books
         mesh.start_node(i, wait=False)
     for i in (1, 2):
         mesh.wait_api(i, timeout=90)
-        assert "--bootstrap" in mesh.procs[i].args and original in mesh.procs[i].args
+        assert "--bootstrap" in mesh.args[i] and original in mesh.args[i]
     mesh.wait_job(job, [0, 1, 2], timeout=240)
     rows = assert_one_ledger(mesh, [0, 1, 2], job, 2)
     assert all({c["peer"] for c in row["contributors"]} == set(ids) for row in rows)  # each took part
@@ -118,7 +118,7 @@ def test_a_node_restarted_without_bootstrap_waits_for_its_book_peers_then_rejoin
     EXTRA[1] = ["--bootstrap-timeout", "3"]
     started = time.time()
     mesh.start_node(1, bootstrap=False)
-    assert "--bootstrap" not in mesh.procs[1].args
+    assert "--bootstrap" not in mesh.args[1]
     assert join_state(mesh, 1) == "waiting"  # up, and patient: it has been in a mesh
     mesh.wait_until(lambda: time.time() - started > 3 + 1, 10, what="past --bootstrap-timeout")
     shown = subprocess.run([sys.executable, "-m", "gpuflex", "status", "--home", str(mesh.home(1))],
