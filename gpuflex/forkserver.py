@@ -56,8 +56,12 @@ def _child(req: dict[str, Any]) -> None:
     code = 1
     try:
         os.setsid()
-        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD, signal.SIGPIPE):
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD):
             signal.signal(sig, signal.SIG_DFL)
+        # As in any Python process: a write to a socket whose peer has gone raises EPIPE
+        # (BrokenPipeError) instead of killing the node. With SIGPIPE at its default, a node
+        # died silently whenever a peer it was writing to had been killed or closed its stream.
+        signal.signal(signal.SIGPIPE, signal.SIG_IGN)
         fd = os.open(req["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         null = os.open(os.devnull, os.O_RDONLY)
         os.dup2(null, 0)
