@@ -133,7 +133,9 @@ class Chaos:
             if i in self.down or self.mesh.alive(i) or any(f"node {i}:" in e for e in self.exits):
                 continue
             lines = self.mesh.log_path(i).read_text(errors="replace").strip().splitlines()
-            self.exits.append(f"node {i}: {lines[-1][-200:] if lines else 'no log'}")
+            errors = [line for line in lines if line.startswith("error:")]  # the CLI's one-line exit
+            last = (errors or lines or ["no log"])[-1]
+            self.exits.append(f"node {i}: {last[:200]}")
             say(f"  t={time.time() - self.t0:5.1f}s node {i} exited on its own: {self.exits[-1]}")
 
     def time_rejoin(self, restart: dict[str, Any]) -> None:
