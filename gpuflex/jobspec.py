@@ -75,6 +75,10 @@ MAX_ROUNDS, MAX_LOCAL_EPOCHS, MAX_LOCAL_STEPS = 100_000, 1_000, 1_000_000
 MAX_BATCH_SIZE, MAX_GROUP_SIZE, MAX_MEMBERS, MAX_SHARDS = 65_536, 1_000, 10_000, 1_000
 MAX_TIMEOUT_S = 86_400.0
 MAX_NAME_CHARS, MAX_ALLOWLIST, MAX_RULE_PARAMS, MAX_RULE_PARAM = 200, 1_000, 8, 1e6
+#: A field's value nests at most this deep ([llm] config is 2) and holds at most this many
+#: values, checked before anything else looks at it (a repr of a deep list would overflow).
+MAX_DEPTH, MAX_VALUES = 6, 10_000
+MAX_UNKNOWN_LISTED = 20
 #: Characters of one error message; a hostile value is quoted, never echoed whole.
 MAX_MESSAGE_CHARS = 300
 
@@ -147,13 +151,17 @@ class JobSpec:
             raise JobSpecError([("job", f"must be a table of keys, got {type(data).__name__}")])
         errors: list[tuple[str, str]] = []
         values: dict[str, Any] = {}
-        for key in data:
-            if key not in _CHECKS:
-                errors.append((str(key), _unknown_key_message(str(key))))
+        unknown = [str(key) for key in data if key not in _CHECKS]
+        errors.extend((key, _unknown_key_message(key)) for key in unknown[:MAX_UNKNOWN_LISTED])
+        if len(unknown) > MAX_UNKNOWN_LISTED:
+            errors.append(("job", f"and {len(unknown) - MAX_UNKNOWN_LISTED} more unknown keys"))
         for name, check in _CHECKS.items():
             if name not in data:
                 if name in _REQUIRED:
                     errors.append((name, f"is required ({_REQUIRED[name]})"))
+                continue
+            if not _small(data[name]):
+                errors.append((name, f"is nested deeper than {MAX_DEPTH} or holds more than {MAX_VALUES} values"))
                 continue
             try:
                 values[name] = check(data[name])
@@ -262,6 +270,22 @@ def _show(value: Any) -> str:
     if isinstance(value, (Mapping, list, tuple)):
         return f"a {type(value).__name__} of {len(value)}"
     return _clip(repr(value), 60)
+
+
+def _small(value: Any) -> bool:
+    """At most MAX_DEPTH levels and MAX_VALUES values, walked without recursion."""
+    todo, seen = [(value, 1)], 0
+    while todo:
+        item, depth = todo.pop()
+        seen += 1
+        if seen > MAX_VALUES or depth > MAX_DEPTH:
+            return False
+        if isinstance(item, Mapping):
+            todo.extend((v, depth + 1) for v in item.values())
+            seen += len(item)  # the keys
+        elif isinstance(item, (list, tuple)):
+            todo.extend((v, depth + 1) for v in item)
+    return True
 
 
 def _is_int(value: Any) -> bool:

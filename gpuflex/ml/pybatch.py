@@ -96,7 +96,9 @@ def _reduce(func: Any, args: Any, budget: list[int]) -> Any:
         return text.encode("latin-1")
     if func.name == "bytes" and args == ():
         return b""
-    if func.name == "dtype" and 1 <= len(args) <= 3 and _text(args[0]) in _DTYPES:
+    if func.name == "dtype" and 1 <= len(args) <= 3:
+        if _text(args[0]) not in _DTYPES:
+            raise BatchFormatError(f"dtype {_text(args[0])[:16]!r} refused: a batch holds uint8 ('u1') arrays")
         return _Dtype(_DTYPES[_text(args[0])])
     if func.name == "reconstruct" and len(args) == 3 and isinstance(args[0], _Global) and args[0].name == "ndarray":
         return _PendingArray()
@@ -158,6 +160,7 @@ def parse_batch(data: bytes) -> Any:
             if name == "STOP":
                 if len(stack) != 1 or marks:
                     raise BatchFormatError("unbalanced pickle")
+                _only_data(stack[0])
                 return stack[0]
             if name in _LITERALS:
                 stack.append(arg)
@@ -225,6 +228,20 @@ def parse_batch(data: bytes) -> Any:
     except (ValueError, IndexError, KeyError, TypeError, OverflowError) as exc:
         raise BatchFormatError(f"not a well-formed pickle: {type(exc).__name__}: {exc}") from None
     raise BatchFormatError("the pickle has no STOP")
+
+
+def _only_data(root: Any) -> None:
+    """No stand-in (a global, a dtype, an unbuilt array) may be left in the result."""
+    todo, seen = [root], set()
+    while todo:
+        item = todo.pop()
+        if isinstance(item, (_Global, _Dtype, _PendingArray)):
+            raise BatchFormatError(f"a bare {type(item).__name__.strip('_').lower()} is not data")
+        if isinstance(item, (dict, list, tuple)) and id(item) not in seen:
+            seen.add(id(item))
+            todo.extend(item.values() if isinstance(item, dict) else item)
+            if isinstance(item, dict):
+                todo.extend(item.keys())
 
 
 def _expect(obj: Any, kind: type) -> Any:
