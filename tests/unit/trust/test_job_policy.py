@@ -98,7 +98,7 @@ def test_flags_add_to_node_toml_and_bad_ones_name_the_flag(tmp_path: Path) -> No
         with pytest.raises(NodeConfigError, match=where):
             with_flags(NodeConfig(), **flags)
     (tmp_path / "node.toml").write_text("[jobs]\nmax_jobs_per_publisher = -1\n")
-    with pytest.raises(NodeConfigError, match="jobs.max_jobs_per_publisher"):
+    with pytest.raises(NodeConfigError, match=r"jobs\.max_jobs_per_publisher"):
         load_node_config(tmp_path)
 
 
