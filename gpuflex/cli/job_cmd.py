@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Any
@@ -87,6 +88,18 @@ def format_status(js: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def format_spec(js: dict[str, Any]) -> str:
+    """The job's spec, one ``key = value`` line each. It is a stranger's text (the publisher's),
+    so every value goes through ``text``; a node too old to send it says so."""
+    spec = js.get("spec")
+    if not isinstance(spec, dict):
+        return "spec         (this node does not report it)"
+    lines = [f"spec         from {short(js.get('publisher'), 16)}"]
+    lines += [f"  {text(key, 40):<20} = {text(json.dumps(value, ensure_ascii=False), 500)}"
+              for key, value in sorted(spec.items())]
+    return "\n".join(lines)
+
+
 def format_row(js: dict[str, Any]) -> str:
     """One line per job for ``gpuflex job list``."""
     return (f"{text(js['job_id'], 16):16}  {text(js['state'], 8):8}  "
@@ -111,14 +124,19 @@ def list_jobs(node: str | None = NodeOpt, json_out: bool = JsonOpt) -> None:
 @job_app.command("status")
 def status(job: str | None = typer.Argument(None, help="Job id or prefix (default: the newest)."),
            node: str | None = NodeOpt, json_out: bool = JsonOpt,
-           watch: bool = typer.Option(False, help="Refresh every second until the job ends.")) -> None:
-    """Round, phase, coordinator, members, and loss and accuracy so far."""
+           watch: bool = typer.Option(False, help="Refresh every second until the job ends."),
+           spec: bool = typer.Option(False, "--spec", help="Also print the job's spec, as this node validated it.")
+           ) -> None:
+    """Round, phase, coordinator, members, and loss and accuracy so far (``--json`` includes the
+    job's spec and publisher)."""
     while True:
         js = call_node("job_status", {"job": job} if job else {}, home=node)
         if json_out:
             emit_json(js)
         else:
             typer.echo(format_status(js))
+            if spec:
+                typer.echo(format_spec(js))
         if not watch or js["state"] in ("done", "failed"):
             return
         time.sleep(1.0)

@@ -11,6 +11,11 @@ peer offers it again.
 Refused jobs are not saved, and a saved job (written before its plug-in was disallowed, or by
 an older version) is judged again at start and refused the same way; its file is left for the
 operator, so allowing the plug-in later resumes it.
+
+A refusal that only a hostile or careless publisher earns (an invalid spec, a plug-in this
+node does not allow, more jobs than its caps) also penalises the publisher (the signer, not
+the peer that relayed the frame), once per job; a job for data this node does not hold, or
+from a publisher it does not accept, is ordinary in an open mesh and costs nothing.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from __future__ import annotations
 import logging
 import math
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import trio
 
@@ -33,11 +38,17 @@ log = logging.getLogger("gpuflex.jobs")
 REFUSED_MEMORY = 4096
 #: A job refused for a cap may be offered again after this long.
 CAP_RETRY_S = 60.0
+#: Penalty points (mesh.health) per refusal, by why; the ignore threshold is 10, and points
+#: decay at 0.05 a second.
+PENALTY: dict[RefusalKind, float] = {RefusalKind.SPEC: 1.0, RefusalKind.PLUGIN: 1.0, RefusalKind.CAP: 1.0,
+                                     RefusalKind.DATA: 0.0, RefusalKind.PUBLISHER: 0.0}
 
 
 class Admission:
-    def __init__(self, policy: JobPolicy, events: EventLog) -> None:
-        self.policy, self.events = policy, events
+    def __init__(self, policy: JobPolicy, events: EventLog,
+                 penalise: Callable[[str, float], float] | None = None) -> None:
+        """``penalise(peer, points)`` scores a fault and returns the peer's penalty."""
+        self.policy, self.events, self._penalise = policy, events, penalise
         self._refused: OrderedDict[str, tuple[Refusal, float]] = OrderedDict()  # job -> (why, until)
         self._reported: set[str] = set()
 
@@ -58,10 +69,13 @@ class Admission:
         what arrives, and a restart adds nothing."""
         refusal = self.policy.refusal(spec, publisher, unfinished)
         if refusal is not None:
-            self.refuse(job_id, refusal, publisher, spec.name)
+            self.refuse(job_id, refusal, publisher, spec.name, penalise=unfinished is not None)
         return refusal
 
-    def refuse(self, job_id: str, refusal: Refusal, publisher: str, name: str = "") -> None:
+    def refuse(self, job_id: str, refusal: Refusal, publisher: str, name: str = "", *,
+               penalise: bool = True) -> None:
+        """Remember and report a refusal; ``penalise``: the publisher sent it (not this node's
+        own disk at start)."""
         until = trio.current_time() + CAP_RETRY_S if refusal.transient else math.inf
         self._refused[job_id] = (refusal, until)
         self._refused.move_to_end(job_id)
@@ -73,8 +87,13 @@ class Admission:
             return
         self._reported.add(job_id)
         label = f" ({printable(name, 60)})" if name else ""
+        points = PENALTY[refusal.kind] if penalise and publisher != self.policy.own_id else 0.0
+        scored = ""
+        if points and self._penalise is not None:
+            scored = f"; penalty now {self._penalise(publisher, points):.1f}"
         self.events.emit(EventKind.JOB_REFUSED, job=job_id, peer=publisher, reason=str(refusal.kind), message=(
-            f"job {job_id}{label} from …{publisher[-8:]} not taken on: {refusal}"))
+            f"job {job_id}{label} from …{publisher[-8:]} not taken on: {refusal}{scored}"))
 
-    def refuse_invalid(self, job_id: str, publisher: str, problem: str) -> None:
-        self.refuse(job_id, Refusal(RefusalKind.SPEC, f"invalid spec: {printable(problem, 300)}"), publisher)
+    def refuse_invalid(self, job_id: str, publisher: str, problem: str, *, penalise: bool = True) -> None:
+        self.refuse(job_id, Refusal(RefusalKind.SPEC, f"invalid spec: {printable(problem, 300)}"), publisher,
+                    penalise=penalise)

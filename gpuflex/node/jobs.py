@@ -71,7 +71,8 @@ class JobManager:
                  config: NodeConfig | None = None) -> None:
         self.mesh, self.events, self.home, self.faults = mesh, events, home, faults
         self.config = config if config is not None else NodeConfig()
-        self.admission = Admission(JobPolicy(self.config, own_id=mesh.peer_id), events)
+        self.admission = Admission(JobPolicy(self.config, own_id=mesh.peer_id), events,
+                                   penalise=lambda peer, points: mesh.peers.penalise(peer, points).penalty)
         self.jobs_dir = home / "jobs"
         self.jobs_dir.mkdir(parents=True, exist_ok=True)
         self.drivers: dict[str, JobDriver] = {}
@@ -133,7 +134,7 @@ class JobManager:
         try:
             spec = JobSpec.from_dict(body["spec"])
         except JobSpecError as exc:
-            self.admission.refuse_invalid(job_id, env.sender, str(exc))
+            self.admission.refuse_invalid(job_id, env.sender, str(exc), penalise=not resumed)
             return None
         if self.admission.judge(job_id, spec, env.sender, None if resumed else self._unfinished()) is not None:
             return None
@@ -292,7 +293,10 @@ class JobManager:
         return [d.summary() for d in reversed(list(self.drivers.values()))]
 
     async def api_job_status(self, params: dict[str, Any]) -> dict[str, Any]:
-        return self._find(params).summary()
+        """The JobSummary, with the job's spec (validated when it was adopted: only a valid
+        spec makes a driver) and its publisher, which ``jobs`` leaves out to stay small."""
+        driver = self._find(params)
+        return {**driver.summary(), "spec": driver.spec.to_dict(), "publisher": driver.book.info.submitted_by}
 
     async def api_ledger(self, params: dict[str, Any]) -> list[dict[str, Any]]:
         return self._find(params).ledger_rows()

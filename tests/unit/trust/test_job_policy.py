@@ -125,3 +125,26 @@ async def test_the_memory_of_refusals_is_bounded(autojump_clock: trio.testing.Mo
     for i in range(REFUSED_MEMORY + 10):
         admission.judge(f"job-{i}", spec(model="os:abort"), MALLORY, {})
     assert admission.refused("job-0") is None and admission.refused(f"job-{REFUSED_MEMORY + 9}") is not None
+
+
+async def test_a_hostile_refusal_penalises_the_publisher_once_an_ordinary_one_not_at_all(
+        autojump_clock: trio.testing.MockClock) -> None:
+    scored: list[tuple[str, float]] = []
+
+    def penalise(peer: str, points: float) -> float:
+        scored.append((peer, points))
+        return sum(p for who, p in scored if who == peer)
+
+    events = EventLog()
+    admission = Admission(policy(accept=f"{ALICE},{MALLORY}"), events, penalise=penalise)
+    admission.judge("job-a", spec(model="os:abort"), MALLORY, {})
+    admission.judge("job-a", spec(model="os:abort"), MALLORY, {})  # the same frame relayed again
+    admission.refuse_invalid("job-b", MALLORY, "data_path: a job never names a path")
+    assert scored == [(MALLORY, 1.0), (MALLORY, 1.0)]
+    assert events.history()[-1]["message"].endswith("penalty now 2.0")
+    admission.judge("job-c", spec(model="cifar10-cnn", data="cifar10"), ALICE, {})  # no cifar10 here
+    admission.judge("job-d", spec(), Identity.generate().peer_id, {})  # a publisher not accepted
+    admission.judge("job-e", spec(model="os:abort"), ALICE, None)  # read from this node's disk at start
+    admission.judge("job-f", spec(model="os:abort"), ME, {})  # this node's own
+    assert scored == [(MALLORY, 1.0), (MALLORY, 1.0)]
+    assert len(events.history()) == 6 and "penalty" not in events.history()[-1]["message"]
