@@ -19,6 +19,7 @@ import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -103,6 +104,10 @@ def refusal_lines(scene: Scene, i: int, job: str) -> list[str]:
     return [line for line in log.splitlines() if f"job {job}" in line and "not taken on" in line]
 
 
+def refused_here(scene: Scene, i: int, job: str) -> bool:
+    return bool(refusal_lines(scene, i, job))
+
+
 def hostile_penalty(scene: Scene, i: int) -> float:
     rows = [p for p in scene.mesh.call(i, "peers") if p["peer_id"] == HOSTILE.peer_id]
     return float(rows[0]["penalty"]) if rows else 0.0
@@ -112,8 +117,8 @@ def check_refused(scene: Scene, job: str, why: str) -> None:
     """On both nodes: alive, one refusal line naming ``why``, a higher penalty, no job."""
     mesh = scene.mesh
     for i in range(2):
-        mesh.wait_until(lambda i=i: bool(refusal_lines(scene, i, job)), 30 * load_factor(),  # type: ignore[misc]
-                        interval=0.2, what=f"node {i} refusing job {job}")
+        mesh.wait_until(partial(refused_here, scene, i, job), 30 * load_factor(), interval=0.2,
+                        what=f"node {i} refusing job {job}")
         lines = refusal_lines(scene, i, job)
         assert len(lines) == 1 and why in lines[0], lines
         assert mesh.alive(i), f"node {i} died"
@@ -130,7 +135,7 @@ async def test_jobs_naming_code_paths_or_pickles_are_refused_and_the_nodes_stay_
     pickled.mkdir()
     marker = scene.base / "unpickled"
     (pickled / "data_batch_1").write_bytes(pickle.dumps({b"data": Marker(marker), b"labels": []}))
-    attacks = [
+    attacks: list[tuple[dict[str, Any], str]] = [
         ({"model": "os:abort", "data": "sklearn-digits"}, "model 'os:abort' is a plug-in this node does not allow"),
         ({"model": "digits-cnn", "data": "sklearn-digits", "rule": "builtins:exec"}, "rule 'builtins:exec'"),
         ({"model": "char-gru", "data": "shakespeare", "data_path": "/dev/zero"}, "data_path"),
@@ -184,7 +189,7 @@ async def test_a_restart_takes_on_no_refused_job_and_the_honest_job_ends_with_on
     mesh.procs[1].wait(timeout=30)
     await trio.to_thread.run_sync(lambda: mesh.start_node(1, timeout=120))
     await trio.to_thread.run_sync(
-        lambda: mesh.wait_until(lambda: bool(refusal_lines(scene, 1, planted)), 30, what="refusal at start"))
+        lambda: mesh.wait_until(partial(refused_here, scene, 1, planted), 30, what="refusal at start"))
     assert "os:abort" in refusal_lines(scene, 1, planted)[-1]
     jobs = {j["job_id"] for j in mesh.call(1, "jobs")}
     assert scene.honest in jobs and planted not in jobs and not jobs & set(scene.refused)
