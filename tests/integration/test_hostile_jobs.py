@@ -58,7 +58,6 @@ class Scene:
     base: Path
     honest: str
     refused: list[str] = field(default_factory=list)
-    penalty: list[float] = field(default_factory=lambda: [0.0, 0.0])
 
 
 @pytest.fixture(scope="module")
@@ -113,20 +112,21 @@ def hostile_penalty(scene: Scene, i: int) -> float:
     return float(rows[0]["penalty"]) if rows else 0.0
 
 
-def check_refused(scene: Scene, job: str, why: str) -> None:
-    """On both nodes: alive, one refusal line naming ``why``, a higher penalty, no job."""
+def check_refused(scene: Scene, job: str, why: str, penalised: bool = True) -> None:
+    """On both nodes: alive, one refusal line naming ``why`` (and the publisher's new penalty
+    when ``penalised``), no job adopted or saved."""
     mesh = scene.mesh
     for i in range(2):
         mesh.wait_until(partial(refused_here, scene, i, job), 30 * load_factor(), interval=0.2,
                         what=f"node {i} refusing job {job}")
         lines = refusal_lines(scene, i, job)
         assert len(lines) == 1 and why in lines[0], lines
+        assert ("; penalty now " in lines[0]) == penalised, lines
+        if penalised:
+            assert hostile_penalty(scene, i) > 0
         assert mesh.alive(i), f"node {i} died"
         assert job not in {j["job_id"] for j in mesh.call(i, "jobs")}
         assert not (mesh.home(i) / "jobs" / job).exists()
-        penalty = hostile_penalty(scene, i)
-        assert penalty > scene.penalty[i] - 0.5, (penalty, scene.penalty[i])  # it decays 0.05/s
-        scene.penalty[i] = penalty
     scene.refused.append(job)
 
 
@@ -140,15 +140,14 @@ async def test_jobs_naming_code_paths_or_pickles_are_refused_and_the_nodes_stay_
         ({"model": "digits-cnn", "data": "sklearn-digits", "rule": "builtins:exec"}, "rule 'builtins:exec'"),
         ({"model": "char-gru", "data": "shakespeare", "data_path": "/dev/zero"}, "data_path"),
         ({"model": "cifar10-cnn", "data": "cifar10", "data_path": str(pickled)}, "data_path"),
-        ({"model": "cifar10-cnn", "data": "cifar10"}, "data 'cifar10' is not on this node"),
+        ({"model": "cifar10-cnn", "data": "cifar10"}, "data 'cifar10' is not on this node"),  # no penalty
         ({"model": "digits-cnn", "data": "sklearn-digits", "rounds": 2**63 - 1, "name": "x" * 100_000}, "invalid spec"),
     ]
     async with hostile_peer(scene) as node:
         for spec, why in attacks:
             job = await publish(node, scene, spec)
-            await trio.to_thread.run_sync(check_refused, scene, job, why)
+            await trio.to_thread.run_sync(check_refused, scene, job, why, "not on this node" not in why)
     assert not marker.exists()
-    assert all(p >= 4 for p in scene.penalty)  # five of the six earn a point; data not held here earns none
 
 
 async def test_a_flood_is_capped_per_publisher_and_hostile_text_stays_text(scene: Scene) -> None:
