@@ -7,7 +7,7 @@ import logging
 from pathlib import Path
 
 from gpuflex.cli.common import hardware_summary, number, text
-from gpuflex.cli.job_cmd import format_row, format_status
+from gpuflex.cli.job_cmd import format_row, format_spec, format_status
 from gpuflex.logs import TextFormatter
 from gpuflex.plot import plot_label, plot_metrics
 from gpuflex.safetext import MAX_CHARS, printable
@@ -41,6 +41,15 @@ def test_job_status_and_list_print_hostile_text_as_text() -> None:
     assert "[/evil]\\x1b[2J" in out and "forged line\\n" in out
     assert "1        -    0.5000           -      -" in out  # a string where the loss belongs prints as '-'
     assert number(True, ">6") == "     -" and number(3, ">6") == "     3"
+
+
+def test_job_spec_prints_one_escaped_line_per_key() -> None:
+    spec = {"name": EVIL, "model": "digits-cnn", "rule_params": {"f\x1b": 1}, "allowlist": ["12D3\rKooW"]}
+    out = format_spec(summary(spec=spec, publisher="12D3KooW\x1b[2Jabcdefgh"))
+    assert "\x1b" not in out and "\r" not in out and "\u202e" not in out
+    assert out.splitlines()[0].startswith("spec ") and len(out.splitlines()) == 1 + len(spec)
+    assert 'model                = "digits-cnn"' in out and "[/evil]" in out
+    assert format_spec(summary()) == "spec         (this node does not report it)"
 
 
 def test_peer_hardware_from_node_info_is_escaped() -> None:
