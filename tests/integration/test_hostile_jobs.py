@@ -75,6 +75,7 @@ def scene(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scene]:
 
 @asynccontextmanager
 async def hostile_peer(scene: Scene) -> AsyncIterator[MeshNode]:
+    assert_up(scene)
     addrs = [await trio.to_thread.run_sync(scene.mesh.call, i, "status") for i in range(2)]
     cfg = MeshConfig(listen=["/ip4/127.0.0.1/tcp/0"], bootstrap=[a["addrs"][0] for a in addrs],
                      data_dir=scene.base / f"hostile-{time.monotonic_ns()}", mdns=False)
@@ -103,6 +104,15 @@ def refusal_lines(scene: Scene, i: int, job: str) -> list[str]:
     return [line for line in log.splitlines() if f"job {job}" in line and "not taken on" in line]
 
 
+def assert_up(scene: Scene, *nodes: int) -> None:
+    """Each node process is alive; else its exit code and the end of its log."""
+    for i in nodes or range(2):
+        proc = scene.mesh.procs.get(i)
+        if proc is None or proc.poll() is not None:
+            tail = scene.mesh.log_path(i).read_text(errors="replace")[-3000:]
+            raise AssertionError(f"node {i} is not running (exit {proc and proc.poll()}):\n{tail}")
+
+
 def refused_here(scene: Scene, i: int, job: str) -> bool:
     return bool(refusal_lines(scene, i, job))
 
@@ -124,7 +134,7 @@ def check_refused(scene: Scene, job: str, why: str, penalised: bool = True) -> N
         assert ("; penalty now " in lines[0]) == penalised, lines
         if penalised:
             assert hostile_penalty(scene, i) > 0
-        assert mesh.alive(i), f"node {i} died"
+        assert_up(scene, i)
         assert job not in {j["job_id"] for j in mesh.call(i, "jobs")}
         assert not (mesh.home(i) / "jobs" / job).exists()
     scene.refused.append(job)
@@ -181,6 +191,7 @@ async def test_a_restart_takes_on_no_refused_job_and_the_honest_job_ends_with_on
     frame = seal(HOSTILE, JOB, {"spec": {"model": "os:abort", "data": "sklearn-digits"},
                                 "members": [HOSTILE.peer_id], "created": time.time()})
     planted = job_id_of(open_envelope(frame))
+    assert_up(scene)
     (mesh.home(1) / "jobs" / planted).mkdir(parents=True)
     (mesh.home(1) / "jobs" / planted / "job.frame").write_bytes(frame)
 
@@ -196,8 +207,8 @@ async def test_a_restart_takes_on_no_refused_job_and_the_honest_job_ends_with_on
 
     await trio.to_thread.run_sync(lambda: mesh.wait_job(scene.honest, [0, 1], timeout=180 * load_factor()))
     frames = []
+    assert_up(scene)
     for i in range(2):
-        assert mesh.alive(i)
         ledger = Ledger(mesh.home(i) / "jobs" / scene.honest / "ledger.msgpack", scene.honest)
         assert ledger.load() == []
         verify_chain(ledger.frames, scene.honest)
