@@ -37,7 +37,7 @@ from tests.integration.conftest import digits_spec, load_factor
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 HOSTILE = Identity.generate()
-ROUNDS = 6
+ROUNDS = 12
 #: Terminal escapes (clear screen, bell, a title change), Rich markup and mathtext.
 NASTY_NAME = "[/evil][bold red]x\x1b[2J\x07\x1b]0;owned\x07$\\x$"
 
@@ -67,7 +67,7 @@ def scene(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scene]:
     try:
         mesh.start(timeout=120)
         mesh.wait_connected(60 * load_factor())
-        honest = mesh.submit(digits_spec(rounds=ROUNDS, local_epochs=0, local_steps=20, name="honest"))
+        honest = mesh.submit(digits_spec(rounds=ROUNDS, local_epochs=0, local_steps=5, name="honest"))
         yield Scene(mesh, base, honest)
     finally:
         mesh.close()
@@ -195,7 +195,7 @@ async def test_a_restart_takes_on_no_refused_job_and_the_honest_job_ends_with_on
     (mesh.home(1) / "jobs" / planted).mkdir(parents=True)
     (mesh.home(1) / "jobs" / planted / "job.frame").write_bytes(frame)
 
-    mesh.call(1, "shutdown")
+    mesh.call(1, "shutdown")  # the honest job usually still runs here (12 short rounds)
     mesh.procs[1].wait(timeout=30)
     await trio.to_thread.run_sync(lambda: mesh.start_node(1, timeout=120))
     await trio.to_thread.run_sync(
