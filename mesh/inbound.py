@@ -117,6 +117,15 @@ class InboundStreams:
 
         return run
 
+    def guard_plain(self, handler: Callable[[Any], Any], quota: str) -> Callable[[Any], Any]:
+        """``guard`` for a handler that takes the stream alone (py-libp2p's own, such as the
+        relay's hop handler): the same per-peer quota, refusals and isolation."""
+
+        async def with_remote(stream: Any, remote: str) -> None:
+            await handler(stream)
+
+        return self.guard(with_remote, quota)
+
     def reject(self, peer: str, exc: WireError, what: Any) -> None:
         if isinstance(exc, (Truncated, Stalled)) and exc.received == 0:
             # The peer sent nothing at all: a timeout or a crash, not an attack.

@@ -50,6 +50,11 @@ class PeerLimits:
     #: node's own work.
     bulk_per_peer: int = 2
     bulk_total: int = 8
+    #: Relay (circuit v2 hop) streams open at once, from one peer and from all peers, on a
+    #: node that offers the relay service; a stream that carries a circuit holds its slot
+    #: for the circuit's life (the relay's own limits bound those: see ``RelayLimitsConfig``).
+    relay_streams_per_peer: int = 8
+    relay_streams_total: int = 256
     #: New gossip messages accepted per second, with bursts, per origin (the signer)...
     gossip_origin_rate: float = 10.0
     gossip_origin_burst: float = 100.0
@@ -163,6 +168,7 @@ class PeerQuotas:
         self.streams = Quota(limits.streams_per_peer, limits.streams_total, "inbound streams")
         self.frame_bytes = Quota(limits.frame_bytes_per_peer, limits.frame_bytes_total, "frame bytes")
         self.payloads = Quota(limits.payloads_per_peer, limits.payloads_total, "inbound payloads")
+        self.relay_streams = Quota(limits.relay_streams_per_peer, limits.relay_streams_total, "relay streams")
         self.blob_serves = Quota(limits.blob_serves_per_peer, limits.blob_serves_total, "blob requests")
         self.bulk = BulkGate(Quota(limits.bulk_per_peer, limits.bulk_total, "bulk listeners"),
                              trio.CapacityLimiter(limits.bulk_total))
