@@ -104,27 +104,37 @@ async def hostile_peer(honest: Honest, tmp_path: Path, name: str = "hostile") ->
         node.stop()
 
 
+#: The watcher: a process of its own that calls ``status`` every ``every`` seconds and prints
+#: each latency, so the hostile peer's work in this process never delays the measurement.
+WATCHER = """
+import sys, time
+from gpuflex.client import ControlClient
+home, every = sys.argv[1], float(sys.argv[2])
+while True:
+    start = time.perf_counter()
+    with ControlClient.for_home(home) as client:
+        client.call("status")
+    print(time.perf_counter() - start, flush=True)
+    time.sleep(every)
+"""
+
+
 @asynccontextmanager
 async def api_watch(honest: Honest, every: float = 0.25) -> AsyncIterator[list[float]]:
-    """Calls node 0's ``status`` all along; yields the list of latencies (seconds)."""
+    """Calls node 0's ``status`` all along, from another process; yields the list of
+    latencies (seconds), filled when the block ends."""
     seen: list[float] = []
-
-    def one() -> None:
-        start = time.perf_counter()
-        try:
-            honest.mesh.call(0, "status", timeout=10)
-        finally:
-            seen.append(time.perf_counter() - start)
-
-    async def loop() -> None:
-        while True:
-            await trio.to_thread.run_sync(one, abandon_on_cancel=True)
-            await trio.sleep(every)
-
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(loop)
+    proc = subprocess.Popen([sys.executable, "-c", WATCHER, str(honest.mesh.home(0)), str(every)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        await trio.sleep(1.0)  # its imports; the first call then falls within the attack
         yield seen
-        nursery.cancel_scope.cancel()
+    finally:
+        proc.terminate()
+        out, err = await trio.to_thread.run_sync(lambda: proc.communicate(timeout=10))
+        seen += [float(line) for line in out.split()]
+        if proc.returncode not in (0, -15):
+            raise AssertionError(f"the control API watcher failed: {err[-2000:]}")
 
 
 async def dropped_within(stream: Any, seconds: float) -> bool:
@@ -140,7 +150,8 @@ async def dropped_within(stream: Any, seconds: float) -> bool:
 
 def assert_served(api: list[float]) -> None:
     assert api, "the control API was never asked"
-    assert max(api) < API_BUDGET_S, f"control API answered in {max(api):.2f} s at worst"
+    assert max(api) < API_BUDGET_S, (f"control API answered in {max(api):.2f} s at worst "
+                                     f"(median {sorted(api)[len(api) // 2]:.3f} s of {len(api)} calls)")
 
 
 # -- the attacks ------------------------------------------------------------------------------------
