@@ -62,6 +62,9 @@ def start(
     reachability: str = typer.Option("auto", help="auto (ask peers to dial back), public or private."),
     read_timeout: float = typer.Option(10.0, min=0.1, help="Seconds a peer may leave a message, gossip or blob "
                                                             "stream without a byte before it is dropped."),
+    gossip_rate: float = typer.Option(10.0, min=0.01, help="New gossip messages a second relayed for one origin "
+                                                            "(the signer); the excess is dropped."),
+    gossip_burst: float = typer.Option(100.0, min=1.0, help="... and how many one origin may send at once."),
 ) -> None:
     """Start a node; it joins the mesh through --bootstrap, or starts a new mesh without one."""
     import trio
@@ -106,7 +109,8 @@ def start(
                                           bootstrap_timeout_s=bootstrap_timeout,
                                           adversary=adversary, metrics=metrics, relay=relay, mdns=mdns,
                                           reachability=None if reachability == "auto" else reachability,
-                                          limits=PeerLimits(read_timeout_s=read_timeout)))
+                                          limits=PeerLimits(read_timeout_s=read_timeout, gossip_origin_rate=gossip_rate,
+                                                            gossip_origin_burst=gossip_burst)))
         trio.run(runtime.serve)
     except KeyboardInterrupt:
         typer.echo("stopped", err=True)

@@ -1,10 +1,11 @@
 """A hostile peer tries to make a node hold memory, threads, file descriptors and CPU; the
-node refuses, keeps serving, and the honest jobs keep committing with one ledger.
+node refuses, keeps serving, and the honest job keeps committing with one ledger.
 
 One mesh of real node processes serves every attack in turn (node 2 joins late, as the new
-node of the sync attack). The hostile peer is a bare ``MeshNode`` of our own library in this
-process, with its own key, speaking the wire protocol directly. During each attack a fresh
-honest job must commit and node 0's control API must answer every call within a second.
+node of the sync attack), and one honest job runs through all of them. The hostile peer is a
+bare ``MeshNode`` of our own library in this process, with its own key, speaking the wire
+protocol directly. Under each attack the honest job commits a round, and a watcher process
+checks that node 0's control API answers within a second and its memory stays in budget.
 """
 
 from __future__ import annotations
@@ -48,24 +49,33 @@ API_BUDGET_S = 1.0
 API_WORST_S = 3.0
 FAST = {"local_epochs": 1, "plan_timeout_s": 3.0, "train_timeout_s": 12.0, "reduce_timeout_s": 2.0}
 LIMITS = PeerLimits()
+#: Node 0's gossip limit per origin, below the default so that a flood from this process beats
+#: it even on a loaded machine (the honest job's few messages a round stay well under it).
+GOSSIP_RATE, GOSSIP_BURST = 2.0, 20.0
+FLOOD = 300
+
+
+#: The honest job runs through every attack and is still running at the end.
+HONEST_ROUNDS = 1000
 
 
 @dataclass
 class Honest:
     mesh: LocalMesh
     ids: list[str]
-    jobs: list[str] = field(default_factory=list)
+    job: str = ""
 
     def pid(self, i: int = 0) -> int:
         return self.mesh.procs[i].pid
 
-    def submit(self) -> str:
-        job = self.mesh.submit(digits_spec(rounds=3, min_nodes=2, **FAST))
-        self.jobs.append(job)
-        return job
+    def rounds(self) -> int:
+        """The round both honest nodes have committed."""
+        return min(self.mesh.job(i, self.job)["round"] for i in (0, 1))
 
-    def wait(self, job: str) -> None:
-        self.mesh.wait_job(job, [0, 1], timeout=120)
+    def keeps_training(self, since: int) -> None:
+        """Both honest nodes commit a round after round ``since`` (the attack's start)."""
+        self.mesh.wait_until(lambda: self.rounds() > since, 120, interval=0.5,
+                             what=f"the honest job committing past round {since}")
 
     def peer_row(self, peer: str) -> dict[str, Any]:
         return next(r for r in self.mesh.call(0, "peers") if r["peer_id"] == peer)
@@ -73,11 +83,15 @@ class Honest:
 
 @pytest.fixture(scope="module")
 def honest(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Honest]:
-    mesh = LocalMesh(tmp_path_factory.mktemp("resources"), 3, extra_args=["--read-timeout", str(READ_TIMEOUT_S)])
+    mesh = LocalMesh(tmp_path_factory.mktemp("resources"), 3, extra_args=[
+        "--read-timeout", str(READ_TIMEOUT_S), "--gossip-rate", str(GOSSIP_RATE), "--gossip-burst", str(GOSSIP_BURST)])
     try:
         mesh.start(timeout=120, count=2)
         mesh.wait_connected(60)
-        yield Honest(mesh, [mesh.call(i, "status")["peer_id"] for i in range(2)])
+        honest = Honest(mesh, [mesh.call(i, "status")["peer_id"] for i in range(2)])
+        honest.job = mesh.submit(digits_spec(rounds=HONEST_ROUNDS, min_nodes=2, **FAST))
+        honest.keeps_training(0)
+        yield honest
     finally:
         mesh.close()
 
@@ -190,7 +204,7 @@ def assert_served(watch: Watch, rss_budget_mib: float = RSS_BUDGET_MIB) -> None:
 # -- the attacks ------------------------------------------------------------------------------------
 
 async def test_announced_gigabytes_and_stalled_frames_hold_no_memory(honest: Honest, tmp_path: Path) -> None:
-    job, target = honest.submit(), honest.ids[0]
+    job, since, target = honest.job, honest.rounds(), honest.ids[0]
     async with hostile_peer(honest, tmp_path) as hostile, api_watch(honest) as api:
         announced = []
         for _ in range(3):  # a signed update of the running job, announcing a 1 GiB payload
@@ -213,27 +227,24 @@ async def test_announced_gigabytes_and_stalled_frames_hold_no_memory(honest: Hon
     assert all(cut) and cut_after >= READ_TIMEOUT_S, "stalled frames were not dropped after the read timeout"
     assert penalty >= 4, f"penalty {penalty}: 3 oversized payloads and 4 stalled frames"
     assert_served(api)
-    honest.wait(job)
+    honest.keeps_training(since)
 
 
 async def test_stream_and_blob_request_floods_are_capped(honest: Honest, tmp_path: Path) -> None:
-    if not honest.jobs:  # run alone: a finished job to export
-        honest.wait(honest.submit())
-    done = honest.jobs[0]
-    digest = honest.mesh.job(0, done)["model_hash"]
-    job, pid, target = honest.submit(), honest.pid(), honest.ids[0]
+    job, since, pid, target = honest.job, honest.rounds(), honest.pid(), honest.ids[0]
+    digest = honest.mesh.job(0, job)["model_hash"]
 
     async def export() -> float:
         start = time.perf_counter()
         files = await trio.to_thread.run_sync(lambda: honest.mesh.call(
-            0, "job_results", {"job": done, "out": str(tmp_path / "export")}, timeout=90))
+            0, "job_results", {"job": job, "out": str(tmp_path / "export")}, timeout=90))
         assert files["files"]
         return time.perf_counter() - start
 
     quiet_export_s = await export()
     fds_before = open_fds(pid)
     replies: list[Any] = []
-    async with hostile_peer(honest, tmp_path) as hostile, api_watch(honest) as api:
+    async with hostile_peer(honest, tmp_path) as hostile:
 
         async def ask_and_never_dial() -> None:  # a blob request whose bulk offer is never taken
             try:
@@ -248,12 +259,14 @@ async def test_stream_and_blob_request_floods_are_capped(honest: Honest, tmp_pat
             with suppress(Exception):  # refused
                 await hostile._open(target, MSG_PROTOCOL, 10)
 
-        async with trio.open_nursery() as nursery:
+        async with api_watch(honest) as api, trio.open_nursery() as nursery:
             for _ in range(200):
                 nursery.start_soon(ask_and_never_dial)
             for _ in range(100):
                 nursery.start_soon(open_and_say_nothing)
         fds = open_fds(pid) - fds_before
+        # The node's own export (its plot and files hold the interpreter a while: not timed by
+        # the watcher), while the requests' listeners would still be open.
         export_s = await export()
     offers = [r for r in replies if isinstance(r, dict) and "bulk" in r]
     assert len(offers) <= LIMITS.bulk_per_peer, f"{len(offers)} bulk listeners opened for one peer"
@@ -261,11 +274,11 @@ async def test_stream_and_blob_request_floods_are_capped(honest: Honest, tmp_pat
     # Before, 200 such requests parked the worker threads for 15 s each and the export queued.
     assert export_s < quiet_export_s + 5, f"the node's own export took {export_s:.1f} s ({quiet_export_s:.1f} s quiet)"
     assert_served(api)
-    honest.wait(job)
+    honest.keeps_training(since)
 
 
 async def test_gossip_flood_from_one_origin_is_rate_limited(honest: Honest, tmp_path: Path) -> None:
-    job, target = honest.submit(), honest.ids[0]
+    since, target = honest.rounds(), honest.ids[0]
     relayed: list[int] = []
 
     async def count(msg: Inbound) -> None:
@@ -274,12 +287,12 @@ async def test_gossip_flood_from_one_origin_is_rate_limited(honest: Honest, tmp_
     async with hostile_peer(honest, tmp_path) as hostile, hostile_peer(honest, tmp_path, "observer") as observer, \
             api_watch(honest) as api:
         observer.handlers.register(ABORT, count)
-        honest.mesh.wait_until(lambda: honest.peer_row(observer.peer_id)["state"] == "up", 20, interval=0.2,
+        honest.mesh.wait_until(lambda: honest.peer_row(observer.peer_id)["state"] == "up", 60, interval=0.2,
                                what="node 0 seeing the observer")
         sent = trio.current_time()
 
         async def flood(first: int) -> None:
-            for i in range(first, 600, 8):
+            for i in range(first, FLOOD, 8):
                 with suppress(Exception):  # a stream node 0 refuses (at its stream limit) is lost
                     stream = await hostile._open(target, GOSSIP_PROTOCOL, 10)
                     await write_frame(stream, seal(hostile.identity, ABORT,
@@ -291,14 +304,15 @@ async def test_gossip_flood_from_one_origin_is_rate_limited(honest: Honest, tmp_
                 nursery.start_soon(flood, first)
         elapsed = trio.current_time() - sent
         await trio.sleep(1.0)  # relays in flight land
-    allowed = LIMITS.gossip_origin_burst + LIMITS.gossip_origin_rate * (elapsed + 1.0) + 10
-    assert 20 <= len(relayed) <= allowed, f"node 0 relayed {len(relayed)} of 600 in {elapsed:.1f} s"
+    allowed = GOSSIP_BURST + GOSSIP_RATE * (elapsed + 1.0) + 10
+    assert GOSSIP_BURST / 2 <= len(relayed) <= allowed, f"node 0 relayed {len(relayed)} of {FLOOD} in {elapsed:.1f} s"
+    print(f"node 0 relayed {len(relayed)} of {FLOOD} gossip messages from one origin in {elapsed:.1f} s")
     assert_served(api)
-    honest.wait(job)
+    honest.keeps_training(since)
 
 
 async def test_a_job_whose_members_are_all_gone_waits_at_no_cost(honest: Honest, tmp_path: Path) -> None:
-    job, pid, target = honest.submit(), honest.pid(), honest.ids[0]
+    since, pid, target = honest.rounds(), honest.pid(), honest.ids[0]
     async with hostile_peer(honest, tmp_path) as hostile, api_watch(honest) as api:
         spec = digits_spec(rounds=2, name="orphan")
         frame = seal(hostile.identity, JOB, {"spec": spec, "members": [Identity.generate().peer_id],
@@ -314,13 +328,13 @@ async def test_a_job_whose_members_are_all_gone_waits_at_no_cost(honest: Honest,
     assert status["state"] == "running" and status["round"] == 0
     assert load < 0.25, f"node 0's main thread used {load:.0%} of a core while the orphan job waited"
     assert_served(api)
-    honest.wait(job)
+    honest.keeps_training(since)
 
 
 async def test_seventy_two_jobs_sync_in_pages_to_a_new_node(honest: Honest, tmp_path: Path) -> None:
     """Jobs whose frames together pass the 16 MiB frame limit; from nine keys, so a cap on
     jobs per publisher does not turn them away."""
-    job, target = honest.submit(), honest.ids[0]
+    since, target = honest.rounds(), honest.ids[0]
     filler = [Identity(bytes([7, i % 256, i // 256]) + bytes(29)).peer_id for i in range(4000)]
     async with hostile_peer(honest, tmp_path) as hostile, api_watch(honest) as api:
         published = set()
@@ -345,18 +359,21 @@ async def test_seventy_two_jobs_sync_in_pages_to_a_new_node(honest: Honest, tmp_
     assert shown.returncode == 0, shown.stderr[-2000:]
     assert sum(line.startswith("job ") for line in shown.stdout.splitlines()) >= 72
     assert_served(api, RSS_JOBS_BUDGET_MIB)
-    honest.wait(job)
+    honest.keeps_training(since)
 
 
-def test_honest_jobs_committed_one_ledger_on_every_node(honest: Honest) -> None:
-    mesh = honest.mesh
-    assert len(honest.jobs) == 5
-    for job in honest.jobs:
-        mesh.wait_job(job, [0, 1, 2], timeout=120)
-        frames = []
-        for i in range(3):
-            ledger = Ledger(mesh.home(i) / "jobs" / job / "ledger.msgpack", job)
-            assert ledger.load() == []
-            frames.append(ledger.frames)
-        assert frames[0] == frames[1] == frames[2]
-        assert [r.round for r in verify_chain(frames[0], job)] == [1, 2, 3]
+def test_the_honest_job_kept_one_ledger_on_every_node(honest: Honest) -> None:
+    """Through every attack: one chain of committed rounds, the same on all three nodes (node 2
+    caught up on it by sync), as far as each has got."""
+    mesh, job = honest.mesh, honest.job
+    mesh.wait_until(lambda: mesh.job(2, job)["round"] >= honest.rounds() - 1, 120, interval=0.5,
+                    what="node 2 catching up on the honest job")
+    frames = []
+    for i in range(3):
+        ledger = Ledger(mesh.home(i) / "jobs" / job / "ledger.msgpack", job)
+        assert ledger.load() == []
+        frames.append(ledger.frames)
+    common = min(map(len, frames))
+    assert common >= 5, f"only {common} rounds committed through five attacks"
+    assert frames[0][:common] == frames[1][:common] == frames[2][:common]
+    assert [r.round for r in verify_chain(frames[0], job)] == list(range(1, len(frames[0]) + 1))
