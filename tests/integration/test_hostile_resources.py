@@ -335,10 +335,11 @@ async def test_a_job_whose_members_are_all_gone_waits_at_no_cost(honest: Honest,
 
 
 async def test_seventy_two_jobs_sync_in_pages_to_a_new_node(honest: Honest, tmp_path: Path) -> None:
-    """Jobs whose frames together pass the 16 MiB frame limit; from nine keys, so a cap on
-    jobs per publisher does not turn them away."""
+    """Jobs whose frames together pass the 16 MiB frame limit (each near its kind's 256 KiB,
+    with 4,600 members: 17 MiB in all); from nine keys, so a cap on jobs per publisher does not
+    turn them away."""
     since, target = honest.rounds(), honest.ids[0]
-    filler = [Identity(bytes([7, i % 256, i // 256]) + bytes(29)).peer_id for i in range(4000)]
+    filler = [Identity(bytes([7, i % 256, i // 256]) + bytes(29)).peer_id for i in range(4600)]
     async with hostile_peer(honest, tmp_path) as hostile, api_watch(honest) as api:
         published = set()
         for k in range(9):
