@@ -58,8 +58,11 @@ def _child(req: dict[str, Any]) -> None:
         if req.get("netns"):
             _enter_netns(str(req["netns"]))
         os.setsid()
-        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD, signal.SIGPIPE):
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD):
             signal.signal(sig, signal.SIG_DFL)
+        # As a fresh interpreter has it: a write to a socket its peer closed raises an error
+        # (BrokenPipeError) that the node handles, instead of killing the node without a word.
+        signal.signal(signal.SIGPIPE, signal.SIG_IGN)
         fd = os.open(req["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         null = os.open(os.devnull, os.O_RDONLY)
         os.dup2(null, 0)
