@@ -22,6 +22,7 @@ from gpuflex.node.jobs import JobManager
 from gpuflex.nodeconfig import NodeConfig, NodeConfigError, load_node_config
 from mesh.health import HealthConfig
 from mesh.identity import Identity
+from mesh.limits import PeerLimits
 from mesh.node import MeshConfig, MeshEvent, MeshNode
 from mesh.relay import RelayLimitsConfig
 
@@ -52,6 +53,7 @@ class NodeOptions:
     mdns: bool = True
     reachability: str | None = None  # forced "public"/"private"; None: ask peers
     config: NodeConfig | None = None  # node.toml with the start flags on top; None: read <home>/node.toml
+    limits: PeerLimits = field(default_factory=PeerLimits)  # what one peer may cost this node
 
 
 def load_identity(home: Path) -> tuple[Identity, bool]:
@@ -122,6 +124,7 @@ class NodeRuntime:
                 relay=options.relay,
                 mdns=options.mdns,
                 reachability=options.reachability,
+                limits=options.limits,
             ),
             on_event=self._mesh_event,
         )
@@ -211,7 +214,7 @@ class NodeRuntime:
             "bytes_received": mesh["bytes_received"],
             "node_info": self.mesh.node_info(),
             "nat": {**mesh["nat"], "listening_since": mesh["listening_since"]},
-            "jobs": await self.jobs.api_jobs({}),
+            "jobs": self.jobs.job_briefs(),
         }
 
     async def api_peers(self, params: dict[str, Any]) -> list[dict[str, Any]]:
