@@ -1,41 +1,38 @@
-"""The node launcher: a forked node must behave like one started with ``python -m``."""
+"""The node launcher of local meshes: a forked child is a process of its own, with the argv,
+environment, working directory and log it was given, in a session of its own (so a mesh can
+kill its process group), ignoring SIGPIPE as a fresh interpreter does, and its exit code and
+death by signal are reported as ``subprocess.Popen`` reports them."""
 
 from __future__ import annotations
 
+import json
 import os
-import sys
+import signal
 from pathlib import Path
 
 import pytest
 
 from gpuflex import forkserver
 
-pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork on this platform")
-
-# Writes to a socket whose peer has closed: Python raises BrokenPipeError (EPIPE); with SIGPIPE
-# at its default the process would be killed by the signal instead.
-WRITER = """
-import socket, sys
-a, b = socket.socketpair()
-b.close()
-try:
-    for _ in range(100):
-        a.send(b"x" * 65536)
-except BrokenPipeError:
-    sys.exit(7)
-sys.exit(1)
-"""
+pytestmark = pytest.mark.skipif(not forkserver.enabled(), reason="no fork() here, or GPUFLEX_LAUNCH=exec")
 
 
-def test_a_forked_child_gets_epipe_not_sigpipe_when_its_peer_has_gone(tmp_path: Path) -> None:
-    """The launcher's child set-up (``_child``) run in a fork of this process: the same code
-    path as a launched node, without the launcher's seconds of imports."""
-    (tmp_path / "epipe_writer.py").write_text(WRITER)
-    req = {"argv": [], "env": {**os.environ, "PYTHONPATH": str(tmp_path)}, "log": str(tmp_path / "child.log"),
-           "cwd": str(tmp_path), "module": "epipe_writer"}
-    pid = os.fork()
-    if pid == 0:
-        forkserver._child(req)  # never returns: os._exit with the module's status
-    _, status = os.waitpid(pid, 0)
-    code = os.waitstatus_to_exitcode(status)
-    assert code == 7, f"exit {code} ({sys.platform}): {(tmp_path / 'child.log').read_text(errors='replace')[-500:]}"
+def test_a_forked_child_gets_its_own_argv_env_cwd_session_and_exit_code(tmp_path: Path) -> None:
+    server = forkserver.shared()
+    log = tmp_path / "child.log"
+    env = {**os.environ, "FORKCHILD_MARK": "m1", "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    child = server.spawn(["3"], env, log, cwd=tmp_path, module="tests.unit.forkchild")
+    assert child.wait(timeout=60) == 3
+    seen = json.loads(log.read_text().strip().splitlines()[-1])
+    assert seen["argv"] == ["3"] and seen["env"] == "m1" and seen["cwd"] == str(tmp_path)
+    assert seen["sid"] == seen["pid"] == child.pid != os.getpid()
+    assert seen["sigpipe_ignored"]
+
+
+def test_a_killed_child_reports_the_signal_like_popen(tmp_path: Path) -> None:
+    server = forkserver.shared()
+    child = server.spawn(["node", "start", "--home", str(tmp_path / "home"), "--listen", "/ip4/127.0.0.1/tcp/0",
+                          "--no-mdns"], dict(os.environ), tmp_path / "node.log")
+    assert child.poll() is None
+    os.killpg(child.pid, signal.SIGKILL)
+    assert child.wait(timeout=30) == -signal.SIGKILL and child.returncode == -signal.SIGKILL
