@@ -9,12 +9,14 @@ from __future__ import annotations
 import time
 
 from gpuflex.node.evidence import ChainRules
-from gpuflex.node.messages import RESULT, UPDATE, make_plan, parse_result
+from gpuflex.node.messages import RESULT, UPDATE, Result, make_plan, parse_result
 from mesh.blob import blob_hash
 from mesh.codec import open_envelope, seal
 from mesh.identity import Identity
 
 JOB = "job0000000000001"
+#: A key no job names: the hostile peer of evidence tests.
+STRANGER = Identity(b"\x99" * 32)
 
 
 def make_chain(rounds: int = 3, members: int = 3,
@@ -61,3 +63,49 @@ def rules_for(ids: list[Identity], **overrides: object) -> ChainRules:
                     "sample_cap_factor": 0.0}
     fields.update(overrides)
     return ChainRules(**fields)
+
+
+def parsed(frames: list[bytes]) -> list[Result]:
+    return [parse_result(open_envelope(f, expect_kind=RESULT)) for f in frames]
+
+
+def next_round(frames: list[bytes], ids: list[Identity], *, attempt: int = 0, job: str = JOB,
+               rules: ChainRules | None = None, coord: Identity | None = None,
+               signers: list[Identity] | None = None, members: list[str] | None = None,
+               claim: int | None = None, sample_cap: int | None = None, update_plan: str | None = None,
+               samples: int = 10, model: str = "forged") -> bytes:
+    """A result for the round after ``frames``: by default exactly what an honest coordinator
+    of ``attempt`` would sign (``rules``: the job's, ``rules_for(ids)`` if not given); each
+    keyword bends one piece of its evidence."""
+    history = parsed(frames)
+    rules = rules or rules_for(ids)
+    if sample_cap is None:
+        sample_cap = rules.sample_cap(history) or 0
+    if coord is None:
+        owner = rules.expected_coordinator(history, attempt)
+        coord = next(i for i in [*ids, STRANGER] if i.peer_id == owner)
+    signers = ids if signers is None else signers
+    r = len(history) + 1
+    prev = history[-1].digest if history else ""
+    base = history[-1].model_hash if history else blob_hash(b"model-0")
+    peers = members if members is not None else [coord.peer_id, *[s.peer_id for s in signers if s is not coord]]
+    if coord.peer_id not in peers:
+        peers = [coord.peer_id, *peers]
+    parent = {p: (None if p == coord.peer_id else coord.peer_id) for p in peers}
+    plan = make_plan(coord, job=job, round=r, attempt=attempt, coordinator=coord.peer_id, base_hash=base,
+                     prev_result=prev, members=peers, parent=parent, train_deadline=time.time() + 60,
+                     reduce_slack_s=5.0, sample_cap=sample_cap)
+    digest = update_plan or open_envelope(plan).digest
+    updates, contributors = [], []
+    for k, ident in enumerate(signers):
+        delta = blob_hash(f"{model}-{r}-{k}".encode())
+        updates.append(seal(ident, UPDATE, {
+            "job": job, "round": r, "peer": ident.peer_id, "base_hash": base, "samples": samples,
+            "delta_hash": delta, "delta_size": 4, "metrics": {}, "plan": digest}))
+        weight = min(samples, sample_cap) if sample_cap else samples  # the result lists what counts
+        contributors.append({"peer": ident.peer_id, "samples": weight, "delta_hash": delta})
+    return seal(coord, RESULT, {
+        "job": job, "round": r, "attempt": attempt, "coordinator": coord.peer_id, "prev_result": prev,
+        "base_hash": base, "model_hash": blob_hash(model.encode()), "plan": plan, "updates": updates,
+        "partials": [], "contributors": contributors, "absent": [], "strategy": "fedavg",
+        "metrics": {"accuracy": 0.999, "contributors": len(signers) if claim is None else claim}})
