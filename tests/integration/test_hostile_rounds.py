@@ -196,6 +196,33 @@ def test_plans_from_the_wrong_coordinator_or_with_huge_deadlines_are_rejected(ar
     arena.no_hostile_round()
 
 
+def test_a_peer_the_allowlist_excludes_cannot_coordinate_even_if_the_job_names_it(arena: Arena) -> None:
+    h, mesh = arena.hostile, arena.mesh
+    honest = sorted(arena.ids.values())
+    # A job whose member list names the hostile peer, but whose allowlist does not: it must
+    # never coordinate it, whatever the ranking over the named members says.
+    spec = digits_spec(rounds=1, min_nodes=2, allowlist=honest, **TIMING)
+    members = sorted([h.peer_id, *honest])
+    for created in range(1000):
+        frame = seal(h.identity, JOB, {"spec": spec, "members": members, "created": created})
+        job = open_envelope(frame).digest[:16]
+        if coordinator_ranking(job, 1, members)[0] == h.peer_id:
+            break
+    before = [len(re.findall(r"which belongs to", arena.log(i))) for i in range(3)]
+    h.call(h.broadcast, frame)
+    arena.wait(lambda: all(any(j["job_id"] == job and j["model_hash"] for j in mesh.call(i, "jobs")) for i in range(3)),
+               "every node prepares the job")
+    base = mesh.job(0, job)["model_hash"]
+    for attempt in range(3):
+        h.call(h.broadcast, h.plan(job=job, round_=1, attempt=attempt, prev="", base=base, members=members))
+    arena.wait(lambda: all(len(re.findall(r"which belongs to", arena.log(i))) > before[i] for i in range(3)),
+               "every node refuses the excluded peer's plan")
+    arena.wait(lambda: all(mesh.job(i, job)["state"] == "done" for i in range(3)), "the allowlisted job finishes")
+    assert not [u for u in h.updates if u.body.get("job") == job], "an honest member trained for the excluded peer"
+    for i in range(3):
+        assert all(open_envelope(f).sender in honest for f in arena.frames(i, job))
+
+
 def test_a_coordinator_cannot_choose_secure_aggregation_groups_nor_mask_a_group_of_two(arena: Arena) -> None:
     from mesh.identity import Identity
 
