@@ -81,6 +81,10 @@ def arena(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Arena]:
         ids = {i: mesh.call(i, "status")["peer_id"] for i in range(3)}
         arena = Arena(mesh, job, hostile, ids)
         arena.wait(lambda: set(ids.values()) <= set(hostile.node.peers.alive()), "the hostile peer meets everyone")
+        # It takes part in the job from now on: present, and sending updates of zeros that
+        # claim 10^12 samples whenever a plan names it.
+        hostile.member_of[job] = HUGE
+        hostile.call(hostile.keep_present, job)
         yield arena
     finally:
         if hostile is not None:
@@ -125,55 +129,20 @@ def test_a_presence_claiming_round_99_and_a_ledger_without_evidence_switch_nobod
     arena.no_hostile_round()
 
 
-def test_a_re_encoded_result_has_no_second_id_and_changes_no_fork_choice(arena: Arena) -> None:
-    h, job = arena.hostile, arena.job
-    arena.wait_round(3)
-    for _ in range(4):  # the honest head is the smallest of its encodings once in 18: take the next
-        honest = arena.frames(0)
-        n = len(honest)
-        # The same signed result, its outer msgpack array re-encoded (no key needed), picked so
-        # that a digest of the whole frame would beat the honest one in fork choice.
-        copy = min(re_encodings(honest[-1]), key=old_digest)
-        if old_digest(copy) < old_digest(honest[-1]):
-            break
-        arena.wait_round(n + 1)
-    h.sync_ledgers = {job: [*honest[:-1], copy]}
-    h.call(h.push_raw, list(arena.ids.values()), copy)
-    h.call(h.presence, {job: n + 1})  # a claim to be ahead, so catch-up sync asks for it too
-    arena.wait(lambda: arena.logged(r"canonical encoding"), "every node drops the copy")
-    time.sleep(2.0)
-    for i in range(3):
-        frames = arena.frames(i)
-        assert frames[:n] == honest, f"node {i} replaced a round with its re-encoded copy"
-        assert "switched to the winning branch" not in arena.log(i)
-
-
-def test_a_member_claiming_10_to_the_12_samples_weighs_at_most_the_cap(arena: Arena) -> None:
-    h, job = arena.hostile, arena.job
-    h.member_of[job] = HUGE
-    h.call(h.keep_present, job)
-    rows: list[dict] = []
-
-    def hostile_counted() -> bool:
-        rows[:] = arena.mesh.call(0, "ledger", {"job": job})
-        return any(c["peer"] == h.peer_id for r in rows for c in r["contributors"])
-
-    arena.wait(hostile_counted, "a round that counts the hostile member's update", timeout=90)
-    row = next(r for r in rows if any(c["peer"] == h.peer_id for c in r["contributors"]))
-    weights = {c["peer"]: c["samples"] for c in row["contributors"]}
-    prev = rows[row["round"] - 2]
-    median = sorted(c["samples"] for c in prev["contributors"])[len(prev["contributors"]) // 2]
-    assert weights[h.peer_id] <= 4 * median < HUGE, weights
-    assert row["metrics"]["samples"] == sum(weights.values())
-
-
 def test_plans_from_the_wrong_coordinator_or_with_huge_deadlines_are_rejected(arena: Arena) -> None:
     h, job = arena.hostile, arena.job
+    def member() -> bool:
+        head = parse_result(open_envelope(arena.frames(0)[-1], expect_kind=RESULT))
+        return h.peer_id in parse_plan(open_envelope(head.plan_frame, expect_kind=PLAN)).members
+
+    arena.wait(member, "the hostile peer is a member of a committed plan")
     heard = len(h.results)
     # Act early in a round (a plan for a round already over is dropped before it is checked),
     # or at the end if the job has just finished.
     arena.wait(lambda: len(h.results) > heard or arena.mesh.job(0, job)["state"] == "done", "a fresh result")
     head = max((r for r in h.results if r.job == job), key=lambda r: r.round)
+    # The ranking depends on the whole history: read it once node 0 holds the head too.
+    arena.wait(lambda: len(arena.frames(0)) >= head.round, "node 0 commits the head")
     history = [parse_result(open_envelope(f, expect_kind=RESULT)) for f in arena.frames(0)[: head.round]]
     plans = [parse_plan(open_envelope(r.plan_frame, expect_kind=PLAN)) for r in history]
     members = sorted(plans[-1].members)
@@ -194,6 +163,47 @@ def test_plans_from_the_wrong_coordinator_or_with_huge_deadlines_are_rejected(ar
     assert not any(re.search(rf"plan from {hid} .*members", arena.log(i)) for i in range(3))
     arena.wait_round(min(head.round + 1, ROUNDS))
     arena.no_hostile_round()
+
+
+def test_a_re_encoded_result_has_no_second_id_and_changes_no_fork_choice(arena: Arena) -> None:
+    h, job = arena.hostile, arena.job
+    arena.wait_round(3)
+    honest = arena.frames(0)
+    n = len(honest)
+    # The same signed result, its outer msgpack array re-encoded (no key needed), picked so that
+    # a digest of the whole frame would beat the honest one in fork choice. A round's frame is
+    # the smallest of its encodings once in 18: take the first round where it is not.
+    k, copy = next((k, c) for k, c in ((k, min(re_encodings(f), key=old_digest)) for k, f in enumerate(honest))
+                   if old_digest(c) < old_digest(honest[k]))
+    h.sync_ledgers = {job: [*honest[:k], copy]}
+    h.call(h.push_raw, list(arena.ids.values()), copy)
+    h.call(h.presence, {job: n + 1})  # a claim to be ahead, so catch-up sync asks for it too
+    arena.wait(lambda: arena.logged(r"canonical encoding"), "every node drops the copy")
+    time.sleep(2.0)
+    for i in range(3):
+        frames = arena.frames(i)
+        assert frames[:n] == honest, f"node {i} replaced a round with its re-encoded copy"
+        assert "switched to the winning branch" not in arena.log(i)
+
+
+def test_a_member_claiming_10_to_the_12_samples_weighs_at_most_the_cap(arena: Arena) -> None:
+    h, job = arena.hostile, arena.job
+    rows: list[dict] = []
+
+    def counted(row: dict) -> bool:
+        return row["round"] >= 2 and any(c["peer"] == h.peer_id for c in row["contributors"])
+
+    def hostile_counted() -> bool:  # after round 1, whose cap is its coordinator's own count
+        rows[:] = arena.mesh.call(0, "ledger", {"job": job})
+        return any(counted(r) for r in rows)
+
+    arena.wait(hostile_counted, "a round that counts the hostile member's update", timeout=90)
+    row = next(r for r in rows if counted(r))
+    weights = {c["peer"]: c["samples"] for c in row["contributors"]}
+    prev = rows[row["round"] - 2]
+    median = sorted(c["samples"] for c in prev["contributors"])[len(prev["contributors"]) // 2]
+    assert weights[h.peer_id] <= 4 * median < HUGE, weights
+    assert row["metrics"]["samples"] == sum(weights.values())
 
 
 def test_a_peer_the_allowlist_excludes_cannot_coordinate_even_if_the_job_names_it(arena: Arena) -> None:
