@@ -60,6 +60,11 @@ def start(
     relay_max_duration: int = typer.Option(3600, min=0, help="Relay service: seconds one relayed connection may last."),
     relays: int = typer.Option(2, min=0, max=8, help="Behind NAT: how many relays to reserve a slot on (0: none)."),
     reachability: str = typer.Option("auto", help="auto (ask peers to dial back), public or private."),
+    read_timeout: float = typer.Option(10.0, min=0.1, help="Seconds a peer may leave a message, gossip or blob "
+                                                            "stream without a byte before it is dropped."),
+    gossip_rate: float = typer.Option(10.0, min=0.01, help="New gossip messages a second relayed for one origin "
+                                                            "(the signer); the excess is dropped."),
+    gossip_burst: float = typer.Option(100.0, min=1.0, help="... and how many one origin may send at once."),
 ) -> None:
     """Start a node; it joins the mesh through --bootstrap, or starts a new mesh without one."""
     import trio
@@ -91,6 +96,7 @@ def start(
             fail(f"unknown adversary {adversary!r}; choose from {', '.join(KINDS)}")
     if reachability not in ("auto", "public", "private"):
         fail("--reachability must be 'auto', 'public' or 'private'")
+    from mesh.limits import PeerLimits
     from mesh.relay import RelayLimitsConfig
 
     relay = RelayLimitsConfig(service=relay_service, max_reservations=relay_max_reservations,
@@ -102,7 +108,9 @@ def start(
                                           client_mode=client, control_port=control_port, health=health, bulk_channel=bulk,
                                           bootstrap_timeout_s=bootstrap_timeout,
                                           adversary=adversary, metrics=metrics, relay=relay, mdns=mdns,
-                                          reachability=None if reachability == "auto" else reachability))
+                                          reachability=None if reachability == "auto" else reachability,
+                                          limits=PeerLimits(read_timeout_s=read_timeout, gossip_origin_rate=gossip_rate,
+                                                            gossip_origin_burst=gossip_burst)))
         trio.run(runtime.serve)
     except KeyboardInterrupt:
         typer.echo("stopped", err=True)

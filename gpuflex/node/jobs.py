@@ -24,19 +24,21 @@ from gpuflex.node.kinds import EventKind, JobState
 from gpuflex.node.messages import JOB, PRESENCE, SYNC
 from gpuflex.node.nodeport import NodePort, NodeServices
 from gpuflex.node.state import JobInfo
+from gpuflex.node.summary import brief
+from gpuflex.node.sync import CatchUp
 from mesh.codec import Envelope, WireError, open_envelope, seal
 from mesh.fsutil import atomic_write
 from mesh.health import PeerRecord, PeerState
-from mesh.messaging import Inbound, Rejected, SendError
+from mesh.messaging import Inbound, Rejected
 from mesh.node import MeshNode
 
 log = logging.getLogger("gpuflex.jobs")
 #: Presence is refreshed this often; PRESENCE_FRESH_S (state.py) allows three missed beats.
 PRESENCE_EVERY_S = 3.0
+#: A new job is announced in a presence within this long: jobs arriving together share one.
+PRESENCE_SOON_S = 0.2
 #: How often each job re-checks whether min_nodes members are reachable, to say so.
 QUORUM_CHECK_S = 1.0
-#: A sync reply carries every job and ledger a peer holds: allow it time to arrive.
-SYNC_TIMEOUT_S = 20.0
 #: At start a node waits up to this many seconds (one try a second) for a first peer to sync from.
 INITIAL_SYNC_TRIES = 30
 #: Peers asked at start, and at most peers asked when a job needs to catch up.
@@ -72,20 +74,23 @@ class JobManager:
         self._syncing: set[str] = set()  # jobs catching up from a peer that said it is ahead
         self._fruitless: dict[tuple[str, str], float] = {}  # (job, peer) -> when its ledger changed nothing
         self._nursery: trio.Nursery | None = None
+        self._presence_due = trio.Event()
+        self.syncer = CatchUp(mesh, self.drivers, self._adopt)
         self._services = NodeServices(credit=self.credit, blobs_in_use=self.blobs_in_use,
                                       catch_up=self.sync_from_peers)
         self.mesh.direct_only.add(PRESENCE)  # refreshed every few seconds: one hop is enough
         h = self.mesh.handlers
         h.register(JOB, self._on_job)
         h.register(PRESENCE, self._on_presence)
-        h.register(SYNC, self._on_sync)
+        h.register(SYNC, self.syncer.answer)
         for kind in JobDriver.HANDLED:
-            h.register(kind, self._route)
+            h.register(kind, self._route, max_payload=self._payload_limit if kind in JobDriver.WITH_PAYLOAD else 0)
         self.mesh.peers.on_change(self._peer_changed)
 
     async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
+            self.syncer.run_in(nursery)
             for path in sorted(self.jobs_dir.glob("*/job.frame")):
                 try:
                     self._adopt(open_envelope(path.read_bytes(), expect_kind=JOB), persist=False)
@@ -135,7 +140,7 @@ class JobManager:
             f"job {job_id} ({spec.name}): {spec.rounds} rounds of {spec.model} on {spec.data}"))
         assert self._nursery is not None
         self._nursery.start_soon(driver.run)
-        self._nursery.start_soon(self.send_presence)  # be in the next plan without waiting
+        self._presence_due.set()  # be in the next plan without waiting
         return driver
 
     async def _on_job(self, msg: Inbound) -> None:
@@ -146,10 +151,16 @@ class JobManager:
         job = body.get("job") if isinstance(body, dict) else None
         driver = self.drivers.get(job) if isinstance(job, str) else None
         if driver is None:
-            if self._nursery is not None and not msg.gossip:
-                self._nursery.start_soon(self.sync_from_peer, msg.via)
-            raise Rejected(f"unknown job {job!r}")
+            if not msg.gossip:
+                self.syncer.trigger(msg.via)
+            raise Rejected(f"unknown job {str(job)[:64]!r}")
         return await driver.handle(msg)
+
+    async def _payload_limit(self, env: Envelope) -> int:
+        """An update or partial may be as large as its job's model allows (0 for an unknown job)."""
+        job = env.body.get("job") if isinstance(env.body, dict) else None
+        driver = self.drivers.get(job) if isinstance(job, str) else None
+        return 0 if driver is None else await driver.payload_limit(env.sender)
 
     # -- presence ----------------------------------------------------------------------------
 
@@ -167,7 +178,10 @@ class JobManager:
     async def _presence_loop(self) -> None:
         while True:
             await self.send_presence()
-            await trio.sleep(PRESENCE_EVERY_S)
+            with trio.move_on_after(PRESENCE_EVERY_S):
+                await self._presence_due.wait()
+                await trio.sleep(PRESENCE_SOON_S)
+            self._presence_due = trio.Event()
 
     async def _on_presence(self, msg: Inbound) -> None:
         jobs = msg.envelope.body.get("jobs") if isinstance(msg.envelope.body, dict) else None
@@ -189,8 +203,8 @@ class JobManager:
             rested = now >= self._fruitless.get((job, sender), -FRUITLESS_SYNC_S) + FRUITLESS_SYNC_S
             if ahead and rested and job not in self._syncing and self._nursery is not None:
                 self._nursery.start_soon(self._catch_up, job, sender)
-        if unknown and self._nursery is not None and sender != self.mesh.peer_id:
-            self._nursery.start_soon(self.sync_from_peer, sender)
+        if unknown:
+            self.syncer.trigger(sender)
 
     async def _quorum_loop(self) -> None:
         while True:
@@ -202,20 +216,14 @@ class JobManager:
         """Every job's recent models and steps: two jobs started alike share an initial model."""
         return set().union(*(d.recent_blobs() for d in self.drivers.values()))
 
-    # -- catch-up sync ------------------------------------------------------------------------
-
-    async def _on_sync(self, msg: Inbound) -> dict[str, Any]:
-        return {
-            "jobs": [d.book.info.frame for d in self.drivers.values()],
-            "ledgers": {j: list(d.book.ledger.frames) for j, d in self.drivers.items()},
-        }
+    # -- catch-up sync (gpuflex.node.sync) ----------------------------------------------------------
 
     async def _initial_sync(self) -> None:
         for _ in range(INITIAL_SYNC_TRIES):
             peers = self.mesh.peers.alive()
             if peers:
                 for peer in peers[:INITIAL_SYNC_PEERS]:
-                    await self.sync_from_peer(peer)
+                    await self.syncer.sync_from_peer(peer)
                 return
             await trio.sleep(1.0)
 
@@ -224,7 +232,7 @@ class JobManager:
         driver = self.drivers[job]
         before = (driver.committed, driver.head())
         try:
-            await self.sync_from_peer(peer)
+            await self.syncer.sync_from_peer(peer)
         finally:
             self._syncing.discard(job)
         if (driver.committed, driver.head()) == before:
@@ -232,29 +240,9 @@ class JobManager:
             while len(self._fruitless) > MAX_FRUITLESS:
                 del self._fruitless[next(iter(self._fruitless))]
 
-    async def sync_from_peer(self, peer: str) -> bool:
-        """Learn jobs and offer every job the ledger ``peer`` holds of it."""
-        try:
-            reply = await self.mesh.request(peer, seal(self.mesh.identity, SYNC, {}), timeout=SYNC_TIMEOUT_S)
-        except SendError as exc:
-            log.info("sync from %s failed: %s", peer[-8:], exc)
-            return False
-        if not isinstance(reply, dict):
-            return False
-        for frame in reply.get("jobs", []) or []:
-            try:
-                self._adopt(open_envelope(frame, expect_kind=JOB))
-            except (WireError, Rejected) as exc:
-                log.info("ignored job from sync: %s", exc)
-        for job_id, frames in (reply.get("ledgers") or {}).items():
-            driver = self.drivers.get(job_id)
-            if driver is not None and isinstance(frames, list):
-                await driver.offer_ledger(frames, peer)
-        return True
-
     async def sync_from_peers(self, prefer: Sequence[str] = ()) -> None:
         for peer in [*prefer, *self.mesh.peers.alive()][:CATCH_UP_PEERS]:
-            if peer != self.mesh.peer_id and await self.sync_from_peer(peer):
+            if peer != self.mesh.peer_id and await self.syncer.sync_from_peer(peer):
                 return
 
     # -- credit --------------------------------------------------------------------------------
@@ -280,6 +268,10 @@ class JobManager:
 
     async def api_jobs(self, params: dict[str, Any]) -> list[dict[str, Any]]:
         return [d.summary() for d in reversed(list(self.drivers.values()))]
+
+    def job_briefs(self) -> list[dict[str, Any]]:
+        """Every job in a few fields, newest first (``status``)."""
+        return [brief(d.summary()) for d in reversed(list(self.drivers.values()))]
 
     async def api_job_status(self, params: dict[str, Any]) -> dict[str, Any]:
         return self._find(params).summary()

@@ -21,6 +21,7 @@ from gpuflex.node.events import EventLog
 from gpuflex.node.jobs import JobManager
 from mesh.health import HealthConfig
 from mesh.identity import Identity
+from mesh.limits import PeerLimits
 from mesh.node import MeshConfig, MeshEvent, MeshNode
 from mesh.relay import RelayLimitsConfig
 
@@ -50,6 +51,7 @@ class NodeOptions:
     relay: RelayLimitsConfig = field(default_factory=RelayLimitsConfig)
     mdns: bool = True
     reachability: str | None = None  # forced "public"/"private"; None: ask peers
+    limits: PeerLimits = field(default_factory=PeerLimits)  # what one peer may cost this node
 
 
 def load_identity(home: Path) -> tuple[Identity, bool]:
@@ -116,6 +118,7 @@ class NodeRuntime:
                 relay=options.relay,
                 mdns=options.mdns,
                 reachability=options.reachability,
+                limits=options.limits,
             ),
             on_event=self._mesh_event,
         )
@@ -205,7 +208,7 @@ class NodeRuntime:
             "bytes_received": mesh["bytes_received"],
             "node_info": self.mesh.node_info(),
             "nat": {**mesh["nat"], "listening_since": mesh["listening_since"]},
-            "jobs": await self.jobs.api_jobs({}),
+            "jobs": self.jobs.job_briefs(),
         }
 
     async def api_peers(self, params: dict[str, Any]) -> list[dict[str, Any]]:

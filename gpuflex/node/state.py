@@ -39,6 +39,13 @@ ROUND_END_EXTRA_LEVELS = 2
 ROUND_END_MAX_LEVELS = 16
 #: Plans held for attempts this node has not reached yet (one per attempt, the lowest kept).
 MAX_HELD_PLANS = 8
+#: Peers whose presence one job remembers; past it, stale entries are forgotten first.
+MAX_PRESENCE = 4096
+#: An update or partial payload may hold this many bytes per model parameter (top-k at its
+#: densest sends a value and an index for each) ...
+PAYLOAD_BYTES_PER_PARAM = 8
+#: ... plus this much for its headers and, under secure aggregation, its encrypted seed shares.
+PAYLOAD_SLACK = 4 << 20
 
 
 @dataclass(frozen=True)
@@ -163,6 +170,7 @@ class JobBook:
         self.apply_lock = trio.Lock()
         self.ready = trio.Event()
         self.init_hash = ""
+        self.model_size = 0  # parameters of the model this job trains, known once prepared
         self.presence: dict[str, float] = {}  # peer -> trio time of its last presence
         # A member's trained update per (round, base model): a retried attempt re-sends it.
         self.cached_updates: dict[tuple[int, str], tuple[bytes, bytes]] = {}
@@ -216,8 +224,23 @@ class JobBook:
     # -- membership -----------------------------------------------------------------------------
 
     def saw_presence(self, peer: str) -> None:
-        self.presence[peer] = trio.current_time()
+        now = trio.current_time()
+        self.presence.pop(peer, None)
+        self.presence[peer] = now  # kept in order of last presence, oldest first
+        while len(self.presence) > MAX_PRESENCE:
+            del self.presence[next(iter(self.presence))]
         self.changed.notify()
+
+    def may_send_work(self, peer: str) -> bool:
+        """Whether ``peer`` could be sending this node an update or partial of this job: a
+        member so far, one that said it takes part, or one in the plan in force."""
+        plan = self.current.plan
+        return (peer in self.presence or peer in self.info.initial_members or peer in self.eligible()
+                or (plan is not None and peer in plan.parent))
+
+    def payload_limit(self) -> int:
+        """The largest update or partial payload this job's model allows, in bytes."""
+        return PAYLOAD_BYTES_PER_PARAM * self.model_size + PAYLOAD_SLACK
 
     def live_members(self, alive: list[str]) -> list[str]:
         """Who a plan made now would include: this node, fresh presence from live peers, and

@@ -84,6 +84,7 @@ class HostilePeer:
         self.results: list[Result] = []
         self.updates: list[Envelope] = []  # updates sent to it directly
         self.sync_ledgers: dict[str, list[bytes]] = {}  # what it answers catch-up sync with
+        self.sync_heights: dict[str, int] = {}  # heights it claims beyond those ledgers' lengths
         self.member_of: dict[str, int] = {}  # job -> the sample count its updates claim
         self._ready = threading.Event()
         self._error: BaseException | None = None
@@ -150,7 +151,14 @@ class HostilePeer:
         self.updates.append(msg.envelope)
 
     async def _on_sync(self, msg: Inbound) -> dict[str, Any]:
-        return {"jobs": [], "ledgers": dict(self.sync_ledgers)}
+        """Catch-up sync as honest nodes speak it (``gpuflex.node.sync``), in one page: the
+        heights it claims, then the ledger it chose for the job asked."""
+        body = msg.envelope.body if isinstance(msg.envelope.body, dict) else {}
+        if "job" in body:
+            frames = self.sync_ledgers.get(str(body["job"]), [])
+            return {"ledger": frames[int(body.get("from", 0)):], "more": False}
+        heights = {job: max(len(frames), self.sync_heights.get(job, 0)) for job, frames in self.sync_ledgers.items()}
+        return {"jobs": [], "heights": heights}
 
     async def _send_update(self, plan: Plan, samples: int) -> None:
         """A member's update of zeros for ``plan``, claiming ``samples``, to its parent."""

@@ -175,7 +175,7 @@ def test_a_re_encoded_result_has_no_second_id_and_changes_no_fork_choice(arena: 
     # the smallest of its encodings once in 18: take the first round where it is not.
     k, copy = next((k, c) for k, c in ((k, min(re_encodings(f), key=old_digest)) for k, f in enumerate(honest))
                    if old_digest(c) < old_digest(honest[k]))
-    h.sync_ledgers = {job: [*honest[:k], copy]}
+    h.sync_ledgers, h.sync_heights = {job: [*honest[:k], copy]}, {job: n + 1}
     h.call(h.push_raw, list(arena.ids.values()), copy)
     h.call(h.presence, {job: n + 1})  # a claim to be ahead, so catch-up sync asks for it too
     arena.wait(lambda: arena.logged(r"canonical encoding"), "every node drops the copy")
