@@ -243,8 +243,9 @@ class Coordinator:
             raise Rejected("this plan is already in force")
         if plan.attempt < reached or (current is not None and plan.attempt == current.attempt):
             raise Rejected(f"plan for attempt {plan.attempt}; this node is at attempt {reached}")
-        if current is not None or any(not self._attempt_passes(a) for a in
-                                      range(reached, min(plan.attempt, reached + len(book.eligible())))):
+        live = current is not None and current.attempt >= rs.attempt  # not an attempt given up here
+        if live or any(not self._attempt_passes(a) for a in
+                       range(reached, min(plan.attempt, reached + len(book.eligible())))):
             # A live peer's attempt comes first here: keep this plan until this node gives that up.
             rs.hold(plan)
             book.changed.notify()
