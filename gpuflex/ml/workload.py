@@ -26,6 +26,7 @@ from gpuflex.ml.models import build_model
 from gpuflex.ml.params import flatten_params, load_flat_params, state_dict_from_flat
 from gpuflex.ml.partition import partition_indices
 from gpuflex.ml.train import evaluate, local_train, make_optimizer, pick_device, run_train_fn
+from gpuflex.nodeconfig import NodeConfig, load_node_config
 from gpuflex.plugins import PluginError, load_callable
 
 _cache_lock = threading.Lock()
@@ -41,20 +42,12 @@ def load_bundle(spec: JobSpec, data_path: str) -> DataBundle:
         return _bundles[key]
 
 
-def resolve_data_path(spec: JobSpec, home: Path | None) -> str:
-    """Where this node reads its data.
-
-    ``GPUFLEX_DATA_PATH`` lets one machine point at its own copy. Under ``partition="local"``
-    a relative data_path names a place inside each node's home, because the data is the
-    node's own and never leaves it.
-    """
-    override = os.environ.get("GPUFLEX_DATA_PATH", "")
-    if override:
-        return override
-    path = spec.data_path
-    if path and spec.partition == "local" and home is not None and not Path(path).is_absolute():
-        return str(Path(home) / path)
-    return path
+def resolve_data_path(spec: JobSpec, config: NodeConfig) -> str:
+    """Where this node reads the job's data set: its operator's ``[data]`` entry of that name
+    (node.toml or ``--data NAME=PATH``), never a path from the job; "" when none is set (the
+    sklearn sets need none, and a data plug-in gets "")."""
+    path = config.data_path(spec.data)
+    return "" if path is None else str(path)
 
 
 def split_for(
@@ -93,13 +86,16 @@ class Workload:
         home: Path | None = None,
         device: torch.device | None = None,
         data_hook: Callable[[Dataset, int], Dataset] | None = None,
+        config: NodeConfig | None = None,
     ):
+        """``config``: the node's configuration for this run (node.toml with its start flags);
+        read from ``home`` when not given."""
         self.spec = spec
         # Test meshes only: the label-flip adversary wraps the training set (gpuflex/adversary.py).
         self.data_hook = data_hook
         self.device = device or pick_device()
         self._lock = threading.Lock()
-        self._bundle = load_bundle(spec, resolve_data_path(spec, home))
+        self._bundle = load_bundle(spec, resolve_data_path(spec, config or load_node_config(home)))
         self._model = build_model(spec, self._bundle)
         self._initial = flatten_params(self._model)
         self._model.to(self.device)
@@ -191,7 +187,7 @@ class WorkloadUnavailable(RuntimeError):
     """This node cannot run (or pin) the job; the message says why in one line."""
 
 
-def pin_job_spec(spec: JobSpec, home: Path | None) -> JobSpec:
+def pin_job_spec(spec: JobSpec, home: Path | None, config: NodeConfig | None = None) -> JobSpec:
     """``spec`` with the hashes of what every member must hold alike filled in, as this
     (submitting) node holds them; unchanged for jobs that have none."""
     from gpuflex.llmspec import is_llm
@@ -202,7 +198,7 @@ def pin_job_spec(spec: JobSpec, home: Path | None) -> JobSpec:
     from gpuflex.ml.llm.pin import pin_llm_spec
 
     try:
-        return pin_llm_spec(spec, home)
+        return pin_llm_spec(spec, home, config)
     except LLMError as exc:
         raise WorkloadUnavailable(str(exc)) from None
 

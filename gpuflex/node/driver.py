@@ -66,12 +66,14 @@ MEMBERS_GONE_RECHECK_S = 60.0
 PAYLOAD_READY_WAIT_S = 10.0
 
 
-def load_trainer(spec: Any, index: int, parts: int, home: Path, data_hook: Callable[..., Any] | None) -> Trainer:
+def load_trainer(spec: Any, index: int, parts: int, home: Path, data_hook: Callable[..., Any] | None,
+                 config: Any = None) -> Trainer:
     """The real workload (torch), imported only when a job starts: a language model's or the
-    classic one, behind the same flat-vector surface."""
+    classic one, behind the same flat-vector surface. ``config``: the node's NodeConfig for
+    this run (its data locations), read from ``home`` when None."""
     from gpuflex.ml.workload import open_workload
 
-    return open_workload(spec, index, parts, home, data_hook=data_hook)
+    return open_workload(spec, index, parts, home, data_hook=data_hook, config=config)
 
 
 class JobDriver:

@@ -84,7 +84,9 @@ class Honest:
 @pytest.fixture(scope="module")
 def honest(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Honest]:
     gossip = ["--gossip-rate", str(GOSSIP_RATE), "--gossip-burst", str(GOSSIP_BURST)]
-    mesh = LocalMesh(tmp_path_factory.mktemp("resources"), 3, extra_args=["--read-timeout", str(READ_TIMEOUT_S)],
+    # The job caps are raised for the 72 jobs of the sync test (nine publishers, eight each).
+    caps = ["--max-jobs", "100", "--max-jobs-per-publisher", "8"]
+    mesh = LocalMesh(tmp_path_factory.mktemp("resources"), 3, extra_args=["--read-timeout", str(READ_TIMEOUT_S), *caps],
                      node_args=lambda i: gossip if i == 0 else [])
     try:
         mesh.start(timeout=120, count=2)
