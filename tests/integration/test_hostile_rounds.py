@@ -156,8 +156,8 @@ def test_plans_from_the_wrong_coordinator_or_with_huge_deadlines_are_rejected(ar
     common = {"job": job, "round_": head.round + 1, "prev": head.digest, "base": head.model_hash,
               "members": members, "sample_cap": cap}
     # An attempt the ranking gives to someone else, and one of its own with a deadline 11 days out.
-    h.call(h.broadcast, h.plan(attempt=next(a for a, p in owner.items() if p != h.peer_id), **common))
-    h.call(h.broadcast, h.plan(attempt=next(a for a, p in owner.items() if p == h.peer_id), train_in_s=1e6,
+    h.call(h.push_raw, list(arena.ids.values()), h.plan(attempt=next(a for a, p in owner.items() if p != h.peer_id), **common))
+    h.call(h.push_raw, list(arena.ids.values()), h.plan(attempt=next(a for a, p in owner.items() if p == h.peer_id), train_in_s=1e6,
                                **common))
     arena.wait(lambda: arena.logged(r"which belongs to") and arena.logged(r"training deadline is \d+s away"),
                "every node rejects both plans")
@@ -221,12 +221,12 @@ def test_a_peer_the_allowlist_excludes_cannot_coordinate_even_if_the_job_names_i
         if coordinator_ranking(job, 1, members)[0] == h.peer_id:
             break
     before = [len(re.findall(r"which belongs to", arena.log(i))) for i in range(3)]
-    h.call(h.broadcast, frame)
+    h.call(h.push_raw, list(arena.ids.values()), frame)
     arena.wait(lambda: all(any(j["job_id"] == job and j["model_hash"] for j in mesh.call(i, "jobs")) for i in range(3)),
                "every node prepares the job")
     base = mesh.job(0, job)["model_hash"]
     for attempt in range(3):
-        h.call(h.broadcast, h.plan(job=job, round_=1, attempt=attempt, prev="", base=base, members=members))
+        h.call(h.push_raw, list(arena.ids.values()), h.plan(job=job, round_=1, attempt=attempt, prev="", base=base, members=members))
     arena.wait(lambda: all(len(re.findall(r"which belongs to", arena.log(i))) > before[i] for i in range(3)),
                "every node refuses the excluded peer's plan")
     arena.wait(lambda: all(mesh.job(i, job)["state"] == "done" for i in range(3)), "the allowlisted job finishes")
@@ -249,14 +249,14 @@ def test_a_coordinator_cannot_choose_secure_aggregation_groups_nor_mask_a_group_
         job = open_envelope(frame).digest[:16]
         if coordinator_ranking(job, 1, members)[0] == h.peer_id:
             break
-    h.call(h.broadcast, frame)
+    h.call(h.push_raw, list(arena.ids.values()), frame)
     arena.wait(lambda: any(j["job_id"] == job and j["model_hash"] for j in arena.mesh.call(1, "jobs")),
                "the victim prepares the job")
     base = arena.mesh.job(1, job)["model_hash"]
     # Plan A: the victim alone under the hostile leader (one Sybil leads the other), so its
     # "masked" update would be its update in clear.
     alone = {h.peer_id: None, sybils[0]: h.peer_id, sybils[1]: sybils[0], victim: h.peer_id}
-    h.call(h.broadcast, h.plan(job=job, round_=1, attempt=0, prev="", base=base, members=list(alone), parent=alone))
+    h.call(h.push_raw, list(arena.ids.values()), h.plan(job=job, round_=1, attempt=0, prev="", base=base, members=list(alone), parent=alone))
     arena.wait(lambda: arena.logged(r"chose its own secure-aggregation groups", [1]), "the victim refuses plan A")
     time.sleep(2.0)
     assert not [u for u in h.updates if u.sender == victim], "the victim sent its update to the hostile leader"
@@ -267,7 +267,7 @@ def test_a_coordinator_cannot_choose_secure_aggregation_groups_nor_mask_a_group_
     # The victim has moved past attempt 0 by now (nobody planned it): one plan for each of the
     # next attempts the hostile peer owns; the victim holds those ahead until it reaches one.
     for attempt in [a for a in range(48) if coordinator_ranking(job, 1, members, [], a)[0] == h.peer_id]:
-        h.call(h.broadcast, h.plan(job=job, round_=1, attempt=attempt, prev="", base=base, members=list(fair),
+        h.call(h.push_raw, list(arena.ids.values()), h.plan(job=job, round_=1, attempt=attempt, prev="", base=base, members=list(fair),
                                    parent=fair, train_in_s=40.0))
     arena.wait(lambda: arena.logged(r"not sending a masked update: .* fewer than secagg_min_group=3", [1]),
                "the victim refuses to mask into a group of two")
@@ -289,7 +289,7 @@ def test_a_finished_jobs_ledger_is_final_and_every_node_holds_the_same_one(arena
     h.sync_ledgers = {job: h.forged_chain(job=job, rounds=1, base=first.base_hash, model=zero,
                                           members=list(arena.ids.values()),
                                           beat=min(first.digest, old_digest(first.env.raw)))}
-    h.call(h.broadcast, rival)
+    h.call(h.push_raw, list(arena.ids.values()), rival)
     h.call(h.presence, {job: 99})
     time.sleep(5.0 * load_factor())
     after = [arena.frames(i) for i in range(3)]
