@@ -252,6 +252,27 @@ class MeshNode:
 
     # -- addresses and info ------------------------------------------------------------------
 
+    def peer_ip(self, peer: str) -> str | None:
+        """The IP ``peer`` is connected from, as the transport saw it (a relayed peer shows its
+        relay's), or None with no live connection. Unlike the addresses a peer announces, it
+        cannot be made up: what per-network caps count (``mesh.netprefix``)."""
+        from libp2p.peer.id import ID
+
+        if self.host is None:
+            return None
+        try:
+            conns = self.host.get_network().get_connections(ID.from_base58(peer))
+        except Exception:  # an id that does not parse, or a network already closed
+            return None
+        for conn in conns:
+            try:
+                remote = conn.muxed_conn.get_remote_address()
+            except Exception:  # py-libp2p transports differ in what they support
+                continue
+            if remote:
+                return str(remote[0])
+        return None
+
     def multiaddrs(self) -> list[str]:
         if self.host is None:
             return []

@@ -97,7 +97,9 @@ async def test_a_coordinator_dead_before_its_plan_is_replaced_by_the_next_in_ran
         await net.wait_rounds(1)
         (res,) = one_ledger(net, 1)
         nursery.cancel_scope.cancel()
-    assert res.coordinator == second.peer_id and res.attempt == 0
+    # Each attempt belongs to one peer: the backup takes over by taking the next attempt, whose
+    # ranking it leads, and no other peer can plan attempt 0 in the dead one's place.
+    assert res.coordinator == second.peer_id and res.attempt == 1
     assert first.peer_id not in contributors(res)
     # the backup waited one plan timeout for the better-ranked candidate, no more
     issued = [e for e in second.events if e.kind == EventKind.PLAN_RECEIVED]
