@@ -32,12 +32,13 @@ def value(text: str, prefix: str) -> float:
 
 
 def test_metrics_during_a_job(tmp_path: Path) -> None:
-    cluster = sdk.LocalCluster(tmp_path, 2, metrics={0: "127.0.0.1:0"}).start(60)
+    spec = sdk.build_spec(fx.make_model, fx.make_data, in_process=True, rounds=3, local_steps=5, lr=0.2)
+    plugins = [spec[field] for field in ("model", "data")]  # these nodes' operator allows this job's code
+    cluster = sdk.LocalCluster(tmp_path, 2, metrics={0: "127.0.0.1:0"}, allow_plugins=plugins).start(60)
     try:
         addr = cluster.runtimes[0].metrics_addr
         assert addr is not None and addr[0] == "127.0.0.1"
         assert value(scrape(addr), 'gpuflex_peers{state="up"}') == 1
-        spec = sdk.build_spec(fx.make_model, fx.make_data, in_process=True, rounds=3, local_steps=5, lr=0.2)
         with ControlClient.for_home(cluster.home(0)) as client:
             job = client.submit(spec)["job_id"]
             deadline = time.monotonic() + 60
