@@ -100,6 +100,10 @@ class RoundState:
     # Valid plans for attempts this node has not given up the current one for yet: a plan in
     # force is never displaced by a later attempt's (no one can pre-empt a live coordinator).
     held: dict[int, Plan] = field(default_factory=dict)
+    # The latest valid plan for an attempt this node passed while waiting for it (it came late,
+    # or while this node was busy with a later attempt): taken up when this node next waits,
+    # so that a node that ran ahead on attempts comes back to the one its peers are in.
+    behind: Plan | None = None
 
     def hold(self, plan: Plan) -> bool:
         """Keep ``plan`` until this node reaches its attempt; False if one is held for it already."""

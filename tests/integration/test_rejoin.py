@@ -60,11 +60,18 @@ def mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalMesh]:
 
 
 def all_up(mesh: LocalMesh) -> None:
-    """Every node running and connected (a failed test before may have left one down)."""
+    """Every node running and connected (a failed test before may have left one down), and
+    every node's saved book listing every other node where it listens now: a node's book is
+    written within seconds of meeting a peer, and the tests kill nodes right after this."""
     for i in range(mesh.size):
         if not mesh.alive(i):
             mesh.start_node(i)
     mesh.wait_connected(60)
+    ids = peer_ids(mesh, range(mesh.size))
+    for peer, j in ids.items():
+        for i in range(mesh.size):
+            if i != j:
+                wait_in_book(mesh, i, peer, listen_addr(mesh, j))
 
 
 def test_the_bootstrap_node_moves_and_restarted_nodes_rejoin_through_their_books(mesh: LocalMesh) -> None:

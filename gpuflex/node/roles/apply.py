@@ -168,6 +168,19 @@ class ResultApplier:
         rs = book.current
         plan = rs.plan if rs.round == body.get("round") else None
         if plan is None or plan.coordinator != msg.envelope.sender or plan.attempt != body.get("attempt"):
+            attempt = body.get("attempt")
+            kept = [p for p in (rs.held.get(attempt) if isinstance(attempt, int) else None, rs.behind)
+                    if p is not None and p.round == body.get("round") == rs.round and p.attempt == attempt
+                    and p.coordinator == msg.envelope.sender]
+            if kept:
+                # A coordinator gave up an attempt whose plan this node keeps for later: drop
+                # it, or this node would train for an attempt nobody collects any more.
+                rs.held.pop(kept[0].attempt, None)
+                if rs.behind is kept[0]:
+                    rs.behind = None
+                rs.aborted.add(kept[0].attempt)
+                book.changed.notify()
+                return
             raise Rejected("abort does not match the plan in force")
         rs.aborted.add(plan.attempt)
         if book.spec.secure_aggregation:  # the next coordinator records why this attempt failed

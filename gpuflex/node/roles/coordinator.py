@@ -114,8 +114,25 @@ class Coordinator:
         await book.changed.wait_for(lambda: settled() or self._passes(cand), clock.now() + spec.plan_timeout)
         return rs.plan if have_plan() else None
 
+    def _take_up_behind(self, rs: RoundState) -> bool:
+        """Put in force a plan for an earlier attempt that came while this node was busy."""
+        plan, rs.behind = rs.behind, None
+        if plan is None or plan.round != rs.round or plan.attempt >= rs.attempt or plan.attempt in rs.aborted \
+                or self.book.committed >= plan.round or (rs.plan is not None and rs.plan.attempt >= rs.attempt):
+            return False
+        try:
+            deadlines = self._deadlines(plan)
+        except WireError:  # its deadline passed meanwhile
+            return False
+        rs.attempt = plan.attempt
+        self._in_force(rs, plan, deadlines)
+        self._start_roles(plan, deadlines)
+        return True
+
     def _activate_held(self, rs: RoundState) -> bool:
         """Put in force a plan held for the attempt this node has now reached."""
+        if self._take_up_behind(rs):
+            return True
         plan = rs.held.pop(rs.attempt, None)
         for attempt in [a for a in rs.held if a < rs.attempt]:
             del rs.held[attempt]
@@ -241,8 +258,19 @@ class Coordinator:
         reached = max(rs.attempt, current.attempt if current is not None else 0)
         if current is not None and current.digest == plan.digest:
             raise Rejected("this plan is already in force")
-        if plan.attempt < reached or (current is not None and plan.attempt == current.attempt):
+        if current is not None and plan.attempt == current.attempt:
             raise Rejected(f"plan for attempt {plan.attempt}; this node is at attempt {reached}")
+        if plan.attempt < reached:
+            waiting = current is None or current.attempt < rs.attempt  # no plan in force here
+            if plan.attempt in rs.aborted or not waiting:
+                if plan.attempt not in rs.aborted and (rs.behind is None or rs.behind.attempt < plan.attempt):
+                    rs.behind = plan
+                raise Rejected(f"plan for attempt {plan.attempt}; this node is at attempt {reached}")
+            # This node passed that attempt waiting for its plan, and has none in force now: its
+            # peers are in that attempt, so take it up rather than run ahead of them alone.
+            rs.attempt = plan.attempt
+            self._in_force(rs, plan, deadlines)
+            return plan, deadlines
         live = current is not None and current.attempt >= rs.attempt  # not an attempt given up here
         if live or any(not self._attempt_passes(a) for a in
                        range(reached, min(plan.attempt, reached + len(book.eligible())))):
