@@ -26,6 +26,7 @@ from gpuflex.node.faults import NO_FAULTS, Faults
 from gpuflex.node.kinds import EventKind, JobState, Phase, Role
 from gpuflex.node.messages import (
     ABORT,
+    DEVICE_CHARS,
     PARTIAL,
     PLAN,
     RESULT,
@@ -46,6 +47,7 @@ from gpuflex.node.roles.member import Member
 from gpuflex.node.roles.root import Root
 from gpuflex.node.state import JobBook, JobInfo, RoundDeadlines, RoundState
 from gpuflex.node.summary import ledger_rows, metric_rows, summarize
+from gpuflex.node.workplan import valid_rate
 from gpuflex.privacy import STOP, WARN, budget_status
 from mesh.codec import WireError
 from mesh.health import PeerState
@@ -147,6 +149,12 @@ class JobDriver:
         index, parts = book.info.part_for(book.me)
         self._trainer = await port.offload(self._trainers, self.spec, index, parts, port.home,
                                            self.faults.data_hook())
+        fitted = await port.offload(self._trainer.fitted)  # device, precision, measured throughput
+        book.device = str(fitted.get("device", ""))[:DEVICE_CHARS]
+        if (rate := valid_rate(fitted.get("samples_per_s"))) is not None:
+            book.rates[book.me] = rate
+        port.emit(EventKind.DEVICE_FITTED, message=f"job {self.job_id}: training on {fitted.get('summary', book.device)}",
+                  **{k: v for k, v in fitted.items() if isinstance(v, (int, float, str))})
         init = await port.offload(self._trainer.initial_params)
         book.init_hash = port.blobs.put_parts(model_parts(init, {}))
         if problems or (book.ledger.results and not port.blobs.has(book.head_model)):
@@ -245,10 +253,15 @@ class JobDriver:
         """Something outside the job changed (a peer's health): re-check what waits on it."""
         self.book.changed.notify()
 
-    def saw_presence(self, peer: str, last_round: object) -> bool:
-        """Record ``peer``'s presence; True when it says it is ahead of this node."""
-        self.book.saw_presence(peer)
+    def saw_presence(self, peer: str, last_round: object, rate: object = None) -> bool:
+        """Record ``peer``'s presence (and its training throughput for this job, if it says);
+        True when it says it is ahead of this node."""
+        self.book.saw_presence(peer, valid_rate(rate))
         return isinstance(last_round, int) and last_round > self.book.committed
+
+    def throughput(self) -> float:
+        """This node's training throughput for this job (samples per second; 0 if unknown)."""
+        return self.book.rates.get(self.book.me, 0.0)
 
     async def offer_ledger(self, frames: list[bytes], peer: str) -> None:
         await self.applier.offer_ledger(frames, peer)

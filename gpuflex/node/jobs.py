@@ -153,9 +153,11 @@ class JobManager:
         # Finished jobs too: a member that fell behind (a full disk, a partition) learns from
         # this that it is behind and catches up, even after everyone else is done.
         active = {j: d.committed for j, d in self.drivers.items() if d.state != JobState.FAILED and d.participates()}
+        # Each job's training throughput here: coordinators of time-budgeted rounds plan by it.
+        rates = {j: round(r, 3) for j in active if (r := self.drivers[j].throughput()) > 0}
         if active:
             try:
-                await self.mesh.broadcast(seal(self.mesh.identity, PRESENCE, {"jobs": active}))
+                await self.mesh.broadcast(seal(self.mesh.identity, PRESENCE, {"jobs": active, "rates": rates}))
             except (WireError, ValueError) as exc:  # a map too large for its kind's limit
                 log.debug("presence broadcast failed: %s", exc)
 
@@ -169,13 +171,15 @@ class JobManager:
         if not isinstance(jobs, dict):
             raise WireError("garbled", "presence without a job map")
         sender = msg.envelope.sender
+        rates = msg.envelope.body.get("rates")
+        rates = rates if isinstance(rates, dict) else {}
         unknown = False
         for job, last_round in jobs.items():
             driver = self.drivers.get(job)
             if driver is None:
                 unknown = True
                 continue
-            ahead = driver.saw_presence(sender, last_round)
+            ahead = driver.saw_presence(sender, last_round, rates.get(job))
             if ahead and job not in self._syncing and self._nursery is not None:
                 self._nursery.start_soon(self._catch_up, job, sender)
         if unknown and self._nursery is not None and sender != self.mesh.peer_id:

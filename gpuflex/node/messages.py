@@ -7,7 +7,8 @@ values and any malformed body becomes a ``WireError`` (logged, dropped, penalise
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field
 from typing import Any
 
 from mesh.blob import valid_hash
@@ -50,6 +51,11 @@ register_kind(SECAGG_RECOVER, 2 * 1024 * 1024)
 register_kind(SECAGG_SHARES, 2 * 1024 * 1024)
 #: A Shamir share is one element of GF(2^521 - 1): 66 bytes, big-endian.
 SHARE_BYTES = 66
+#: A plan asks no member for more local steps than this, nor for a longer compute budget.
+MAX_PLANNED_STEPS = 1_000_000
+MAX_BUDGET_S = 86_400.0
+#: A member's device description in its update is cut to this many characters.
+DEVICE_CHARS = 64
 
 
 def _get(body: Any, name: str, kind: type | tuple[type, ...], what: str) -> Any:
@@ -88,6 +94,8 @@ class Plan:
     train_deadline: float
     reduce_slack_s: float
     env: Envelope
+    budget_s: float = 0.0  # a time-budgeted round: seconds of local training per member
+    steps: dict[str, int] = field(default_factory=dict)  # each member's planned local steps
 
     @property
     def issued(self) -> float:
@@ -110,10 +118,29 @@ def parse_plan(env: Envelope) -> Plan:
         prev_result=_get(b, "prev_result", str, what), members=members, parent=parent,
         train_deadline=float(_get(b, "train_deadline", (int, float), what)),
         reduce_slack_s=float(_get(b, "reduce_slack_s", (int, float), what)), env=env,
+        budget_s=_budget(b), steps=_planned_steps(b, parent),
     )
     if plan.coordinator != env.sender or parent.get(plan.coordinator, "x") is not None:
         raise WireError("garbled", "plan must be signed by its coordinator, the root of its tree")
     return plan
+
+
+def _budget(body: dict[str, Any]) -> float:
+    value = body.get("budget_s", 0.0)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= MAX_BUDGET_S \
+            or not math.isfinite(value):
+        raise WireError("garbled", f"plan field 'budget_s' must be a number of seconds in [0, {MAX_BUDGET_S:g}]")
+    return float(value)
+
+
+def _planned_steps(body: dict[str, Any], members: dict[str, Any]) -> dict[str, int]:
+    """Each member's step count in a time-budgeted plan: members of the plan only, bounded."""
+    steps = body.get("steps", {})
+    if not isinstance(steps, dict) or not all(
+            isinstance(k, str) and k in members and isinstance(v, int) and not isinstance(v, bool)
+            and 1 <= v <= MAX_PLANNED_STEPS for k, v in steps.items()):
+        raise WireError("garbled", f"plan field 'steps' must map members to counts in [1, {MAX_PLANNED_STEPS}]")
+    return dict(steps)
 
 
 @dataclass(frozen=True)
@@ -127,6 +154,14 @@ class Update:
     delta_size: int
     metrics: dict[str, Any]
     env: Envelope
+    device: str = ""  # what it trained on, as the member says (for people; bounded)
+
+    @property
+    def steps(self) -> int:
+        """Local optimizer steps the member says it took (0 when it does not say)."""
+        value = self.metrics.get("steps", 0)
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+        return int(value) if ok and 0 <= value <= MAX_PLANNED_STEPS else 0
 
 
 def parse_update(env: Envelope) -> Update:
@@ -136,6 +171,7 @@ def parse_update(env: Envelope) -> Update:
         base_hash=_get(b, "base_hash", str, what), samples=_get(b, "samples", int, what),
         delta_hash=_get(b, "delta_hash", str, what), delta_size=_get(b, "delta_size", int, what),
         metrics=_get(b, "metrics", dict, what), env=env,
+        device=b.get("device", "")[:DEVICE_CHARS] if isinstance(b.get("device"), str) else "",
     )
     if up.peer != env.sender:
         raise WireError("garbled", "update must be signed by its own peer")

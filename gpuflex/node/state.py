@@ -144,6 +144,10 @@ class JobBook:
         self.ready = trio.Event()
         self.init_hash = ""
         self.presence: dict[str, float] = {}  # peer -> trio time of its last presence
+        # Time-budgeted rounds: each member's training throughput for this job (samples per
+        # second, as it publishes it; this node's own as it measures it), and this node's device.
+        self.rates: dict[str, float] = {}
+        self.device = ""
         # A member's trained update per (round, base model): a retried attempt re-sends it.
         self.cached_updates: dict[tuple[int, str], tuple[bytes, bytes]] = {}
         # Secure aggregation: this node's masking side per (round, attempt, leader), kept to
@@ -188,8 +192,10 @@ class JobBook:
 
     # -- membership -----------------------------------------------------------------------------
 
-    def saw_presence(self, peer: str) -> None:
+    def saw_presence(self, peer: str, rate: float | None = None) -> None:
         self.presence[peer] = trio.current_time()
+        if rate is not None and peer != self.me:
+            self.rates[peer] = rate
         self.changed.notify()
 
     def live_members(self, alive: list[str]) -> list[str]:

@@ -20,6 +20,7 @@ from gpuflex.node.placement import order_for_tree
 from gpuflex.node.port import JobPort
 from gpuflex.node.ranking import coordinator_ranking
 from gpuflex.node.state import JobBook, RoundDeadlines, RoundState
+from gpuflex.node.workplan import plan_steps
 from mesh.codec import WireError
 from mesh.health import PeerState
 from mesh.messaging import Inbound, Rejected
@@ -89,10 +90,14 @@ class Coordinator:
         flat = spec.aggregation_mode == "flat-robust"  # leaders only forward: the root sees all
         parent = build_tree(ordered, max(2, len(ordered)) if flat else group_size, book.me)
         train_by = port.clock.now() + spec.train_budget(book.recent_durations())
+        work: dict[str, object] = {}
+        if spec.uses_budget:  # each member's steps from its published throughput
+            work = {"budget_s": spec.compute_budget_s, "steps": plan_steps(
+                ordered, book.rates, spec.compute_budget_s, spec.batch_size, spec.local_steps)}
         frame = make_plan(
             port.identity, job=book.job_id, round=rs.round, attempt=rs.attempt, coordinator=book.me,
             base_hash=book.head_model, prev_result=book.ledger.head, members=ordered, parent=parent,
-            train_deadline=port.clock.to_wire(train_by), reduce_slack_s=spec.reduce_slack,
+            train_deadline=port.clock.to_wire(train_by), reduce_slack_s=spec.reduce_slack, **work,
         )
         await port.broadcast(frame)  # applied here first: it is in force unless a better one is
         return rs.plan

@@ -21,6 +21,7 @@ from gpuflex.node.port import JobPort, Trainer
 from gpuflex.node.secure import SecAggMember, answer_recovery
 from gpuflex.node.state import JobBook, RoundDeadlines
 from gpuflex.node.uplink import Work, send_up
+from gpuflex.node.workplan import blend, fold_vector, local_work
 from mesh.blob import blob_hash
 from mesh.codec import WireError, open_envelope, seal
 from mesh.messaging import Inbound, Rejected, SendError
@@ -29,6 +30,9 @@ log = logging.getLogger("gpuflex.member")
 
 #: Loads a model blob by hash from these providers: (parameters, optimizer state).
 ModelLoader = Callable[[str, list[str]], Awaitable[tuple[np.ndarray, dict[str, np.ndarray]]]]
+#: Under a compute budget, training stops at least this long before the training deadline,
+#: so the update still reaches its leader in time.
+SEND_MARGIN_S = 1.0
 
 
 class Member:
@@ -53,7 +57,8 @@ class Member:
             col = self.book.current.collectors.get(plan.attempt) if self.book.current.round == r else None
             if col is not None and col.plan.env.digest == plan.env.digest:  # not a replaced plan's
                 up = parse_update(open_envelope(frame, expect_kind=UPDATE))
-                col.add_update(up, decode_payload(self.book.spec, payload, up.delta_size))
+                col.add_update(up, fold_vector(self.book.spec, plan, up,
+                                               decode_payload(self.book.spec, payload, up.delta_size)))
                 return
             await send_up(self.port, self.book, plan, deadlines, frame, payload, Work.UPDATE,
                           masked=side is not None)
@@ -74,11 +79,21 @@ class Member:
             # the server optimizer's state) is freed before training starts.
             params = (await self._load_model(plan.base_hash, [plan.coordinator]))[0].copy()
             trainer = self._trainer()
-            delta, metrics = await self.port.offload(trainer.train, params)
+            steps, budget = local_work(plan, book.me)
+            if budget:  # the plan's budget, and never past the training deadline
+                budget = max(0.0, min(budget, deadlines.train - self.port.clock.now() - SEND_MARGIN_S))
+            delta, metrics = await self.port.offload(trainer.train, params, steps, budget)
             delta = self.faults.tamper(delta)
+            if metrics.get("oom_retries"):
+                self.port.emit(EventKind.OUT_OF_MEMORY, r, book.me, message=(
+                    f"round {r}: out of memory {metrics['oom_retries']:.0f}x; now micro-batches of "
+                    f"{metrics.get('micro_batch', 0):.0f}, same effective batch"))
+            if isinstance(metrics.get("samples_per_s"), (int, float)):
+                book.rates[book.me] = blend(book.rates.get(book.me), float(metrics["samples_per_s"]))
             self.port.emit(EventKind.TRAINED, r, book.me, message=(
-                f"round {r}: trained on {metrics.get('samples')} samples in {metrics.get('seconds', 0):.2f}s"),
-                samples=metrics.get("samples"), seconds=metrics.get("seconds"))
+                f"round {r}: trained {metrics.get('steps')} steps on {metrics.get('samples')} samples "
+                f"in {metrics.get('seconds', 0):.2f}s"),
+                samples=metrics.get("samples"), seconds=metrics.get("seconds"), steps=metrics.get("steps"))
             samples = int(metrics.get("dataset_size") or trainer.num_samples)
             # Under secure aggregation this is the clear (DP-noised) delta; it is masked per
             # attempt, because the masks depend on the attempt's group and leader.
@@ -87,6 +102,7 @@ class Member:
                 "job": book.job_id, "round": r, "peer": book.me, "base_hash": plan.base_hash,
                 "samples": samples, "delta_hash": blob_hash(payload), "delta_size": int(np.asarray(delta).size),
                 "metrics": {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))},
+                **({"device": book.device} if book.device else {}),
             })
             book.cached_updates = {k: v for k, v in book.cached_updates.items() if k[0] >= r}
             book.cached_updates[key] = (frame, payload)
