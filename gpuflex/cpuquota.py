@@ -93,11 +93,15 @@ class CpuQuota:
     def add(self, pid: int) -> None:
         (self.path / "cgroup.procs").write_text(str(pid))
 
-    def used_s(self) -> float:
-        """CPU seconds the cgroup's processes used so far (cpuacct, where it is mounted with cpu)."""
+    def throttled(self) -> int:
+        """How many quota periods the cgroup's processes were held back in (``cpu.stat``'s
+        ``nr_throttled``): above zero once the quota has really slowed them."""
         with contextlib.suppress(OSError, ValueError):
-            return int((self.path / "cpuacct.usage").read_text()) / 1e9
-        return math.nan
+            for line in (self.path / "cpu.stat").read_text().splitlines():
+                key, _, value = line.partition(" ")
+                if key == "nr_throttled":
+                    return int(value)
+        return 0
 
     def close(self) -> None:
         """Move any process left back to the root cgroup, then remove the cgroup (bounded)."""

@@ -80,6 +80,8 @@ def format_status(js: dict[str, Any]) -> str:
         lines.append(f"stalled      {js['stalled']}")
     if js.get("write_error"):
         lines.append(f"disk         {js['write_error']}")
+    if js.get("work"):
+        lines.extend(format_work(js["work"], js["round"]))
     if js["metrics"]:
         lines.append(f"{'round':>7} {'loss':>8} {'accuracy':>9} {'train loss':>11} {'nodes':>6} {'time':>7}")
         for m in js["metrics"]:
@@ -88,11 +90,30 @@ def format_status(js: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def format_work(rows: list[dict[str, Any]], round_: int) -> list[str]:
+    """Round ``round_``'s work per member: its device, local steps, samples per second and
+    share of the round's compute (each member's training seconds over everyone's)."""
+    def num(row: dict[str, Any], key: str, fmt: str) -> str:
+        value = row.get(key)
+        return format(value, fmt) if isinstance(value, (int, float)) else "-"
+
+    lines = [f"work         round {round_}",
+             f"  {'member':<10} {'device':<28} {'samples':>8} {'steps':>6} {'samples/s':>10} {'train s':>8} {'share':>6}"]
+    for row in rows:
+        share = row.get("compute_share")
+        lines.append(f"  {short(str(row.get('peer', '?'))):<10} {str(row.get('device') or '-')[:28]:<28} "
+                     f"{num(row, 'samples', 'd'):>8} {num(row, 'steps', 'd'):>6} {num(row, 'samples_per_s', '.1f'):>10} "
+                     f"{num(row, 'compute_s', '.2f'):>8} "
+                     f"{format(share, '.0%') if isinstance(share, (int, float)) else '-':>6}")
+    return lines
+
+
 @job_app.command("status")
 def status(job: str | None = typer.Argument(None, help="Job id or prefix (default: the newest)."),
            node: str | None = NodeOpt, json_out: bool = JsonOpt,
            watch: bool = typer.Option(False, help="Refresh every second until the job ends.")) -> None:
-    """Round, phase, coordinator, members, and loss and accuracy so far."""
+    """Round, phase, coordinator, members, each member's work in the last round (device, local
+    steps, samples per second, share of the compute), and loss and accuracy so far."""
     while True:
         js = call_node("job_status", {"job": job} if job else {}, home=node)
         if json_out:

@@ -151,6 +151,7 @@ class JobDriver:
                                            self.faults.data_hook())
         fitted = await port.offload(self._trainer.fitted)  # device, precision, measured throughput
         book.device = str(fitted.get("device", ""))[:DEVICE_CHARS]
+        book.fit = {k: v for k, v in fitted.items() if isinstance(v, (int, float, str)) or v is None}
         if (rate := valid_rate(fitted.get("samples_per_s"))) is not None:
             book.rates[book.me] = rate
         port.emit(EventKind.DEVICE_FITTED, message=f"job {self.job_id}: training on {fitted.get('summary', book.device)}",

@@ -17,7 +17,15 @@ from typing import Any
 import msgpack
 
 from gpuflex.errors import GpuflexError
-from gpuflex.node.messages import PLAN, RESULT, Result, parse_plan, parse_result, walk_contributions
+from gpuflex.node.messages import (
+    PLAN,
+    RESULT,
+    Result,
+    contributor_work,
+    parse_plan,
+    parse_result,
+    walk_contributions,
+)
 from mesh.codec import WireError, open_envelope
 from mesh.fsutil import atomic_write
 
@@ -54,6 +62,9 @@ def verify_chain(frames: list[bytes], job: str | None = None) -> list[Result]:
         signed = sorted((u.peer, u.samples, u.delta_hash) for u in contributions)
         if listed != signed:
             raise LedgerError(f"round {i}: contributor list does not match the signed updates")
+        claimed = {c["peer"]: c["steps"] for c in res.contributors if "steps" in c and isinstance(c.get("peer"), str)}
+        if any(u.peer in claimed and claimed[u.peer] != u.steps for u in contributions):
+            raise LedgerError(f"round {i}: a contributor's step count differs from its signed update's")
         if any(u.base_hash != res.base_hash for u in contributions):
             raise LedgerError(f"round {i}: an update was trained from another base model")
         results.append(res)
@@ -81,7 +92,10 @@ def result_row(res: Result) -> dict[str, Any]:
         "round": res.round,
         "attempt": res.attempt,
         "coordinator": res.coordinator,
-        "contributors": [{"peer": c.get("peer"), "samples": c.get("samples")} for c in res.contributors],
+        # Each member's device, local steps, training seconds, throughput and compute share,
+        # where the round recorded them (time-budgeted rounds and later).
+        "contributors": [{"peer": c.get("peer"), "samples": c.get("samples"), **contributor_work(c)}
+                         for c in res.contributors],
         "absent": list(res.absent),
         "metrics": res.metrics,
         "strategy": res.strategy,

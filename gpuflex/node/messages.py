@@ -164,6 +164,27 @@ class Update:
         return int(value) if ok and 0 <= value <= MAX_PLANNED_STEPS else 0
 
 
+#: The per-member work figures a result's contributor rows carry (see gpuflex.node.workplan),
+#: each with the bound a reader holds it to.
+WORK_BOUNDS: dict[str, float] = {"steps": MAX_PLANNED_STEPS, "compute_s": 1e6, "samples_per_s": 1e9,
+                                 "compute_share": 1.0}
+
+
+def contributor_work(row: dict[str, Any]) -> dict[str, Any]:
+    """The work figures of one contributor row, as a coordinator wrote them: the device cut to
+    ``DEVICE_CHARS`` printable characters, numbers finite and in bounds; anything else left out."""
+    out: dict[str, Any] = {}
+    device = row.get("device")
+    if isinstance(device, str) and device:
+        out["device"] = "".join(ch for ch in device[:DEVICE_CHARS] if ch.isprintable())
+    for key, high in WORK_BOUNDS.items():
+        value = row.get(key)
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) \
+                and 0 <= value <= high:
+            out[key] = int(value) if key == "steps" else float(value)
+    return out
+
+
 def parse_update(env: Envelope) -> Update:
     b, what = env.body, "update"
     up = Update(

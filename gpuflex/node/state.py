@@ -148,6 +148,7 @@ class JobBook:
         # second, as it publishes it; this node's own as it measures it), and this node's device.
         self.rates: dict[str, float] = {}
         self.device = ""
+        self.fit: dict[str, Any] = {}  # how the job fits this node's device (gpuflex.ml.fit)
         # A member's trained update per (round, base model): a retried attempt re-sends it.
         self.cached_updates: dict[tuple[int, str], tuple[bytes, bytes]] = {}
         # Secure aggregation: this node's masking side per (round, attempt, leader), kept to

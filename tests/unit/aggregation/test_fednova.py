@@ -44,12 +44,32 @@ def test_three_members_by_hand_with_momentum_norms() -> None:
     np.testing.assert_allclose(fednova_mean(deltas, samples, norms), [3.3203125, 0.0, 2.65625], rtol=1e-6)
 
 
-def test_equal_steps_is_plain_fedavg() -> None:
-    rng = np.random.default_rng(0)
-    deltas = [rng.standard_normal(5).astype(np.float32) for _ in range(3)]
-    samples = [3.0, 1.0, 6.0]
-    expected = np.average(deltas, axis=0, weights=samples)
-    np.testing.assert_allclose(fednova_mean(deltas, samples, [7, 7, 7]), expected, rtol=1e-5, atol=1e-6)
+@settings(max_examples=60, deadline=None)
+@given(n=st.integers(1, 8), steps=st.integers(1, 5000), momentum=st.sampled_from([0.0, 0.5, 0.9]),
+       seed=st.integers(0, 2**32 - 1))
+def test_equal_steps_is_plain_fedavg(n: int, steps: int, momentum: float, seed: int) -> None:
+    # With one step norm a for everyone: tau_eff = a, and a * sum p_i (d_i / a) = sum p_i d_i.
+    rng = np.random.default_rng(seed)
+    deltas = [(rng.standard_normal(5) * 10.0 ** rng.uniform(-2, 2)).astype(np.float32) for _ in range(n)]
+    samples = [float(rng.integers(1, 1000)) for _ in range(n)]
+    norm = step_norm(steps, momentum)
+    expected = np.average(np.asarray(deltas, dtype=np.float64), axis=0, weights=samples)
+    scale = max(1.0, float(np.abs(expected).max()))
+    np.testing.assert_allclose(fednova_mean(deltas, samples, [norm] * n), expected, rtol=1e-5, atol=1e-5 * scale)
+
+
+@settings(max_examples=60, deadline=None)
+@given(n=st.integers(1, 6), seed=st.integers(0, 2**32 - 1))
+def test_the_update_is_the_formula(n: int, seed: int) -> None:
+    # Against the paper's formula written out in float64, term by term.
+    rng = np.random.default_rng(seed)
+    deltas = [rng.standard_normal(4).astype(np.float32) for _ in range(n)]
+    samples = [float(rng.integers(1, 100)) for _ in range(n)]
+    norms = [step_norm(int(rng.integers(1, 300)), 0.9) for _ in range(n)]
+    p = np.asarray(samples) / sum(samples)
+    tau = sum(pi * ai for pi, ai in zip(p, norms, strict=True))
+    expected = tau * sum(pi * d.astype(np.float64) / ai for pi, d, ai in zip(p, deltas, norms, strict=True))
+    np.testing.assert_allclose(fednova_mean(deltas, samples, norms), expected, rtol=1e-5, atol=1e-6)
 
 
 def test_sgd_norm_is_the_step_count() -> None:

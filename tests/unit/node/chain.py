@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 from gpuflex.node.messages import PLAN, RESULT, UPDATE, make_plan
 from mesh.blob import blob_hash
@@ -12,9 +13,11 @@ from mesh.identity import Identity
 JOB = "job0000000000001"
 
 
-def make_chain(rounds: int = 3, members: int = 3,
-               secagg: dict[int, list[dict]] | None = None) -> tuple[list[bytes], list[Identity]]:
-    """``secagg`` maps a round to the group reports its result carries."""
+def make_chain(rounds: int = 3, members: int = 3, secagg: dict[int, list[dict]] | None = None,
+               work: Callable[[int, int], dict] | None = None) -> tuple[list[bytes], list[Identity]]:
+    """``secagg`` maps a round to the group reports its result carries. With ``work``, member
+    k's update says it took ``3 + k`` local steps, and ``work(round, k)`` is what the result
+    lists of its work beside it."""
     ids = [Identity(bytes([i + 1]) * 32) for i in range(members)]
     frames: list[bytes] = []
     prev, base = "", blob_hash(b"model-0")
@@ -31,8 +34,10 @@ def make_chain(rounds: int = 3, members: int = 3,
             delta_hash = blob_hash(f"delta-{r}-{k}".encode())
             updates.append(seal(ident, UPDATE, {
                 "job": JOB, "round": r, "peer": ident.peer_id, "base_hash": base, "samples": 10 + k,
-                "delta_hash": delta_hash, "delta_size": 4, "metrics": {"train_loss": 1.0 / r}}))
-            contributors.append({"peer": ident.peer_id, "samples": 10 + k, "delta_hash": delta_hash})
+                "delta_hash": delta_hash, "delta_size": 4,
+                "metrics": {"train_loss": 1.0 / r, **({"steps": 3 + k} if work else {})}}))
+            contributors.append({"peer": ident.peer_id, "samples": 10 + k, "delta_hash": delta_hash,
+                                 **(work(r, k) if work else {})})
         model = blob_hash(f"model-{r}".encode())
         frame = seal(coord, RESULT, {
             "job": JOB, "round": r, "attempt": 0, "coordinator": coord.peer_id, "prev_result": prev,
