@@ -154,8 +154,9 @@ class JobDriver:
         book.fit = {k: v for k, v in fitted.items() if isinstance(v, (int, float, str)) or v is None}
         if (rate := valid_rate(fitted.get("samples_per_s"))) is not None:
             book.rates[book.me] = rate
+        settings: dict[str, Any] = {k: v for k, v in book.fit.items() if v is not None and k not in ("peer", "message")}
         port.emit(EventKind.DEVICE_FITTED, message=f"job {self.job_id}: training on {fitted.get('summary', book.device)}",
-                  **{k: v for k, v in fitted.items() if isinstance(v, (int, float, str))})
+                  **settings)
         init = await port.offload(self._trainer.initial_params)
         book.init_hash = port.blobs.put_parts(model_parts(init, {}))
         if problems or (book.ledger.results and not port.blobs.has(book.head_model)):
