@@ -20,9 +20,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gpuflex import forkserver
 from gpuflex.client import ControlClient, ControlError, call
 from gpuflex.errors import GpuflexError
 from gpuflex.home import CONTROL_FILE
+
+DEFAULT_LAUNCHER = ("-m", "gpuflex")
 
 
 class MeshStartError(GpuflexError, RuntimeError):
@@ -44,7 +47,7 @@ class LocalMesh:
     def __init__(self, base: Path, size: int, extra_args: Sequence[str] = (),
                  node_args: Callable[[int], Sequence[str]] | None = None, log_level: str = "info",
                  env: dict[str, str] | None = None, placement: Callable[[int], Placement] | None = None,
-                 launcher: Sequence[str] = ("-m", "gpuflex")) -> None:
+                 launcher: Sequence[str] = DEFAULT_LAUNCHER) -> None:
         self.base = Path(base)
         self.size = size
         self.extra_args = list(extra_args)
@@ -53,7 +56,7 @@ class LocalMesh:
         self.log_level = log_level
         self.env = {**os.environ, "GPUFLEX_TORCH_THREADS": "1", "PYTHONUNBUFFERED": "1", **(env or {})}
         self.launcher = list(launcher)  # how to run `gpuflex` (a test harness may wrap it)
-        self.procs: dict[int, subprocess.Popen[bytes]] = {}
+        self.procs: dict[int, subprocess.Popen[bytes] | forkserver.ForkedProcess] = {}
         self.bootstrap: str | None = None
 
     def home(self, i: int) -> Path:
@@ -75,10 +78,17 @@ class LocalMesh:
             cmd += list(self.node_args(i))
         if self.bootstrap and i != 0:
             cmd += ["--bootstrap", self.bootstrap]
+        if not place.prefix and len(self.launcher) == 2 and self.launcher[0] == "-m" and forkserver.enabled():
+            # Forked from a launcher that imported torch and libp2p once (gpuflex/forkserver.py).
+            self.procs[i] = forkserver.shared().spawn(cmd[3:], self.env, self.log_path(i), module=self.launcher[1])
+            return self._maybe_wait(i, wait, timeout)
         log = open(self.log_path(i), "ab")  # noqa: SIM115 - owned by the child process
         self.procs[i] = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env,
                                          start_new_session=True)
         log.close()
+        return self._maybe_wait(i, wait, timeout)
+
+    def _maybe_wait(self, i: int, wait: bool, timeout: float) -> None:
         if wait:
             self.wait_api(i, timeout)
 

@@ -15,9 +15,6 @@ import math
 from functools import lru_cache
 from typing import TYPE_CHECKING
 
-import dp_accounting
-from dp_accounting.rdp import rdp_privacy_accountant
-
 if TYPE_CHECKING:
     from gpuflex.jobspec import JobSpec
 
@@ -31,6 +28,11 @@ def epsilon_for(noise_multiplier: float, rounds: int, delta: float) -> float:
         return 0.0
     if noise_multiplier <= 0:
         return math.inf
+    # Imported here: dp-accounting pulls in SciPy, seconds of start-up that a node whose jobs
+    # use no DP (and every query command) should not pay.
+    import dp_accounting
+    from dp_accounting.rdp import rdp_privacy_accountant
+
     accountant = rdp_privacy_accountant.RdpAccountant()
     accountant.compose(dp_accounting.GaussianDpEvent(noise_multiplier), int(rounds))
     return float(accountant.get_epsilon(delta))

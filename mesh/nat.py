@@ -134,12 +134,19 @@ class NatService:
         self.node.peers.seen(peer)
 
     async def _check_loop(self) -> None:
+        """Dial-back checks often while the verdict is unknown and rarely after; but a private
+        node with no relay slot looks for a relay every few seconds, because the public peers'
+        NodeInfo (which names the relays) often arrives just after its own first verdict."""
+        next_check = 0.0
         while True:
-            if self.state.forced is None:
-                await self.check_once()
+            if trio.current_time() >= next_check:
+                if self.state.forced is None:
+                    await self.check_once()
+                unknown = self.reachability() == Reachability.UNKNOWN
+                next_check = trio.current_time() + (FAST_CHECK_S if unknown else min(SLOW_CHECK_S, RESERVE_RETRY_S * 3))
             await self._apply()
-            fast = self.reachability() == Reachability.UNKNOWN
-            await trio.sleep(FAST_CHECK_S if fast else min(SLOW_CHECK_S, RESERVE_RETRY_S * 3))
+            seeking = self.reachability() == Reachability.PRIVATE and bool(self.node.config.relay.reservations)
+            await trio.sleep(FAST_CHECK_S if seeking else max(FAST_CHECK_S, next_check - trio.current_time()))
 
     async def _apply(self) -> None:
         """Act on the verdict: DHT mode, relay service, reservations, and a fresh NodeInfo."""

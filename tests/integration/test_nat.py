@@ -101,7 +101,7 @@ def _wait_reachability(mesh: LocalMesh, want: dict[int, str], timeout: float) ->
 def main_job(world: World) -> str:
     """One job over the main mesh with min_nodes = every node, run once for the first two tests."""
     mesh = world.main
-    _wait_reachability(mesh, {0: "public", 1: "relayed", 2: "relayed", 3: "relayed", 4: "relayed"}, 40)
+    _wait_reachability(mesh, {0: "public", 1: "relayed", 2: "relayed", 3: "relayed", 4: "relayed"}, 90)
     mesh.wait_connected(timeout=60)
     job = mesh.submit(digits_spec(rounds=ROUNDS, min_nodes=mesh.size, group_size=2), node=0)
     mesh.wait_job(job, list(range(mesh.size)), timeout=120)
