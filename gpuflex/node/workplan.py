@@ -77,6 +77,25 @@ def plan_steps(members: Sequence[str], rates: Mapping[str, float], budget_s: flo
     return {peer: counts.get(peer, unknown) for peer in members}
 
 
+def keep_earlier(counts: dict[str, int], earlier: Sequence[Plan], base_hash: str) -> dict[str, int]:
+    """``counts`` with each member raised to its steps in any earlier attempt's plan of this
+    round on the same base model: a member that already trained re-sends that update to the
+    new attempt, and its step count must stay within what the new plan allows."""
+    out = dict(counts)
+    for plan in earlier:
+        if plan.base_hash != base_hash:
+            continue
+        for peer, steps in plan.steps.items():
+            if peer in out:
+                out[peer] = max(out[peer], steps)
+    return out
+
+
+def fits_plan(plan: Plan, me: str, steps: int) -> bool:
+    """Whether an update of ``steps`` local steps is within ``plan``'s allowance for ``me``."""
+    return plan.budget_s <= 0 or steps <= plan.steps.get(me, MAX_PLANNED_STEPS)
+
+
 def local_work(plan: Plan, me: str) -> tuple[int, float]:
     """(most steps, seconds) this member trains under ``plan``; (0, 0.0) for a plan without a
     budget, where the job's epochs or steps decide."""

@@ -20,7 +20,7 @@ from gpuflex.node.placement import order_for_tree
 from gpuflex.node.port import JobPort
 from gpuflex.node.ranking import coordinator_ranking
 from gpuflex.node.state import JobBook, RoundDeadlines, RoundState
-from gpuflex.node.workplan import plan_steps
+from gpuflex.node.workplan import keep_earlier, plan_steps
 from mesh.codec import WireError
 from mesh.health import PeerState
 from mesh.messaging import Inbound, Rejected
@@ -92,8 +92,10 @@ class Coordinator:
         train_by = port.clock.now() + spec.train_budget(book.recent_durations())
         work: dict[str, object] = {}
         if spec.uses_budget:  # each member's steps from its published throughput
-            work = {"budget_s": spec.compute_budget_s, "steps": plan_steps(
-                ordered, book.rates, spec.compute_budget_s, spec.batch_size, spec.local_steps)}
+            counts = plan_steps(ordered, book.rates, spec.compute_budget_s, spec.batch_size, spec.local_steps)
+            earlier = [c.plan for c in rs.collectors.values()] + ([rs.plan] if rs.plan is not None else [])
+            work = {"budget_s": spec.compute_budget_s,
+                    "steps": keep_earlier(counts, [p for p in earlier if p.round == rs.round], book.head_model)}
         frame = make_plan(
             port.identity, job=book.job_id, round=rs.round, attempt=rs.attempt, coordinator=book.me,
             base_hash=book.head_model, prev_result=book.ledger.head, members=ordered, parent=parent,

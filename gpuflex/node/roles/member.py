@@ -21,7 +21,7 @@ from gpuflex.node.port import JobPort, Trainer
 from gpuflex.node.secure import SecAggMember, answer_recovery
 from gpuflex.node.state import JobBook, RoundDeadlines
 from gpuflex.node.uplink import Work, send_up
-from gpuflex.node.workplan import blend, fold_vector, local_work
+from gpuflex.node.workplan import blend, fits_plan, fold_vector, local_work
 from mesh.blob import blob_hash
 from mesh.codec import WireError, open_envelope, seal
 from mesh.messaging import Inbound, Rejected, SendError
@@ -73,6 +73,10 @@ class Member:
         """This node's signed clear update for the plan's round and base model, trained once."""
         book, r = self.book, plan.round
         key = (r, plan.base_hash)
+        cached = book.cached_updates.get(key)
+        if cached is not None and not fits_plan(plan, book.me, parse_update(open_envelope(
+                cached[0], expect_kind=UPDATE)).steps):  # trained for an attempt that allowed more steps
+            del book.cached_updates[key]
         if key not in book.cached_updates:
             book.status.set_phase(Phase.TRAIN, deadlines.train)
             # A copy of the parameters alone: the blob they are read from (which also holds

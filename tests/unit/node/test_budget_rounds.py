@@ -76,3 +76,29 @@ async def test_without_a_budget_the_slow_member_sets_the_rounds_length(autojump_
         lengths = round_lengths(net.alive_nodes()[0])
         nursery.cancel_scope.cancel()
     assert len(lengths) == 2 and all(t >= 2 * BUDGET_S for t in lengths.values())
+
+
+async def test_a_retried_attempt_keeps_the_step_counts_members_already_trained(autojump_clock, tmp_path) -> None:
+    """The coordinator dies after its plan; by the retry every member has published a lower
+    throughput. The new plan must still allow the steps each member already took, so the
+    updates they trained are re-sent, not refused as over-claimed or trained again."""
+    # A short budget: members finish training before the coordinator's death is noticed.
+    net = FakeNet(tmp_path, 4, fast_spec(rounds=1, compute_budget_s=2.0, train_timeout_s=0.0))
+    speeds(net, slow=3)
+    coordinator = net.ranking()[0]
+    async with trio.open_nursery() as nursery:
+        await net.start(nursery)
+        await net.wait_until(lambda: all(n.driver is not None and n.driver.book.current.plan is not None
+                                          for n in net.nodes.values()))
+        for node in net.alive_nodes():  # slower measurements arrive (a busy machine)
+            assert node.driver is not None
+            node.driver.book.rates = {p: r / 4 for p, r in node.driver.book.rates.items()}
+        net.kill(coordinator)
+        await net.wait_rounds(1)
+        node = net.alive_nodes()[0]
+        (res,) = verify_chain(net.ledger(node), net.info.job_id)
+        nursery.cancel_scope.cancel()
+    assert res.attempt >= 1 and len(res.contributors) == 3
+    for n in net.alive_nodes():
+        assert n.kinds().count(EventKind.TRAINED) == 1, "the retry re-sent the update trained for attempt 0"
+        assert not n.penalties, f"an update was refused: {n.penalties}"
