@@ -47,9 +47,9 @@ COLUMNS = (
     Column("legacy", "lgcy", "g", lambda p, w: bool(p.info and p.info.legacy)),
     Column("rounds", "rnds", "c", lambda p, w: p.rounds_contributed),
     # The followed job's last committed round: who did how much, on what.
-    Column("steps", "steps", "x", lambda p, w: _work_key(w.steps if w else None)),
+    Column("steps", "stp", "x", lambda p, w: _work_key(w.steps if w else None)),
     Column("rate", "smp/s", "r", lambda p, w: _work_key(w.samples_per_s if w else None)),
-    Column("share", "share", "a", lambda p, w: _work_key(w.compute_share if w else None)),
+    Column("share", "shr", "a", lambda p, w: _work_key(w.compute_share if w else None)),
     Column("penalty", "pen", "p", lambda p, w: p.penalty),
 )
 COLUMN_BY_KEY = {c.key: c for c in COLUMNS}
