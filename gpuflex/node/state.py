@@ -151,6 +151,9 @@ class JobBook:
         self.fit: dict[str, Any] = {}  # how the job fits this node's device (gpuflex.ml.fit)
         # A member's trained update per (round, base model): a retried attempt re-sends it.
         self.cached_updates: dict[tuple[int, str], tuple[bytes, bytes]] = {}
+        # Set when the training for a (round, base model) ends: a retried attempt that arrives
+        # mid-training waits for that update instead of training a second one.
+        self.training: dict[tuple[int, str], trio.Event] = {}
         # Secure aggregation: this node's masking side per (round, attempt, leader), kept to
         # answer its leader's recovery request (two coordinators may plan the same attempt,
         # with other leaders), and the group reports of attempts that were aborted.

@@ -102,3 +102,24 @@ async def test_a_retried_attempt_keeps_the_step_counts_members_already_trained(a
     for n in net.alive_nodes():
         assert n.kinds().count(EventKind.TRAINED) == 1, "the retry re-sent the update trained for attempt 0"
         assert not n.penalties, f"an update was refused: {n.penalties}"
+
+
+async def test_a_retry_that_arrives_mid_training_waits_for_that_training(autojump_clock, tmp_path) -> None:
+    """A ten-second budget: the coordinator's death is noticed while members still train for
+    attempt 0. The retry re-sends what they were training rather than training it twice."""
+    net = FakeNet(tmp_path, 4, fast_spec(rounds=1, compute_budget_s=BUDGET_S, train_timeout_s=0.0))
+    speeds(net, slow=3)
+    coordinator = net.ranking()[0]
+    async with trio.open_nursery() as nursery:
+        await net.start(nursery)
+        await net.wait_until(lambda: all(n.driver is not None and n.driver.book.current.plan is not None
+                                          for n in net.nodes.values()))
+        net.kill(coordinator)
+        await net.wait_rounds(1)
+        (res,) = verify_chain(net.ledger(net.alive_nodes()[0]), net.info.job_id)
+        nursery.cancel_scope.cancel()
+    assert res.attempt >= 1 and len(res.contributors) == 3
+    for n in net.alive_nodes():
+        kinds = n.kinds()
+        assert kinds.index(EventKind.ROUND_RETRIED) < kinds.index(EventKind.TRAINED), "the retry came mid-training"
+        assert kinds.count(EventKind.TRAINED) == 1
