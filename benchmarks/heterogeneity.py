@@ -174,7 +174,7 @@ COLUMNS = [("variant", "variant", ""), ("nodes", "nodes", "d"), ("rounds", "roun
 
 def render(result: dict[str, Any]) -> str:
     rows = result["variants"]
-    by = {r["variant"]: r for r in rows}
+    by = {r["variant"]: r for r in rows if "error" not in r}
     lines = [f"heterogeneity: {result['nodes']} nodes, one at {SLOW_CORES:.0%} of a core "
              f"({rows[-1]['throttle']}); {result['rounds']} rounds; budget {result['budget_s']:g} s; "
              f"target accuracy {result['target']:.2f}; load before {result['load_before']}",
@@ -187,6 +187,8 @@ def render(result: dict[str, Any]) -> str:
                          f"round time {ratio(b['round_s'], o['round_s']):.2f}, "
                          f"utilisation {ratio(b['utilisation'], o['utilisation']):.2f}")
     for r in rows:
+        if "error" in r:
+            lines.append(f"{r['variant']}: FAILED: {r['error']}")
         if "cuda" in r:
             lines.append(f"{r['variant']}: CUDA member chose {r['cuda']['fit'].get('summary', r['cuda']['fit'])}; "
                          f"median samples/s per member: {r['cuda']['samples_per_s']}")
@@ -213,7 +215,13 @@ def main() -> None:
     variants = ["fast", "fixed", "budget"] + (["budget-plain"] if args.with_plain else [])
     load = " ".join(f"{x:.2f}" for x in os.getloadavg())
     with tempfile.TemporaryDirectory(prefix="gpuflex-hetero-") as tmp:
-        rows = [run_variant(v, args, Path(tmp)) for v in variants]
+        rows = []
+        for v in variants:  # a variant that fails is reported as such; the others still run
+            try:
+                rows.append(run_variant(v, args, Path(tmp)))
+            except (RuntimeError, OSError) as exc:
+                log(f"{v}: failed: {exc}")
+                rows.append({"variant": v, "throttle": "", "error": str(exc)[:300]})
     emit({"benchmark": "heterogeneity", "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
           "nodes": args.nodes, "rounds": args.rounds, "budget_s": args.budget_s, "target": args.target,
           "load_before": load, "variants": rows}, args.json, render)
