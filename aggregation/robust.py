@@ -45,6 +45,11 @@ def weighted_mean_or_equal(
     return weighted_mean(vectors, as_weights(weights, len(vectors)).tolist())
 
 
+#: Centered clipping's inner loop runs this many times at most: a job names the count, and a
+#: leader pays for it over every vector of its group.
+MAX_CLIPPING_ITERATIONS = 100
+
+
 def _check_none() -> None:
     return None
 
@@ -65,7 +70,8 @@ def _check_multi_krum(f: int, m: int | None = None) -> None:
 
 def _check_clipping(tau: float, iterations: int = 3) -> None:
     check_tau(tau)
-    check_int(iterations, "iterations", low=1)
+    if check_int(iterations, "iterations", low=1) > MAX_CLIPPING_ITERATIONS:
+        raise AggregationError(f"iterations must be at most {MAX_CLIPPING_ITERATIONS}, got {iterations}")
 
 
 @dataclass(frozen=True)

@@ -76,7 +76,7 @@ def tasks() -> dict[str, Callable[[], Task]]:
         # twin: the gradient (inner SGD, lr 1) averaged, then FedAdam at the job's lr, which is
         # Adam without bias correction and with eps = FedAdam's tau (1e-3).
         job = {"name": "diloco-bytes", "model": "char-gru", "data": "shakespeare",
-               "data_path": str(SHAKESPEARE), "partition": "groups", "local_steps": 25,
+               "partition": "groups", "local_steps": 25,
                "batch_size": 32, "optimizer": "adam", "lr": 0.005}
         sync = {"strategy": "fedadam", "server_lr": job["lr"], "optimizer": "sgd", "lr": 1.0,
                 "local_steps": 1, "local_epochs": 0}
@@ -149,8 +149,11 @@ def reach_table(rows: list[dict[str, Any]], histories: dict[str, list[dict[str, 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from aggregation.errors import AggregationError
     from gpuflex.jobspec import JobSpec
+    from gpuflex.nodeconfig import NodeConfig, with_flags
     from gpuflex.simulate import simulate
     from mesh.codec import WireError
+
+    config = with_flags(NodeConfig(), data=[f"shakespeare={SHAKESPEARE}"])  # where the workers read the play
 
     task = tasks()[args.task]()
     if args.quick:
@@ -173,7 +176,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         log(f"{name}: {rounds} rounds on {args.workers} workers")
         start = time.perf_counter()
         try:
-            history = simulate(spec, args.workers, rounds, error_feedback=feedback, eval_every=every)
+            history = simulate(spec, args.workers, rounds, error_feedback=feedback, eval_every=every,
+                               config=config)
         except (AggregationError, WireError) as exc:  # a diverged run sends non-finite updates
             raise SystemExit(f"error: {name} failed in training ({exc}); try a smaller learning rate") from None
         histories[name] = history

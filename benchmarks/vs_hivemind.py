@@ -349,7 +349,7 @@ class TreePeer:
         self.announced = trio.Event()
         self.digest = ""
         self.vector = np.zeros(0, dtype=np.float32)
-        node.handlers.register(VEC_KIND, self.on_vector)
+        node.handlers.register(VEC_KIND, self.on_vector, max_payload=4 * size)
         node.handlers.register(AVG_KIND, self.on_average)
 
     def prepare(self, trial: int, members: list[str]) -> None:

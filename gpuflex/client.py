@@ -18,7 +18,9 @@ from typing import Any
 from gpuflex.errors import GpuflexError
 from gpuflex.home import CONTROL_FILE, TOKEN_FILE, resolve_home
 
-MAX_LINE = 1 << 20
+#: The longest reply line a client reads. The node is the user's own, and a node holding many
+#: jobs (or long ones) answers ``jobs`` with megabytes; past this a clear error, not a crash.
+MAX_LINE = 32 << 20
 
 
 class ControlError(GpuflexError, RuntimeError):
@@ -110,7 +112,14 @@ class ControlClient:
             raise ControlError(f"the node did not answer: {exc}") from None
         if not raw:
             raise ControlError("the node closed the connection")
-        reply = json.loads(raw)
+        if len(raw) > MAX_LINE:
+            raise ControlError(f"the node's reply is over {MAX_LINE >> 20} MiB; ask for less (one job, not all)")
+        try:
+            reply = json.loads(raw)
+        except ValueError as exc:
+            raise ControlError(f"the node's reply is not JSON: {exc}") from None
+        if not isinstance(reply, dict):
+            raise ControlError("the node's reply is not a JSON object")
         if not reply.get("ok"):
             raise ControlError(str(reply.get("error", "unknown error")))
         return reply.get("result")

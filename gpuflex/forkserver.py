@@ -55,9 +55,14 @@ def _child(req: dict[str, Any]) -> None:
     """In the forked child: become the requested command, then exit with its status."""
     code = 1
     try:
+        if req.get("netns"):
+            _enter_netns(str(req["netns"]))
         os.setsid()
-        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD, signal.SIGPIPE):
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD):
             signal.signal(sig, signal.SIG_DFL)
+        # As a fresh interpreter has it: a write to a socket its peer closed raises an error
+        # (BrokenPipeError) that the node handles, instead of killing the node without a word.
+        signal.signal(signal.SIGPIPE, signal.SIG_IGN)
         fd = os.open(req["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         null = os.open(os.devnull, os.O_RDONLY)
         os.dup2(null, 0)
@@ -88,6 +93,20 @@ def _child(req: dict[str, Any]) -> None:
             sys.stdout.flush()
             sys.stderr.flush()
         os._exit(code)
+
+
+def _enter_netns(name: str) -> None:
+    """What ``ip netns exec NAME`` does for a node: join that network namespace."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    fd = os.open(f"/run/netns/{name}", os.O_RDONLY)
+    try:
+        if libc.setns(fd, 0x40000000) != 0:  # CLONE_NEWNET
+            err = ctypes.get_errno()
+            raise OSError(err, f"cannot enter network namespace {name}: {os.strerror(err)}")
+    finally:
+        os.close(fd)
 
 
 def _serve() -> None:
@@ -200,9 +219,11 @@ class ForkServer:
             return reply
 
     def spawn(self, argv: list[str], env: dict[str, str], log: Path, cwd: Path | None = None,
-              module: str = "gpuflex") -> ForkedProcess:
-        """Fork a child that runs ``python -m module *argv`` with this environment."""
+              module: str = "gpuflex", netns: str = "") -> ForkedProcess:
+        """Fork a child that runs ``python -m module *argv`` with this environment (inside
+        network namespace ``netns`` when one is named)."""
         reply = self._ask({"op": "spawn", "argv": argv, "env": env, "log": str(log), "module": module,
+                           "netns": netns,
                            "cwd": str(cwd or os.getcwd())})
         return ForkedProcess(self, int(reply["pid"]))
 

@@ -4,6 +4,11 @@ A job travels through the mesh as a signed record, so it has to be plain data wi
 canonical byte form: every node must hash the same spec to the same id. It is also what users
 type by hand, so validation reports every mistake at once, by field, instead of stopping at the
 first one. No torch here: the CLI validates job files and must start fast.
+
+A spec from the wire is a stranger's, so the validator is total: any value (a path, an import
+path, a huge number or string, a nested table) either yields a spec whose every number and
+string is bounded, or a :class:`JobSpecError` whose messages are short. It never imports,
+opens or calls what a spec names; whether this node runs it is ``gpuflex.jobpolicy``'s call.
 """
 
 from __future__ import annotations
@@ -26,12 +31,12 @@ except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib  # type: ignore[no-redef]
 
 from gpuflex.budgetspec import budget_cross_checks
-from gpuflex.llmspec import LLM_MODELS, is_llm, llm_cross_checks
+from gpuflex.llmspec import LLM_MODELS, llm_cross_checks
 from gpuflex.plugins import is_plugin_path, plugin_path_problem
 
 BUILTIN_MODELS: tuple[str, ...] = ("digits-cnn", "cifar10-cnn", "mlp", "char-gru", *LLM_MODELS)
 BUILTIN_DATA: tuple[str, ...] = ("sklearn-digits", "sklearn-breast-cancer", "cifar10", "shakespeare", "text")
-# Built-in data sets read from data_path, and what that path must be.
+# Built-in data sets read from a local path (a node's node.toml [data]), and what it must be.
 DATA_PATH_KIND: dict[str, str] = {"cifar10": "dir", "shakespeare": "file"}
 # Built-in data sets with a natural per-sample group (the speaking role), for partition="groups".
 GROUPED_DATA: tuple[str, ...] = ("shakespeare",)
@@ -71,6 +76,19 @@ AUTO_TRAIN_HISTORY = 5
 BUDGET_SLACK_FACTOR = 0.5
 BUDGET_SLACK_MIN_S = 5.0
 
+#: Bounds on what a job may ask of a node. A job is someone else's request for this machine's
+#: time, so every count, size and deadline has a ceiling; ids and digests stay far below them.
+MAX_ROUNDS, MAX_LOCAL_EPOCHS, MAX_LOCAL_STEPS = 100_000, 1_000, 1_000_000
+MAX_BATCH_SIZE, MAX_GROUP_SIZE, MAX_MEMBERS, MAX_SHARDS = 65_536, 1_000, 10_000, 1_000
+MAX_TIMEOUT_S = 86_400.0
+MAX_NAME_CHARS, MAX_ALLOWLIST, MAX_RULE_PARAMS, MAX_RULE_PARAM = 200, 1_000, 8, 1e6
+#: A field's value nests at most this deep ([llm] config is 2) and holds at most this many
+#: values, checked before anything else looks at it (a repr of a deep list would overflow).
+MAX_DEPTH, MAX_VALUES = 6, 10_000
+MAX_UNKNOWN_LISTED = 20
+#: Characters of one error message; a hostile value is quoted, never echoed whole.
+MAX_MESSAGE_CHARS = 300
+
 TEMPLATE = "templates/job.toml"
 #: ``gpuflex job init --template NAME`` writes templates/NAME.toml.
 TEMPLATES: tuple[str, ...] = ("job", "lora")
@@ -80,7 +98,7 @@ class JobSpecError(GpuflexError, ValueError):
     """Every problem found in a job, as (field, message) pairs, so all can be fixed in one go."""
 
     def __init__(self, errors: list[tuple[str, str]]):
-        self.errors = list(errors)
+        self.errors = [(_clip(name, 80), _clip(message, MAX_MESSAGE_CHARS)) for name, message in errors]
         super().__init__("\n".join(f"{name}: {message}" for name, message in self.errors))
 
 
@@ -139,43 +157,37 @@ class JobSpec:
     llm: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
-    def from_dict(
-        cls, data: Mapping[str, Any], *, check_paths: bool = True, base_dir: Path | None = None
-    ) -> JobSpec:
-        """Validate and build a spec, collecting every error.
-
-        ``check_paths=False`` suits a node that receives a spec from a peer: the submitter's
-        data_path need not exist on the receiving machine until it trains. A relative data_path
-        is resolved against ``base_dir`` (the job file's folder) when given.
-        """
+    def from_dict(cls, data: Mapping[str, Any]) -> JobSpec:
+        """Validate and build a spec, collecting every error. The same rules hold for a job
+        file and for a frame from the wire: nothing in a spec is a path a node opens."""
         if not isinstance(data, Mapping):
             raise JobSpecError([("job", f"must be a table of keys, got {type(data).__name__}")])
         errors: list[tuple[str, str]] = []
         values: dict[str, Any] = {}
-        for key in data:
-            if key not in _CHECKS:
-                errors.append((str(key), _unknown_key_message(str(key))))
+        unknown = [str(key) for key in data if key not in _CHECKS]
+        errors.extend((key, _unknown_key_message(key)) for key in unknown[:MAX_UNKNOWN_LISTED])
+        if len(unknown) > MAX_UNKNOWN_LISTED:
+            errors.append(("job", f"and {len(unknown) - MAX_UNKNOWN_LISTED} more unknown keys"))
         for name, check in _CHECKS.items():
             if name not in data:
                 if name in _REQUIRED:
                     errors.append((name, f"is required ({_REQUIRED[name]})"))
                 continue
+            if not _small(data[name]):
+                errors.append((name, f"is nested deeper than {MAX_DEPTH} or holds more than {MAX_VALUES} values"))
+                continue
             try:
                 values[name] = check(data[name])
             except _Invalid as exc:
                 errors.append((name, str(exc)))
-        if "data_path" in values and values["data_path"] and base_dir is not None:
-            path = Path(values["data_path"]).expanduser()
-            if not path.is_absolute():
-                values["data_path"] = str((base_dir / path).resolve())
         failed = {name for name, _ in errors}
-        errors.extend(_cross_checks(values, failed, check_paths))
+        errors.extend(_cross_checks(values, failed))
         if errors:
             raise JobSpecError(errors)
         return cls(**values)
 
     @classmethod
-    def from_toml(cls, path: str | Path, *, check_paths: bool = True) -> JobSpec:
+    def from_toml(cls, path: str | Path) -> JobSpec:
         """Read a job file; file and syntax problems are reported like field errors."""
         path = Path(path)
         try:
@@ -184,25 +196,16 @@ class JobSpec:
             raise JobSpecError([("file", f"{str(path)!r} does not exist")]) from None
         except (OSError, UnicodeDecodeError) as exc:
             raise JobSpecError([("file", f"cannot read {str(path)!r}: {exc}")]) from None
-        return cls.from_toml_text(
-            text, check_paths=check_paths, base_dir=path.resolve().parent, source=str(path)
-        )
+        return cls.from_toml_text(text, source=str(path))
 
     @classmethod
-    def from_toml_text(
-        cls,
-        text: str,
-        *,
-        check_paths: bool = True,
-        base_dir: Path | None = None,
-        source: str = "job",
-    ) -> JobSpec:
+    def from_toml_text(cls, text: str, *, source: str = "job") -> JobSpec:
         """Parse TOML held in memory (the template, a job pasted into the SDK)."""
         try:
             data = tomllib.loads(text)
         except tomllib.TOMLDecodeError as exc:
             raise JobSpecError([("file", f"{source!r} is not valid TOML: {exc}")]) from None
-        return cls.from_dict(data, check_paths=check_paths, base_dir=base_dir)
+        return cls.from_dict(data)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data (str, int, float, list) that survives JSON and msgpack unchanged."""
@@ -283,31 +286,70 @@ class _Invalid(ValueError):
     pass
 
 
+def _clip(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _show(value: Any) -> str:
+    """A value quoted in an error: a hostile one may be a megabyte, or nested a thousand deep."""
+    if isinstance(value, (Mapping, list, tuple)):
+        return f"a {type(value).__name__} of {len(value)}"
+    return _clip(repr(value), 60)
+
+
+def _small(value: Any) -> bool:
+    """At most MAX_DEPTH levels and MAX_VALUES values, walked without recursion."""
+    todo, seen = [(value, 1)], 0
+    while todo:
+        item, depth = todo.pop()
+        seen += 1
+        if seen > MAX_VALUES or depth > MAX_DEPTH:
+            return False
+        if isinstance(item, Mapping):
+            todo.extend((v, depth + 1) for v in item.values())
+            seen += len(item)  # the keys
+        elif isinstance(item, (list, tuple)):
+            todo.extend((v, depth + 1) for v in item)
+    return True
+
+
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _int(minimum: int) -> Callable[[Any], int]:
+def _int(minimum: int, maximum: int = 2**63 - 1) -> Callable[[Any], int]:
     def check(value: Any) -> int:
-        if not _is_int(value) or value < minimum:
-            raise _Invalid(f"must be an integer ≥ {minimum}, got {value!r}")
+        if not _is_int(value) or not minimum <= value <= maximum:
+            raise _Invalid(f"must be an integer from {minimum} to {maximum}, got {_show(value)}")
         return int(value)
 
     return check
 
 
-def _float(minimum: float, *, strict: bool, maximum: float | None = None) -> Callable[[Any], float]:
+def _finite(value: Any) -> bool:
+    if not (_is_int(value) or isinstance(value, float)):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an int beyond any float
+        return False
+
+
+def _float(minimum: float, *, strict: bool, maximum: float | None = None,
+           closed: bool = False) -> Callable[[Any], float]:
     low = f"> {minimum:g}" if strict else f"≥ {minimum:g}"
-    wanted = f"a number {low}" if maximum is None else f"a number {low} and < {maximum:g}"
+    wanted = f"a number {low}"
+    if maximum is not None:
+        wanted += f" and {'≤' if closed else '<'} {maximum:g}"
 
     def check(value: Any) -> float:
-        ok = (_is_int(value) or isinstance(value, float)) and math.isfinite(value)
+        ok = _finite(value)
         if ok:
             ok = value > minimum if strict else value >= minimum
         if ok and maximum is not None:
-            ok = value < maximum
+            ok = value <= maximum if closed else value < maximum
         if not ok:
-            raise _Invalid(f"must be {wanted}, got {value!r}")
+            raise _Invalid(f"must be {wanted}, got {_show(value)}")
         return float(value)
 
     return check
@@ -315,38 +357,48 @@ def _float(minimum: float, *, strict: bool, maximum: float | None = None) -> Cal
 
 def _choice(options: tuple[str, ...]) -> Callable[[Any], str]:
     def check(value: Any) -> str:
-        if value not in options:
+        if not isinstance(value, str) or value not in options:
             listed = ", ".join(repr(o) for o in options)
-            raise _Invalid(f"must be one of {listed}, got {value!r}")
+            raise _Invalid(f"must be one of {listed}, got {_show(value)}")
         return str(value)
 
     return check
 
 
-def _text(*, allow_empty: bool) -> Callable[[Any], str]:
+def _text(*, allow_empty: bool, limit: int = MAX_NAME_CHARS) -> Callable[[Any], str]:
     def check(value: Any) -> str:
-        if not isinstance(value, str) or (not allow_empty and not value.strip()):
+        if not isinstance(value, str) or (not allow_empty and not value.strip()) or len(value) > limit:
             kind = "a string" if allow_empty else "a non-empty string"
-            raise _Invalid(f"must be {kind}, got {value!r}")
+            raise _Invalid(f"must be {kind} of at most {limit} characters, got {_show(value)}")
         return value
 
     return check
 
 
+def _no_path(value: Any) -> str:
+    """A job never carries a path: a path names a file on the submitter's machine, and on
+    anyone else's it names whatever is there (``/dev/zero``, a key, a pickle)."""
+    if value != "":
+        raise _Invalid(f"a job cannot carry a path (got {_show(value)}): each node reads the data set "
+                       "named by `data` from its operator's configuration, node.toml [data] NAME = \"PATH\" "
+                       "or `gpuflex node start --data NAME=PATH`")
+    return ""
+
+
 def _named(builtins: tuple[str, ...], kind: str) -> Callable[[Any], str]:
     def check(value: Any) -> str:
         if not isinstance(value, str) or not value:
-            raise _Invalid(f"must be a built-in {kind} name or 'package.module:function', got {value!r}")
+            raise _Invalid(f"must be a built-in {kind} name or 'package.module:function', got {_show(value)}")
         if is_plugin_path(value):
             problem = plugin_path_problem(value)
             if problem:
                 raise _Invalid(problem)
         elif value not in builtins:
-            close = difflib.get_close_matches(value, builtins, n=1)
+            close = difflib.get_close_matches(value, builtins, n=1) if len(value) <= MAX_NAME_CHARS else []
             hint = f" (did you mean {close[0]!r}?)" if close else ""
             listed = ", ".join(repr(b) for b in builtins)
             raise _Invalid(
-                f"unknown built-in {kind} {value!r}{hint}; expected one of {listed} "
+                f"unknown built-in {kind} {_show(value)}{hint}; expected one of {listed} "
                 "or 'package.module:function'"
             )
         return value
@@ -373,47 +425,50 @@ def _rule(value: Any) -> str:
 
 def _rule_params(value: Any) -> dict[str, Any]:
     """Rule hyper-parameters (beta, f, m, tau, iterations): names are checked by make_rule."""
-    if not isinstance(value, Mapping) or not all(
-        isinstance(k, str) and (_is_int(v) or isinstance(v, float)) for k, v in value.items()
+    if not isinstance(value, Mapping) or len(value) > MAX_RULE_PARAMS or not all(
+        isinstance(k, str) and len(k) <= 32 and _finite(v) and abs(v) <= MAX_RULE_PARAM
+        for k, v in value.items()
     ):
-        raise _Invalid(f"must be a table of numbers, e.g. {{ f = 1 }}, got {value!r}")
+        raise _Invalid(f"must be a table of at most {MAX_RULE_PARAMS} numbers within ±{MAX_RULE_PARAM:g}, "
+                       f"e.g. {{ f = 1 }}, got {_show(value)}")
     return dict(value)
 
 
 def _bool(value: Any) -> bool:
     if not isinstance(value, bool):
-        raise _Invalid(f"must be true or false, got {value!r}")
+        raise _Invalid(f"must be true or false, got {_show(value)}")
     return value
 
 
 def _table(value: Any) -> dict[str, Any]:
     """The [llm] table; its keys are checked against the model in the cross checks."""
     if not isinstance(value, Mapping):
-        raise _Invalid(f"must be a table, e.g. [llm], got {value!r}")
+        raise _Invalid(f"must be a table, e.g. [llm], got {_show(value)}")
     return dict(value)
 
 
 def _allowlist(value: Any) -> tuple[str, ...]:
-    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
-        raise _Invalid(f"must be a list of peer id strings, got {value!r}")
+    if not isinstance(value, list) or len(value) > MAX_ALLOWLIST or not all(
+            isinstance(v, str) and 0 < len(v) <= 128 for v in value):
+        raise _Invalid(f"must be a list of at most {MAX_ALLOWLIST} peer id strings, got {_show(value)}")
     return tuple(value)
 
 
-_TIMEOUT = _float(0.0, strict=False)
+_TIMEOUT = _float(0.0, strict=False, maximum=MAX_TIMEOUT_S, closed=True)
 _CHECKS: dict[str, Callable[[Any], Any]] = {
     "name": _text(allow_empty=False),
     "model": _named(BUILTIN_MODELS, "model"),
     "data": _named(BUILTIN_DATA, "data"),
-    "data_path": _text(allow_empty=True),
+    "data_path": _no_path,
     "partition": _choice(PARTITIONS),
     "alpha": _float(0.0, strict=True),
-    "shards_per_node": _int(1),
-    "rounds": _int(1),
-    "local_epochs": _int(0),
-    "local_steps": _int(0),
-    "compute_budget_s": _float(0.0, strict=False),
+    "shards_per_node": _int(1, MAX_SHARDS),
+    "rounds": _int(1, MAX_ROUNDS),
+    "local_epochs": _int(0, MAX_LOCAL_EPOCHS),
+    "local_steps": _int(0, MAX_LOCAL_STEPS),
+    "compute_budget_s": _float(0.0, strict=False, maximum=MAX_TIMEOUT_S, closed=True),
     "normalization": _choice(NORMALIZATIONS),
-    "batch_size": _int(1),
+    "batch_size": _int(1, MAX_BATCH_SIZE),
     "lr": _float(0.0, strict=True),
     "optimizer": _choice(OPTIMIZERS),
     "weight_decay": _float(0.0, strict=False),
@@ -427,8 +482,8 @@ _CHECKS: dict[str, Callable[[Any], Any]] = {
     "norm_bound_mode": _choice(NORM_BOUND_MODES),
     "codec": _choice(CODECS),
     "error_feedback": _bool,
-    "group_size": _int(2),
-    "min_nodes": _int(1),
+    "group_size": _int(2, MAX_GROUP_SIZE),
+    "min_nodes": _int(1, MAX_MEMBERS),
     "seed": _int(0),
     "test_fraction": _float(0.0, strict=True, maximum=1.0),
     "plan_timeout_s": _TIMEOUT,
@@ -443,7 +498,7 @@ _CHECKS: dict[str, Callable[[Any], Any]] = {
     "dp_epsilon_budget": _float(0.0, strict=False),
     "dp_on_budget": _choice(DP_ON_BUDGET),
     "secure_aggregation": _bool,
-    "secagg_threshold": _int(0),
+    "secagg_threshold": _int(0, MAX_GROUP_SIZE),
     "llm": _table,
 }
 assert set(_CHECKS) == {f.name for f in fields(JobSpec)}, "every JobSpec field needs a check"
@@ -455,13 +510,11 @@ _REQUIRED = {
 
 
 def _unknown_key_message(key: str) -> str:
-    close = difflib.get_close_matches(key, list(_CHECKS), n=1)
+    close = difflib.get_close_matches(key, list(_CHECKS), n=1) if len(key) <= 64 else []
     return f"unknown key (did you mean {close[0]!r}?)" if close else "unknown key"
 
 
-def _cross_checks(
-    values: dict[str, Any], failed: set[str], check_paths: bool
-) -> list[tuple[str, str]]:
+def _cross_checks(values: dict[str, Any], failed: set[str]) -> list[tuple[str, str]]:
     """Rules that involve more than one field; skipped for fields that already failed."""
     errors: list[tuple[str, str]] = []
     epochs = values.get("local_epochs", JobSpec.local_epochs)
@@ -469,24 +522,7 @@ def _cross_checks(
     if epochs == 0 and steps == 0 and not values.get("compute_budget_s", 0.0):
         errors.append(("local_epochs", "local_epochs, local_steps or compute_budget_s must be positive, all are 0"))
     data = values.get("data")
-    path = values.get("data_path", "")
     partition = values.get("partition", "iid")
-    local = partition == "local"
-    if "data_path" in failed or "data" in failed:
-        pass
-    elif data in DATA_PATH_KIND and not path and not is_llm(values.get("model")):
-        # A language model reads its text from the node's node.toml [data] when no path is given.
-        errors.append(("data_path", f"is required for data {data!r}"))
-    elif path and check_paths and not (local and not Path(path).expanduser().is_absolute()):
-        # A relative path under partition="local" is resolved per node, against its home.
-        kind = DATA_PATH_KIND.get(data or "", "any")
-        target = Path(path).expanduser()
-        if not target.exists():
-            errors.append(("data_path", f"{path!r} does not exist"))
-        elif kind == "dir" and not target.is_dir():
-            errors.append(("data_path", f"{path!r} must be a directory for data {data!r}"))
-        elif kind == "file" and not target.is_file():
-            errors.append(("data_path", f"{path!r} must be a file for data {data!r}"))
     if (
         partition == "groups"
         and data in BUILTIN_DATA

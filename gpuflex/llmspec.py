@@ -131,7 +131,7 @@ def normalize_llm(value: Any, model: str) -> dict[str, Any]:
     """
     if not isinstance(value, Mapping):
         raise ValueError(f"must be a table, got {type(value).__name__}")
-    unknown = sorted(set(value) - set(DEFAULTS))
+    unknown = sorted((str(k) for k in set(value) - set(DEFAULTS)), key=str)
     if unknown:
         raise ValueError(f"unknown key {unknown[0]!r} (expected {', '.join(DEFAULTS)})")
     s: dict[str, Any] = {**DEFAULTS, **value}

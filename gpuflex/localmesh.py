@@ -40,6 +40,7 @@ class Placement:
 
     host: str = "127.0.0.1"
     prefix: tuple[str, ...] = ()
+    netns: str = ""  # the namespace ``prefix`` enters, so a forked node can join it itself
     enter: Callable[[], AbstractContextManager[object]] = contextlib.nullcontext
 
 
@@ -78,9 +79,12 @@ class LocalMesh:
             cmd += list(self.node_args(i))
         if self.bootstrap and i != 0:
             cmd += ["--bootstrap", self.bootstrap]
-        if not place.prefix and len(self.launcher) == 2 and self.launcher[0] == "-m" and forkserver.enabled():
+        if (not place.prefix or place.netns) and len(self.launcher) == 2 and self.launcher[0] == "-m" \
+                and forkserver.enabled():
             # Forked from a launcher that imported torch and libp2p once (gpuflex/forkserver.py).
-            self.procs[i] = forkserver.shared().spawn(cmd[3:], self.env, self.log_path(i), module=self.launcher[1])
+            args = cmd[len(place.prefix) + 3:]
+            self.procs[i] = forkserver.shared().spawn(args, self.env, self.log_path(i), module=self.launcher[1],
+                                                      netns=place.netns)
             return self._maybe_wait(i, wait, timeout)
         log = open(self.log_path(i), "ab")  # noqa: SIM115 - owned by the child process
         self.procs[i] = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env,

@@ -1,7 +1,9 @@
 """Node logging: human text or JSON lines, with round context on every round event.
 
 py-libp2p 0.8.1 logs routine conditions (a DHT stream ending cleanly, a store it believes
-failed) as warnings; they are demoted so that the node's own warnings stay readable.
+failed) as warnings; they are demoted so that the node's own warnings stay readable. Log lines
+quote peers (a job's name, a refused spec), so text lines are made printable: a line is one
+line, and no control character reaches the terminal that shows it.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from gpuflex.safetext import printable
 
 _NOISY = ("libp2p", "multiaddr", "async_service", "trio_typing")
 _CONTEXT = ("job", "round", "peer", "type")
@@ -38,7 +42,7 @@ class JsonFormatter(logging.Formatter):
 class TextFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         stamp = time.strftime("%H:%M:%S", time.localtime(record.created))
-        text = f"{stamp} {record.levelname.lower():7s} {record.getMessage()}"
+        text = f"{stamp} {record.levelname.lower():7s} {printable(record.getMessage(), 4000)}"
         if record.exc_info:
             text += "\n" + self.formatException(record.exc_info)
         return text

@@ -10,6 +10,8 @@ line that names the key, so an operator can fix it without reading a traceback.
 [jobs]
 accept = "any"                      # or ["12D3Koo...", ...]: whose jobs this node runs
 allow_plugins = ["mylab.models:*"]  # patterns of module:function this operator allows
+max_jobs = 16                       # unfinished jobs this node takes on at once
+max_jobs_per_publisher = 4          # ... of which from any one publisher
 [data]                              # dataset name -> local path
 shakespeare = "/data/tinyshakespeare.txt"
 [models]                            # pretrained model name -> local directory
@@ -18,16 +20,16 @@ tinyllama = "/models/tinyllama"
 notes = ["/data/notes1.txt", "/data/notes2.txt"]
 ```
 
-Relative paths are taken relative to the node's home. No torch and no numpy here: the CLI
-reads this file too.
+Relative paths are taken relative to the node's home. ``gpuflex node start`` flags add to the
+file for one run (:func:`with_flags`). No torch and no numpy here: the CLI reads this file too.
 """
 
 from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -41,9 +43,17 @@ CONFIG_FILE = "node.toml"
 #: Names of data sets, models and corpora: short, printable, safe in a log line.
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 _SECTIONS = ("jobs", "data", "models", "text")
-_JOBS_KEYS = ("accept", "allow_plugins")
+_JOBS_KEYS = ("accept", "allow_plugins", "max_jobs", "max_jobs_per_publisher")
 #: Files one corpus may list; a corpus is a handful of files, not a directory crawl.
 MAX_TEXT_FILES = 1000
+#: Unfinished jobs a node takes on at once, in total and from any one publisher (its own
+#: jobs are not counted against the second): what one stranger's frames can make it hold.
+DEFAULT_MAX_JOBS, DEFAULT_MAX_JOBS_PER_PUBLISHER = 16, 4
+MAX_JOBS_LIMIT = 10_000
+#: An allow pattern: ``module:function``, each side letters, digits, '_', '.' and '*'.
+_PATTERN_RE = re.compile(r"^[A-Za-z0-9_.*]{1,200}:[A-Za-z0-9_.*]{1,200}$")
+#: A libp2p peer id in base58 (``12D3KooW...``): what ``accept`` lists.
+_PEER_ID_RE = re.compile(r"^[1-9A-HJ-NP-Za-km-z]{16,128}$")
 
 
 class NodeConfigError(ValueError):
@@ -60,6 +70,8 @@ class NodeConfig:
 
     accept: str | tuple[str, ...] = "any"
     allow_plugins: tuple[str, ...] = ()
+    max_jobs: int = DEFAULT_MAX_JOBS
+    max_jobs_per_publisher: int = DEFAULT_MAX_JOBS_PER_PUBLISHER
     data: Mapping[str, Path] = field(default_factory=lambda: _frozen({}))
     models: Mapping[str, Path] = field(default_factory=lambda: _frozen({}))
     text: Mapping[str, tuple[Path, ...]] = field(default_factory=lambda: _frozen({}))
@@ -132,13 +144,19 @@ def parse_node_config(raw: Mapping[str, Any], *, base: Path, source: Path | None
         if key not in _JOBS_KEYS:
             raise bad(f"jobs.{key}", f"unknown key (expected one of {', '.join(_JOBS_KEYS)})")
     accept: str | tuple[str, ...] = jobs.get("accept", "any")
-    if isinstance(accept, list) and all(isinstance(p, str) and p for p in accept):
+    if isinstance(accept, list) and all(isinstance(p, str) and _PEER_ID_RE.match(p) for p in accept):
         accept = tuple(accept)
     elif accept != "any":
         raise bad("jobs.accept", f'must be "any" or a list of peer ids, got {accept!r}')
     plugins = jobs.get("allow_plugins", [])
-    if not isinstance(plugins, list) or not all(isinstance(p, str) and ":" in p for p in plugins):
+    if not isinstance(plugins, list) or not all(isinstance(p, str) and _PATTERN_RE.match(p) for p in plugins):
         raise bad("jobs.allow_plugins", f'must be a list of "module:function" patterns, got {plugins!r}')
+    caps = {}
+    for key, default in (("max_jobs", DEFAULT_MAX_JOBS), ("max_jobs_per_publisher", DEFAULT_MAX_JOBS_PER_PUBLISHER)):
+        value = jobs.get(key, default)
+        if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= MAX_JOBS_LIMIT:
+            raise bad(f"jobs.{key}", f"must be an integer from 1 to {MAX_JOBS_LIMIT}, got {value!r}")
+        caps[key] = value
 
     def path_of(key: str, value: Any) -> Path:
         if not isinstance(value, str) or not value.strip() or "\x00" in value:
@@ -162,7 +180,52 @@ def parse_node_config(raw: Mapping[str, Any], *, base: Path, source: Path | None
             raise bad(f"text.{key}", f"must be a path or a list of 1 to {MAX_TEXT_FILES} paths, got {value!r}")
         text[key] = tuple(path_of(f"text.{key}", f) for f in files)
     return NodeConfig(accept=accept, allow_plugins=tuple(plugins), data=_frozen(data), models=_frozen(models),
-                      text=_frozen(text), source=source)
+                      text=_frozen(text), source=source, **caps)
+
+
+def with_flags(config: NodeConfig, *, allow_plugins: Sequence[str] = (), data: Sequence[str] = (),
+               accept: str | None = None, max_jobs: int | None = None,
+               max_jobs_per_publisher: int | None = None) -> NodeConfig:
+    """``config`` with ``gpuflex node start``'s flags on top, for this run only.
+
+    ``allow_plugins`` adds patterns, ``data`` adds or replaces ``NAME=PATH`` entries (a
+    relative path is taken from the current directory, as a shell user expects), ``accept``
+    (``any`` or comma-separated peer ids) and the caps replace the file's. A bad flag fails
+    with one line naming it.
+    """
+    for pattern in allow_plugins:
+        if not _PATTERN_RE.match(pattern):
+            raise NodeConfigError(f"--allow-plugin {pattern!r}: expected a 'module:function' pattern, "
+                                  "'*' matching any characters (e.g. 'mylab.models:*')")
+    entries = dict(config.data)
+    for item in data:
+        name, sep, raw = item.partition("=")
+        if not sep or not _NAME_RE.match(name) or not raw.strip() or "\x00" in raw:
+            raise NodeConfigError(f"--data {item!r}: expected NAME=PATH, NAME of letters, digits, '_', '.', '-'")
+        entries[name] = Path(raw).expanduser().absolute()
+    changes: dict[str, Any] = {"allow_plugins": tuple(dict.fromkeys((*config.allow_plugins, *allow_plugins))),
+                               "data": _frozen(entries)}
+    if accept is not None:
+        changes["accept"] = parse_accept(accept)
+    for flag, key, value in (("--max-jobs", "max_jobs", max_jobs),
+                             ("--max-jobs-per-publisher", "max_jobs_per_publisher", max_jobs_per_publisher)):
+        if value is not None:
+            if not 1 <= value <= MAX_JOBS_LIMIT:
+                raise NodeConfigError(f"{flag} {value}: expected 1 to {MAX_JOBS_LIMIT}")
+            changes[key] = value
+    return replace(config, **changes)
+
+
+def parse_accept(text: str) -> str | tuple[str, ...]:
+    """``any``, or comma-separated peer ids (``--accept-jobs``)."""
+    if text.strip() == "any":
+        return "any"
+    ids = tuple(p.strip() for p in text.split(",") if p.strip())
+    bad = [p for p in ids if not _PEER_ID_RE.match(p)]
+    if not ids or bad:
+        raise NodeConfigError(f"--accept-jobs {text!r}: expected 'any' or comma-separated peer ids "
+                              f"(12D3KooW...){f'; not a peer id: {bad[0]!r}' if bad else ''}")
+    return ids
 
 
 def dump_node_config(config: Mapping[str, Mapping[str, Any]]) -> str:
@@ -179,6 +242,8 @@ def dump_node_config(config: Mapping[str, Mapping[str, Any]]) -> str:
 
 
 def _toml_value(value: Any) -> str:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
     if isinstance(value, (list, tuple)):
         return "[" + ", ".join(_toml_value(v) for v in value) + "]"
     text = str(value).replace("\\", "\\\\").replace('"', '\\"')

@@ -4,6 +4,10 @@ People judge a training run from its curves first. The plot is drawn with matplo
 API on an Agg canvas, never pyplot: no display is needed, no global backend is switched in a
 process that may be the user's own (the SDK runs nodes in-process), and several node threads
 may draw at once. matplotlib is imported only here, only when a plot is written.
+
+Every label is a fixed word except the title, which carries the job's name: a peer's text.
+It is drawn through :func:`plot_label`, with control characters escaped, and with
+``parse_math=False``, so ``$\\x$`` is text rather than a mathtext error.
 """
 
 from __future__ import annotations
@@ -12,6 +16,8 @@ import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+from gpuflex.safetext import printable
 
 
 def _series(rows: Sequence[dict[str, Any]], key: str) -> tuple[list[int], list[float]]:
@@ -22,6 +28,11 @@ def _series(rows: Sequence[dict[str, Any]], key: str) -> tuple[list[int], list[f
             xs.append(int(row["round"]))
             ys.append(float(value))
     return xs, ys
+
+
+def plot_label(text: str) -> str:
+    """Untrusted text for a plot label; draw it with ``parse_math=False``."""
+    return printable(text, 120)
 
 
 def plot_metrics(rows: Sequence[dict[str, Any]], path: str | Path, title: str = "") -> Path | None:
@@ -50,7 +61,7 @@ def plot_metrics(rows: Sequence[dict[str, Any]], path: str | Path, title: str = 
         ax.grid(alpha=0.3)
         ax.xaxis.get_major_locator().set_params(integer=True)
     if title:
-        fig.suptitle(title, parse_math=False)  # a job name is peer text: "$\\x$" is not mathtext
+        fig.suptitle(plot_label(title), parse_math=False)  # a job name is peer text: "$\\x$" is not mathtext
     fig.tight_layout()
     out = Path(path)
     tmp = out.with_name(out.name + ".tmp")

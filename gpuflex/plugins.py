@@ -31,6 +31,8 @@ EXPECTED: dict[str, str] = {
     "rule": "'package.module:function' combining a list of updates",
 }
 
+#: The longest plug-in path a spec may carry (a job's fields are bounded, see gpuflex.jobspec).
+MAX_PATH_CHARS = 200
 _PATH_RE = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
 
 
@@ -50,6 +52,8 @@ def plugin_path_problem(path: str) -> str | None:
     """
     if not isinstance(path, str) or not path:
         return "must be a non-empty string"
+    if len(path) > MAX_PATH_CHARS:
+        return f"is longer than {MAX_PATH_CHARS} characters"
     if path.count(":") != 1:
         return f"{path!r} is not of the form 'package.module:function'"
     if not _PATH_RE.match(path):

@@ -5,11 +5,13 @@ job. Two ways to run it:
 
 - :func:`submit` publishes the job through a running node (``gpuflex node start``). Nodes
   are other processes, often other machines, so a function travels as its import path
-  (``package.module:function``) and must live in a module the nodes can import.
+  (``package.module:function``) and must live in a module the nodes can import; each node
+  runs it only if its operator allowed that path (``--allow-plugin``).
 - :func:`run_local` starts a small mesh *inside this process* (nodes in one trio program on
   a background thread, homes in a temporary folder, loopback only) for a quick try. All nodes
   share the process, so any callable works, lambdas included: it is handed over through a
-  process-local registry instead of an import path.
+  process-local registry instead of an import path, and these nodes, being the caller's own,
+  allow exactly the plug-ins of this job and read ``data_path`` as their ``[data]`` entry.
 
 Both return a :class:`JobHandle` that can ``wait()``, stream per-round metrics and fetch the
 final model as a plain torch ``state_dict``. The handle talks to the node only through the
@@ -32,7 +34,7 @@ import tempfile
 import threading
 import time
 import types
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -260,10 +262,15 @@ def submit(model_fn: Ref, data_fn: Ref, *, home: str | os.PathLike[str] | None =
 class LocalCluster:
     """``size`` NodeRuntimes in one trio program on a daemon thread, on 127.0.0.1 only."""
 
-    def __init__(self, base: Path, size: int, metrics: dict[int, str] | None = None) -> None:
+    def __init__(self, base: Path, size: int, metrics: dict[int, str] | None = None,
+                 allow_plugins: Sequence[str] = (), data: Mapping[str, str] | None = None) -> None:
+        """``allow_plugins`` and ``data`` (name -> local path) are these nodes' configuration,
+        as ``--allow-plugin`` and ``--data`` are a started node's."""
         self.base = Path(base)
         self.size = size
         self.metrics = metrics or {}
+        self.allow_plugins = tuple(allow_plugins)
+        self.data = dict(data or {})
         self.runtimes: list[Any] = []
         self._ready = threading.Event()
         self._error: BaseException | None = None
@@ -308,6 +315,7 @@ class LocalCluster:
         import trio
 
         from gpuflex.node.runtime import NodeOptions, NodeRuntime
+        from gpuflex.nodeconfig import load_node_config, with_flags
         from mesh.health import HealthConfig
 
         self._token = trio.lowlevel.current_trio_token()
@@ -317,8 +325,11 @@ class LocalCluster:
             # All nodes share one interpreter, so training threads can hold up every node's
             # pings for seconds at a time: judge health over a longer silence.
             health = HealthConfig(suspect_after_s=10.0, down_after_s=30.0)
+            config = with_flags(load_node_config(self.home(i)), allow_plugins=self.allow_plugins,
+                                data=[f"{name}={path}" for name, path in self.data.items()])
             return NodeRuntime(NodeOptions(home=self.home(i), listen=["/ip4/127.0.0.1/tcp/0"],
-                                           bootstrap=bootstrap, metrics=self.metrics.get(i), health=health))
+                                           bootstrap=bootstrap, metrics=self.metrics.get(i), health=health,
+                                           config=config))
 
         async with trio.open_nursery() as nursery:
             with trio.fail_after(timeout):
@@ -379,15 +390,23 @@ def run_local(model_fn: Ref, data_fn: Ref, *, nodes: int = 3, workdir: str | os.
 
     The mesh runs until ``handle.close()`` (or the ``with`` block ends, or the process exits).
     Node homes go to ``workdir``, or to a temporary folder that ``close()`` removes.
+    ``data_path`` says where a built-in data set (``cifar10``, ``shakespeare``) lives on this
+    machine; it configures these nodes and is not part of the job.
     """
     settings.setdefault("min_nodes", min(nodes, 2))
+    data_path = settings.pop("data_path", "")
     spec = build_spec(model_fn, data_fn, in_process=True, train_fn=train_fn, partitioner=partitioner,
                       rule=rule, **settings)
+    if data_path and is_plugin_path(spec["data"]):
+        from gpuflex.jobspec import JobSpecError
+
+        raise JobSpecError([("data_path", "is where a built-in data set lives; a data function loads its own")])
     refs = [spec[w].rsplit(".", 1)[1] for w in PLUGIN_FIELDS if spec.get(w, "").startswith(f"{__name__}:LOCAL.")]
     owned = None if workdir is not None else Path(tempfile.mkdtemp(prefix="gpuflex-local-"))
     base = Path(workdir) if workdir is not None else owned
     assert base is not None
-    cluster = LocalCluster(base, nodes)
+    allow = [spec[w] for w in PLUGIN_FIELDS if spec.get(w) and is_plugin_path(spec[w])]
+    cluster = LocalCluster(base, nodes, allow_plugins=allow, data={spec["data"]: str(data_path)} if data_path else None)
     try:
         cluster.start(start_timeout)
         with ControlClient.for_home(cluster.home(0), timeout=30) as client:

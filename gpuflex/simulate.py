@@ -19,6 +19,7 @@ import numpy as np
 
 from gpuflex.jobspec import JobSpec
 from gpuflex.ml.workload import Workload
+from gpuflex.nodeconfig import NodeConfig
 
 
 def simulate(
@@ -28,12 +29,14 @@ def simulate(
     *,
     error_feedback: bool | None = None,
     eval_every: int = 1,
+    config: NodeConfig | None = None,
 ) -> list[dict[str, Any]]:
     """Run ``rounds`` (default ``spec.rounds``) of the job over ``num_parts`` in-process nodes.
 
     ``error_feedback`` overrides the job's setting (whether a lossy codec's residual is
     carried into the member's next update). The model is evaluated every ``eval_every``
-    rounds and after the last.
+    rounds and after the last. ``config`` says where named data sets live (node.toml's
+    ``[data]``), for data sets that are files.
 
     Returns one record per round: test loss and accuracy of the new global model (NaN when not
     evaluated that round), the mean local training loss, optimizer steps per member, the
@@ -47,7 +50,7 @@ def simulate(
 
     if error_feedback is not None:
         spec = dataclasses.replace(spec, error_feedback=error_feedback)
-    nodes = [Workload(spec, i, num_parts) for i in range(num_parts)]
+    nodes = [Workload(spec, i, num_parts, config=config or NodeConfig()) for i in range(num_parts)]
     encoders = [DeltaEncoder(spec) for _ in nodes]
     params, state = nodes[0].initial_params(), {}
     total = rounds or spec.rounds

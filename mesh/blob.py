@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import logging
+import math
 import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -23,8 +24,9 @@ import trio
 from mesh import bulk
 from mesh.codec import Truncated, WireError
 from mesh.errors import MeshError
-from mesh.framing import Stream, read_exactly, read_obj, write_obj
-from mesh.push import dial_and_transfer
+from mesh.framing import Stalled, Stream, read_exactly, read_obj, write_obj
+from mesh.limits import BulkGate
+from mesh.push import await_verdict, dial_and_transfer
 
 BLOB_PROTOCOL = "/gpuflex/blob/1.0.0"
 CHUNK = 1 << 20
@@ -194,13 +196,16 @@ class IncomingBlob:
 
 
 async def serve_blob(stream: Stream, store: BlobStore, max_request: int = 4096,
-                     bulk_host: str | None = None) -> str | None:
+                     bulk_host: str | None = None, *, peer: str = "", gate: BulkGate | None = None,
+                     stall_s: float | None = None) -> str | None:
     """Answer one blob request on ``stream``; returns the hash served, if any.
 
-    With ``bulk_host`` set and a receiver that asks for it, the bytes go over a one-off
-    side channel (``mesh.bulk``); the libp2p stream carries the offer and the verdict.
+    With ``bulk_host`` set, a receiver that asks for it, and a listener free in ``gate``, the
+    bytes go over a one-off side channel (``mesh.bulk``); the libp2p stream carries the offer
+    and the verdict. On the stream, every read and write must make progress within
+    ``stall_s``: a requester that stops reading frees the request.
     """
-    request = await read_obj(stream, max_request)
+    request = await read_obj(stream, max_request, stall_s)
     digest = request.get("h") if isinstance(request, dict) else None
     if not valid_hash(digest):
         await write_obj(stream, {"ok": False, "error": "bad request"})
@@ -209,14 +214,25 @@ async def serve_blob(stream: Stream, store: BlobStore, max_request: int = 4096,
         await write_obj(stream, {"ok": False, "error": "not found"})
         return None
     size = store.size(digest)
-    sender = _open_bulk_sender(bulk_host, stream, request)
-    reply: dict[str, Any] = {"ok": True, "size": size}
-    if sender is not None:
-        reply["bulk"] = sender.offer.to_wire()
-    await write_obj(stream, reply)
-    if sender is None or not await _serve_bulk(stream, sender, store.path(digest), size):
-        for chunk in store.chunks(digest):
-            await stream.write(chunk)
+    opened = bulk_host is not None and bulk.choose_cipher(request.get("bulk")) is not None and (
+        gate is None or gate.open(peer))
+    try:
+        sender = _open_bulk_sender(bulk_host, stream, request) if opened else None
+        reply: dict[str, Any] = {"ok": True, "size": size}
+        if sender is not None:
+            reply["bulk"] = sender.offer.to_wire()
+        await write_obj(stream, reply)
+        threads = gate.threads if gate is not None else None
+        if sender is None or not await _serve_bulk(stream, sender, store.path(digest), size, threads,
+                                                   stall_s or bulk.IO_TIMEOUT_S):
+            for chunk in store.chunks(digest):
+                with trio.move_on_after(math.inf if stall_s is None else stall_s) as scope:
+                    await stream.write(chunk)
+                if scope.cancelled_caught:
+                    raise Stalled(f"blob {digest[:16]}…: the requester took no byte for {stall_s:g} s", 1)
+    finally:
+        if opened and gate is not None:
+            gate.close(peer)
     return digest
 
 
@@ -231,19 +247,24 @@ def _open_bulk_sender(bulk_host: str | None, stream: Stream, request: dict[str, 
         return None
 
 
-async def _serve_bulk(stream: Stream, sender: bulk.BulkSender, path: Path, size: int) -> bool:
+async def _serve_bulk(stream: Stream, sender: bulk.BulkSender, path: Path, size: int,
+                      threads: trio.CapacityLimiter | None, grace_s: float) -> bool:
     """Send over the side channel; False when the receiver asked for the libp2p stream instead."""
+    ended = trio.Event()
     async with trio.open_nursery() as nursery:
 
         async def send() -> None:
             try:
-                await trio.to_thread.run_sync(sender.serve, path, size, abandon_on_cancel=True)  # type: ignore[call-arg]  # mypy misreads trio's TypeVarTuple signature
+                await trio.to_thread.run_sync(sender.serve, path, size, abandon_on_cancel=True,  # type: ignore[call-arg]  # mypy misreads trio's TypeVarTuple signature
+                                              limiter=threads)
             except (bulk.BulkUnavailable, WireError, OSError) as exc:
                 log.info("bulk send of %s stopped: %s", path.name[:12], exc)
+            finally:
+                ended.set()
 
         nursery.start_soon(send)
         try:
-            verdict = await read_obj(stream, 64)
+            verdict = await await_verdict(stream, ended, grace_s)
         except BaseException:
             sender.close()
             raise

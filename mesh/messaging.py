@@ -39,6 +39,9 @@ class Inbound:
 
 
 Handler = Callable[[Inbound], Awaitable[Any]]
+#: How many payload bytes a message may carry: a number, or asked of the layer that knows
+#: (a job's update is as large as its model allows) once the signed frame has verified.
+PayloadLimit = int | Callable[[Envelope], Awaitable[int]]
 
 
 class Rejected(MeshError):
@@ -50,16 +53,24 @@ class SendError(MeshError, RuntimeError):
 
 
 class HandlerTable:
-    """Routes verified envelopes to the handler registered for their kind."""
+    """Routes verified envelopes to the handler registered for their kind, and says how large
+    a payload each kind may bring: none unless its handler says so."""
 
     def __init__(self) -> None:
         self._handlers: dict[str, Handler] = {}
+        self._payloads: dict[str, PayloadLimit] = {}
 
-    def register(self, kind: str, handler: Handler) -> None:
+    def register(self, kind: str, handler: Handler, max_payload: PayloadLimit = 0) -> None:
         self._handlers[kind] = handler
+        self._payloads[kind] = max_payload
 
     def has(self, kind: str) -> bool:
         return kind in self._handlers
+
+    async def payload_limit(self, env: Envelope) -> int:
+        """Bytes of payload ``env`` may carry (0 for a kind with no handler)."""
+        limit = self._payloads.get(env.kind, 0)
+        return limit if isinstance(limit, int) else await limit(env)
 
     async def dispatch(self, msg: Inbound) -> Any:
         handler = self._handlers.get(msg.envelope.kind)
@@ -74,6 +85,9 @@ class SeenCache:
     def __init__(self, capacity: int = 50_000) -> None:
         self.capacity = capacity
         self._ids: OrderedDict[bytes, None] = OrderedDict()
+
+    def __contains__(self, msg_id: object) -> bool:
+        return msg_id in self._ids
 
     def add(self, msg_id: bytes) -> bool:
         """Record ``msg_id``; False when it was already there."""

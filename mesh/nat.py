@@ -111,7 +111,9 @@ class NatService:
         from mesh.lan import LanDiscovery, worth_announcing
 
         self.node.handlers.register(DIALBACK, self._answer_dialback)
-        self.relay = RelayClient(self.node.host, self.node.config.relay)
+        inbound = self.node.inbound
+        self.relay = RelayClient(self.node.host, self.node.config.relay,
+                                 guard=lambda handler: inbound.guard_plain(handler, "relay_streams"))
         async with self.relay.running(), trio.open_nursery() as nursery:
             if self.node.config.mdns and worth_announcing(self.node.config.listen):
                 self.lan = LanDiscovery(self.node.host, self._lan_peer)

@@ -16,7 +16,7 @@ import os
 import random
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from contextlib import asynccontextmanager, suppress
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -25,38 +25,16 @@ from typing import Any, cast
 import trio
 
 from mesh import __version__, bulk
-from mesh.blob import (
-    BLOB_PROTOCOL,
-    BlobError,
-    BlobIntegrityError,
-    BlobStore,
-    receive_blob,
-    serve_blob,
-)
-from mesh.codec import (
-    MAX_FRAME,
-    ReplayGuard,
-    Truncated,
-    WireError,
-    open_envelope,
-    register_kind,
-    seal,
-)
+from mesh.blob import BLOB_PROTOCOL, BlobError, BlobIntegrityError, BlobStore, receive_blob
+from mesh.codec import MAX_FRAME, ReplayGuard, WireError, open_envelope, register_kind, seal
 from mesh.compat import StrEnum
 from mesh.errors import MeshError
-from mesh.framing import (
-    read_exactly,
-    read_frame,
-    read_into,
-    read_len64,
-    read_obj,
-    write_frame,
-    write_len64,
-    write_obj,
-)
+from mesh.framing import read_exactly, read_obj, write_frame, write_len64
 from mesh.health import DOWN, UP, HealthConfig, PeerRecord, PeerState, PeerTable
 from mesh.host import DEFAULT_LISTEN, HostError, build_host, check_tcp_port_free, parse_multiaddr
 from mesh.identity import Identity
+from mesh.inbound import InboundStreams, close, reset
+from mesh.limits import PeerLimits
 from mesh.messaging import (
     GOSSIP_PROTOCOL,
     MSG_PROTOCOL,
@@ -68,7 +46,7 @@ from mesh.messaging import (
 )
 from mesh.nat import NatService
 from mesh.pex import PEERS_REQUEST, PeerExchange
-from mesh.push import PUSH_FLAG, PUSH_MIN, push_payload, receive_pushed
+from mesh.push import PUSH_MIN, push_payload
 from mesh.records import NODEINFO_NS, RecordValidator, nodeinfo_key
 from mesh.relay import RelayLimitsConfig
 
@@ -78,8 +56,6 @@ INFO_REQUEST = "info_req"
 register_kind(INFO_REQUEST, 1024)
 
 EventSink = Callable[..., None]
-# A cut stream can be an honest peer's timeout; forged or garbled input cannot.
-PENALTY = {"truncated": 0.5, "stale": 0.5}
 #: One dial of one bootstrap address: a live peer on a loaded machine answers well within it.
 BOOTSTRAP_DIAL_S = 10.0
 #: Ceiling of the pause between bootstrap sweeps (it grows by a quarter second per sweep).
@@ -98,8 +74,6 @@ DOWN_PROBE_EVERY_S = 5
 GOSSIP_OPEN_S, GOSSIP_PUSH_S = 5.0, 10.0
 #: Opening a blob stream, before the transfer's own timeout starts to matter.
 BLOB_OPEN_S = 10.0
-#: Closing or resetting a stream: the peer may be gone, never wait long for it.
-STREAM_CLOSE_S = 2.0
 
 
 class MeshEvent(StrEnum):
@@ -161,6 +135,8 @@ class MeshConfig:
     mdns: bool = True
     reachability: str | None = None
     info_retry_s: float = 10.0  # NodeInfo of a peer that is not up is looked up this often
+    # What one peer may cost this node (mesh.limits, docs/security.md).
+    limits: PeerLimits = field(default_factory=PeerLimits)
 
 
 class MeshNode:
@@ -191,6 +167,7 @@ class MeshNode:
         self.bulk_bytes_received = 0
         self.nat = NatService(self)
         self.pex = PeerExchange(self, self._learn_info)
+        self.inbound = InboundStreams(self)
         self._info_tried: dict[str, float] = {}
         self.peers.on_change(self._peer_state_changed)
 
@@ -233,9 +210,10 @@ class MeshNode:
             validator = NamespacedValidator({NODEINFO_NS: cast(Any, RecordValidator("nodeinfo"))})
             mode = DHTMode.CLIENT if self.config.client_mode else DHTMode.SERVER
             self.dht = KadDHT(self.host, mode, validator=validator, validator_changed=True)
-            self.host.set_stream_handler(MSG_PROTOCOL, self._guard(self._handle_msg))
-            self.host.set_stream_handler(GOSSIP_PROTOCOL, self._guard(self._handle_gossip))
-            self.host.set_stream_handler(BLOB_PROTOCOL, self._guard(self._handle_blob))
+            inbound = self.inbound
+            self.host.set_stream_handler(MSG_PROTOCOL, inbound.guard(inbound.handle_msg))
+            self.host.set_stream_handler(GOSSIP_PROTOCOL, inbound.guard(inbound.handle_gossip))
+            self.host.set_stream_handler(BLOB_PROTOCOL, inbound.guard(inbound.handle_blob, "blob_serves"))
             self.handlers.register(INFO_REQUEST, self._answer_info_request)
             self.handlers.register(PEERS_REQUEST, self.pex.answer)
             async with background_trio_service(self.dht):
@@ -272,6 +250,22 @@ class MeshNode:
         rec = self.peers.get(peer)
         return str(((rec.info if rec else None) or {}).get("reachability", "unknown"))
 
+    # What the inbound handlers (mesh.inbound) read of this node.
+    @property
+    def limits(self) -> PeerLimits:
+        return self.config.limits
+
+    @property
+    def max_payload(self) -> int:
+        return self.config.max_payload
+
+    @property
+    def gossip_window_s(self) -> float:
+        return self.config.gossip_window_s
+
+    def rejected(self, peer: str, reason: str, message: str) -> None:
+        self._on_event(MeshEvent.REJECTED, peer=peer, reason=reason, message=message)
+
     def reachability_changed(self, old: str, new: str) -> None:
         """Re-announce at once: peers pick relays and leaders by what NodeInfo says."""
         self._info_frame = self._seal_node_info()
@@ -296,10 +290,10 @@ class MeshNode:
         try:
             env = open_envelope(frame, expect_kind="nodeinfo")
         except WireError as exc:
-            self._reject(peer, exc, "nodeinfo")
+            self.inbound.reject(peer, exc, "nodeinfo")
             return None
         if env.sender != peer or not isinstance(env.body, dict):
-            self._reject(peer, WireError("signature", "NodeInfo is signed by another peer"), "nodeinfo")
+            self.inbound.reject(peer, WireError("signature", "NodeInfo is signed by another peer"), "nodeinfo")
             return None
         self.pex.remember(peer, frame)
         return env.body
@@ -457,96 +451,17 @@ class MeshNode:
                 log.debug("ping %s failed: %s", peer, exc)
         dropped = self._ping_streams.pop(peer, None)
         if dropped is not None:
-            self._nursery.start_soon(_reset, dropped)  # type: ignore[union-attr]
+            self._nursery.start_soon(reset, dropped)  # type: ignore[union-attr]
 
     def _peer_state_changed(self, rec: PeerRecord, old: PeerState, new: PeerState) -> None:
         self._on_event(PEER_EVENTS[new], peer=rec.peer_id, message=f"peer {rec.peer_id[-8:]} is {new}")
 
-    # -- inbound streams ---------------------------------------------------------------------
+    # -- inbound streams (mesh.inbound serves them) ---------------------------------------
 
-    def _guard(self, handler: Callable[[Any, str], Any]) -> Callable[[Any], Any]:
-        async def run(stream: Any) -> None:
-            remote = str(stream.muxed_conn.peer_id)
-            if self.peers.is_ignored(remote):
-                await _reset(stream)
-                return
-            try:
-                await handler(stream, remote)
-            except WireError as exc:
-                self._reject(remote, exc, stream.get_protocol() if hasattr(stream, "get_protocol") else "")
-                await _reset(stream)
-            except trio.Cancelled:
-                raise
-            except Exception as exc:  # one stream's failure, whatever it is, never stops the node
-                log.warning("error while serving %s: %s: %s", remote[-8:], exc.__class__.__name__, exc)
-                await _reset(stream)
-            else:
-                await _close(stream)
-
-        return run
-
-    def _reject(self, peer: str, exc: WireError, what: Any) -> None:
-        if isinstance(exc, Truncated) and exc.received == 0:
-            # The peer closed before sending anything: a timeout or a crash, not an attack.
-            log.info("stream from %s (%s) ended before any data: %s", peer[-8:], what, exc)
-            return
-        rec = self.peers.penalise(peer, PENALTY.get(exc.reason, 1.0))
-        log.warning("rejected input from %s (%s): %s; penalty now %.1f", peer[-8:], what, exc, rec.penalty)
-        self._on_event(MeshEvent.REJECTED, peer=peer, reason=exc.reason, message=f"rejected {what} from {peer[-8:]}: {exc}")
-
-    async def _handle_msg(self, stream: Any, remote: str) -> None:
-        frame = await read_frame(stream, MAX_FRAME)
-        env = open_envelope(frame, replay=self.replay)
-        if env.sender != remote:
-            raise WireError("impersonation", f"{env.kind} signed by {env.sender[-8:]} arrived from {remote[-8:]}")
-        size = await read_len64(stream)
-        pushed = bool(size & PUSH_FLAG)
-        size &= ~PUSH_FLAG
-        if size > self.config.max_payload:
-            raise WireError("oversized", f"payload of {size} bytes exceeds {self.config.max_payload}")
-        payload: bytes | None = None
-        if pushed and size:
-            payload, via_bulk = await receive_pushed(stream, size, self._bulk_host())
-            if via_bulk:
-                self.bulk_bytes_received += size
-        elif size:
-            buf = bytearray(size)
-            await read_into(stream, memoryview(buf))
-            payload = bytes(buf)
-        self.bytes_received += len(frame) + size
-        self.peers.seen(remote)
-        try:
-            reply = await self.handlers.dispatch(Inbound(env, payload, remote, gossip=False))
-        except Rejected as exc:
-            await write_obj(stream, {"ok": False, "error": str(exc)})
-            return
-        except WireError as exc:
-            await write_obj(stream, {"ok": False, "error": str(exc)})
-            raise
-        await write_frame(stream, _pack_reply(reply))
-
-    async def _handle_gossip(self, stream: Any, remote: str) -> None:
-        frame = await read_frame(stream, MAX_FRAME)
-        env = open_envelope(frame)
-        self.bytes_received += len(frame)
-        self.peers.seen(remote)
-        if abs(time.time() - env.ts) > self.config.gossip_window_s:
-            raise WireError("stale", f"gossiped {env.kind} is {time.time() - env.ts:.0f}s old")
-        if not self.seen.add(env.msg_id):
-            return
-        if self._nursery is not None and env.kind not in self.direct_only:
-            self._nursery.start_soon(self._forward, frame, {remote, env.sender}, self.config.gossip_fanout)
-        if not self.handlers.has(env.kind):
-            return  # a layer this node does not run (an embedded mesh, say): relay it, nothing more
-        try:
-            await self.handlers.dispatch(Inbound(env, None, remote, gossip=True))
-        except Rejected as exc:
-            log.info("ignored gossiped %s from %s: %s", env.kind, env.sender[-8:], exc)
-
-    async def _handle_blob(self, stream: Any, remote: str) -> None:
-        digest = await serve_blob(stream, self.blobs, bulk_host=self._bulk_host())
-        if digest:
-            self.bytes_sent += self.blobs.size(digest)
+    def relay(self, frame: bytes, exclude: set[str]) -> None:
+        """Pass a gossiped frame on to a few random peers, in the background."""
+        if self._nursery is not None:
+            self._nursery.start_soon(self._forward, frame, exclude, self.config.gossip_fanout)
 
     # -- outbound ----------------------------------------------------------------------------
 
@@ -579,7 +494,7 @@ class MeshNode:
                     self.bytes_sent += len(frame) + size
                     reply = await read_obj(stream, MAX_FRAME)
                 finally:
-                    await _close(stream)
+                    await close(stream)
         except trio.TooSlowError:
             raise SendError(f"peer {peer[-8:]} did not answer within {timeout:.0f}s") from None
         except (WireError, OSError) as exc:
@@ -623,7 +538,7 @@ class MeshNode:
                         await write_frame(stream, frame)
                         self.bytes_sent += len(frame)
                     finally:
-                        await _close(stream)
+                        await close(stream)
                 except Exception as exc:  # best effort: relays and later gossip cover a miss
                     log.debug("gossip to %s failed: %s", peer[-8:], exc)
 
@@ -637,7 +552,7 @@ class MeshNode:
     def _use_bulk(self) -> bool:
         return self.config.bulk_channel and not bulk.env_disabled()
 
-    def _bulk_host(self) -> str | None:
+    def bulk_host(self) -> str | None:
         """Where this node may open a one-off bulk port: its --listen host, if it runs the channel."""
         if self.nat.reachability() in ("private", "relayed"):
             return None  # nobody off this LAN could dial the port: the bytes stay on the stream
@@ -670,14 +585,14 @@ class MeshNode:
                         path, via_bulk = await receive_blob(stream, self.blobs, digest, peer,
                                                             self.config.max_payload, use_bulk=self._use_bulk())
                     finally:
-                        await _close(stream)
+                        await close(stream)
                 self.bytes_received += path.stat().st_size
                 if via_bulk:
                     self.bulk_bytes_received += path.stat().st_size
                 self.peers.seen(peer)
                 return path
             except BlobIntegrityError as exc:
-                self._reject(peer, WireError("hash", str(exc)), "blob")
+                self.inbound.reject(peer, WireError("hash", str(exc)), "blob")
                 errors.append(str(exc))
                 integrity.append(exc)
             except (BlobError, WireError) as exc:
@@ -705,23 +620,3 @@ class MeshNode:
             "bulk_bytes_received": self.bulk_bytes_received,
             "nat": self.nat.report(),
         }
-
-
-
-def _pack_reply(reply: Any) -> bytes:
-    import msgpack
-
-    return msgpack.packb({"ok": True, "reply": reply}, use_bin_type=True)
-
-
-async def _close(stream: Any) -> None:
-    with trio.move_on_after(STREAM_CLOSE_S):
-        with suppress(Exception):
-            await stream.close()
-
-
-async def _reset(stream: Any) -> None:
-    with trio.move_on_after(STREAM_CLOSE_S):
-        with suppress(Exception):
-            await stream.reset()
-

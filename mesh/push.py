@@ -26,7 +26,8 @@ import trio
 
 from mesh import bulk
 from mesh.codec import WireError
-from mesh.framing import Stream, read_into, read_obj, write_len64, write_obj
+from mesh.framing import Stalled, Stream, read_growing, read_obj, write_len64, write_obj
+from mesh.limits import BulkGate
 
 log = logging.getLogger("gpuflex.mesh.push")
 
@@ -79,55 +80,87 @@ async def dial_and_transfer(stream: Stream, wire_offer: object, dialer_type: typ
     return True
 
 
-async def receive_pushed(stream: Stream, size: int, bulk_host: str | None) -> tuple[bytes, bool]:
+async def await_verdict(stream: Stream, ended: trio.Event, grace_s: float) -> Any:
+    """The other side's word on a side-channel transfer (``done`` or ``fallback``). No limit
+    while the transfer's thread runs, which has its own I/O timeouts; ``grace_s`` once it has
+    ended, so a peer that asks for a transfer and then never dials or answers frees the
+    stream within the listener's accept timeout plus ``grace_s``."""
+    verdict: Any = None
+    with trio.CancelScope() as scope:
+        async with trio.open_nursery() as nursery:
+
+            async def arm() -> None:
+                await ended.wait()
+                scope.deadline = trio.current_time() + grace_s
+
+            nursery.start_soon(arm)
+            verdict = await read_obj(stream, 64)
+            nursery.cancel_scope.cancel()
+    if scope.cancelled_caught:
+        raise Stalled(f"no word on the bulk transfer {grace_s:g} s after it ended", 0)
+    return verdict
+
+
+async def receive_pushed(stream: Stream, size: int, bulk_host: str | None, *, peer: str = "",
+                         gate: BulkGate | None = None, stall_s: float | None = None) -> tuple[bytes, bool]:
     """The handler's side, after a length with ``PUSH_FLAG``: the payload, and whether it came
-    over the side channel (``bulk_host`` None: this node declines the offer)."""
-    ask: Any = await read_obj(stream, 4096)
+    over the side channel (``bulk_host`` None, or no listener free in ``gate``: this node
+    declines the offer and the bytes come on the stream)."""
+    ask: Any = await read_obj(stream, 4096, stall_s)
     cipher = bulk.choose_cipher(ask.get("bulk") if isinstance(ask, dict) else None) if bulk_host else None
     inbox: bulk.BulkInbox | None = None
-    if cipher is not None and bulk_host is not None:
-        try:
-            inbox = bulk.BulkInbox(bulk_host, bulk.peer_ip(stream), cipher)
-        except bulk.BulkUnavailable as exc:
-            log.info("payload taken over libp2p: %s", exc)
-    await write_obj(stream, {"bulk": inbox.offer.to_wire()} if inbox is not None else {})
-    buf = bytearray(size)
-    if inbox is not None and await _take(stream, inbox, buf):
-        return bytes(buf), True
-    await read_into(stream, memoryview(buf))
-    return bytes(buf), False
+    opened = cipher is not None and bulk_host is not None and (gate is None or gate.open(peer))
+    try:
+        if opened and cipher is not None and bulk_host is not None:
+            try:
+                inbox = bulk.BulkInbox(bulk_host, bulk.peer_ip(stream), cipher)
+            except bulk.BulkUnavailable as exc:
+                log.info("payload taken over libp2p: %s", exc)
+        await write_obj(stream, {"bulk": inbox.offer.to_wire()} if inbox is not None else {})
+        if inbox is not None:
+            threads = gate.threads if gate is not None else None
+            got = await _take(stream, inbox, size, threads, stall_s or bulk.IO_TIMEOUT_S)
+            if got is not None:
+                return got, True
+        return await read_growing(stream, size, "payload", stall_s), False
+    finally:
+        if opened and gate is not None:
+            gate.close(peer)
 
 
-async def _take(stream: Stream, inbox: bulk.BulkInbox, buf: bytearray) -> bool:
-    """Receive into ``buf`` over the side channel; False when the requester fell back."""
-    view = memoryview(buf)
-    filled = 0
+async def _take(stream: Stream, inbox: bulk.BulkInbox, size: int, threads: trio.CapacityLimiter | None,
+                grace_s: float) -> bytes | None:
+    """Receive ``size`` bytes over the side channel; None when the requester fell back. The
+    buffer grows as sealed frames authenticate, never past ``size``."""
+    buf = bytearray()
     failure: list[BaseException] = []
+    ended = trio.Event()
 
     def sink(chunk: memoryview) -> None:
-        nonlocal filled
-        view[filled : filled + len(chunk)] = chunk
-        filled += len(chunk)
+        buf[len(buf):] = chunk
 
     async with trio.open_nursery() as nursery:
 
         async def receive() -> None:
             try:
-                await trio.to_thread.run_sync(inbox.receive, len(buf), sink, abandon_on_cancel=True)  # type: ignore[call-arg]  # mypy misreads trio's TypeVarTuple signature
+                await trio.to_thread.run_sync(inbox.receive, size, sink, abandon_on_cancel=True,  # type: ignore[call-arg]  # mypy misreads trio's TypeVarTuple signature
+                                              limiter=threads)
             except (bulk.BulkUnavailable, WireError, OSError) as exc:
                 failure.append(exc)
+            finally:
+                ended.set()
 
         nursery.start_soon(receive)
         try:
-            verdict: Any = await read_obj(stream, 64)
+            verdict: Any = await await_verdict(stream, ended, grace_s)
         except BaseException:
             inbox.close()
             raise
         if isinstance(verdict, dict) and verdict.get("fallback"):
             inbox.close()
             nursery.cancel_scope.cancel()
-            return False
-    if failure or filled != len(buf):
-        detail = failure[0] if failure else f"{filled} of {len(buf)} bytes"
+            return None
+    if failure or len(buf) != size:
+        detail = failure[0] if failure else f"{len(buf)} of {size} bytes"
         raise WireError("truncated", f"pushed payload did not arrive over the bulk channel: {detail}")
-    return True
+    return bytes(buf)

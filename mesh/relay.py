@@ -85,13 +85,16 @@ class _KeepNothing(dict[Any, Any]):
 class RelayClient:
     """The relay side of one MeshNode: services, reservations, circuit dials."""
 
-    def __init__(self, host: Any, limits: RelayLimitsConfig) -> None:
+    def __init__(self, host: Any, limits: RelayLimitsConfig,
+                 guard: Callable[[Callable[[Any], Any]], Callable[[Any], Any]] | None = None) -> None:
         from libp2p.relay.circuit_v2 import CircuitV2Protocol, CircuitV2Transport
         from libp2p.relay.circuit_v2.config import RelayConfig, RelayRole
 
         self.host = host
         self.limits = limits
         self.state = RelayState()
+        # Wraps the hop handler in the node's per-peer stream quota (mesh.inbound).
+        self._guard = guard or (lambda handler: handler)
         self.protocol = CircuitV2Protocol(host, limits=limits.libp2p_limits(), allow_hop=False)
         # STOP only: a dial through a relay must not take a reservation there as a side effect.
         self.transport = CircuitV2Transport(host, self.protocol, RelayConfig(roles=RelayRole.STOP))
@@ -165,7 +168,7 @@ class RelayClient:
         if enabled == self.state.hop_enabled:
             return
         if enabled:
-            self.host.set_stream_handler(PROTOCOL_ID, self.protocol._handle_hop_stream)
+            self.host.set_stream_handler(PROTOCOL_ID, self._guard(self.protocol._handle_hop_stream))
             log.info("offering the relay service (%d reservations, %d circuits per peer, %d MB and %d s per circuit)",
                      self.limits.max_reservations, self.limits.max_circuits,
                      self.limits.max_circuit_bytes >> 20, self.limits.max_circuit_duration_s)

@@ -3,11 +3,19 @@
 Every screen shares these so a peer id, a duration or a byte count reads the same
 everywhere; they are pure functions of their arguments (the clock is passed in) so that
 snapshots are stable.
+
+Text that came from another machine (a job's name, a peer's NodeInfo, an event's message)
+goes on screen through :func:`literal` and nothing else: Rich and Textual read ``[...]`` in a
+plain string as markup, so ``[/evil]`` would crash a screen and ``[link=...]`` would forge a
+link, and a terminal obeys the control characters in it.
 """
 
 from __future__ import annotations
 
+import re
 import time
+
+from rich.text import Text
 
 LIBP2P_PREFIX = "12D3KooW"
 """Every Ed25519 libp2p id starts with this, so it carries no information on screen."""
@@ -16,6 +24,26 @@ STATE_STYLES = {"up": "green", "suspect": "yellow", "down": "red"}
 REACH_STYLES = {"public": "green", "relayed": "cyan", "private": "yellow", "unknown": "dim"}
 JOB_STATE_STYLES = {"running": "cyan", "done": "green", "failed": "red", "pending": "yellow"}
 DASH = "–"
+MAX_TEXT = 200
+"""Characters of one piece of peer text on screen; a job name is bounded at 200 as well."""
+# C0 and C1 controls, DEL, zero-width and bidirectional formatting, line and paragraph
+# separators: everything that moves the cursor or reorders what a person reads.
+_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2060-\u2069\ufeff]")
+_NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def _escape(match: re.Match[str]) -> str:
+    char = match.group()
+    code = ord(char)
+    return _NAMED.get(char) or (f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}")
+
+
+def literal(value: object, style: str = "") -> Text:
+    """Untrusted text exactly as it reads: no markup, control characters escaped, clipped."""
+    text = _UNSAFE.sub(_escape, value if isinstance(value, str) else str(value))
+    if len(text) > MAX_TEXT:
+        text = text[: MAX_TEXT - 1] + "…"
+    return Text(text, style=style)
 
 
 def short_id(peer_id: str | None, head: int = 4, tail: int = 4) -> str:

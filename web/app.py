@@ -120,8 +120,9 @@ class Portal:
                            title=f"Job {job.label}", downloads=DOWNLOADS, verdict=verdict)
 
     def _fetch_spec(self, job_id: str, round_: int) -> None:
-        """Have the node write the job's files in the background: the page answers at once and
-        the spec arrives with the next live update (the export can take seconds)."""
+        """Ask the node for the job's spec in the background (``job_status``; an older node
+        writes the job's files, which can take seconds): the page answers at once and the spec
+        arrives with the next live update."""
         if job_id in self._fetching or self._nursery is None:
             return
         self._fetching.add(job_id)

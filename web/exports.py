@@ -85,16 +85,29 @@ class Exporter:
             return out
 
     async def spec(self, job_id: str, round_: int) -> Mapping[str, Any] | None:
-        """The job's spec (it never changes, so one export is enough); a failure is kept in
+        """The job's spec (it never changes, so one answer is enough): from ``job_status``, or
+        from an export on a node too old to send it there; a failure is kept in
         ``spec_errors`` for the page to show."""
         if job_id not in self._specs:
             try:
-                await self.export(job_id, round_)
+                spec = await self._status_spec(job_id)
+                if spec is None:
+                    await self.export(job_id, round_)
+                else:
+                    self._specs[job_id] = spec
             except (ExportError, NodeUnavailable) as exc:
                 self.spec_errors[job_id] = str(exc)
                 return None
         self.spec_errors.pop(job_id, None)
         return self._specs.get(job_id)
+
+    async def _status_spec(self, job_id: str) -> Mapping[str, Any] | None:
+        try:
+            status = await self.source.call("job_status", {"job": job_id})
+        except NodeRefused:
+            return None  # a node that does not know the job (yet), or an older one
+        spec = status.get("spec") if isinstance(status, Mapping) else None
+        return spec if isinstance(spec, Mapping) else None
 
     def cached_spec(self, job_id: str) -> Mapping[str, Any] | None:
         return self._specs.get(job_id)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import typer
 
-from gpuflex.cli.common import JsonOpt, emit_json, fail, short
+from gpuflex.cli.common import JsonOpt, emit_json, fail, short, text
 
 audit_app = typer.Typer(help="Verify a job's ledger offline and show contributions.", no_args_is_help=True)
 LedgerArg = typer.Argument(..., help="The ledger file (ledger.msgpack from `gpuflex job results`).")
@@ -60,16 +60,16 @@ def show(ledger: Path = LedgerArg, json_out: bool = JsonOpt) -> None:
         acc = row["metrics"].get("accuracy")
         acc_text = f"  accuracy {acc:.3f}" if isinstance(acc, (int, float)) else ""
         rule = row["rule"]["rule"] if isinstance(row["rule"], dict) else (row["rule"] or row["strategy"])
-        typer.echo(f"round {row['round']}  coordinator {short(row['coordinator'])}  rule {rule}{acc_text}")
+        typer.echo(f"round {row['round']}  coordinator {short(row['coordinator'])}  rule {text(rule, 60)}{acc_text}")
         for c in row["contributors"]:
-            typer.echo(f"    {short(c['peer'], 16):>20}  {c['samples']:>8} samples")
+            typer.echo(f"    {short(c['peer'], 16):>20}  {text(c['samples'], 12):>8} samples")
         if row["absent"]:
             typer.echo(f"    absent: {', '.join(short(p) for p in row['absent'])}")
         for rep in row["secagg"]:
-            outcome = "recovered" if rep["recovered"] else f"not recovered: {rep['reason']}"
+            outcome = "recovered" if rep["recovered"] else f"not recovered: {text(rep['reason'])}"
             dropped = ", ".join(short(p) for p in rep["dropped"]) or "none"
             typer.echo(f"    secure aggregation, group of {short(rep['leader'])} (attempt {rep['attempt']}): "
                        f"{len(rep['survivors'])} masked and present, dropped {dropped}; {outcome}")
     typer.echo("credit (sample-steps accepted)")
     for peer, value in totals.items():
-        typer.echo(f"    {peer}  {value}")
+        typer.echo(f"    {text(peer)}  {text(value)}")

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Any
 
 import typer
 
-from gpuflex.cli.common import JsonOpt, call_node, emit_json, fail, short
+from gpuflex.cli.common import JsonOpt, call_node, emit_json, fail, number, short, text
 
 job_app = typer.Typer(help="Create, submit and follow training jobs.", no_args_is_help=True)
 NodeOpt = typer.Option(None, "--node", "--home", help="Home of the node to talk to.")
@@ -62,64 +63,97 @@ def submit(job_file: Path = typer.Argument(..., help="The job's TOML file."), no
 
 
 def format_status(js: dict[str, Any]) -> str:
+    """The JobSummary for people. The name, the errors and every figure may be a peer's, so
+    text goes through ``text`` and numbers through ``number``."""
     lines = [
-        f"job          {js['job_id']} ({js['name']})",
-        f"state        {js['state']}  round {js['round']}/{js['rounds']}  phase {js['phase']}",
-        f"coordinator  {js['coordinator'] or '-'}{'  (this node)' if js['is_coordinator'] else ''}",
-        f"role         {js['role']}",
-        *([f"privacy      ε = {js['epsilon']:.2f} spent"
-           + (f" of budget {js['epsilon_budget']:g}" if js.get("epsilon_budget") else "")]
+        f"job          {text(js['job_id'])} ({text(js['name'])})",
+        f"state        {text(js['state'])}  round {number(js['round'], 'd')}/{number(js['rounds'], 'd')}  "
+        f"phase {text(js['phase'])}",
+        f"coordinator  {text(js['coordinator'] or '-')}{'  (this node)' if js['is_coordinator'] else ''}",
+        f"role         {text(js['role'])}",
+        *([f"privacy      ε = {number(js['epsilon'], '.2f')} spent"
+           + (f" of budget {number(js['epsilon_budget'], 'g')}" if js.get("epsilon_budget") else "")]
           if js.get("epsilon") is not None else []),
         f"members      {len(js['members'])}: {', '.join(short(m) for m in js['members'])}",
     ]
-    if js.get("error"):
-        lines.append(f"error        {js['error']}")
-    if js.get("waiting"):
-        lines.append(f"waiting      {js['waiting']}")
-    if js.get("stalled"):
-        lines.append(f"stalled      {js['stalled']}")
-    if js.get("write_error"):
-        lines.append(f"disk         {js['write_error']}")
+    for key, label in (("error", "error"), ("waiting", "waiting"), ("stalled", "stalled"), ("write_error", "disk")):
+        if js.get(key):
+            lines.append(f"{label:<12} {text(js[key], 1000)}")
     if js.get("work"):
         lines.extend(format_work(js["work"], js["round"]))
     if js["metrics"]:
         lines.append(f"{'round':>7} {'loss':>8} {'accuracy':>9} {'train loss':>11} {'nodes':>6} {'time':>7}")
         for m in js["metrics"]:
-            lines.append(f"{m['round']:>7} {m['loss'] or 0:>8.4f} {m['accuracy'] or 0:>9.4f} "
-                         f"{m['train_loss'] or 0:>11.4f} {m['contributors'] or 0:>6} {m['duration_s'] or 0:>6.1f}s")
+            lines.append(f"{number(m['round'], '>7')} {number(m['loss'], '>8.4f')} {number(m['accuracy'], '>9.4f')} "
+                         f"{number(m['train_loss'], '>11.4f')} {number(m['contributors'], '>6')} "
+                         f"{number(m['duration_s'], '>6.1f')}s")
     return "\n".join(lines)
 
 
 def format_work(rows: list[dict[str, Any]], round_: int) -> list[str]:
     """Round ``round_``'s work per member: its device, local steps, samples per second and
     share of the round's compute (each member's training seconds over everyone's)."""
-    def num(row: dict[str, Any], key: str, fmt: str) -> str:
-        value = row.get(key)
-        return format(value, fmt) if isinstance(value, (int, float)) else "-"
-
     lines = [f"work         round {round_}",
              f"  {'member':<10} {'device':<28} {'samples':>8} {'steps':>6} {'samples/s':>10} {'train s':>8} {'share':>6}"]
     for row in rows:
         share = row.get("compute_share")
-        lines.append(f"  {short(str(row.get('peer', '?'))):<10} {str(row.get('device') or '-')[:28]:<28} "
-                     f"{num(row, 'samples', 'd'):>8} {num(row, 'steps', 'd'):>6} {num(row, 'samples_per_s', '.1f'):>10} "
-                     f"{num(row, 'compute_s', '.2f'):>8} "
-                     f"{format(share, '.0%') if isinstance(share, (int, float)) else '-':>6}")
+        lines.append(f"  {short(text(row.get('peer', '?'), 80)):<10} {text(row.get('device') or '-', 28):<28} "
+                     f"{number(row.get('samples'), '>8')} {number(row.get('steps'), '>6')} "
+                     f"{number(row.get('samples_per_s'), '>10.1f')} {number(row.get('compute_s'), '>8.2f')} "
+                     f"{number(share, '>6.0%')}")
     return lines
+
+
+def format_spec(js: dict[str, Any]) -> str:
+    """The job's spec, one ``key = value`` line each. It is a stranger's text (the publisher's),
+    so every value goes through ``text``; a node too old to send it says so."""
+    spec = js.get("spec")
+    if not isinstance(spec, dict):
+        return "spec         (this node does not report it)"
+    lines = [f"spec         from {short(js.get('publisher'), 16)}"]
+    lines += [f"  {text(key, 40):<20} = {text(json.dumps(value, ensure_ascii=False), 500)}"
+              for key, value in sorted(spec.items())]
+    return "\n".join(lines)
+
+
+def format_row(js: dict[str, Any]) -> str:
+    """One line per job for ``gpuflex job list``."""
+    return (f"{text(js['job_id'], 16):16}  {text(js['state'], 8):8}  "
+            f"{number(js['round'], '>5')}/{number(js['rounds'], '<5')}  {text(js['phase'], 7):7}  {text(js['name'], 60)}")
+
+
+@job_app.command("list")
+def list_jobs(node: str | None = NodeOpt, json_out: bool = JsonOpt) -> None:
+    """The jobs this node runs, newest first: id, state, round, phase and name."""
+    jobs = call_node("jobs", home=node)
+    if json_out:
+        emit_json(jobs)
+        return
+    if not jobs:
+        typer.echo("no jobs yet")
+        return
+    typer.echo(f"{'JOB':16}  {'STATE':8}  {'ROUND':>11}  {'PHASE':7}  NAME")
+    for js in jobs:
+        typer.echo(format_row(js))
 
 
 @job_app.command("status")
 def status(job: str | None = typer.Argument(None, help="Job id or prefix (default: the newest)."),
            node: str | None = NodeOpt, json_out: bool = JsonOpt,
-           watch: bool = typer.Option(False, help="Refresh every second until the job ends.")) -> None:
+           watch: bool = typer.Option(False, help="Refresh every second until the job ends."),
+           spec: bool = typer.Option(False, "--spec", help="Also print the job's spec, as this node validated it.")
+           ) -> None:
     """Round, phase, coordinator, members, each member's work in the last round (device, local
-    steps, samples per second, share of the compute), and loss and accuracy so far."""
+    steps, samples per second, share of the compute), and loss and accuracy so far (``--json``
+    includes the job's spec and publisher)."""
     while True:
         js = call_node("job_status", {"job": job} if job else {}, home=node)
         if json_out:
             emit_json(js)
         else:
             typer.echo(format_status(js))
+            if spec:
+                typer.echo(format_spec(js))
         if not watch or js["state"] in ("done", "failed"):
             return
         time.sleep(1.0)

@@ -60,6 +60,25 @@ def start(
     relay_max_duration: int = typer.Option(3600, min=0, help="Relay service: seconds one relayed connection may last."),
     relays: int = typer.Option(2, min=0, max=8, help="Behind NAT: how many relays to reserve a slot on (0: none)."),
     reachability: str = typer.Option("auto", help="auto (ask peers to dial back), public or private."),
+    allow_plugin: list[str] = typer.Option(
+        [], "--allow-plugin", metavar="PATTERN",
+        help="Run jobs' plug-ins matching module:function PATTERN ('*' matches anything, e.g. 'mylab.models:*'); "
+             "adds to node.toml [jobs] allow_plugins. Only built-in components run otherwise."),
+    data: list[str] = typer.Option([], "--data", metavar="NAME=PATH",
+                                   help="Where data set NAME lives here (adds to node.toml [data]); "
+                                        "jobs name data sets, never paths."),
+    accept_jobs: str | None = typer.Option(None, "--accept-jobs", metavar="any|PEER_ID,...",
+                                           help="Whose jobs to run (default: node.toml [jobs] accept, else any)."),
+    max_jobs: int | None = typer.Option(None, "--max-jobs", min=1,
+                                        help="Unfinished jobs held at once (default: node.toml, else 16)."),
+    max_jobs_per_publisher: int | None = typer.Option(
+        None, "--max-jobs-per-publisher", min=1,
+        help="Unfinished jobs held at once from one publisher (default: node.toml, else 4)."),
+    read_timeout: float = typer.Option(10.0, min=0.1, help="Seconds a peer may leave a message, gossip or blob "
+                                                            "stream without a byte before it is dropped."),
+    gossip_rate: float = typer.Option(10.0, min=0.01, help="New gossip messages a second relayed for one origin "
+                                                            "(the signer); the excess is dropped."),
+    gossip_burst: float = typer.Option(100.0, min=1.0, help="... and how many one origin may send at once."),
 ) -> None:
     """Start a node; it joins the mesh through --bootstrap, or starts a new mesh without one."""
     import trio
@@ -67,11 +86,17 @@ def start(
     from gpuflex import logs
     from gpuflex.home import LOG_FILE, resolve_home
     from gpuflex.node.runtime import NodeOptions, NodeRuntime, NodeStartError
+    from gpuflex.nodeconfig import NodeConfigError, load_node_config, with_flags
     from mesh.health import HealthConfig
     from mesh.host import HostError
     from mesh.node import BootstrapError
 
     root = resolve_home(home)
+    try:
+        config = with_flags(load_node_config(root), allow_plugins=allow_plugin, data=data, accept=accept_jobs,
+                            max_jobs=max_jobs, max_jobs_per_publisher=max_jobs_per_publisher)
+    except NodeConfigError as exc:
+        fail(str(exc))
     if log_format not in ("text", "json"):
         fail("--log-format must be 'text' or 'json'")
     logs.configure(log_level, log_format, root / LOG_FILE)
@@ -91,6 +116,7 @@ def start(
             fail(f"unknown adversary {adversary!r}; choose from {', '.join(KINDS)}")
     if reachability not in ("auto", "public", "private"):
         fail("--reachability must be 'auto', 'public' or 'private'")
+    from mesh.limits import PeerLimits
     from mesh.relay import RelayLimitsConfig
 
     relay = RelayLimitsConfig(service=relay_service, max_reservations=relay_max_reservations,
@@ -102,7 +128,10 @@ def start(
                                           client_mode=client, control_port=control_port, health=health, bulk_channel=bulk,
                                           bootstrap_timeout_s=bootstrap_timeout,
                                           adversary=adversary, metrics=metrics, relay=relay, mdns=mdns,
-                                          reachability=None if reachability == "auto" else reachability))
+                                          reachability=None if reachability == "auto" else reachability,
+                                          config=config,
+                                          limits=PeerLimits(read_timeout_s=read_timeout, gossip_origin_rate=gossip_rate,
+                                                            gossip_origin_burst=gossip_burst)))
         trio.run(runtime.serve)
     except KeyboardInterrupt:
         typer.echo("stopped", err=True)

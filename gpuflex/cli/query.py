@@ -4,7 +4,16 @@ from __future__ import annotations
 
 import typer
 
-from gpuflex.cli.common import HomeOpt, JsonOpt, ago, call_node, emit_json, hardware_summary, short
+from gpuflex.cli.common import (
+    HomeOpt,
+    JsonOpt,
+    ago,
+    call_node,
+    emit_json,
+    hardware_summary,
+    short,
+    text,
+)
 
 
 def peers(home: str | None = HomeOpt, json_out: bool = JsonOpt) -> None:
@@ -19,9 +28,9 @@ def peers(home: str | None = HomeOpt, json_out: bool = JsonOpt) -> None:
     typer.echo(f"{'PEER':54} {'STATE':8} {'REACH':8} {'LINK':8} {'RTT':>8} {'LAST SEEN':>10}  HARDWARE / ADDRESSES")
     for r in rows:
         rtt = "-" if r["rtt_ms"] is None else f"{r['rtt_ms']:.1f}ms"
-        typer.echo(f"{r['peer_id']:54} {r['state']:8} {r.get('reachability', 'unknown'):8} "
-                   f"{r.get('connection', '-'):8} {rtt:>8} {ago(r['last_seen']):>10}  "
-                   f"{hardware_summary(r['info'])}  {' '.join(r['addrs'][:2])}")
+        typer.echo(f"{text(r['peer_id']):54} {text(r['state']):8} {text(r.get('reachability', 'unknown')):8} "
+                   f"{text(r.get('connection', '-')):8} {rtt:>8} {ago(r['last_seen']):>10}  "
+                   f"{hardware_summary(r['info'])}  {' '.join(text(a, 100) for a in r['addrs'][:2])}")
 
 
 def status(home: str | None = HomeOpt, json_out: bool = JsonOpt) -> None:
@@ -40,8 +49,9 @@ def status(home: str | None = HomeOpt, json_out: bool = JsonOpt) -> None:
     if "nat" in st:
         typer.echo(f"reach    {reach_line(st['nat'])}")
     for job in st["jobs"]:
-        typer.echo(f"job      {job['job_id']} {job['name']}: {job['state']}, round {job['round']}/{job['rounds']}, "
-                   f"phase {job['phase']}, coordinator {short(job['coordinator'])}")
+        typer.echo(f"job      {text(job['job_id'])} {text(job['name'])}: {text(job['state'])}, "
+                   f"round {text(job['round'])}/{text(job['rounds'])}, phase {text(job['phase'])}, "
+                   f"coordinator {short(job['coordinator'])}")
 
 
 def reach_line(nat: dict) -> str:  # type: ignore[type-arg]

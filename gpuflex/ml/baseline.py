@@ -18,11 +18,13 @@ from gpuflex.jobspec import JobSpec
 from gpuflex.ml.models import build_model
 from gpuflex.ml.train import evaluate, local_train, pick_device
 from gpuflex.ml.workload import load_bundle, resolve_data_path
+from gpuflex.nodeconfig import NodeConfig
 
 
-def central_baseline(spec: JobSpec, epochs: int | None = None) -> dict[str, Any]:
-    """Train centrally and score on the job's test split; ``epochs`` overrides the budget."""
-    bundle = load_bundle(spec, resolve_data_path(spec, None))
+def central_baseline(spec: JobSpec, epochs: int | None = None, config: NodeConfig | None = None) -> dict[str, Any]:
+    """Train centrally and score on the job's test split; ``epochs`` overrides the budget.
+    ``config`` says where named data sets live (the sklearn sets need none)."""
+    bundle = load_bundle(spec, resolve_data_path(spec, config or NodeConfig()))
     if epochs is not None:
         budget = dataclasses.replace(spec, local_epochs=epochs, local_steps=0)
     elif spec.uses_steps:

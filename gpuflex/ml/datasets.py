@@ -2,12 +2,13 @@
 
 Every node of a job must agree on the held-out test split without talking, so the split is a
 pure function of (data, test_fraction, seed). Nothing is downloaded: the sklearn sets ship
-with scikit-learn, CIFAR-10 and Shakespeare are read from a path the user supplies.
+with scikit-learn, CIFAR-10 and Shakespeare are read from the path that the node's operator
+configured for them (node.toml ``[data]``), never from a path in a job. Nothing is unpickled:
+CIFAR's python batches go through :mod:`gpuflex.ml.pybatch`.
 """
 
 from __future__ import annotations
 
-import pickle
 import re
 import string
 from collections.abc import Sequence
@@ -21,6 +22,7 @@ from torch.utils.data import Dataset, TensorDataset
 
 from gpuflex.errors import GpuflexError
 from gpuflex.jobspec import JobSpec
+from gpuflex.ml.pybatch import BatchFormatError, read_batch
 from gpuflex.plugins import PluginError, call_with_accepted, is_plugin_path, load_callable
 
 
@@ -114,11 +116,15 @@ CIFAR_STD = np.array([0.2470, 0.2435, 0.2616], dtype=np.float32).reshape(1, 3, 1
 
 def _read_cifar_batch(path: Path) -> tuple[np.ndarray, np.ndarray]:
     try:
-        with path.open("rb") as f:
-            batch = pickle.load(f, encoding="bytes")
-        data = np.asarray(batch[b"data"], dtype=np.uint8)
-        labels = np.asarray(batch[b"labels"], dtype=np.int64)
-    except (OSError, pickle.UnpicklingError, EOFError, KeyError, TypeError) as exc:
+        batch = read_batch(path)
+        data, labels_list = batch[b"data"], batch[b"labels"]
+        if not isinstance(data, np.ndarray) or data.dtype != np.uint8:
+            raise BatchFormatError("b'data' is not a uint8 array")
+        if not isinstance(labels_list, list) or not all(
+                isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 10 for v in labels_list):
+            raise BatchFormatError("b'labels' is not a list of class numbers 0 to 9")
+        labels = np.asarray(labels_list, dtype=np.int64)
+    except (OSError, BatchFormatError, KeyError) as exc:
         raise DataError(
             f"{path} is not a CIFAR-10 python batch (a pickled dict with b'data' and b'labels'): {exc}"
         ) from None
@@ -211,6 +217,8 @@ def load_shakespeare(spec: JobSpec, data_path: str) -> DataBundle:
 
 
 def _from_plugin(spec: JobSpec, data_path: str) -> DataBundle:
+    """A data plug-in is code its node's operator allowed, and finds that operator's data
+    itself; ``data_path`` is "" (a job carries no path), kept for plug-ins that ask for it."""
     fn = load_callable(spec.data, "data")
     result: Any = call_with_accepted(
         fn, "data", data_path=data_path, seed=spec.seed, test_fraction=spec.test_fraction
@@ -235,9 +243,10 @@ def _from_plugin(spec: JobSpec, data_path: str) -> DataBundle:
     return DataBundle(train, test, num_classes, shape, labels)
 
 
-def load_data(spec: JobSpec, data_path: str | None = None) -> DataBundle:
-    """Load the job's data; ``data_path`` overrides the spec's (a node's own data)."""
-    path = spec.data_path if data_path is None else data_path
+def load_data(spec: JobSpec, data_path: str = "") -> DataBundle:
+    """Load the job's data from ``data_path``, the node's own location for the data set
+    (``gpuflex.ml.workload.resolve_data_path``); the sklearn sets need none."""
+    path = data_path
     if is_plugin_path(spec.data):
         return _from_plugin(spec, path)
     if spec.data == "sklearn-digits":
@@ -245,7 +254,8 @@ def load_data(spec: JobSpec, data_path: str | None = None) -> DataBundle:
     if spec.data == "sklearn-breast-cancer":
         return load_sklearn_breast_cancer(spec)
     if not path:
-        raise DataError(f"data {spec.data!r} needs data_path")
+        raise DataError(f"data {spec.data!r} is not on this node: set [data] {spec.data} = \"PATH\" in node.toml "
+                        f"or start it with --data {spec.data}=PATH")
     if spec.data == "cifar10":
         return load_cifar10(spec, path)
     if spec.data == "shakespeare":

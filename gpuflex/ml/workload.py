@@ -36,6 +36,7 @@ from gpuflex.ml.train import (
     run_train_fn,
     to_device,
 )
+from gpuflex.nodeconfig import NodeConfig, load_node_config
 from gpuflex.plugins import PluginError, load_callable
 
 _cache_lock = threading.Lock()
@@ -51,20 +52,12 @@ def load_bundle(spec: JobSpec, data_path: str) -> DataBundle:
         return _bundles[key]
 
 
-def resolve_data_path(spec: JobSpec, home: Path | None) -> str:
-    """Where this node reads its data.
-
-    ``GPUFLEX_DATA_PATH`` lets one machine point at its own copy. Under ``partition="local"``
-    a relative data_path names a place inside each node's home, because the data is the
-    node's own and never leaves it.
-    """
-    override = os.environ.get("GPUFLEX_DATA_PATH", "")
-    if override:
-        return override
-    path = spec.data_path
-    if path and spec.partition == "local" and home is not None and not Path(path).is_absolute():
-        return str(Path(home) / path)
-    return path
+def resolve_data_path(spec: JobSpec, config: NodeConfig) -> str:
+    """Where this node reads the job's data set: its operator's ``[data]`` entry of that name
+    (node.toml or ``--data NAME=PATH``), never a path from the job; "" when none is set (the
+    sklearn sets need none, and a data plug-in gets "")."""
+    path = config.data_path(spec.data)
+    return "" if path is None else str(path)
 
 
 def split_for(
@@ -103,15 +96,18 @@ class Workload:
         home: Path | None = None,
         device: torch.device | None = None,
         data_hook: Callable[[Dataset, int], Dataset] | None = None,
+        config: NodeConfig | None = None,
         model_hook: Callable[[nn.Module], nn.Module] | None = None,
     ):
+        """``config``: the node's configuration for this run (node.toml with its start flags);
+        read from ``home`` when not given."""
         self.spec = spec
         # Test meshes only: the label-flip adversary wraps the training set (gpuflex/adversary.py),
         # and a test's device seam wraps the model (an out-of-memory on large micro-batches).
         self.data_hook = data_hook
         self.device = device or pick_device()
         self._lock = threading.Lock()
-        self._bundle = load_bundle(spec, resolve_data_path(spec, home))
+        self._bundle = load_bundle(spec, resolve_data_path(spec, config or load_node_config(home)))
         self._model = build_model(spec, self._bundle)
         if model_hook is not None:
             self._model = model_hook(self._model)
@@ -239,7 +235,7 @@ class WorkloadUnavailable(RuntimeError):
     """This node cannot run (or pin) the job; the message says why in one line."""
 
 
-def pin_job_spec(spec: JobSpec, home: Path | None) -> JobSpec:
+def pin_job_spec(spec: JobSpec, home: Path | None, config: NodeConfig | None = None) -> JobSpec:
     """``spec`` with the hashes of what every member must hold alike filled in, as this
     (submitting) node holds them; unchanged for jobs that have none."""
     from gpuflex.llmspec import is_llm
@@ -250,7 +246,7 @@ def pin_job_spec(spec: JobSpec, home: Path | None) -> JobSpec:
     from gpuflex.ml.llm.pin import pin_llm_spec
 
     try:
-        return pin_llm_spec(spec, home)
+        return pin_llm_spec(spec, home, config)
     except LLMError as exc:
         raise WorkloadUnavailable(str(exc)) from None
 

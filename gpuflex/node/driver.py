@@ -51,19 +51,29 @@ from gpuflex.node.workplan import valid_rate
 from gpuflex.privacy import STOP, WARN, budget_status
 from mesh.codec import WireError
 from mesh.health import PeerState
-from mesh.messaging import Inbound, SendError
+from mesh.messaging import Inbound, Rejected, SendError
 
 log = logging.getLogger("gpuflex.rounds")
 #: A fresh plan's coordinator is not declared dead for this long: its health record may lag.
 COORDINATOR_GRACE_S = 2.0
+#: An attempt that ends at once (no plan, no live coordinator) is retried no sooner than this,
+#: so no path through the round loop can spin without yielding.
+ATTEMPT_MIN_S = 1.0
+#: While every member is gone the job waits for a change (a peer's health, a presence, a plan);
+#: it also looks again this often.
+MEMBERS_GONE_RECHECK_S = 60.0
+#: An update or partial that arrives before this node has prepared the job waits this long.
+PAYLOAD_READY_WAIT_S = 10.0
 
 
-def load_trainer(spec: Any, index: int, parts: int, home: Path, data_hook: Callable[..., Any] | None) -> Trainer:
+def load_trainer(spec: Any, index: int, parts: int, home: Path, data_hook: Callable[..., Any] | None,
+                 config: Any = None) -> Trainer:
     """The real workload (torch), imported only when a job starts: a language model's or the
-    classic one, behind the same flat-vector surface."""
+    classic one, behind the same flat-vector surface. ``config``: the node's NodeConfig for
+    this run (its data locations), read from ``home`` when None."""
     from gpuflex.ml.workload import open_workload
 
-    return open_workload(spec, index, parts, home, data_hook=data_hook)
+    return open_workload(spec, index, parts, home, data_hook=data_hook, config=config)
 
 
 class JobDriver:
@@ -73,6 +83,7 @@ class JobDriver:
         self.book = book = JobBook(info, port.identity.peer_id, jobs_dir / info.job_id)
         self.job_id, self.spec = info.job_id, info.spec
         self._trainer: Trainer | None = None
+        self._members_gone = False  # waiting, at no cost, for any member to come back
         reports = Reports(port, book.status, info.job_id)
         self.models = Models(port, book)
         self.coordinator = Coordinator(port, book)
@@ -87,6 +98,8 @@ class JobDriver:
 
     #: The message kinds a job handles (the job manager routes them here by the body's job id).
     HANDLED: tuple[MessageKind, ...] = (PLAN, UPDATE, PARTIAL, RESULT, ABORT, SECAGG_RECOVER)
+    #: The kinds that carry a payload (a delta), as large as the job's model allows.
+    WITH_PAYLOAD: tuple[MessageKind, ...] = (UPDATE, PARTIAL)
 
     def trainer(self) -> Trainer:
         if self._trainer is None:
@@ -158,6 +171,7 @@ class JobDriver:
         port.emit(EventKind.DEVICE_FITTED, message=f"job {self.job_id}: training on {fitted.get('summary', book.device)}",
                   **settings)
         init = await port.offload(self._trainer.initial_params)
+        book.model_size = int(init.size)
         book.init_hash = port.blobs.put_parts(model_parts(init, {}))
         if problems or (book.ledger.results and not port.blobs.has(book.head_model)):
             await port.catch_up()
@@ -166,24 +180,65 @@ class JobDriver:
     # -- one round -----------------------------------------------------------------------------------
 
     async def _drive_round(self, rs: RoundState) -> None:
-        book, status = self.book, self.book.status
+        """Attempts of round ``rs.round`` until it commits. Every pass through the loop waits
+        on something (a plan, a commit, a change, or at least ``ATTEMPT_MIN_S``), so a round
+        that cannot progress costs no CPU and the node keeps serving."""
+        book, status, clock = self.book, self.book.status, self.port.clock
         rs.attempt = rs.plan.attempt if rs.plan is not None else 0
         while book.committed < rs.round:
+            began = clock.now()
             status.set_phase(Phase.PLAN)
             status.set_role(Role.IDLE)
             plan = await self.coordinator.obtain_plan(rs)
             if book.committed >= rs.round:
                 return
+            if plan is not None and plan.attempt < rs.attempt:
+                plan = None  # only the failed attempt's plan is in force: nobody planned this one
             if plan is None:
-                rs.attempt += 1
-                continue
-            reason = await self._await_commit(rs, plan)
-            if reason is None:
-                return
-            latest = rs.plan
-            rs.attempt = max(plan.attempt, latest.attempt if latest else 0) + 1
-            self.port.emit(EventKind.ROUND_RETRIED, rs.round, message=(
-                f"round {rs.round} attempt {plan.attempt} did not commit ({reason}); retrying as attempt {rs.attempt}"))
+                if self.anyone_to_plan():
+                    rs.attempt += 1
+                else:
+                    await self._wait_for_members(rs)
+            else:
+                reason = await self._await_commit(rs, plan)
+                if reason is None:
+                    return
+                latest = rs.plan
+                rs.attempt = max(plan.attempt, latest.attempt if latest else 0) + 1
+                self.port.emit(EventKind.ROUND_RETRIED, rs.round, message=(
+                    f"round {rs.round} attempt {plan.attempt} did not commit ({reason}); "
+                    f"retrying as attempt {rs.attempt}"))
+            await book.changed.wait_for(lambda: self._moved_on(rs), began + ATTEMPT_MIN_S)
+
+    def _moved_on(self, rs: RoundState) -> bool:
+        """The round committed, or a plan for the attempt now due arrived."""
+        return self.book.committed >= rs.round or (rs.plan is not None and rs.plan.attempt >= rs.attempt)
+
+    def anyone_to_plan(self) -> bool:
+        """Whether any member could plan a round now: this node, if it takes part and is a
+        member, or a member whose health is not down or unknown (the coordinator waits only
+        on those)."""
+        book = self.book
+        members = set(book.eligible())
+        if book.me in members and book.participates():
+            return True
+        return any(self.port.health(p) not in (None, PeerState.DOWN) for p in members - {book.me})
+
+    async def _wait_for_members(self, rs: RoundState) -> None:
+        """Every member is gone: say so, and wait (no polling) until one is back, the round
+        commits through a peer, or a plan arrives."""
+        book = self.book
+        self._members_gone = True
+        note = members_gone_note(len(set(book.eligible()) - {book.me}))
+        if book.status.set_waiting(note):
+            self.port.emit(EventKind.ROUND_WAITING, rs.round, message=f"job {self.job_id} round {rs.round}: {note}")
+        try:
+            await book.changed.wait_for(lambda: self._moved_on(rs) or self.anyone_to_plan(),
+                                        self.port.clock.now() + MEMBERS_GONE_RECHECK_S)
+        finally:
+            self._members_gone = False
+            if book.status.waiting == note and self.anyone_to_plan():
+                book.status.set_waiting("")
 
     async def _await_commit(self, rs: RoundState, plan: Plan) -> str | None:
         """Wait for round ``rs.round`` to commit; the reason it will not, otherwise."""
@@ -248,6 +303,16 @@ class JobDriver:
     def committed(self) -> int:
         return self.book.committed
 
+    @property
+    def rounds(self) -> int:
+        return self.spec.rounds
+
+    def job_frame(self) -> bytes:
+        return self.book.info.frame
+
+    def ledger_frames(self) -> list[bytes]:
+        return self.book.ledger.frames
+
     def participates(self) -> bool:
         return self.book.participates()
 
@@ -268,6 +333,17 @@ class JobDriver:
     async def offer_ledger(self, frames: list[bytes], peer: str) -> None:
         await self.applier.offer_ledger(frames, peer)
 
+    async def payload_limit(self, sender: str) -> int:
+        """How large an update or partial from ``sender`` may be: what this job's model allows,
+        from a peer that could be sending one; nothing from anyone else. Rejected (no
+        penalty) while the job is still being prepared here."""
+        book = self.book
+        with trio.move_on_after(PAYLOAD_READY_WAIT_S):
+            await book.ready.wait()
+        if not book.ready.is_set():
+            raise Rejected(f"job {self.job_id} is not prepared on this node yet")
+        return book.payload_limit() if book.may_send_work(sender) else 0
+
     def check_quorum(self) -> None:
         """Say so while fewer than min_nodes members are reachable: this side of a partition
         will not commit until more return, and must not look merely slow."""
@@ -275,6 +351,8 @@ class JobDriver:
         if status.state != JobState.RUNNING:
             status.set_waiting("")
             return
+        if self._members_gone:
+            return  # the round loop said so, and wakes when a member is back
         need = self.spec.min_nodes
         live = book.live_members(self.port.alive_peers())
         reachable = len(live)
@@ -314,3 +392,9 @@ class JobDriver:
         return JobExport(job_id=self.job_id, spec=self.spec, model_hash=head,
                          read_model=lambda: blobs.read(head), trainer=self.trainer(),
                          metrics=metric_rows(book), ledger=ledger_rows(book), ledger_path=book.ledger.path)
+
+
+def members_gone_note(count: int) -> str:
+    """The job status note of a job none of whose members is reachable."""
+    return (f"all {count} members of this job are gone (offline or unknown); "
+            "waiting for one to return, at no cost")

@@ -3,53 +3,63 @@
 A job is identified by the digest of its signed JobSpec envelope, so two submissions of the
 same file are two jobs, and nobody can alter a job's settings without changing its id. Each
 job runs in its own ``JobDriver``, which sees the node only through a ``JobPort``; the
-manager routes each job's messages to it and calls its methods, never its internals.
+manager routes each job's messages to it and calls its methods, never its internals. A job
+is adopted only if this node's policy takes it on (``admission``); a refused one is not
+saved, and the node keeps relaying its frame like any gossip (relaying runs nothing).
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections import Counter
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import trio
 
+from gpuflex.jobpolicy import JobPolicy
+from gpuflex.node.admission import Admission
 from gpuflex.node.control import ApiError
-from gpuflex.node.driver import JobDriver
+from gpuflex.node.driver import JobDriver, load_trainer
 from gpuflex.node.events import EventLog
 from gpuflex.node.faults import NO_FAULTS, Faults
 from gpuflex.node.kinds import EventKind, JobState
 from gpuflex.node.messages import JOB, PRESENCE, SYNC
 from gpuflex.node.nodeport import NodePort, NodeServices
 from gpuflex.node.state import JobInfo
+from gpuflex.node.summary import brief
+from gpuflex.node.sync import CatchUp
+from gpuflex.nodeconfig import NodeConfig
+from gpuflex.safetext import printable
 from mesh.codec import Envelope, WireError, open_envelope, seal
 from mesh.fsutil import atomic_write
 from mesh.health import PeerRecord, PeerState
-from mesh.messaging import Inbound, Rejected, SendError
+from mesh.messaging import Inbound, Rejected
 from mesh.node import MeshNode
 
 log = logging.getLogger("gpuflex.jobs")
 #: Presence is refreshed this often; PRESENCE_FRESH_S (state.py) allows three missed beats.
 PRESENCE_EVERY_S = 3.0
+#: A new job is announced in a presence within this long: jobs arriving together share one.
+PRESENCE_SOON_S = 0.2
 #: How often each job re-checks whether min_nodes members are reachable, to say so.
 QUORUM_CHECK_S = 1.0
-#: A sync reply carries every job and ledger a peer holds: allow it time to arrive.
-SYNC_TIMEOUT_S = 20.0
 #: At start a node waits up to this many seconds (one try a second) for a first peer to sync from.
 INITIAL_SYNC_TRIES = 30
 #: Peers asked at start, and at most peers asked when a job needs to catch up.
 INITIAL_SYNC_PEERS, CATCH_UP_PEERS = 2, 4
 
 
-def pin_spec(spec: Any, home: Path) -> Any:
+def pin_spec(spec: Any, home: Path, config: NodeConfig | None = None) -> Any:
     """The spec as this node signs it: the workload may record hashes of the inputs every
     member must hold alike (a language model's base weights and tokenizer)."""
     from gpuflex.ml.workload import WorkloadUnavailable, pin_job_spec
 
     try:
-        return pin_job_spec(spec, home)
+        return pin_job_spec(spec, home, config)
     except WorkloadUnavailable as exc:
         raise ApiError(str(exc)) from None
 
@@ -59,8 +69,12 @@ def job_id_of(env: Envelope) -> str:
 
 
 class JobManager:
-    def __init__(self, mesh: MeshNode, events: EventLog, home: Path, faults: Faults = NO_FAULTS) -> None:
+    def __init__(self, mesh: MeshNode, events: EventLog, home: Path, faults: Faults = NO_FAULTS,
+                 config: NodeConfig | None = None) -> None:
         self.mesh, self.events, self.home, self.faults = mesh, events, home, faults
+        self.config = config if config is not None else NodeConfig()
+        self.admission = Admission(JobPolicy(self.config, own_id=mesh.peer_id), events,
+                                   penalise=lambda peer, points: mesh.peers.penalise(peer, points).penalty)
         self.jobs_dir = home / "jobs"
         self.jobs_dir.mkdir(parents=True, exist_ok=True)
         self.drivers: dict[str, JobDriver] = {}
@@ -68,23 +82,29 @@ class JobManager:
         self.unsaved_jobs: set[str] = set()  # jobs whose file could not be written, reported once
         self._syncing: set[str] = set()  # jobs catching up from a peer that said it is ahead
         self._nursery: trio.Nursery | None = None
+        self._presence_due = trio.Event()
+        self.syncer = CatchUp(mesh, self.drivers, self._adopt)
         self._services = NodeServices(credit=self.credit, blobs_in_use=self.blobs_in_use,
                                       catch_up=self.sync_from_peers)
         self.mesh.direct_only.add(PRESENCE)  # refreshed every few seconds: one hop is enough
         h = self.mesh.handlers
         h.register(JOB, self._on_job)
         h.register(PRESENCE, self._on_presence)
-        h.register(SYNC, self._on_sync)
+        h.register(SYNC, self.syncer.answer)
         for kind in JobDriver.HANDLED:
-            h.register(kind, self._route)
+            h.register(kind, self._route, max_payload=self._payload_limit if kind in JobDriver.WITH_PAYLOAD else 0)
         self.mesh.peers.on_change(self._peer_changed)
 
     async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        if self.admission.policy.allows_everything:
+            log.warning("this node allows every plug-in (%s): any publisher it accepts can run code on it",
+                        ", ".join(self.config.allow_plugins))
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
+            self.syncer.run_in(nursery)
             for path in sorted(self.jobs_dir.glob("*/job.frame")):
                 try:
-                    self._adopt(open_envelope(path.read_bytes(), expect_kind=JOB), persist=False)
+                    self._adopt(open_envelope(path.read_bytes(), expect_kind=JOB), resumed=True)
                 except (WireError, Rejected, OSError) as exc:
                     self.events.emit(EventKind.STATE_CORRUPT, message=f"job file {path} is unreadable: {exc}")
             task_status.started()
@@ -98,22 +118,33 @@ class JobManager:
 
     # -- job arrival -------------------------------------------------------------------------
 
-    def _adopt(self, env: Envelope, persist: bool = True) -> JobDriver | None:
+    def _unfinished(self) -> Counter[str]:
+        """Jobs not yet done or failed here, per publisher: what the caps count."""
+        return Counter(d.book.info.submitted_by for d in self.drivers.values()
+                       if d.state in (JobState.PENDING, JobState.RUNNING))
+
+    def _adopt(self, env: Envelope, resumed: bool = False) -> JobDriver | None:
+        """Take on the job of a JOB frame if this node's policy allows it (``resumed``: read
+        from this node's disk at start, where caps do not apply); None when it is not new or
+        is refused (reported once by ``admission``)."""
         from gpuflex.jobspec import JobSpec, JobSpecError
 
         job_id = job_id_of(env)
-        if job_id in self.drivers:
+        if job_id in self.drivers or self.admission.refused(job_id) is not None:
             return None
         body = env.body
         if not isinstance(body, dict) or not isinstance(body.get("spec"), dict) or not isinstance(
                 body.get("members"), list):
             raise WireError("garbled", "job message lacks spec or members")
         try:
-            spec = JobSpec.from_dict(body["spec"], check_paths=False)
+            spec = JobSpec.from_dict(body["spec"])
         except JobSpecError as exc:
-            raise Rejected(f"job {job_id} has an invalid spec: {exc}") from None
+            self.admission.refuse_invalid(job_id, env.sender, str(exc), penalise=not resumed)
+            return None
+        if self.admission.judge(job_id, spec, env.sender, None if resumed else self._unfinished()) is not None:
+            return None
         members = tuple(sorted({m for m in body["members"] if isinstance(m, str)}))
-        if persist:
+        if not resumed:
             try:
                 atomic_write(self.jobs_dir / job_id / "job.frame", env.raw)
             except OSError as exc:  # a full disk; peers offer the job again (sync, presence) later
@@ -125,13 +156,14 @@ class JobManager:
         self.unsaved_jobs.discard(job_id)
         info = JobInfo(job_id=job_id, spec=spec, initial_members=members, frame=env.raw, submitted_by=env.sender)
         port = NodePort(self.mesh, self.events, self.home, job_id, self._services)
-        driver = JobDriver(info, port, self.jobs_dir, faults=self.faults)
+        driver = JobDriver(info, port, self.jobs_dir, faults=self.faults,
+                           trainers=partial(load_trainer, config=self.config))
         self.drivers[job_id] = driver
         self.events.emit(EventKind.JOB_RECEIVED, job=job_id, peer=env.sender, message=(
-            f"job {job_id} ({spec.name}): {spec.rounds} rounds of {spec.model} on {spec.data}"))
+            f"job {job_id} ({printable(spec.name, 60)}): {spec.rounds} rounds of {spec.model} on {spec.data}"))
         assert self._nursery is not None
         self._nursery.start_soon(driver.run)
-        self._nursery.start_soon(self.send_presence)  # be in the next plan without waiting
+        self._presence_due.set()  # be in the next plan without waiting
         return driver
 
     async def _on_job(self, msg: Inbound) -> None:
@@ -142,10 +174,17 @@ class JobManager:
         job = body.get("job") if isinstance(body, dict) else None
         driver = self.drivers.get(job) if isinstance(job, str) else None
         if driver is None:
-            if self._nursery is not None and not msg.gossip:
-                self._nursery.start_soon(self.sync_from_peer, msg.via)
-            raise Rejected(f"unknown job {job!r}")
+            refused = isinstance(job, str) and self.admission.refused(job) is not None
+            if not msg.gossip and not refused:
+                self.syncer.trigger(msg.via)
+            raise Rejected("a job this node does not run" if refused else f"unknown job {printable(job, 40)}")
         return await driver.handle(msg)
+
+    async def _payload_limit(self, env: Envelope) -> int:
+        """An update or partial may be as large as its job's model allows (0 for an unknown job)."""
+        job = env.body.get("job") if isinstance(env.body, dict) else None
+        driver = self.drivers.get(job) if isinstance(job, str) else None
+        return 0 if driver is None else await driver.payload_limit(env.sender)
 
     # -- presence ----------------------------------------------------------------------------
 
@@ -164,7 +203,10 @@ class JobManager:
     async def _presence_loop(self) -> None:
         while True:
             await self.send_presence()
-            await trio.sleep(PRESENCE_EVERY_S)
+            with trio.move_on_after(PRESENCE_EVERY_S):
+                await self._presence_due.wait()
+                await trio.sleep(PRESENCE_SOON_S)
+            self._presence_due = trio.Event()
 
     async def _on_presence(self, msg: Inbound) -> None:
         jobs = msg.envelope.body.get("jobs") if isinstance(msg.envelope.body, dict) else None
@@ -177,13 +219,13 @@ class JobManager:
         for job, last_round in jobs.items():
             driver = self.drivers.get(job)
             if driver is None:
-                unknown = True
+                unknown = unknown or not (isinstance(job, str) and self.admission.refused(job) is not None)
                 continue
             ahead = driver.saw_presence(sender, last_round, rates.get(job))
             if ahead and job not in self._syncing and self._nursery is not None:
                 self._nursery.start_soon(self._catch_up, job, sender)
-        if unknown and self._nursery is not None and sender != self.mesh.peer_id:
-            self._nursery.start_soon(self.sync_from_peer, sender)
+        if unknown:
+            self.syncer.trigger(sender)
 
     async def _quorum_loop(self) -> None:
         while True:
@@ -195,53 +237,27 @@ class JobManager:
         """Every job's recent models and steps: two jobs started alike share an initial model."""
         return set().union(*(d.recent_blobs() for d in self.drivers.values()))
 
-    # -- catch-up sync ------------------------------------------------------------------------
-
-    async def _on_sync(self, msg: Inbound) -> dict[str, Any]:
-        return {
-            "jobs": [d.book.info.frame for d in self.drivers.values()],
-            "ledgers": {j: list(d.book.ledger.frames) for j, d in self.drivers.items()},
-        }
+    # -- catch-up sync (gpuflex.node.sync) ----------------------------------------------------------
 
     async def _initial_sync(self) -> None:
         for _ in range(INITIAL_SYNC_TRIES):
             peers = self.mesh.peers.alive()
             if peers:
                 for peer in peers[:INITIAL_SYNC_PEERS]:
-                    await self.sync_from_peer(peer)
+                    await self.syncer.sync_from_peer(peer)
                 return
             await trio.sleep(1.0)
 
     async def _catch_up(self, job: str, peer: str) -> None:
         self._syncing.add(job)
         try:
-            await self.sync_from_peer(peer)
+            await self.syncer.sync_from_peer(peer)
         finally:
             self._syncing.discard(job)
 
-    async def sync_from_peer(self, peer: str) -> bool:
-        """Learn jobs and offer every job the ledger ``peer`` holds of it."""
-        try:
-            reply = await self.mesh.request(peer, seal(self.mesh.identity, SYNC, {}), timeout=SYNC_TIMEOUT_S)
-        except SendError as exc:
-            log.info("sync from %s failed: %s", peer[-8:], exc)
-            return False
-        if not isinstance(reply, dict):
-            return False
-        for frame in reply.get("jobs", []) or []:
-            try:
-                self._adopt(open_envelope(frame, expect_kind=JOB))
-            except (WireError, Rejected) as exc:
-                log.info("ignored job from sync: %s", exc)
-        for job_id, frames in (reply.get("ledgers") or {}).items():
-            driver = self.drivers.get(job_id)
-            if driver is not None and isinstance(frames, list):
-                await driver.offer_ledger(frames, peer)
-        return True
-
     async def sync_from_peers(self, prefer: Sequence[str] = ()) -> None:
         for peer in [*prefer, *self.mesh.peers.alive()][:CATCH_UP_PEERS]:
-            if peer != self.mesh.peer_id and await self.sync_from_peer(peer):
+            if peer != self.mesh.peer_id and await self.syncer.sync_from_peer(peer):
                 return
 
     # -- credit --------------------------------------------------------------------------------
@@ -268,8 +284,15 @@ class JobManager:
     async def api_jobs(self, params: dict[str, Any]) -> list[dict[str, Any]]:
         return [d.summary() for d in reversed(list(self.drivers.values()))]
 
+    def job_briefs(self) -> list[dict[str, Any]]:
+        """Every job in a few fields, newest first (``status``)."""
+        return [brief(d.summary()) for d in reversed(list(self.drivers.values()))]
+
     async def api_job_status(self, params: dict[str, Any]) -> dict[str, Any]:
-        return self._find(params).summary()
+        """The JobSummary, with the job's spec (validated when it was adopted: only a valid
+        spec makes a driver) and its publisher, which ``jobs`` leaves out to stay small."""
+        driver = self._find(params)
+        return {**driver.summary(), "spec": driver.spec.to_dict(), "publisher": driver.book.info.submitted_by}
 
     async def api_ledger(self, params: dict[str, Any]) -> list[dict[str, Any]]:
         return self._find(params).ledger_rows()
@@ -278,10 +301,15 @@ class JobManager:
         from gpuflex.jobspec import JobSpec, JobSpecError
 
         try:
-            spec = JobSpec.from_dict(params.get("spec") or {}, check_paths=True)
+            spec = JobSpec.from_dict(params.get("spec") or {})
         except JobSpecError as exc:
             raise ApiError(str(exc)) from None
-        spec = await trio.to_thread.run_sync(pin_spec, spec, self.home)
+        # The job's first member is this node, and its handle follows the job here: a job this
+        # node would not take on is refused now, in one line, rather than published unseen.
+        refusal = self.admission.policy.refusal(spec, self.mesh.peer_id, self._unfinished())
+        if refusal is not None:
+            raise ApiError(f"this node will not run this job: {refusal}")
+        spec = await trio.to_thread.run_sync(pin_spec, spec, self.home, self.config)
         members = sorted({self.mesh.peer_id, *self.mesh.peers.alive()})
         frame = seal(self.mesh.identity, JOB, {"spec": spec.to_dict(), "members": members, "created": time.time()})
         env = open_envelope(frame, expect_kind=JOB)

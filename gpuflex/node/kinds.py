@@ -42,6 +42,7 @@ class EventKind(StrEnum):
     """Every event a node's jobs report (the ``type`` of an event; see docs/control-api.md)."""
 
     JOB_RECEIVED = "job_received"
+    JOB_REFUSED = "job_refused"  # a job this node will not run (its policy); not adopted, not saved
     JOB_DONE = "job_done"
     JOB_FAILED = "job_failed"
     PRIVACY_BUDGET = "privacy_budget"

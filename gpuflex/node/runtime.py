@@ -19,8 +19,10 @@ from gpuflex.home import CONTROL_FILE, KEY_FILE
 from gpuflex.node.control import ApiError, ControlServer
 from gpuflex.node.events import EventLog
 from gpuflex.node.jobs import JobManager
+from gpuflex.nodeconfig import NodeConfig, NodeConfigError, load_node_config
 from mesh.health import HealthConfig
 from mesh.identity import Identity
+from mesh.limits import PeerLimits
 from mesh.node import MeshConfig, MeshEvent, MeshNode
 from mesh.relay import RelayLimitsConfig
 
@@ -50,6 +52,8 @@ class NodeOptions:
     relay: RelayLimitsConfig = field(default_factory=RelayLimitsConfig)
     mdns: bool = True
     reachability: str | None = None  # forced "public"/"private"; None: ask peers
+    config: NodeConfig | None = None  # node.toml with the start flags on top; None: read <home>/node.toml
+    limits: PeerLimits = field(default_factory=PeerLimits)  # what one peer may cost this node
 
 
 def load_identity(home: Path) -> tuple[Identity, bool]:
@@ -96,6 +100,10 @@ class NodeRuntime:
         pid = running_pid(self.home)
         if pid is not None:
             raise NodeStartError(f"a node is already running for home {self.home} (pid {pid})")
+        try:
+            self.config = options.config if options.config is not None else load_node_config(self.home)
+        except NodeConfigError as exc:
+            raise NodeStartError(str(exc)) from None
         self.identity, created = load_identity(self.home)
         if created:
             log.info("created a new identity in %s", self.home / KEY_FILE)
@@ -116,10 +124,11 @@ class NodeRuntime:
                 relay=options.relay,
                 mdns=options.mdns,
                 reachability=options.reachability,
+                limits=options.limits,
             ),
             on_event=self._mesh_event,
         )
-        self.jobs = JobManager(self.mesh, self.events, self.home, self._faults(options))
+        self.jobs = JobManager(self.mesh, self.events, self.home, self._faults(options), self.config)
         self._stop = trio.Event()
         self.metrics_addr: tuple[str, int] | None = None
 
@@ -205,7 +214,7 @@ class NodeRuntime:
             "bytes_received": mesh["bytes_received"],
             "node_info": self.mesh.node_info(),
             "nat": {**mesh["nat"], "listening_since": mesh["listening_since"]},
-            "jobs": await self.jobs.api_jobs({}),
+            "jobs": self.jobs.job_briefs(),
         }
 
     async def api_peers(self, params: dict[str, Any]) -> list[dict[str, Any]]:

@@ -33,6 +33,13 @@ PRESENCE_FRESH_S = 10.0
 ROUND_END_MARGIN_S = 10.0
 #: Tree levels budgeted beyond the members' count when a round's end is set (root and slack).
 ROUND_END_EXTRA_LEVELS = 2
+#: Peers whose presence one job remembers; past it, stale entries are forgotten first.
+MAX_PRESENCE = 4096
+#: An update or partial payload may hold this many bytes per model parameter (top-k at its
+#: densest sends a value and an index for each) ...
+PAYLOAD_BYTES_PER_PARAM = 8
+#: ... plus this much for its headers and, under secure aggregation, its encrypted seed shares.
+PAYLOAD_SLACK = 4 << 20
 
 
 @dataclass(frozen=True)
@@ -143,6 +150,7 @@ class JobBook:
         self.apply_lock = trio.Lock()
         self.ready = trio.Event()
         self.init_hash = ""
+        self.model_size = 0  # parameters of the model this job trains, known once prepared
         self.presence: dict[str, float] = {}  # peer -> trio time of its last presence
         # Time-budgeted rounds: each member's training throughput for this job (samples per
         # second, as it publishes it; this node's own as it measures it), and this node's device.
@@ -197,10 +205,27 @@ class JobBook:
     # -- membership -----------------------------------------------------------------------------
 
     def saw_presence(self, peer: str, rate: float | None = None) -> None:
-        self.presence[peer] = trio.current_time()
+        now = trio.current_time()
+        self.presence.pop(peer, None)
+        self.presence[peer] = now  # kept in order of last presence, oldest first
+        while len(self.presence) > MAX_PRESENCE:
+            del self.presence[next(iter(self.presence))]
         if rate is not None and peer != self.me:
             self.rates[peer] = rate
+        for gone in [p for p in self.rates if p not in self.presence and p != self.me]:
+            del self.rates[gone]  # bounded like presence: only peers still listed there
         self.changed.notify()
+
+    def may_send_work(self, peer: str) -> bool:
+        """Whether ``peer`` could be sending this node an update or partial of this job: a
+        member so far, one that said it takes part, or one in the plan in force."""
+        plan = self.current.plan
+        return (peer in self.presence or peer in self.info.initial_members or peer in self.eligible()
+                or (plan is not None and peer in plan.parent))
+
+    def payload_limit(self) -> int:
+        """The largest update or partial payload this job's model allows, in bytes."""
+        return PAYLOAD_BYTES_PER_PARAM * self.model_size + PAYLOAD_SLACK
 
     def live_members(self, alive: list[str]) -> list[str]:
         """Who a plan made now would include: this node, fresh presence from live peers, and

@@ -12,6 +12,9 @@ from gpuflex.privacy import epsilon_spent
 
 #: The per-round metrics the summary lists (and exports write as columns).
 METRIC_KEYS = ("loss", "accuracy", "train_loss", "contributors", "duration_s")
+#: Members a summary lists by id (``member_count`` says how many there are): a job's member
+#: list comes from its publisher, and a status line must stay small however long it is.
+LISTED_MEMBERS = 64
 
 
 def metric_rows(book: JobBook) -> list[dict[str, Any]]:
@@ -30,11 +33,12 @@ def summarize(book: JobBook, now: float) -> dict[str, Any]:
     col = rs.collectors.get(plan.attempt) if plan else None
     if col is not None and status.phase == Phase.REDUCE:
         progress = col.progress
+    members = list(plan.members) if plan else book.eligible()
     return {
         "job_id": book.job_id, "name": spec.name, "state": str(status.state), "round": book.committed,
         "rounds": spec.rounds, "phase": str(status.phase), "phase_progress": round(progress, 3),
         "coordinator": coordinator, "is_coordinator": coordinator == book.me, "role": str(status.role),
-        "members": list(plan.members) if plan else book.eligible(), "error": status.error,
+        "members": members[:LISTED_MEMBERS], "member_count": len(members), "error": status.error,
         "waiting": status.waiting if status.state == JobState.RUNNING else "", "write_error": status.write_error,
         "stalled": status.stalled if status.state == JobState.RUNNING
         and status.stalled.startswith(f"round {book.committed + 1} ") else "",
@@ -52,9 +56,19 @@ def summarize(book: JobBook, now: float) -> dict[str, Any]:
 
 def work_rows(book: JobBook) -> list[dict[str, Any]]:
     """The last committed round's work per member (device, local steps, training seconds,
-    samples per second, share of the round's compute), as its result recorded it."""
+    samples per second, share of the round's compute), as its result recorded it; at most
+    ``LISTED_MEMBERS`` of them (the ledger has them all)."""
     results = book.ledger.results
-    return result_row(results[-1])["contributors"] if results else []
+    return result_row(results[-1])["contributors"][:LISTED_MEMBERS] if results else []
+
+
+#: The fields of a job in ``status``: one line each in ``gpuflex status``.
+BRIEF_KEYS = ("job_id", "name", "state", "round", "rounds", "phase", "coordinator", "waiting")
+
+
+def brief(summary: dict[str, Any]) -> dict[str, Any]:
+    """A job as ``status`` lists it: a few fields, whatever the job's size."""
+    return {k: summary[k] for k in BRIEF_KEYS}
 
 
 def ledger_rows(book: JobBook) -> list[dict[str, Any]]:

@@ -63,7 +63,7 @@ def inside(name: str) -> Iterator[None]:
 
 def placement_in(netns: str, addr: str) -> Placement:
     """A node that runs in namespace ``netns`` and listens on ``addr``."""
-    return Placement(host=addr, prefix=("ip", "netns", "exec", netns), enter=lambda: inside(netns))
+    return Placement(host=addr, prefix=("ip", "netns", "exec", netns), netns=netns, enter=lambda: inside(netns))
 
 
 @dataclass(frozen=True)

@@ -146,7 +146,7 @@ async def test_a_large_message_payload_is_pushed_over_the_bulk_channel(
     a_config = config(tmp_path, "a")
     a_config.bulk_channel = receiver_bulk
     async with MeshNode.start(Identity.generate(), a_config) as a:
-        a.handlers.register("bulky", keep)
+        a.handlers.register("bulky", keep, max_payload=8 << 20)
         b_config = config(tmp_path, "b", a.multiaddrs()[:1])
         b_config.bulk_channel = sender_bulk
         async with MeshNode.start(Identity.generate(), b_config) as b:
@@ -171,7 +171,7 @@ async def test_a_pusher_that_cannot_dial_falls_back_to_libp2p(tmp_path: Path, mo
         got.append(msg.payload)
 
     async with MeshNode.start(Identity.generate(), config(tmp_path, "a")) as a:
-        a.handlers.register("bulky", keep)
+        a.handlers.register("bulky", keep, max_payload=8 << 20)
         async with MeshNode.start(Identity.generate(), config(tmp_path, "b", a.multiaddrs()[:1])) as b:
             with trio.fail_after(60):
                 await b.request(a.peer_id, seal(b.identity, "bulky", {"i": 2}), payload)

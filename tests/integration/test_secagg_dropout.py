@@ -60,7 +60,7 @@ def retrained(mesh: LocalMesh, node: int, job: str, peers: list[str]) -> tuple[n
     from gpuflex.ml.workload import Workload
 
     body = open_envelope((mesh.home(node) / "jobs" / job / "job.frame").read_bytes()).body
-    spec = JobSpec.from_dict(body["spec"], check_paths=False)
+    spec = JobSpec.from_dict(body["spec"])
     members = sorted(set(body["members"]))
     base, deltas = np.zeros(0, np.float32), {}
     for peer in peers:

@@ -27,6 +27,11 @@ HOSTILE_NAME = "<script>alert(1)</script> [/evil] $\\x$"
 ROUNDS = 3
 
 
+def job_spec() -> dict[str, Any]:
+    """The spec of both jobs, as ``job_status`` returns it and ``job_results`` writes it."""
+    return {"name": "digits", "model": "digits-cnn", "data": "digits", "rounds": 5, "note": HOSTILE_NAME}
+
+
 def chain_job(rounds: int) -> dict[str, Any]:
     return {
         "job_id": JOB, "name": "digits", "state": "running", "round": rounds, "rounds": 5,
@@ -87,6 +92,12 @@ class FakeApi:
             return copy.deepcopy(self.job_list)
         if method == "ledger":
             return self.ledger_rows(str(params.get("job")))
+        if method == "job_status":
+            job = str(params.get("job"))
+            summary = next((j for j in self.job_list if j["job_id"] == job), None)
+            if summary is None:
+                raise NodeRefused(f"unknown job {job!r}")
+            return {**copy.deepcopy(summary), "spec": job_spec(), "publisher": SELF}
         if method == "job_results":
             return {"files": self.write_results(str(params["job"]), Path(params["out"]))}
         raise NodeRefused(f"unknown method {method!r}")
@@ -104,9 +115,7 @@ class FakeApi:
         (out / "ledger.msgpack").write_bytes(ledger)
         (out / "model.blob").write_bytes(model)
         (out / "model.pt").write_bytes(b"torch state_dict of " + job.encode())
-        spec = {"name": "digits", "model": "digits-cnn", "data": "digits", "rounds": 5,
-                "note": HOSTILE_NAME}
-        (out / "job.json").write_text(json.dumps({"job_id": job, "spec": spec}))
+        (out / "job.json").write_text(json.dumps({"job_id": job, "spec": job_spec()}))
         return [str(p) for p in sorted(out.iterdir())]
 
     async def events(self) -> AsyncGenerator[dict[str, Any], None]:

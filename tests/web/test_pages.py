@@ -21,7 +21,7 @@ PAGES = ["/", "/peers", "/jobs", f"/jobs/{JOB}", f"/jobs/{HOSTILE_JOB}", "/contr
 
 
 async def job_page_with_spec(served: Served, job: str) -> str:
-    """The job page once its spec is in: the node's files arrive in the background."""
+    """The job page once its spec is in: it arrives in the background."""
     with trio.fail_after(10):
         while "Fetching the spec" in (html := (await served.client.get(f"/jobs/{job}")).text):
             await trio.sleep(0.05)
@@ -109,7 +109,8 @@ async def test_job_page_shows_spec_members_ledger_and_downloads(served: Served) 
     first = (await served.client.get(f"/jobs/{JOB}")).text
     assert "Fetching the spec from the node" in first  # the page does not wait for the files
     html = await job_page_with_spec(served, JOB)
-    assert "digits-cnn" in html  # the spec, from the job's exported files
+    assert "digits-cnn" in html  # the spec, from the node's job_status
+    assert "job_status" in served.api.calls and "job_results" not in served.api.calls  # no export for it
     ledger = served.api.ledger_rows(JOB)
     for row in ledger:
         assert row["result_hash"][:12] in html

@@ -45,8 +45,8 @@ def job_cells(job: Job) -> list[Cell]:
     coordinator = fmt.short_id(job.coordinator) + (" (me)" if job.is_coordinator else "")
     return [
         fmt.short_hash(job.job_id, 8),
-        job.name or fmt.DASH,
-        Text(job.state, style=fmt.JOB_STATE_STYLES.get(job.state, "")),
+        fmt.literal(job.name) if job.name else fmt.DASH,
+        fmt.literal(job.state, style=fmt.JOB_STATE_STYLES.get(job.state, "")),
         f"{job.round}/{job.rounds}",
         job.phase,
         job.role,
@@ -68,16 +68,17 @@ def ledger_cells(entry: LedgerRound) -> list[Cell]:
 
 
 def round_details(entry: LedgerRound) -> Table:
+    """Every value here is a peer's (the ledger holds signed messages), so each is literal."""
     grid = Table.grid(padding=(0, 1))
     grid.add_column(style="bold", no_wrap=True)
     grid.add_column(overflow="fold")
-    grid.add_row(f"round {entry.round}", f"coordinator {entry.coordinator or fmt.DASH}")
-    grid.add_row("result", entry.result_hash or fmt.DASH)
-    grid.add_row("prev", entry.prev_result_hash or fmt.DASH)
-    grid.add_row("model", entry.model_hash or fmt.DASH)
+    grid.add_row(f"round {entry.round}", fmt.literal(f"coordinator {entry.coordinator or fmt.DASH}"))
+    grid.add_row("result", fmt.literal(entry.result_hash or fmt.DASH))
+    grid.add_row("prev", fmt.literal(entry.prev_result_hash or fmt.DASH))
+    grid.add_row("model", fmt.literal(entry.model_hash or fmt.DASH))
     grid.add_row(
         "contributors",
-        ", ".join(f"{fmt.short_id(c.peer)}×{c.samples}" for c in entry.contributors) or fmt.DASH,
+        fmt.literal(", ".join(f"{fmt.short_id(c.peer)}×{c.samples}" for c in entry.contributors) or fmt.DASH),
     )
     return grid
 
@@ -135,7 +136,7 @@ class JobsScreen(DashboardScreen):
             self.run_worker(self._load_ledger(job), group="ledger")
         table.set_rows([(str(r.round), ledger_cells(r)) for r in reversed(rounds)])
         note = f" · {self.ledger_error}" if self.ledger_error else ""
-        table.border_title = f"ledger of {job.name or fmt.short_hash(job.job_id, 8)}{note}"
+        table.border_title = fmt.literal(f"ledger of {job.name or fmt.short_hash(job.job_id, 8)}{note}")
         self._show_round()
 
     async def _load_ledger(self, job: Job) -> None:
@@ -163,7 +164,7 @@ class JobsScreen(DashboardScreen):
         entry = next((r for r in rounds if str(r.round) == key), None)
         shown: Any = Text("no committed round selected", style="dim") if entry is None else round_details(entry)
         if job is not None and job.stall:  # why the round in flight does not commit, first
-            shown = Group(Text(f"⚠ {job.stall}", style="bold yellow"), shown)
+            shown = Group(fmt.literal(f"⚠ {job.stall}", style="bold yellow"), shown)
         detail.update(shown)
 
     @on(DataTable.RowHighlighted, "#job-table")

@@ -70,9 +70,9 @@ def peer_cells(peer: Peer, now: float, work: MemberWork | None = None) -> list[C
     penalty = Text(f"{peer.penalty:.2f}", style="red" if peer.penalty > 0 else "dim")
     return [
         fmt.short_id(peer.peer_id),
-        Text(peer.state, style=fmt.STATE_STYLES.get(peer.state, "")),
-        Text(peer.reachability + ("·r" if peer.connection == "relayed" else ""),
-             style=fmt.REACH_STYLES.get(peer.reachability, "")),
+        fmt.literal(peer.state, style=fmt.STATE_STYLES.get(peer.state, "")),
+        fmt.literal(peer.reachability + ("·r" if peer.connection == "relayed" else ""),
+                    style=fmt.REACH_STYLES.get(peer.reachability, "")),
         Text(fmt.rtt(peer.rtt_ms), justify="right"),
         Text(fmt.ago(peer.last_seen, now), justify="right"),
         peer.info.device() if peer.info else fmt.DASH,
@@ -146,8 +146,8 @@ class PeersScreen(DashboardScreen):
         work = work_by_peer(snap)
         table.set_rows([(p.peer_id, peer_cells(p, now, work.get(p.peer_id))) for p in self.visible_peers(snap)])
         count = f"{table.row_count}/{len(snap.peers)}" if self.filter_text else str(table.row_count)
-        table.border_title = f"peers {count}" + (
-            f" · filter '{self.filter_text}'" if self.filter_text else ""
+        table.border_title = fmt.literal(
+            f"peers {count}" + (f" · filter '{self.filter_text}'" if self.filter_text else "")
         )
         self._show_detail()
 
@@ -197,7 +197,7 @@ class PeersScreen(DashboardScreen):
         """Enter copies the full id: the one thing people paste into other commands."""
         peer_id = str(event.row_key.value)
         self.app.copy_to_clipboard(peer_id)
-        self.notify(f"copied {peer_id}", title="peer id", timeout=3)
+        self.notify(f"copied {peer_id}", title="peer id", timeout=3, markup=False)
         self._show_detail()
 
     # -- filtering --------------------------------------------------------------------

@@ -6,6 +6,7 @@ from __future__ import annotations
 from textual.widgets import Static
 
 from tui.feed import Snapshot
+from tui.format import literal
 
 
 class Banner(Static):
@@ -22,8 +23,8 @@ class Banner(Static):
         self.set_class(snap.connected is None, "-connecting")
         self.set_class(snap.connected is False, "-disconnected")
         if snap.connected is None:
-            self.update(f"connecting to {snap.where}…")
+            self.update(literal(f"connecting to {snap.where}…"))
         elif snap.connected is False:
-            self.update(f"⚠ disconnected — retrying (attempt {snap.attempts}): {snap.error}")
+            self.update(literal(f"⚠ disconnected — retrying (attempt {snap.attempts}): {snap.error}"))
         else:
             self.update("")

@@ -60,7 +60,7 @@ def format_event(event: Event) -> Text:
     text = Text(no_wrap=True, overflow="ellipsis")
     text.append(fmt.clock_time(event.ts), style="dim")
     text.append(" ")
-    text.append(f"{event.type:<16}", style=EVENT_STYLES.get(event.type, ""))
+    text.append(fmt.literal(f"{event.type:<16}", style=EVENT_STYLES.get(event.type, "")))
     text.append(" ")
     detail = event.message
     if not detail:
@@ -69,5 +69,5 @@ def format_event(event: Event) -> Text:
             fmt.short_id(event.peer) if event.peer else "",
         ]
         detail = " ".join(p for p in parts if p)
-    text.append(detail)
+    text.append(fmt.literal(detail))
     return text

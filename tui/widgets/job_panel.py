@@ -42,7 +42,7 @@ class JobPanel(Vertical):
 
 def job_title(job: Job) -> Text:
     text = Text()
-    text.append(job.name or "job", style="bold")
+    text.append(fmt.literal(job.name or "job", style="bold"))
     text.append(f" {fmt.short_hash(job.job_id, 8)} ", style="dim")
     text.append(job.state, style=fmt.JOB_STATE_STYLES.get(job.state, ""))
     text.append(f"  round {job.round}/{job.rounds}  ")
@@ -56,10 +56,10 @@ def job_title(job: Job) -> Text:
 
 def job_roles(job: Job, self_id: str) -> Text:
     text = Text("coordinator ")
-    text.append(fmt.short_id(job.coordinator), style="bold")
+    text.append(fmt.literal(fmt.short_id(job.coordinator), style="bold"))
     if job.is_coordinator or (self_id and job.coordinator == self_id):
         text.append(" (this node)", style="bold magenta")
     text.append("   role ")
-    text.append(job.role, style=ROLE_STYLES.get(job.role, ""))
+    text.append(fmt.literal(job.role, style=ROLE_STYLES.get(job.role, "")))
     text.append(f"   members {len(job.members)}")
     return text

@@ -2,7 +2,8 @@
 
 Textual's DataTable keeps rows by key but sorting and filtering here are done on the data
 (sorting rendered cells would order "10ms" before "9ms"), so the table is rebuilt in the
-wanted order and the cursor is put back on the same key."""
+wanted order and the cursor is put back on the same key. A plain string cell is drawn as
+literal text: a DataTable would read markup in it, and cells carry peer text."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ from collections.abc import Sequence
 from rich.text import Text
 from textual.widgets import DataTable
 from textual.widgets.data_table import RowDoesNotExist
+
+from tui.format import literal
 
 Cell = str | Text
 Row = tuple[str, Sequence[Cell]]
@@ -48,7 +51,7 @@ class KeyedTable(DataTable[Cell]):
         self._keep = None
         self.clear()
         for key, cells in rows:
-            self.add_row(*cells, key=key)
+            self.add_row(*(literal(c) if isinstance(c, str) else c for c in cells), key=key)
         if selected is not None:
             with contextlib.suppress(RowDoesNotExist):
                 self.move_cursor(row=self.get_row_index(selected), animate=False)

@@ -27,9 +27,9 @@ def render_masthead(snap: Snapshot, active: str) -> Text:
     text.append("GPUFlex ", style="bold")
     status = snap.status
     if status is not None:
-        text.append(fmt.short_id(status.peer_id), style="bold cyan")
+        text.append(fmt.literal(fmt.short_id(status.peer_id), style="bold cyan"))
         if status.version:
-            text.append(f" v{status.version}", style="dim")
+            text.append(fmt.literal(f" v{status.version}", style="dim"))
         if status.uptime_s is not None:
             text.append(f" up {fmt.human_duration(status.uptime_s)}", style="dim")
     else:

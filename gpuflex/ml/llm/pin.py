@@ -17,10 +17,10 @@ from gpuflex.llmspec import is_llm
 from gpuflex.ml.llm import LLMError, require_extra
 from gpuflex.ml.llm.models import base_hash, build_base
 from gpuflex.ml.llm.tokenizer import eos_id, tokenizer_hash
-from gpuflex.nodeconfig import NodeConfigError, load_node_config
+from gpuflex.nodeconfig import NodeConfig, NodeConfigError, load_node_config
 
 
-def pin_llm_spec(spec: JobSpec, home: Path | None) -> JobSpec:
+def pin_llm_spec(spec: JobSpec, home: Path | None, config: NodeConfig | None = None) -> JobSpec:
     """``spec`` with ``llm.base_hash`` and ``llm.tokenizer_hash`` filled in from this node."""
     if not is_llm(spec.model) or (spec.llm["base_hash"] and spec.llm["tokenizer_hash"]):
         return spec
@@ -28,7 +28,7 @@ def pin_llm_spec(spec: JobSpec, home: Path | None) -> JobSpec:
     from gpuflex.ml.llm.workload import job_tokenizer
 
     try:
-        config = load_node_config(home)
+        config = config or load_node_config(home)
     except NodeConfigError as exc:
         raise LLMError(str(exc)) from None
     tok = job_tokenizer(spec, config)

@@ -3,7 +3,7 @@
 Two sources:
 
 - ``shakespeare``: the play text split by speaking role (LEAF's natural non-IID split). Its
-  path is the node's own: node.toml ``[data] shakespeare``, else the job's ``data_path``.
+  path is the node's own: node.toml ``[data] shakespeare`` (or ``--data shakespeare=PATH``).
 - ``text``: the node's private corpus, node.toml ``[text] <corpus>``, under
   ``partition = "local"``. The files never leave the machine; the job only names the corpus.
 
@@ -54,8 +54,8 @@ class TextBundle:
 
 
 def shakespeare_path(spec: JobSpec, config: NodeConfig) -> Path:
-    """The node's own copy wins over the path the job carries."""
-    path = config.data_path("shakespeare") or (Path(spec.data_path).expanduser() if spec.data_path else None)
+    """The node's own copy: a job names the data set, never where it lives."""
+    path = config.data_path("shakespeare")
     if path is None:
         raise LLMError("no Shakespeare text on this node: set [data] shakespeare = \"/path/tinyshakespeare.txt\" "
                        "in node.toml")

@@ -85,7 +85,7 @@ class LLMWorkload:
 
     def __init__(self, spec: JobSpec, part_index: int, num_parts: int, home: Path | None = None,
                  device: torch.device | None = None, data_hook: Callable[[Dataset, int], Dataset] | None = None,
-                 *, verify: bool = True):
+                 config: NodeConfig | None = None, *, verify: bool = True):
         require_extra()
         return_freed_memory()
         if data_hook is not None:
@@ -95,7 +95,7 @@ class LLMWorkload:
         self.device = device or pick_device()
         self._lock = threading.Lock()
         try:
-            self.config = load_node_config(home)
+            self.config = config or load_node_config(home)
         except NodeConfigError as exc:
             raise LLMError(str(exc)) from None
         self.tokenizer = job_tokenizer(spec, self.config)

@@ -34,8 +34,8 @@ def test_breast_cancer_is_standardised():
 
 
 def test_cifar10_reads_python_batches(cifar_dir: Path):
-    spec = JobSpec(model="cifar10-cnn", data="cifar10", data_path=str(cifar_dir))
-    bundle = load_data(spec)
+    spec = JobSpec(model="cifar10-cnn", data="cifar10")
+    bundle = load_data(spec, str(cifar_dir))
     assert len(bundle.train) == 60 and len(bundle.test) == 12
     x, y = bundle.train[0]
     assert x.shape == (3, 32, 32) and x.dtype == torch.float32 and 0 <= int(y) < 10
@@ -43,19 +43,21 @@ def test_cifar10_reads_python_batches(cifar_dir: Path):
 
 
 def test_cifar10_wrong_folder_is_a_clear_error(tmp_path: Path):
-    spec = JobSpec(model="cifar10-cnn", data="cifar10", data_path=str(tmp_path))
-    with pytest.raises(DataError, match=r"expected data_batch_1\.\.5 and test_batch"):
+    spec = JobSpec(model="cifar10-cnn", data="cifar10")
+    with pytest.raises(DataError, match="is not on this node"):
         load_data(spec)
+    with pytest.raises(DataError, match=r"expected data_batch_1\.\.5 and test_batch"):
+        load_data(spec, str(tmp_path))
     (tmp_path / "data_batch_1").write_bytes(b"not a pickle")
     (tmp_path / "test_batch").write_bytes(b"not a pickle")
     with pytest.raises(DataError, match="not a CIFAR-10 python batch"):
-        load_data(spec)
+        load_data(spec, str(tmp_path))
 
 
 def test_shakespeare_splits_by_role(play_file: Path):
     assert sorted(split_roles(play_file.read_text())) == ["All", "First Citizen", "Second Citizen"]
-    spec = JobSpec(model="char-gru", data="shakespeare", data_path=str(play_file))
-    bundle = load_data(spec)
+    spec = JobSpec(model="char-gru", data="shakespeare")
+    bundle = load_data(spec, str(play_file))
     x, _ = bundle.train[0]
     assert x.shape == (80,) and x.dtype == torch.long
     assert bundle.num_classes == len(VOCAB) and bundle.groups is not None
@@ -67,8 +69,8 @@ def test_shakespeare_real_file_when_present():
     path = shared_data_dir() / "tinyshakespeare.txt"
     if not path.is_file():
         pytest.skip(f"{path} not present")
-    spec = JobSpec(model="char-gru", data="shakespeare", data_path=str(path), partition="groups")
-    bundle = load_data(spec)
+    spec = JobSpec(model="char-gru", data="shakespeare", partition="groups")
+    bundle = load_data(spec, str(path))
     assert len(bundle.group_names) > 100  # LEAF-style: many roles, each a natural client
     assert len(bundle.train) > 5000
     assert bundle.groups is not None and len(np.unique(bundle.groups)) > 100

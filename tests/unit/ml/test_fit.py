@@ -65,7 +65,7 @@ class OutOfMemoryAbove(nn.Module):
 @pytest.fixture
 def mlp_spec(digits_spec: JobSpec) -> JobSpec:
     return JobSpec.from_dict({**digits_spec.to_dict(), "model": "mlp", "partition": "iid", "batch_size": 32,
-                              "local_epochs": 1, "optimizer": "sgd"}, check_paths=False)
+                              "local_epochs": 1, "optimizer": "sgd"})
 
 
 def test_a_small_device_trains_the_same_effective_batch(mlp_spec: JobSpec) -> None:

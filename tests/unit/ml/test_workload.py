@@ -12,6 +12,7 @@ import torch
 
 from gpuflex.jobspec import JobSpec
 from gpuflex.ml.workload import Workload
+from gpuflex.nodeconfig import NodeConfig, with_flags
 from gpuflex.plugins import PluginError
 
 FIXTURES = "tests.unit.ml.plugin_fixtures"
@@ -98,30 +99,37 @@ def test_plugin_of_the_wrong_shape_is_a_clear_error():
         work.train(work.initial_params())
 
 
+def local_data(**entries: Path) -> NodeConfig:
+    """A node's own data locations, as node.toml [data] or --data give them."""
+    return with_flags(NodeConfig(), data=[f"{name}={path}" for name, path in entries.items()])
+
+
 def test_other_builtin_models_train(cifar_dir: Path, play_file: Path):
+    config = local_data(cifar10=cifar_dir, shakespeare=play_file)
     for spec in (
-        JobSpec(model="cifar10-cnn", data="cifar10", data_path=str(cifar_dir), batch_size=8),
-        JobSpec(model="char-gru", data="shakespeare", data_path=str(play_file), batch_size=4),
+        JobSpec(model="cifar10-cnn", data="cifar10", batch_size=8),
+        JobSpec(model="char-gru", data="shakespeare", batch_size=4),
         JobSpec(model="mlp", data="sklearn-breast-cancer", partition="shards"),
     ):
-        work = Workload(spec, 0, 2)
+        work = Workload(spec, 0, 2, config=config)
         delta, metrics = work.train(work.initial_params())
         assert np.isfinite(delta).all() and np.abs(delta).sum() > 0, spec.model
         assert np.isfinite(metrics["train_loss"])
 
 
 def test_groups_partition_on_shakespeare(play_file: Path):
-    spec = JobSpec(model="char-gru", data="shakespeare", data_path=str(play_file), partition="groups")
-    parts = [Workload(spec, i, 2) for i in range(2)]
+    spec = JobSpec(model="char-gru", data="shakespeare", partition="groups")
+    parts = [Workload(spec, i, 2, config=local_data(shakespeare=play_file)) for i in range(2)]
     groups = parts[0].bundle.groups
     roles = [set(groups[w.indices]) for w in parts]
     assert roles[0] and roles[1] and not roles[0] & roles[1]
 
 
-def test_local_partition_reads_data_inside_each_home(tmp_path: Path, play_file: Path):
+def test_local_partition_reads_the_data_its_node_toml_names(tmp_path: Path, play_file: Path):
     home = tmp_path / "node-a"
     (home / "data").mkdir(parents=True)
     (home / "data" / "mine.txt").write_text(play_file.read_text())
-    spec = JobSpec(model="char-gru", data="shakespeare", data_path="data/mine.txt", partition="local")
+    (home / "node.toml").write_text('[data]\nshakespeare = "data/mine.txt"\n')  # relative: inside the home
+    spec = JobSpec(model="char-gru", data="shakespeare", partition="local")
     work = Workload(spec, 0, 3, home=home)
     assert work.num_samples == len(work.bundle.train)

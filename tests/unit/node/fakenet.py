@@ -55,7 +55,7 @@ def fast_spec(**overrides: Any) -> JobSpec:
                             "min_nodes": 2, "group_size": 4, "plan_timeout_s": 3.0, "train_timeout_s": 12.0,
                             "reduce_timeout_s": 2.0, "strategy": "fedavg", "server_lr": 1.0}
     data.update(overrides)
-    return JobSpec.from_dict(data, check_paths=False)
+    return JobSpec.from_dict(data)
 
 
 class FakeTrainer:

@@ -1,0 +1,199 @@
+"""Catch-up sync: learning the jobs and ledgers a peer holds, in bounded pages.
+
+A node asks a peer when it starts, when a presence or a message names a job it does not know,
+and when a peer says it is ahead in a job. However many jobs a node holds and however long
+their ledgers, every answer is a page well within the frame limit:
+
+* ``{"after": ID}``: the signed JobSpec frames of the jobs whose ids sort after ``ID``, up to
+  ``PAGE_BYTES`` (and ``PAGE_JOBS``), each job's ledger height, and ``more`` (the last id
+  sent) while further pages remain;
+* ``{"job": ID, "from": N}``: that job's ledger frames from round ``N + 1``, up to
+  ``PAGE_BYTES`` but at least one, and ``more`` while further frames remain.
+
+The asker fetches ledger pages only for jobs where the peer is ahead, and never more frames
+than the job has rounds. A sync that a peer's message sets off is throttled per peer (one at
+a time, and one every ``TRIGGER_EVERY_S`` at most), so naming unknown jobs cannot make a
+node sync in a loop.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol
+
+import trio
+
+from gpuflex.node.messages import JOB, SYNC
+from mesh.codec import Envelope, WireError, open_envelope, seal
+from mesh.messaging import Inbound, Rejected, SendError
+from mesh.node import MeshNode
+
+log = logging.getLogger("gpuflex.sync")
+#: A sync page holds at most this many bytes of frames (a single larger frame goes alone) ...
+PAGE_BYTES = 4 << 20
+#: ... and at most this many jobs.
+PAGE_JOBS = 64
+#: Pages of jobs asked of one peer in one sync: PAGES x PAGE_JOBS jobs at most.
+MAX_PAGES = 64
+#: One page may take this long to arrive.
+PAGE_TIMEOUT_S = 20.0
+#: A sync set off by a peer's message (an unknown job) is made at most this often per peer.
+TRIGGER_EVERY_S = 10.0
+#: Peers whose last sync is remembered for the throttle.
+TRIGGER_MEMORY = 1024
+MAX_ID = 64  # a job id is 16 hex digits; anything much longer is not one
+
+
+class SyncedJob(Protocol):
+    """What sync reads and offers of one job (``JobDriver``)."""
+
+    @property
+    def committed(self) -> int: ...
+
+    @property
+    def rounds(self) -> int: ...
+
+    def job_frame(self) -> bytes: ...
+
+    def ledger_frames(self) -> Sequence[bytes]: ...
+
+    async def offer_ledger(self, frames: list[bytes], peer: str) -> None: ...
+
+
+def job_page(jobs: Mapping[str, SyncedJob], after: str) -> dict[str, Any]:
+    """The page of jobs whose ids sort after ``after``."""
+    frames: list[bytes] = []
+    heights: dict[str, int] = {}
+    size = 0
+    more: str | None = None
+    for job_id in sorted(j for j in jobs if j > after):
+        frame = jobs[job_id].job_frame()
+        if frames and (size + len(frame) > PAGE_BYTES or len(frames) >= PAGE_JOBS):
+            more = max(heights)
+            break
+        frames.append(frame)
+        heights[job_id] = jobs[job_id].committed
+        size += len(frame)
+    return {"jobs": frames, "heights": heights, "more": more}
+
+
+def ledger_page(job: SyncedJob, start: int) -> dict[str, Any]:
+    """Ledger frames of ``job`` from index ``start``."""
+    ledger = job.ledger_frames()
+    out: list[bytes] = []
+    size = 0
+    for frame in ledger[start:]:
+        if out and size + len(frame) > PAGE_BYTES:
+            break
+        out.append(frame)
+        size += len(frame)
+    return {"ledger": out, "more": start + len(out) < len(ledger)}
+
+
+class CatchUp:
+    """Both sides of sync for one node: answering pages, and asking a peer for its jobs."""
+
+    def __init__(self, mesh: MeshNode, jobs: Mapping[str, SyncedJob], adopt: Callable[[Envelope], object]) -> None:
+        self.mesh, self.jobs, self.adopt = mesh, jobs, adopt
+        self._running: set[str] = set()
+        self._last: OrderedDict[str, float] = OrderedDict()
+        self._nursery: trio.Nursery | None = None
+
+    def run_in(self, nursery: trio.Nursery) -> None:
+        self._nursery = nursery
+
+    # -- the answering side ----------------------------------------------------------------------
+
+    async def answer(self, msg: Inbound) -> dict[str, Any]:
+        body = msg.envelope.body if isinstance(msg.envelope.body, dict) else {}
+        job_id, start = body.get("job"), body.get("from", 0)
+        if job_id is None:
+            after = body.get("after", "")
+            if not isinstance(after, str) or len(after) > MAX_ID:
+                raise WireError("garbled", "sync request with a bad cursor")
+            return job_page(self.jobs, after)
+        if not isinstance(job_id, str) or not isinstance(start, int) or isinstance(start, bool) or start < 0:
+            raise WireError("garbled", "ledger sync request with a bad job or start")
+        job = self.jobs.get(job_id)
+        if job is None:
+            raise Rejected(f"unknown job {job_id[:MAX_ID]!r}")
+        return ledger_page(job, start)
+
+    # -- the asking side -------------------------------------------------------------------------
+
+    def trigger(self, peer: str) -> None:
+        """Sync from ``peer`` in the background, unless one ran or runs too recently."""
+        now = time.monotonic()
+        if peer == self.mesh.peer_id or peer in self._running or now - self._last.get(peer, -1e18) < TRIGGER_EVERY_S:
+            return
+        self._last.pop(peer, None)
+        self._last[peer] = now
+        while len(self._last) > TRIGGER_MEMORY:
+            self._last.popitem(last=False)
+        if self._nursery is not None:
+            self._nursery.start_soon(self.sync_from_peer, peer)
+
+    async def _ask(self, peer: str, body: dict[str, Any]) -> dict[str, Any] | None:
+        try:
+            reply = await self.mesh.request(peer, seal(self.mesh.identity, SYNC, body), timeout=PAGE_TIMEOUT_S)
+        except SendError as exc:
+            log.info("sync from %s failed: %s", peer[-8:], exc)
+            return None
+        return reply if isinstance(reply, dict) else None
+
+    async def sync_from_peer(self, peer: str) -> bool:
+        """Learn ``peer``'s jobs, page by page, and its ledger of every job where it is ahead."""
+        if peer in self._running:
+            return False
+        self._running.add(peer)
+        try:
+            heights = await self._learn_jobs(peer)
+            if heights is None:
+                return False
+            for job_id, height in heights.items():
+                job = self.jobs.get(job_id)
+                if job is not None and height > job.committed:
+                    await self._catch_up(peer, job_id, job)
+            return True
+        finally:
+            self._running.discard(peer)
+
+    async def _learn_jobs(self, peer: str) -> dict[str, int] | None:
+        heights: dict[str, int] = {}
+        after = ""
+        for _ in range(MAX_PAGES):
+            reply = await self._ask(peer, {"after": after})
+            if reply is None:
+                return heights or None
+            frames = reply.get("jobs")
+            for frame in (frames if isinstance(frames, list) else [])[:PAGE_JOBS]:
+                try:
+                    self.adopt(open_envelope(frame, expect_kind=JOB))
+                except (WireError, Rejected) as exc:
+                    log.info("ignored job from sync: %s", exc)
+            page = reply.get("heights")
+            for job_id, height in (page.items() if isinstance(page, dict) else ()):
+                if isinstance(job_id, str) and isinstance(height, int) and len(heights) < MAX_PAGES * PAGE_JOBS:
+                    heights[job_id] = height
+            more = reply.get("more")
+            if not isinstance(more, str) or more <= after or len(more) > MAX_ID:
+                break
+            after = more
+        return heights
+
+    async def _catch_up(self, peer: str, job_id: str, job: SyncedJob) -> None:
+        """Fetch ``peer``'s ledger of ``job`` in pages and offer it, whole, to the job."""
+        frames: list[bytes] = []
+        while len(frames) < job.rounds:
+            reply = await self._ask(peer, {"job": job_id, "from": len(frames)})
+            page = reply.get("ledger") if reply is not None else None
+            if not isinstance(page, list) or not page or not all(isinstance(f, bytes) for f in page):
+                break
+            frames += page
+            if not reply or not reply.get("more"):
+                break
+        if frames:
+            await job.offer_ledger(frames[: job.rounds], peer)

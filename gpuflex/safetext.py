@@ -1,0 +1,36 @@
+"""Peer text made safe for a terminal: what the CLI prints and the node logs.
+
+A job's name, a peer's NodeInfo, an error that quotes a spec: all of it was typed on someone
+else's machine. Written raw, ``\\x1b[2J`` clears the operator's screen, ``\\r`` overwrites a
+line with a forged one, and a bidirectional override makes text read backwards. So such text
+is passed through :func:`printable`, which keeps every visible character and shows every
+control or formatting character as an escape, and bounds the length. ``--json`` output needs
+none of this: JSON escapes control characters itself.
+"""
+
+from __future__ import annotations
+
+import re
+
+#: Characters of one piece of peer text in a line of output.
+MAX_CHARS = 200
+# C0 and C1 controls, DEL, zero-width and bidirectional formatting, line and paragraph separators.
+_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2060-\u2069\ufeff]")
+_UNSAFE_KEEP_LINES = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2060-\u2069\ufeff]")
+_NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def _escape(match: re.Match[str]) -> str:
+    char = match.group()
+    code = ord(char)
+    return _NAMED.get(char) or (f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}")
+
+
+def printable(value: object, limit: int | None = MAX_CHARS, *, keep_newlines: bool = False) -> str:
+    """``value`` as one line (or, with ``keep_newlines``, lines) of inert text, clipped to
+    ``limit`` characters (None: no limit)."""
+    text = value if isinstance(value, str) else str(value)
+    text = (_UNSAFE_KEEP_LINES if keep_newlines else _UNSAFE).sub(_escape, text)
+    if limit is not None and len(text) > limit:
+        text = text[: limit - 1] + "…"
+    return text
