@@ -29,6 +29,7 @@ import subprocess
 import sys
 import threading
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -51,13 +52,17 @@ class ForkServerError(GpuflexError, RuntimeError):
 # -- the launcher (runs as ``python -m gpuflex.forkserver``) -------------------------------------
 
 
-def _child(req: dict[str, Any]) -> None:
-    """In the forked child: become the requested command, then exit with its status."""
+def _child(req: dict[str, Any], started: int) -> None:
+    """In the forked child: become the requested command, then exit with its status. The
+    launcher answers only once ``started`` is written, after ``setsid``, so that the owner can
+    signal the child's process group as soon as it has the pid (as with ``Popen``)."""
     code = 1
     try:
+        os.setsid()
+        os.write(started, b"1")
+        os.close(started)
         if req.get("netns"):
             _enter_netns(str(req["netns"]))
-        os.setsid()
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD):
             signal.signal(sig, signal.SIG_DFL)
         # As a fresh interpreter has it: a write to a socket its peer closed raises an error
@@ -113,10 +118,12 @@ def _serve() -> None:
     for name in PRELOAD:
         with contextlib.suppress(Exception):
             __import__(name)
-    threads = len(os.listdir("/proc/self/task")) if os.path.isdir("/proc/self/task") else 1
-    if threads > 1:
-        print(f"gpuflex launcher: {threads} threads after the imports; forked nodes may hang",
+    others = _other_threads()
+    if others:
+        print(f"gpuflex launcher: threads {others} after the imports; forked nodes may hang",
               file=sys.stderr, flush=True)
+    else:  # Python warns at every fork of a process with threads, fork-safe ones included
+        warnings.filterwarnings("ignore", message=r".*use of fork\(\) may lead to deadlocks")
     children: dict[int, int | None] = {}
     out = sys.stdout
     out.write(json.dumps({"ready": os.getpid()}) + "\n")
@@ -136,9 +143,14 @@ def _serve() -> None:
                 line, buf = buf.split(b"\n", 1)
                 req = json.loads(line)
                 if req["op"] == "spawn":
+                    started_r, started_w = os.pipe()
                     pid = os.fork()
                     if pid == 0:
-                        _child(req)
+                        os.close(started_r)
+                        _child(req, started_w)
+                    os.close(started_w)
+                    os.read(started_r, 1)  # empty if the child died before its setsid
+                    os.close(started_r)
                     children[pid] = None
                     reply: dict[str, Any] = {"pid": pid}
                 else:
@@ -152,6 +164,24 @@ def _serve() -> None:
                 with contextlib.suppress(OSError):
                     os.killpg(pid, signal.SIGKILL)
         _reap(children)
+
+
+#: Threads that survive a fork harmlessly: jemalloc (linked into some wheels) re-arms its locks
+#: around fork and only loses background purging in the child.
+FORK_SAFE_THREADS = frozenset({"jemalloc_bg_thd"})
+
+
+def _other_threads() -> list[str]:
+    """Names of this process's threads besides the main one that a fork could break."""
+    if not os.path.isdir("/proc/self/task"):
+        return []
+    names = []
+    for tid in os.listdir("/proc/self/task"):
+        if int(tid) == os.getpid():
+            continue
+        with contextlib.suppress(OSError):
+            names.append(Path(f"/proc/self/task/{tid}/comm").read_text().strip())
+    return [n for n in names if n not in FORK_SAFE_THREADS]
 
 
 def _reap(children: dict[int, int | None]) -> None:
