@@ -15,9 +15,15 @@ processes (``LocalMesh``) and, per committed round, takes
 * resident memory per node process (current and peak, from /proc) once the job is done, which
   with the round times says how many nodes one machine can host.
 
+The same run also times the committed-round checks before and after they required evidence
+(``benchmarks.round_checks``: one result by gossip, a whole ledger by catch-up sync, on the same
+signed rounds) and sets the added cost per round beside the mesh's overhead per round.
+
 Run:
 
     python -m benchmarks.round_overhead [--nodes 4 8 16 32] [--rounds 4] [--json]
+    python -m benchmarks.round_overhead --nodes 4 --checks 4 16 64   # both, side by side
+    python -m benchmarks.round_overhead --nodes --checks 4 16 64     # the checks alone
 """
 
 from __future__ import annotations
@@ -150,7 +156,31 @@ def run(sizes: list[int], rounds: int, batch_size: int, local_steps: int) -> dic
             "meshes": meshes}
 
 
+def checks_share(result: dict[str, Any]) -> list[str]:
+    """Per mesh size: what the new checks add to one round, against that round's overhead."""
+    by_members = {row["members"]: row for row in result.get("checks", [])}
+    lines = []
+    for mesh in result["meshes"]:
+        row = by_members.get(mesh["nodes"])
+        if row is None or "error" in mesh:
+            continue
+        added_ms = row["gossip_after_ms"] - row["gossip_before_ms"]
+        lines.append(f"{mesh['nodes']} nodes: the evidence checks add {added_ms:.2f} ms to a round whose mesh "
+                     f"overhead is {mesh['overhead_s'] * 1000:.0f} ms "
+                     f"({ratio(added_ms, mesh['overhead_s'] * 1000) * 100:.1f} %)")
+    return lines
+
+
 def render(result: dict[str, Any]) -> str:
+    from benchmarks.round_checks import render as render_checks
+
+    checks = [render_checks(result["checks"]), *checks_share(result)] if result.get("checks") else []
+    if not result["meshes"]:
+        return "\n".join(checks)
+    return "\n".join([render_meshes(result), *checks])
+
+
+def render_meshes(result: dict[str, Any]) -> str:
     columns = [("nodes", "nodes", ""), ("contributors_min", "contributors", "d"),
                ("duration_s", "round s", ".2f"), ("compute_s", "compute s", ".3f"),
                ("overhead_s", "overhead s", ".2f"), ("overhead_max_s", "overhead max s", ".2f"),
@@ -178,16 +208,28 @@ def render(result: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--nodes", type=int, nargs="+", default=[4, 8, 16, 32], help="mesh sizes to measure")
+    parser.add_argument("--nodes", type=int, nargs="*", default=[4, 8, 16, 32], help="mesh sizes to measure")
+    parser.add_argument("--checks", type=int, nargs="*", default=[], metavar="CONTRIBUTORS",
+                        help="also time the committed-round checks before and after, for these contributor counts")
+    parser.add_argument("--checks-rounds", type=int, default=10, help="ledger length for the catch-up sync timing")
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--local-steps", type=int, default=0, help="0 = one local epoch (see job_spec)")
     add_json_flag(parser)
     args = parser.parse_args(argv)
     stop_on_sigterm()
-    if min(args.nodes) < 2 or args.rounds < 1 or args.batch_size < 1 or args.local_steps < 0:
+    if min(args.nodes, default=2) < 2 or args.rounds < 1 or args.batch_size < 1 or args.local_steps < 0:
         parser.error("--nodes must be ≥ 2, --rounds and --batch-size ≥ 1")
+    if not args.nodes and not args.checks:
+        parser.error("nothing to measure: give --nodes, --checks or both")
+    if min(args.checks, default=1) < 1 or args.checks_rounds < 1:
+        parser.error("--checks counts and --checks-rounds must be ≥ 1")
     result = run(args.nodes, args.rounds, args.batch_size, args.local_steps)
+    if args.checks:
+        from benchmarks import round_checks
+
+        log(f"timing the committed-round checks for {args.checks} contributors")
+        result["checks"] = round_checks.run(args.checks, args.checks_rounds)
     emit(result, args.json, render)
     if any("error" in m for m in result["meshes"]):
         raise SystemExit(1)

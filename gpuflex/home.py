@@ -22,3 +22,4 @@ KEY_FILE = "identity.key"
 TOKEN_FILE = "control.token"
 CONTROL_FILE = "control.json"
 LOG_FILE = "node.log"
+PEERS_FILE = "peers.json"  # the address book: peers met, kept across restarts (mesh.addressbook)

@@ -153,6 +153,14 @@ class JobSpec:
     dp_on_budget: OnBudget = "stop"
     secure_aggregation: bool = False
     secagg_threshold: int = 0  # 0: half the group, see secagg_threshold_for
+    #: A member refuses to mask into a group with fewer masking members than this.
+    secagg_min_group: int = 3
+    #: At most this many plan members per IPv4 /24 or IPv6 /48 (0: off; loopback is exempt).
+    max_per_prefix: int = 0
+    #: One update weighs at most this many times the previous round's median sample count (0: off).
+    sample_cap_factor: float = 4.0
+    #: A fixed cap on one update's sample count instead (0: none).
+    max_samples: int = 0
     #: Language-model settings (model, LoRA adapter, tokenizer, text); see gpuflex/llmspec.py.
     llm: dict[str, Any] = field(default_factory=dict)
 
@@ -499,6 +507,10 @@ _CHECKS: dict[str, Callable[[Any], Any]] = {
     "dp_on_budget": _choice(DP_ON_BUDGET),
     "secure_aggregation": _bool,
     "secagg_threshold": _int(0, MAX_GROUP_SIZE),
+    "secagg_min_group": _int(2, MAX_GROUP_SIZE),
+    "max_per_prefix": _int(0, MAX_MEMBERS),
+    "sample_cap_factor": _float(0.0, strict=False, maximum=1e6),
+    "max_samples": _int(0, 2**53),
     "llm": _table,
 }
 assert set(_CHECKS) == {f.name for f in fields(JobSpec)}, "every JobSpec field needs a check"
@@ -570,4 +582,6 @@ def _trust_checks(values: dict[str, Any], failed: set[str]) -> list[tuple[str, s
             errors.append(("secure_aggregation", "needs codec = 'none' (it quantises on its own)"))
     elif values.get("secagg_threshold", 0):
         errors.append(("secagg_threshold", "is only used with secure_aggregation = true"))
+    if 0 < values.get("sample_cap_factor", 4.0) < 1:
+        errors.append(("sample_cap_factor", "must be 0 (off) or at least 1 (the median member's weight)"))
     return errors

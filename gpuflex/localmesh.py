@@ -32,6 +32,15 @@ class MeshStartError(GpuflexError, RuntimeError):
     """The local mesh did not come up in time."""
 
 
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port nothing listens on right now: where a restarted node is moved to."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
 @dataclass(frozen=True)
 class Placement:
     """Where one node runs. A node in a network namespace listens on that namespace's address,
@@ -58,6 +67,7 @@ class LocalMesh:
         self.env = {**os.environ, "GPUFLEX_TORCH_THREADS": "1", "PYTHONUNBUFFERED": "1", **(env or {})}
         self.launcher = list(launcher)  # how to run `gpuflex` (a test harness may wrap it)
         self.procs: dict[int, subprocess.Popen[bytes] | forkserver.ForkedProcess] = {}
+        self.args: dict[int, list[str]] = {}  # the command line each node was last started with
         self.bootstrap: str | None = None
 
     def home(self, i: int) -> Path:
@@ -68,17 +78,23 @@ class LocalMesh:
 
     # -- processes ---------------------------------------------------------------------------
 
-    def start_node(self, i: int, wait: bool = True, timeout: float = 60.0) -> None:
+    def start_node(self, i: int, wait: bool = True, timeout: float = 60.0, bootstrap: bool = True,
+                   port: int = 0) -> None:
+        """Start node ``i`` with the first node's original address as ``--bootstrap`` (none for
+        the first node, or with ``bootstrap=False``); a restarted node rejoins through its book.
+        ``port`` 0 lets the node pick (it keeps the port it had before, when free); another
+        value moves it there."""
         home = self.home(i)
         home.mkdir(parents=True, exist_ok=True)
         (home / CONTROL_FILE).unlink(missing_ok=True)
         place = self.placement(i)
         cmd = [*place.prefix, sys.executable, *self.launcher, "node", "start", "--home", str(home),
-               "--listen", f"/ip4/{place.host}/tcp/0", "--log-level", self.log_level, *self.extra_args]
+               "--listen", f"/ip4/{place.host}/tcp/{port}", "--log-level", self.log_level, *self.extra_args]
         if self.node_args is not None:
             cmd += list(self.node_args(i))
-        if self.bootstrap and i != 0:
+        if bootstrap and self.bootstrap and i != 0:
             cmd += ["--bootstrap", self.bootstrap]
+        self.args[i] = cmd
         if (not place.prefix or place.netns) and len(self.launcher) == 2 and self.launcher[0] == "-m" \
                 and forkserver.enabled():
             # Forked from a launcher that imported torch and libp2p once (gpuflex/forkserver.py).

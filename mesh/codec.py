@@ -4,6 +4,12 @@ Every byte that arrives from a peer is untrusted. ``open_envelope`` is the singl
 problem at all (garbage, truncation, an oversized frame, a bad signature, an unknown schema
 version or kind, a stale timestamp, a replayed nonce) becomes one typed ``WireError`` whose
 message says what was wrong, so callers log it, drop the message and keep serving.
+
+One signed message has one id. A frame is ``msgpack([header, signature])`` and the signature
+covers the header bytes only, so the outer array could be re-encoded (wider length prefixes)
+by anyone, without a key, into another valid frame. Ids (``digest``, ``msg_id``) therefore hash
+exactly the signed bytes, never the frame; and a frame must be in the one canonical encoding
+``seal`` writes, so what a node stores and forwards is byte-for-byte what its signer sent.
 """
 
 from __future__ import annotations
@@ -72,15 +78,23 @@ class Envelope:
     nonce: bytes
     body: Any
     raw: bytes
+    signed: bytes  # the header bytes the signature covers (after SIGNING_DOMAIN)
 
     @property
     def msg_id(self) -> bytes:
-        return hashlib.blake2b(self.raw, digest_size=16).digest()
+        """Gossip de-duplication id: BLAKE2b-128 of the signed bytes."""
+        return hashlib.blake2b(SIGNING_DOMAIN + self.signed, digest_size=16).digest()
 
     @property
     def digest(self) -> str:
-        """Hex BLAKE2b-256 of the signed frame: what hash chains and references point at."""
-        return hashlib.blake2b(self.raw, digest_size=32).hexdigest()
+        """Hex BLAKE2b-256 of the signed bytes (``SIGNING_DOMAIN + header``): what hash chains,
+        job ids and references point at. Nothing outside the signature enters it."""
+        return hashlib.blake2b(SIGNING_DOMAIN + self.signed, digest_size=32).hexdigest()
+
+
+def canonical_frame(header: bytes, signature: bytes) -> bytes:
+    """The one encoding of a signed header: what ``seal`` writes and ``open_envelope`` accepts."""
+    return msgpack.packb([header, signature], use_bin_type=True)
 
 
 def seal(identity: Identity, kind: str, body: Any, *, ts: float | None = None) -> bytes:
@@ -98,7 +112,7 @@ def seal(identity: Identity, kind: str, body: Any, *, ts: float | None = None) -
         },
         use_bin_type=True,
     )
-    frame = msgpack.packb([header, identity.sign(SIGNING_DOMAIN + header)], use_bin_type=True)
+    frame = canonical_frame(header, identity.sign(SIGNING_DOMAIN + header))
     if len(frame) > _KIND_LIMITS[kind]:
         raise ValueError(f"{kind} message of {len(frame)} bytes exceeds its {_KIND_LIMITS[kind]} byte limit")
     return frame
@@ -176,6 +190,8 @@ def open_envelope(
     if not (isinstance(outer, list) and len(outer) == 2 and all(isinstance(x, bytes) for x in outer)):
         raise WireError("garbled", "frame is not [header, signature]")
     header_bytes, signature = outer
+    if frame != canonical_frame(header_bytes, signature):
+        raise WireError("garbled", "frame is not in its canonical encoding (re-encoded by someone)")
     header = _unpack(header_bytes, "header")
     if not isinstance(header, dict):
         raise WireError("garbled", "header is not a map")
@@ -206,6 +222,7 @@ def open_envelope(
         nonce=nonce,
         body=header["b"],
         raw=frame,
+        signed=header_bytes,
     )
     if replay is not None:
         replay.check(env, now)

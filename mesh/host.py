@@ -54,6 +54,39 @@ def check_tcp_port_free(listen: str) -> None:
             raise HostError(f"cannot listen on {listen}: {exc.strerror}") from None
 
 
+def port_is_free(host: str, port: int) -> bool:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def sticky_listen(listen: Sequence[str], previous: Sequence[str]) -> list[str]:
+    """``listen`` with each port 0 replaced by the port this node had last time on that host,
+    where that port is still free.
+
+    Peers keep a node's address in their address books; a node that asked for "any port"
+    and got a new one at every restart would be lost to all of them at once. Like a BitTorrent
+    client, it picks a port once and keeps it; a taken port falls back to a fresh one."""
+    out: list[str] = []
+    for text in listen:
+        parts = text.split("/")
+        chosen = text
+        if len(parts) == 5 and parts[1] in ("ip4", "ip6") and parts[3] == "tcp" and parts[4] == "0":
+            for old in previous:
+                was = old.split("/")
+                if len(was) == 5 and was[1:4] == parts[1:4] and was[4].isdigit() and 0 < int(was[4]) < 65536 \
+                        and port_is_free(parts[2], int(was[4])):
+                    chosen = old
+                    break
+        out.append(chosen)
+    return out
+
+
 def quiet_libp2p() -> None:
     """py-libp2p 0.8.1 warns about routine events (clean DHT stream ends, stores that did
     succeed); unless LIBP2P_DEBUG asks for them, keep them off the user's terminal."""

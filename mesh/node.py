@@ -16,7 +16,7 @@ import os
 import random
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -25,13 +25,22 @@ from typing import Any, cast
 import trio
 
 from mesh import __version__, bulk
+from mesh.addressbook import BOOK_FILE, AddressBook
 from mesh.blob import BLOB_PROTOCOL, BlobError, BlobIntegrityError, BlobStore, receive_blob
+from mesh.bootstrap import BootstrapError as BootstrapError  # re-exported: callers catch it here
+from mesh.bootstrap import Joiner, JoinPolicy, PeerBackoff
 from mesh.codec import MAX_FRAME, ReplayGuard, WireError, open_envelope, register_kind, seal
 from mesh.compat import StrEnum
-from mesh.errors import MeshError
 from mesh.framing import read_exactly, read_obj, write_frame, write_len64
 from mesh.health import DOWN, UP, HealthConfig, PeerRecord, PeerState, PeerTable
-from mesh.host import DEFAULT_LISTEN, HostError, build_host, check_tcp_port_free, parse_multiaddr
+from mesh.host import (
+    DEFAULT_LISTEN,
+    HostError,
+    build_host,
+    check_tcp_port_free,
+    parse_multiaddr,
+    sticky_listen,
+)
 from mesh.identity import Identity
 from mesh.inbound import InboundStreams, close, reset
 from mesh.limits import PeerLimits
@@ -56,10 +65,6 @@ INFO_REQUEST = "info_req"
 register_kind(INFO_REQUEST, 1024)
 
 EventSink = Callable[..., None]
-#: One dial of one bootstrap address: a live peer on a loaded machine answers well within it.
-BOOTSTRAP_DIAL_S = 10.0
-#: Ceiling of the pause between bootstrap sweeps (it grows by a quarter second per sweep).
-BOOTSTRAP_BACKOFF_MAX_S = 2.0
 #: One DHT chore (a routing-table walk, a NodeInfo publish): bounded so a stuck one cannot
 #: stall the loop that runs it.
 DHT_CHORE_S = 10.0
@@ -74,6 +79,9 @@ DOWN_PROBE_EVERY_S = 5
 GOSSIP_OPEN_S, GOSSIP_PUSH_S = 5.0, 10.0
 #: Opening a blob stream, before the transfer's own timeout starts to matter.
 BLOB_OPEN_S = 10.0
+#: The address book takes in what the peer table learnt, and is saved if that changed it,
+#: this often: a node killed right after it met the mesh still finds it again.
+BOOK_EVERY_S = 2.0
 
 
 class MeshEvent(StrEnum):
@@ -89,10 +97,6 @@ class MeshEvent(StrEnum):
 
 PEER_EVENTS = {PeerState.UP: MeshEvent.PEER_UP, PeerState.SUSPECT: MeshEvent.PEER_SUSPECT,
                PeerState.DOWN: MeshEvent.PEER_DOWN}
-
-
-class BootstrapError(MeshError, RuntimeError):
-    """None of the bootstrap addresses could be reached."""
 
 
 async def best_effort(what: str, chore: Callable[[], Awaitable[Any]], timeout: float) -> Any:
@@ -129,6 +133,11 @@ class MeshConfig:
     gossip_fanout: int = 3
     # Blob bytes over a one-off sealed TCP side channel (mesh.bulk) rather than through libp2p.
     bulk_channel: bool = True
+    # The peers this node has met, kept across restarts (mesh.addressbook); None: in
+    # <data_dir>/peers.json. A node that has been in a mesh rejoins from it with backoff.
+    address_book: Path | None = None
+    address_book_size: int = 256
+    rejoin_backoff_max_s: float = 60.0
     # NAT traversal (mesh.nat): relay limits and use, LAN discovery, and a forced verdict
     # ("public", "private") that skips the dial-back checks, for tests and operators who know.
     relay: RelayLimitsConfig = field(default_factory=RelayLimitsConfig)
@@ -150,6 +159,13 @@ class MeshNode:
         self.seen = SeenCache()
         data_dir = config.data_dir or Path.cwd() / ".gpuflex-mesh"
         self.blobs = BlobStore(Path(data_dir) / "blobs")
+        self.book = AddressBook(config.address_book or Path(data_dir) / BOOK_FILE, identity.peer_id,
+                                max_peers=config.address_book_size)
+        self.joiner: Joiner | None = None
+        self._dialer: Any = None
+        self._redial_backoff = PeerBackoff()
+        self._redialling: set[str] = set()
+        self._book_save_failed = False
         self._on_event = on_event or (lambda *a, **k: None)
         self._nursery: trio.Nursery | None = None
         self._stopped = trio.Event()
@@ -198,14 +214,17 @@ class MeshNode:
 
         for addr in self.config.listen:
             check_tcp_port_free(addr)
+        await trio.to_thread.run_sync(self.book.load)
+        wanted = sticky_listen(self.config.listen, self.book.listen)  # port 0: last time's port
         try:
-            self.host = build_host(self.identity, self.config.listen, self.config.announce)
+            self.host = build_host(self.identity, wanted, self.config.announce)
         except HostError:
             raise  # already says what is wrong
         except Exception as exc:  # py-libp2p's constructors raise from unrelated roots
             raise HostError(f"could not create the libp2p host: {exc}") from exc
-        listen = [parse_multiaddr(a, "listen address") for a in self.config.listen]
+        listen = [parse_multiaddr(a, "listen address") for a in wanted]
         async with self.host.run(listen), trio.open_nursery() as nursery:
+            self.book.listening(str(a) for ln in self.host.get_network().listeners.values() for a in ln.get_addrs())
             self._nursery = nursery
             validator = NamespacedValidator({NODEINFO_NS: cast(Any, RecordValidator("nodeinfo"))})
             mode = DHTMode.CLIENT if self.config.client_mode else DHTMode.SERVER
@@ -220,7 +239,8 @@ class MeshNode:
                 self.listening_since = time.time()
                 await nursery.start(self.nat.run)
                 self._info_frame = self._seal_node_info()
-                await self._bootstrap()
+                await self._join(nursery)
+                nursery.start_soon(self._book_loop)
                 nursery.start_soon(self._discovery_loop)
                 nursery.start_soon(self._health_loop)
                 nursery.start_soon(self._publish_loop)
@@ -231,6 +251,27 @@ class MeshNode:
                 nursery.cancel_scope.cancel()
 
     # -- addresses and info ------------------------------------------------------------------
+
+    def peer_ip(self, peer: str) -> str | None:
+        """The IP ``peer`` is connected from, as the transport saw it (a relayed peer shows its
+        relay's), or None with no live connection. Unlike the addresses a peer announces, it
+        cannot be made up: what per-network caps count (``mesh.netprefix``)."""
+        from libp2p.peer.id import ID
+
+        if self.host is None:
+            return None
+        try:
+            conns = self.host.get_network().get_connections(ID.from_base58(peer))
+        except Exception:  # an id that does not parse, or a network already closed
+            return None
+        for conn in conns:
+            try:
+                remote = conn.muxed_conn.get_remote_address()
+            except Exception:  # py-libp2p transports differ in what they support
+                continue
+            if remote:
+                return str(remote[0])
+        return None
 
     def multiaddrs(self) -> list[str]:
         if self.host is None:
@@ -313,44 +354,91 @@ class MeshNode:
 
     # -- background loops --------------------------------------------------------------------
 
-    async def _bootstrap(self) -> None:
-        if not self.config.bootstrap:
-            log.info("no bootstrap address: starting a new mesh")
-            return
-        from libp2p.exceptions import BaseLibp2pError
-        from libp2p.peer.peerinfo import info_from_p2p_addr
-        from multiaddr.exceptions import Error as MultiaddrError
+    async def _join(self, nursery: trio.Nursery) -> None:
+        """Dial the bootstrap peers and the address book (mesh.bootstrap); a node that has been
+        in a mesh before waits for it with backoff instead of failing."""
+        from mesh.dialer import Libp2pDialer, bootstrap_candidates, join_candidates
 
-        errors: list[str] = []
-        reached = 0
-        with trio.move_on_after(self.config.bootstrap_timeout_s):
-            for attempt in range(1000):
-                for text in self.config.bootstrap:
-                    try:
-                        pinfo = info_from_p2p_addr(parse_multiaddr(text, "bootstrap address"))
-                    except HostError:
-                        raise
-                    except (ValueError, KeyError, BaseLibp2pError, MultiaddrError) as exc:
-                        raise HostError(f"bootstrap address {text!r} needs a /p2p/<peer id> part ({exc})") from None
-                    if str(pinfo.peer_id) == self.peer_id:
-                        continue
-                    try:
-                        with trio.fail_after(BOOTSTRAP_DIAL_S):
-                            await self.host.connect(pinfo)
-                        await self.dht.add_peer(pinfo.peer_id)
-                        self.peers.seen(str(pinfo.peer_id))
-                        reached += 1
-                    except Exception as exc:  # a dial fails in any of py-libp2p's error roots
-                        errors.append(f"{text}: {exc.__class__.__name__} {exc}".strip())
-                if reached:
-                    return
-                await trio.sleep(min(BOOTSTRAP_BACKOFF_MAX_S, 0.25 * (attempt + 1)))
-        if not reached and any(
-            str(parse_multiaddr(t, "bootstrap address")).split("/p2p/")[-1] != self.peer_id
-            for t in self.config.bootstrap
-        ):
-            detail = errors[-1] if errors else "timed out"
-            raise BootstrapError(f"cannot reach any bootstrap peer ({detail})")
+        boot = bootstrap_candidates(self.config.bootstrap, self.peer_id)
+        dial = self._dialer = Libp2pDialer(self.host)
+        policy = JoinPolicy(first_run_timeout_s=self.config.bootstrap_timeout_s,
+                            backoff_max_s=max(1.0, self.config.rejoin_backoff_max_s))
+
+        async def dial_peer(peer: str, addr: str) -> None:
+            from libp2p.peer.id import ID
+
+            await dial(peer, addr)
+            self.peers.seen(peer)
+            with trio.move_on_after(5), suppress(Exception):
+                await self.dht.add_peer(ID.from_base58(peer))
+
+        def noted(peer: str, addr: str, error: str | None) -> None:
+            if error is None:
+                self.book.reached(peer, addr)
+            else:
+                self.book.failed(peer, addr)
+
+        self.joiner = Joiner(
+            dial_peer, lambda: join_candidates(boot, self.book, self._connected_ids(), policy.max_candidates),
+            lambda: bool(self._connected_ids()), policy, on_event=self._on_event, on_dial=noted)
+        await nursery.start(self.joiner.run, bool(self.book.joined))
+
+    def _connected_ids(self) -> set[str]:
+        return {str(p) for p in self.host.get_connected_peers()} - {self.peer_id}
+
+    async def _redial(self, peer: str) -> None:
+        """Reconnect a known peer that has no connection, address by address (mesh.dialer):
+        py-libp2p's own dial would try only its oldest stored address, which is stale once the
+        peer has restarted on a new port, and would then refuse the peer for 60 s."""
+        from mesh.dialer import redial_addrs
+
+        self._redialling.add(peer)
+        try:
+            for addr in redial_addrs(self.host, peer, self.book):
+                try:
+                    with trio.fail_after(self.config.health.ping_timeout_s * 2):
+                        await self._dialer(peer, addr)
+                except Exception as exc:  # py-libp2p dial errors come from unrelated roots
+                    log.debug("redial of %s at %s failed: %s", peer[-8:], addr, exc)
+                    self.book.failed(peer, addr)
+                    continue
+                self.book.reached(peer, addr)
+                self._redial_backoff.ok(peer)
+                self.peers.seen(peer)
+                return
+            self._redial_backoff.failed(peer)
+        finally:
+            self._redialling.discard(peer)
+
+    async def _book_loop(self) -> None:
+        """Copy what the node learns into the address book, and save it when it changed (every
+        ``BOOK_EVERY_S`` at most: a killed node loses at most that much)."""
+        try:
+            while True:
+                for rec in self.peers.all():
+                    if rec.state == UP:
+                        claimed = rec.info.get("addrs") if isinstance(rec.info, dict) else None
+                        self.book.seen(rec.peer_id, claimed if isinstance(claimed, list) else [])
+                    if rec.addrs:
+                        self.book.hint(rec.peer_id, rec.addrs)
+                if self.book.dirty:
+                    await self._save_book()
+                await trio.sleep(BOOK_EVERY_S)
+        finally:
+            with trio.CancelScope(shield=True):
+                await self._save_book()
+
+    async def _save_book(self) -> None:
+        """Save the book; a failure (full disk, read-only home) is logged once until a save
+        succeeds again, not every ``BOOK_EVERY_S``: the node keeps serving from memory."""
+        try:
+            await trio.to_thread.run_sync(self.book.save)
+        except OSError as exc:
+            if not self._book_save_failed:
+                log.warning("could not save the address book (kept in memory, retried): %s", exc)
+            self._book_save_failed = True
+        else:
+            self._book_save_failed = False
 
     def _learn_routing_table(self) -> None:
         for pid in self.dht.routing_table.get_peer_ids():
@@ -435,6 +523,9 @@ class MeshNode:
     async def _probe(self, peer: str) -> None:
         """One libp2p ping on a kept-open stream, so the RTT is the network's, not a handshake's."""
         stream = self._ping_streams.get(peer)
+        if stream is None and self._dialer is not None and peer not in self._redialling \
+                and self._redial_backoff.ready(peer) and peer not in self._connected_ids():
+            self._nursery.start_soon(self._redial, peer)  # type: ignore[union-attr]
         with trio.move_on_after(self.config.health.ping_timeout_s):
             try:
                 if stream is None:
@@ -454,6 +545,8 @@ class MeshNode:
             self._nursery.start_soon(reset, dropped)  # type: ignore[union-attr]
 
     def _peer_state_changed(self, rec: PeerRecord, old: PeerState, new: PeerState) -> None:
+        if new == PeerState.UP and old == PeerState.DOWN:
+            rec.info = None  # it may have restarted elsewhere: ask for its NodeInfo (addresses) again
         self._on_event(PEER_EVENTS[new], peer=rec.peer_id, message=f"peer {rec.peer_id[-8:]} is {new}")
 
     # -- inbound streams (mesh.inbound serves them) ---------------------------------------
@@ -619,4 +712,6 @@ class MeshNode:
             "bytes_received": self.bytes_received,
             "bulk_bytes_received": self.bulk_bytes_received,
             "nat": self.nat.report(),
+            "join": {**(self.joiner.status() if self.joiner else {"state": "joining"}),
+                     "known_peers": len(self.book), "address_book": str(self.book.path or "")},
         }

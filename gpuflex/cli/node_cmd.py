@@ -36,10 +36,13 @@ def start(
     home: str | None = HomeOpt,
     listen: list[str] = typer.Option(["/ip4/0.0.0.0/tcp/4001"], "--listen", help="Multiaddr to listen on."),
     announce: list[str] = typer.Option([], "--announce", help="Multiaddr to announce to peers."),
-    bootstrap: list[str] = typer.Option([], "--bootstrap", help="Multiaddr of a mesh peer (/p2p/<id> included)."),
+    bootstrap: list[str] = typer.Option([], "--bootstrap", help="Multiaddr of a mesh peer (/p2p/<id> included); "
+                                        "needed the first time only: the node remembers the peers it meets."),
     client: bool = typer.Option(False, "--client", help="Force DHT client mode (automatic behind NAT)."),
     bootstrap_timeout: float = typer.Option(30.0, "--bootstrap-timeout", min=1.0,
-                                            help="Seconds to keep trying the --bootstrap peers before giving up."),
+                                            help="Seconds a brand-new node keeps trying its --bootstrap peers "
+                                                 "before giving up (a node that has been in a mesh keeps trying "
+                                                 "its address book, with backoff)."),
     bulk: bool = typer.Option(True, "--bulk/--no-bulk",
                               help="Serve blobs over a one-off sealed TCP port on the --listen host "
                                    "(--no-bulk: every byte through libp2p, no extra port)."),
@@ -80,7 +83,8 @@ def start(
                                                             "(the signer); the excess is dropped."),
     gossip_burst: float = typer.Option(100.0, min=1.0, help="... and how many one origin may send at once."),
 ) -> None:
-    """Start a node; it joins the mesh through --bootstrap, or starts a new mesh without one."""
+    """Start a node; it joins the mesh through --bootstrap and the peers it met before (its address
+    book), or starts a new mesh when it knows none."""
     import trio
 
     from gpuflex import logs

@@ -48,10 +48,26 @@ def status(home: str | None = HomeOpt, json_out: bool = JsonOpt) -> None:
     typer.echo(f"mesh     {m['peers']} peers: {m['up']} up, {m['suspect']} suspect, {m['down']} down")
     if "nat" in st:
         typer.echo(f"reach    {reach_line(st['nat'])}")
+    if "join" in st:
+        typer.echo(f"join     {join_summary(st['join'])}")
     for job in st["jobs"]:
         typer.echo(f"job      {text(job['job_id'])} {text(job['name'])}: {text(job['state'])}, "
                    f"round {text(job['round'])}/{text(job['rounds'])}, phase {text(job['phase'])}, "
                    f"coordinator {short(job['coordinator'])}")
+
+
+def join_summary(join: dict) -> str:  # type: ignore[type-arg]
+    """One line on how this node stands with the mesh: connected, or waiting and retrying."""
+    book = f"{join.get('known_peers', 0)} peers in the address book"
+    state = join.get("state")
+    if state == "waiting":
+        retry = join.get("next_retry_s")
+        when = f"retrying in {retry:.0f}s" if isinstance(retry, (int, float)) else "retrying"
+        error = f"; last error: {join['last_error']}" if join.get("last_error") else ""
+        return f"waiting: no known peer answered ({join.get('attempt', 0)} attempts), {when}; {book}{error}"
+    if state == "new-mesh":
+        return f"new mesh: waiting for peers to dial in; {book}"
+    return f"{state}; {book}"
 
 
 def reach_line(nat: dict) -> str:  # type: ignore[type-arg]

@@ -16,7 +16,7 @@ import numpy as np
 import trio
 
 from aggregation.tree import children
-from gpuflex.node.messages import Partial, Plan, Update
+from gpuflex.node.messages import Partial, Plan, Update, capped
 from gpuflex.node.pipeline import Reducer
 
 
@@ -86,6 +86,8 @@ class Collector:
             self.on_done()
 
     def add_update(self, update: Update, delta: np.ndarray) -> None:
+        """Fold a verified update, weighing at most the plan's sample cap (``capped``)."""
+        update = capped(update, self.plan.sample_cap)
         self.updates.append(update)
         self._fold(update.peer, delta, update.samples, {update.peer})
 

@@ -56,6 +56,8 @@ from mesh.messaging import Inbound, Rejected, SendError
 log = logging.getLogger("gpuflex.rounds")
 #: A fresh plan's coordinator is not declared dead for this long: its health record may lag.
 COORDINATOR_GRACE_S = 2.0
+#: Presence names each job's ledger head by this many hex characters of its digest.
+HEAD_CHARS = 16
 #: An attempt that ends at once (no plan, no live coordinator) is retried no sooner than this,
 #: so no path through the round loop can spin without yielding.
 ATTEMPT_MIN_S = 1.0
@@ -86,7 +88,7 @@ class JobDriver:
         self._members_gone = False  # waiting, at no cost, for any member to come back
         reports = Reports(port, book.status, info.job_id)
         self.models = Models(port, book)
-        self.coordinator = Coordinator(port, book)
+        self.coordinator = Coordinator(port, book, own_samples=self._own_samples, start_roles=self._start_roles)
         self.member = Member(port, book, DeltaEncoder(info.spec), faults, self.models.load, self.trainer)
         self.leader = Leader(port, book, reports)
         self.root = Root(port, book, self.models.load, self.trainer)
@@ -100,6 +102,9 @@ class JobDriver:
     HANDLED: tuple[MessageKind, ...] = (PLAN, UPDATE, PARTIAL, RESULT, ABORT, SECAGG_RECOVER)
     #: The kinds that carry a payload (a delta), as large as the job's model allows.
     WITH_PAYLOAD: tuple[MessageKind, ...] = (UPDATE, PARTIAL)
+
+    def _own_samples(self) -> int:
+        return self._trainer.num_samples if self._trainer is not None else 0
 
     def trainer(self) -> Trainer:
         if self._trainer is None:
@@ -316,22 +321,35 @@ class JobDriver:
     def participates(self) -> bool:
         return self.book.participates()
 
+    def head(self) -> str:
+        """This job's ledger head as presence names it."""
+        return self.book.ledger.head[:HEAD_CHARS]
+
     def notify(self) -> None:
         """Something outside the job changed (a peer's health): re-check what waits on it."""
         self.book.changed.notify()
 
-    def saw_presence(self, peer: str, last_round: object, rate: object = None) -> bool:
+    def saw_presence(self, peer: str, last_round: object, head: object = None, rate: object = None) -> bool:
         """Record ``peer``'s presence (and its training throughput for this job, if it says);
-        True when it says it is ahead of this node."""
+        True when its ledger may win over ours: it says it is ahead, or at our height on
+        another head (two halves of a healed partition, which otherwise never learn of each
+        other's rounds). What it says is only a reason to ask: its ledger is checked round by
+        round before anything changes here."""
         self.book.saw_presence(peer, valid_rate(rate))
-        return isinstance(last_round, int) and last_round > self.book.committed
+        committed = self.book.committed
+        if not isinstance(last_round, int) or isinstance(last_round, bool):
+            return False
+        if last_round > committed:
+            return True
+        return (last_round == committed > 0 and isinstance(head, str) and len(head) == HEAD_CHARS
+                and head != self.book.ledger.head[:HEAD_CHARS])
 
     def throughput(self) -> float:
         """This node's training throughput for this job (samples per second; 0 if unknown)."""
         return self.book.rates.get(self.book.me, 0.0)
 
-    async def offer_ledger(self, frames: list[bytes], peer: str) -> None:
-        await self.applier.offer_ledger(frames, peer)
+    async def offer_ledger(self, frames: list[bytes], peer: str) -> bool:
+        return await self.applier.offer_ledger(frames, peer)
 
     async def payload_limit(self, sender: str) -> int:
         """How large an update or partial from ``sender`` may be: what this job's model allows,

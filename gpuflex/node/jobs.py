@@ -51,6 +51,9 @@ QUORUM_CHECK_S = 1.0
 INITIAL_SYNC_TRIES = 30
 #: Peers asked at start, and at most peers asked when a job needs to catch up.
 INITIAL_SYNC_PEERS, CATCH_UP_PEERS = 2, 4
+#: A peer whose ledger changed nothing here is not asked for it again, on its presence, for
+#: this long; at most this many such (job, peer) pairs are remembered.
+FRUITLESS_SYNC_S, MAX_FRUITLESS = 30.0, 4096
 
 
 def pin_spec(spec: Any, home: Path, config: NodeConfig | None = None) -> Any:
@@ -81,6 +84,7 @@ class JobManager:
         self.contributed: dict[str, int] = {}
         self.unsaved_jobs: set[str] = set()  # jobs whose file could not be written, reported once
         self._syncing: set[str] = set()  # jobs catching up from a peer that said it is ahead
+        self._fruitless: dict[tuple[str, str], float] = {}  # (job, peer) -> when its ledger changed nothing
         self._nursery: trio.Nursery | None = None
         self._presence_due = trio.Event()
         self.syncer = CatchUp(mesh, self.drivers, self._adopt)
@@ -195,8 +199,10 @@ class JobManager:
         # Each job's training throughput here: coordinators of time-budgeted rounds plan by it.
         rates = {j: round(r, 3) for j in active if (r := self.drivers[j].throughput()) > 0}
         if active:
+            heads = {j: self.drivers[j].head() for j in active}
             try:
-                await self.mesh.broadcast(seal(self.mesh.identity, PRESENCE, {"jobs": active, "rates": rates}))
+                await self.mesh.broadcast(seal(self.mesh.identity, PRESENCE,
+                                               {"jobs": active, "heads": heads, "rates": rates}))
             except (WireError, ValueError) as exc:  # a map too large for its kind's limit
                 log.debug("presence broadcast failed: %s", exc)
 
@@ -212,17 +218,23 @@ class JobManager:
         jobs = msg.envelope.body.get("jobs") if isinstance(msg.envelope.body, dict) else None
         if not isinstance(jobs, dict):
             raise WireError("garbled", "presence without a job map")
+        heads = msg.envelope.body.get("heads")
+        heads = heads if isinstance(heads, dict) else {}
         sender = msg.envelope.sender
         rates = msg.envelope.body.get("rates")
         rates = rates if isinstance(rates, dict) else {}
         unknown = False
+        now = trio.current_time()
         for job, last_round in jobs.items():
             driver = self.drivers.get(job)
             if driver is None:
                 unknown = unknown or not (isinstance(job, str) and self.admission.refused(job) is not None)
                 continue
-            ahead = driver.saw_presence(sender, last_round, rates.get(job))
-            if ahead and job not in self._syncing and self._nursery is not None:
+            ahead = driver.saw_presence(sender, last_round, heads.get(job), rates.get(job))
+            # A peer whose last ledger changed nothing here is not asked again for a while,
+            # whatever it claims: a claim to be ahead costs the claimant, not this node.
+            rested = now >= self._fruitless.get((job, sender), -FRUITLESS_SYNC_S) + FRUITLESS_SYNC_S
+            if ahead and rested and job not in self._syncing and self._nursery is not None:
                 self._nursery.start_soon(self._catch_up, job, sender)
         if unknown:
             self.syncer.trigger(sender)
@@ -250,10 +262,16 @@ class JobManager:
 
     async def _catch_up(self, job: str, peer: str) -> None:
         self._syncing.add(job)
+        driver = self.drivers[job]
+        before = (driver.committed, driver.head())
         try:
             await self.syncer.sync_from_peer(peer)
         finally:
             self._syncing.discard(job)
+        if (driver.committed, driver.head()) == before:
+            self._fruitless[(job, peer)] = trio.current_time()
+            while len(self._fruitless) > MAX_FRUITLESS:
+                del self._fruitless[next(iter(self._fruitless))]
 
     async def sync_from_peers(self, prefer: Sequence[str] = ()) -> None:
         for peer in [*prefer, *self.mesh.peers.alive()][:CATCH_UP_PEERS]:

@@ -71,6 +71,8 @@ class EventKind(StrEnum):
     SECAGG_RECOVERED = "secagg_recovered"
     SECAGG_RECOVERY_FAILED = "secagg_recovery_failed"
     SECAGG_ANSWERED = "secagg_answered"
+    SECAGG_REFUSED = "secagg_refused"
     REJECTED = "rejected"
     LEDGER_FORK_RESOLVED = "ledger_fork_resolved"
     LEDGER_SYNCED = "ledger_synced"
+    LEDGER_FORK_KEPT = "ledger_fork_kept"

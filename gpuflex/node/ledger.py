@@ -17,15 +17,8 @@ from typing import Any
 import msgpack
 
 from gpuflex.errors import GpuflexError
-from gpuflex.node.messages import (
-    PLAN,
-    RESULT,
-    Result,
-    contributor_work,
-    parse_plan,
-    parse_result,
-    walk_contributions,
-)
+from gpuflex.node.evidence import ChainRules, EvidenceError, verify_round
+from gpuflex.node.messages import RESULT, Result, contributor_work, parse_result
 from mesh.codec import WireError, open_envelope
 from mesh.fsutil import atomic_write
 
@@ -37,39 +30,39 @@ class LedgerError(GpuflexError, ValueError):
     """The ledger does not verify; the message names the round and the reason."""
 
 
-def verify_chain(frames: list[bytes], job: str | None = None) -> list[Result]:
-    """Check every signature and hash link; returns the parsed results."""
+def verify_chain(frames: list[bytes], job: str | None = None, rules: ChainRules | None = None) -> list[Result]:
+    """Check every signature, hash link and round's evidence (``evidence.verify_round``);
+    returns the parsed results. Without ``rules`` (an offline audit of a file alone) the
+    rules are the job id's: min_nodes 1, round 1's coordinator unchecked."""
     results: list[Result] = []
-    prev = GENESIS
     for i, frame in enumerate(frames, start=1):
         try:
             res = parse_result(open_envelope(frame, expect_kind=RESULT))
-            plan = parse_plan(open_envelope(res.plan_frame, expect_kind=PLAN))
-            contributions = walk_contributions(res.updates, res.partials, res.job, res.round)
         except WireError as exc:
             raise LedgerError(f"round {i}: {exc}") from None
-        if job is not None and res.job != job:
-            raise LedgerError(f"round {i}: belongs to job {res.job}, not {job}")
-        if res.round != i:
-            raise LedgerError(f"round {i}: entry says round {res.round} (a round is missing or repeated)")
-        if res.prev_result != prev:
-            raise LedgerError(f"round {i}: hash link to the previous result is broken")
-        if plan.coordinator != res.coordinator or plan.round != res.round or plan.job != res.job:
-            raise LedgerError(f"round {i}: the plan does not match the result")
-        if plan.base_hash != res.base_hash:
-            raise LedgerError(f"round {i}: base model differs from the plan's")
-        listed = sorted((c.get("peer"), c.get("samples"), c.get("delta_hash")) for c in res.contributors)
-        signed = sorted((u.peer, u.samples, u.delta_hash) for u in contributions)
-        if listed != signed:
-            raise LedgerError(f"round {i}: contributor list does not match the signed updates")
-        claimed = {c["peer"]: c["steps"] for c in res.contributors if "steps" in c and isinstance(c.get("peer"), str)}
-        if any(u.peer in claimed and claimed[u.peer] != u.steps for u in contributions):
-            raise LedgerError(f"round {i}: a contributor's step count differs from its signed update's")
-        if any(u.base_hash != res.base_hash for u in contributions):
-            raise LedgerError(f"round {i}: an update was trained from another base model")
+        if rules is None:
+            rules = ChainRules(job=res.job if job is None else job)
+        try:
+            verify_round(res, results, rules)
+        except EvidenceError as exc:
+            raise LedgerError(str(exc)) from None
         results.append(res)
-        prev = res.digest
     return results
+
+
+def verify_tail(frames: list[bytes], start: int, ledger: Ledger) -> list[Result]:
+    """Verify ``frames[start:]`` as the rounds after our first ``start`` (already verified)."""
+    history = list(ledger.results[:start])
+    for i, frame in enumerate(frames[start:], start=start + 1):
+        try:
+            res = parse_result(open_envelope(frame, expect_kind=RESULT))
+            verify_round(res, history, ledger.rules)
+        except WireError as exc:
+            raise LedgerError(f"round {i}: {exc}") from None
+        except EvidenceError as exc:
+            raise LedgerError(str(exc)) from None
+        history.append(res)
+    return history[start:]
 
 
 def result_key(res: Result) -> tuple[int, str]:
@@ -79,11 +72,21 @@ def result_key(res: Result) -> tuple[int, str]:
 
 
 def prefer_chain(ours: list[Result], theirs: list[Result]) -> bool:
-    """Whether a verified chain ``theirs`` should replace ``ours``."""
+    """Whether a verified chain ``theirs`` should replace ``ours``.
+
+    The longer chain wins. A root that commits a round and dies before its result goes out
+    comes back with a branch nobody else holds; by then the mesh has retried that round and
+    gone on. Judged at the fork alone, its earlier attempt would win, and a node that is one
+    round behind would pull every other node back, or, as no one can fetch its model while it
+    restarts, the mesh would stay split in two. Between chains of one length, the one whose
+    result wins where they first differ (``result_key``). Length, then that: one total order
+    on verified chains, so every node settles on the same ledger."""
+    if len(theirs) != len(ours):
+        return len(theirs) > len(ours)
     for a, b in zip(ours, theirs, strict=False):
         if a.digest != b.digest:
             return result_key(b) < result_key(a)
-    return len(theirs) > len(ours)
+    return False
 
 
 def result_row(res: Result) -> dict[str, Any]:
@@ -108,9 +111,10 @@ def result_row(res: Result) -> dict[str, Any]:
 
 
 class Ledger:
-    def __init__(self, path: Path, job: str) -> None:
+    def __init__(self, path: Path, job: str, rules: ChainRules | None = None) -> None:
         self.path = path
         self.job = job
+        self.rules = rules or ChainRules(job=job)
         self.frames: list[bytes] = []
         self.results: list[Result] = []
 
@@ -133,7 +137,7 @@ class Ledger:
                 continue
             try:
                 frames = read_ledger_file(candidate)
-                self.results = verify_chain(frames, self.job)
+                self.results = verify_chain(frames, self.job, self.rules)
                 self.frames = frames
                 return problems
             except LedgerError as exc:
@@ -141,8 +145,20 @@ class Ledger:
                 log.error("ledger file %s is corrupt: %s", candidate, exc)
         return problems
 
-    def append(self, frame: bytes, res: Result) -> None:
+    def check_next(self, res: Result) -> None:
+        """Raise LedgerError unless ``res`` extends this ledger with its evidence complete."""
         if res.round != len(self.results) + 1 or res.prev_result != self.head:
+            raise LedgerError(f"round {res.round} does not extend the ledger at round {len(self.results)}")
+        try:
+            verify_round(res, self.results, self.rules)
+        except EvidenceError as exc:
+            raise LedgerError(str(exc)) from None
+
+    def append(self, frame: bytes, res: Result, checked: bool = False) -> None:
+        """Add the next round; ``checked``: its evidence was just verified (``check_next``)."""
+        if not checked:
+            self.check_next(res)
+        elif res.round != len(self.results) + 1 or res.prev_result != self.head:
             raise LedgerError(f"round {res.round} does not extend the ledger at round {len(self.results)}")
         self._adopt([*self.frames, frame], [*self.results, res])
 
@@ -160,9 +176,9 @@ class Ledger:
                 log.warning("could not keep the previous ledger copy: %s", exc)
         atomic_write(self.path, data)
 
-    def replace(self, frames: list[bytes]) -> None:
-        """Adopt a longer verified chain received from a peer."""
-        self._adopt(list(frames), verify_chain(frames, self.job))
+    def replace(self, frames: list[bytes], results: list[Result] | None = None) -> None:
+        """Adopt a chain received from a peer; ``results``: the frames, already verified."""
+        self._adopt(list(frames), verify_chain(frames, self.job, self.rules) if results is None else results)
 
 
 def read_ledger_file(path: Path) -> list[bytes]:

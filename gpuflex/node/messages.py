@@ -8,7 +8,8 @@ values and any malformed body becomes a ``WireError`` (logged, dropped, penalise
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from functools import cached_property
 from typing import Any
 
 from mesh.blob import valid_hash
@@ -56,6 +57,13 @@ MAX_PLANNED_STEPS = 1_000_000
 MAX_BUDGET_S = 86_400.0
 #: A member's device description in its update is cut to this many characters.
 DEVICE_CHARS = 64
+#: Rounds and attempts are counts a signer writes: bounded, so no one wins anything with a
+#: huge one (fork choice prefers the earlier attempt; the ranking names one coordinator per
+#: attempt). 2^31 attempts at one per plan timeout is decades.
+MAX_ROUND = MAX_ATTEMPT = 2**31 - 1
+#: A sample count above this is refused outright (floats stay exact below 2^53); below it the
+#: plan's sample cap decides how much a claim weighs (``capped``).
+MAX_SAMPLES = 2**53
 
 
 def _get(body: Any, name: str, kind: type | tuple[type, ...], what: str) -> Any:
@@ -72,6 +80,20 @@ def _str_list(body: Any, name: str, what: str) -> tuple[str, ...]:
     if not all(isinstance(x, str) for x in items):
         raise WireError("garbled", f"{what} field {name!r} must be a list of strings")
     return tuple(items)
+
+
+def _count(body: Any, name: str, what: str, low: int, high: int) -> int:
+    value = _get(body, name, int, what)
+    if not low <= value <= high:
+        raise WireError("garbled", f"{what} field {name!r} is {value}, outside [{low}, {high}]")
+    return int(value)
+
+
+def _finite(body: Any, name: str, what: str) -> float:
+    value = float(_get(body, name, (int, float), what))
+    if not math.isfinite(value):
+        raise WireError("garbled", f"{what} field {name!r} is not a finite number")
+    return value
 
 
 def _bytes_list(body: Any, name: str, what: str) -> list[bytes]:
@@ -94,12 +116,19 @@ class Plan:
     train_deadline: float
     reduce_slack_s: float
     env: Envelope
+    sample_cap: int = 0  # the most one update's sample count weighs in this round (0: no cap)
+    private: tuple[str, ...] = ()  # members the coordinator placed as leaves (behind NAT)
     budget_s: float = 0.0  # a time-budgeted round: seconds of local training per member
     steps: dict[str, int] = field(default_factory=dict)  # each member's planned local steps
 
     @property
     def issued(self) -> float:
         return self.env.ts
+
+    @property
+    def digest(self) -> str:
+        """What every update for this plan signs (``Update.plan``)."""
+        return self.env.digest
 
 
 def make_plan(identity: Identity, **body: Any) -> bytes:
@@ -112,16 +141,20 @@ def parse_plan(env: Envelope) -> Plan:
     parent = _get(b, "parent", dict, what)
     if set(parent) != set(members) or not all(v is None or v in parent for v in parent.values()):
         raise WireError("garbled", "plan tree does not match its members")
+    private = _str_list(b, "private", what) if isinstance(b, dict) and "private" in b else ()
     plan = Plan(
-        job=_get(b, "job", str, what), round=_get(b, "round", int, what), attempt=_get(b, "attempt", int, what),
+        job=_get(b, "job", str, what), round=_count(b, "round", what, 1, MAX_ROUND),
+        attempt=_count(b, "attempt", what, 0, MAX_ATTEMPT),
         coordinator=_get(b, "coordinator", str, what), base_hash=_get(b, "base_hash", str, what),
         prev_result=_get(b, "prev_result", str, what), members=members, parent=parent,
-        train_deadline=float(_get(b, "train_deadline", (int, float), what)),
-        reduce_slack_s=float(_get(b, "reduce_slack_s", (int, float), what)), env=env,
-        budget_s=_budget(b), steps=_planned_steps(b, parent),
+        train_deadline=_finite(b, "train_deadline", what), reduce_slack_s=_finite(b, "reduce_slack_s", what),
+        env=env, sample_cap=_count(b, "sample_cap", what, 0, MAX_SAMPLES) if "sample_cap" in b else 0,
+        private=private, budget_s=_budget(b), steps=_planned_steps(b, parent),
     )
     if plan.coordinator != env.sender or parent.get(plan.coordinator, "x") is not None:
         raise WireError("garbled", "plan must be signed by its coordinator, the root of its tree")
+    if len(set(members)) != len(members) or not set(private) <= set(members):
+        raise WireError("garbled", "plan lists a member twice, or a private peer that is no member")
     return plan
 
 
@@ -154,7 +187,14 @@ class Update:
     delta_size: int
     metrics: dict[str, Any]
     env: Envelope
+    plan: str = ""  # the digest of the plan this update was made for: it counts in no other
     device: str = ""  # what it trained on, as the member says (for people; bounded)
+
+    @property
+    def claimed(self) -> int:
+        """The sample count the member signed; ``samples`` is what it weighs (``capped``)."""
+        claimed = self.env.body.get("samples") if isinstance(self.env.body, dict) else None
+        return claimed if isinstance(claimed, int) else self.samples
 
     @property
     def steps(self) -> int:
@@ -188,17 +228,22 @@ def contributor_work(row: dict[str, Any]) -> dict[str, Any]:
 def parse_update(env: Envelope) -> Update:
     b, what = env.body, "update"
     up = Update(
-        job=_get(b, "job", str, what), round=_get(b, "round", int, what), peer=_get(b, "peer", str, what),
-        base_hash=_get(b, "base_hash", str, what), samples=_get(b, "samples", int, what),
-        delta_hash=_get(b, "delta_hash", str, what), delta_size=_get(b, "delta_size", int, what),
-        metrics=_get(b, "metrics", dict, what), env=env,
+        job=_get(b, "job", str, what), round=_count(b, "round", what, 1, MAX_ROUND), peer=_get(b, "peer", str, what),
+        base_hash=_get(b, "base_hash", str, what), samples=_count(b, "samples", what, 1, MAX_SAMPLES),
+        delta_hash=_get(b, "delta_hash", str, what), delta_size=_count(b, "delta_size", what, 1, MAX_SAMPLES),
+        metrics=_get(b, "metrics", dict, what), env=env, plan=_get(b, "plan", str, what),
         device=b.get("device", "")[:DEVICE_CHARS] if isinstance(b.get("device"), str) else "",
     )
     if up.peer != env.sender:
         raise WireError("garbled", "update must be signed by its own peer")
-    if up.samples <= 0 or up.delta_size <= 0:
-        raise WireError("garbled", "update needs a positive sample count and size")
     return up
+
+
+def capped(up: Update, cap: int) -> Update:
+    """``up`` weighing at most ``cap`` samples (0: no cap). A member's sample count is its own
+    claim, so a claim of 10^12 would otherwise outweigh everyone; every weight (a leader's fold,
+    a partial's total, the result's contributor list) is read from the capped update."""
+    return replace(up, samples=min(up.samples, cap)) if 0 < cap < up.samples else up
 
 
 @dataclass(frozen=True)
@@ -218,7 +263,8 @@ class Partial:
 def parse_partial(env: Envelope) -> Partial:
     b, what = env.body, "partial"
     part = Partial(
-        job=_get(b, "job", str, what), round=_get(b, "round", int, what), attempt=_get(b, "attempt", int, what),
+        job=_get(b, "job", str, what), round=_count(b, "round", what, 1, MAX_ROUND),
+        attempt=_count(b, "attempt", what, 0, MAX_ATTEMPT),
         leader=_get(b, "leader", str, what), samples=_get(b, "samples", int, what),
         delta_hash=_get(b, "delta_hash", str, what), updates=_bytes_list(b, "updates", what),
         partials=_bytes_list(b, "partials", what), env=env,
@@ -252,11 +298,17 @@ class Result:
     def digest(self) -> str:
         return self.env.digest
 
+    @cached_property
+    def plan(self) -> Plan:
+        """The signed plan this result commits (parsed and verified once)."""
+        return parse_plan(open_envelope(self.plan_frame, expect_kind=PLAN))
+
 
 def parse_result(env: Envelope) -> Result:
     b, what = env.body, "result"
     res = Result(
-        job=_get(b, "job", str, what), round=_get(b, "round", int, what), attempt=_get(b, "attempt", int, what),
+        job=_get(b, "job", str, what), round=_count(b, "round", what, 1, MAX_ROUND),
+        attempt=_count(b, "attempt", what, 0, MAX_ATTEMPT),
         coordinator=_get(b, "coordinator", str, what), prev_result=_get(b, "prev_result", str, what),
         base_hash=_get(b, "base_hash", str, what), model_hash=_get(b, "model_hash", str, what),
         plan_frame=_get(b, "plan", bytes, what), updates=_bytes_list(b, "updates", what),
@@ -273,8 +325,12 @@ def parse_result(env: Envelope) -> Result:
 
 
 def walk_contributions(updates: list[bytes], partials: list[bytes], job: str, round_: int,
-                       depth: int = 0) -> list[Update]:
-    """Every signed Update under a result or partial, each signature checked."""
+                       plan: Plan | None = None, depth: int = 0) -> list[Update]:
+    """Every signed Update under a result or partial, each signature checked, each peer once.
+
+    With ``plan``: every update must have been made for that very plan, by one of its members,
+    and weighs at most the plan's sample cap; every partial must be its attempt's, from one of
+    its members. (Only an offline audit, which may lack the plan's context, walks without.)"""
     if depth > 32:
         raise WireError("garbled", "partial tree is too deep")
     found = []
@@ -282,10 +338,18 @@ def walk_contributions(updates: list[bytes], partials: list[bytes], job: str, ro
         up = parse_update(open_envelope(frame, expect_kind=UPDATE))
         if up.job != job or up.round != round_:
             raise WireError("round", f"update from {up.peer[-8:]} belongs to another round")
+        if plan is not None:
+            if up.plan != plan.digest or up.peer not in plan.parent:
+                raise WireError("round", f"update from {up.peer[-8:]} was not made for this plan by one of its members")
+            up = capped(up, plan.sample_cap)
         found.append(up)
     for frame in partials:
         part = parse_partial(open_envelope(frame, expect_kind=PARTIAL))
-        found.extend(walk_contributions(part.updates, part.partials, job, round_, depth + 1))
+        if plan is not None and (part.attempt != plan.attempt or part.leader not in plan.parent):
+            raise WireError("round", f"partial from {part.leader[-8:]} is not from this plan's attempt and members")
+        found.extend(walk_contributions(part.updates, part.partials, job, round_, plan, depth + 1))
+    if depth == 0 and len({u.peer for u in found}) != len(found):
+        raise WireError("round", "a peer's update is counted twice")
     return found
 
 

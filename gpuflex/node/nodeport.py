@@ -86,6 +86,9 @@ class NodePort:
         self._mesh.peers.add(peer)  # so the mesh looks up its NodeInfo in the DHT
         return str(self._mesh.nat.why_unreachable(peer) or "")
 
+    def peer_ip(self, peer: str) -> str | None:
+        return self._mesh.peer_ip(peer)
+
     def emit(self, kind: EventKind, round_: int | None = None, peer: str | None = None,
              message: str = "", **extra: Any) -> None:
         self._events.emit(kind, job=self._job_id, round=round_, peer=peer, message=message, **extra)

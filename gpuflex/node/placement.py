@@ -10,7 +10,11 @@ order is the plain one, so meshes of public nodes plan exactly as before.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+import hashlib
+from collections.abc import Callable, Collection, Sequence
+
+from aggregation.tree import ParentMap, build_tree
+from mesh.netprefix import network_prefix
 
 
 def order_for_tree(me: str, members: Sequence[str], private: Collection[str],
@@ -35,3 +39,53 @@ def order_for_tree(me: str, members: Sequence[str], private: Collection[str],
         ordered += [leader, *pool[: k - 1]]
         pool = pool[k - 1:]
     return ordered, size
+
+
+def cap_per_prefix(members: Sequence[str], ip_of: Callable[[str], str | None], limit: int,
+                   first: Collection[str] = ()) -> tuple[list[str], list[str]]:
+    """(kept, dropped): at most ``limit`` members per network prefix (``mesh.netprefix``).
+
+    ``first`` (this node, the job's known members) keep their places before newcomers from the
+    same network; ties go by peer id, so the choice is the same whoever makes it. Members with
+    no prefix (loopback, an unknown address) are never dropped. ``limit`` 0 keeps everyone."""
+    if limit <= 0:
+        return list(members), []
+    counts: dict[str, int] = {}
+    kept, dropped = [], []
+    for peer in sorted(members, key=lambda p: (p not in first, p)):
+        prefix = network_prefix(ip_of(peer))
+        if prefix is not None and counts.get(prefix, 0) >= limit:
+            dropped.append(peer)
+            continue
+        if prefix is not None:
+            counts[prefix] = counts.get(prefix, 0) + 1
+        kept.append(peer)
+    order = {p: i for i, p in enumerate(members)}
+    return sorted(kept, key=order.__getitem__), dropped
+
+
+# -- secure aggregation: groups from public randomness ------------------------------------------
+
+
+def group_seed(job: str, round_: int, prev_result: str) -> bytes:
+    """The public randomness a masked round's groups come from: the job, the round and the
+    previous result's digest, all fixed before the round's plan is made."""
+    return hashlib.blake2b(f"gpuflex/secagg-groups|{job}|{round_}|{prev_result}".encode(), digest_size=32).digest()
+
+
+def masked_tree(root: str, members: Sequence[str], private: Collection[str], group_size: int,
+                min_group: int, seed: bytes) -> ParentMap:
+    """The one group tree a masked round may use: members in the seed's order (so no
+    coordinator chooses who is grouped with whom), reachable ones leading as
+    ``order_for_tree`` places them, and groups cut no smaller than a leader plus ``min_group``
+    masking members whenever the round has that many members at all."""
+    others = sorted((p for p in set(members) if p != root),
+                    key=lambda p: hashlib.blake2b(seed + p.encode(), digest_size=16).digest())
+    n = len(others) + 1
+    size = max(2, group_size)
+    count = -(-n // size)
+    if count > 1 and n // count < min_group + 1:  # the smallest group would mask too few
+        count = max(1, n // (min_group + 1))
+        size = -(-n // count)
+    ordered, size = order_for_tree(root, [root, *others], private, size)
+    return build_tree(ordered, size, root)

@@ -101,6 +101,11 @@ class JobPort(Protocol):
         """What this node can tell of why ``peer`` is out of reach ("" if nothing)."""
         ...
 
+    def peer_ip(self, peer: str) -> str | None:
+        """The IP address ``peer`` is connected from (its side of a live connection), None if
+        unknown: what the per-network cap of open jobs counts (``mesh.netprefix``)."""
+        ...
+
     # -- what the job tells its node -------------------------------------------------------------
 
     def emit(self, kind: EventKind, round_: int | None = None, peer: str | None = None,

@@ -15,7 +15,7 @@ import trio
 
 from gpuflex import __version__
 from gpuflex.errors import GpuflexError
-from gpuflex.home import CONTROL_FILE, KEY_FILE
+from gpuflex.home import CONTROL_FILE, KEY_FILE, PEERS_FILE
 from gpuflex.node.control import ApiError, ControlServer
 from gpuflex.node.events import EventLog
 from gpuflex.node.jobs import JobManager
@@ -119,6 +119,7 @@ class NodeRuntime:
                 bulk_channel=options.bulk_channel,
                 bootstrap_timeout_s=options.bootstrap_timeout_s,
                 data_dir=self.home,
+                address_book=self.home / PEERS_FILE,
                 health=options.health,
                 node_info=self._hardware(),
                 relay=options.relay,
@@ -210,6 +211,7 @@ class NodeRuntime:
             "addrs": mesh["addrs"],
             "uptime_s": round(time.time() - self.started_at, 1),
             "mesh": mesh["mesh"],
+            "join": mesh["join"],
             "bytes_sent": mesh["bytes_sent"],
             "bytes_received": mesh["bytes_received"],
             "node_info": self.mesh.node_info(),

@@ -17,10 +17,11 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from gpuflex.node.evidence import ChainRules
+from gpuflex.node.kinds import JobState
 from gpuflex.node.ledger import Ledger
-from gpuflex.node.messages import PLAN, Plan, parse_plan
+from gpuflex.node.messages import Plan
 from gpuflex.node.status import StatusRecord
-from mesh.codec import open_envelope
 
 if TYPE_CHECKING:
     from gpuflex.jobspec import JobSpec
@@ -33,6 +34,11 @@ PRESENCE_FRESH_S = 10.0
 ROUND_END_MARGIN_S = 10.0
 #: Tree levels budgeted beyond the members' count when a round's end is set (root and slack).
 ROUND_END_EXTRA_LEVELS = 2
+#: A round's end counts at most this many levels, however many members a plan lists: a plan
+#: of thousands of names must not hold a round open for hours.
+ROUND_END_MAX_LEVELS = 16
+#: Plans held for attempts this node has not reached yet (one per attempt, the lowest kept).
+MAX_HELD_PLANS = 8
 #: Peers whose presence one job remembers; past it, stale entries are forgotten first.
 MAX_PRESENCE = 4096
 #: An update or partial payload may hold this many bytes per model parameter (top-k at its
@@ -76,7 +82,8 @@ class RoundDeadlines:
     @property
     def end(self) -> float:
         """After this the round is given up and retried."""
-        return self.train + (self.members + ROUND_END_EXTRA_LEVELS) * self.slack + ROUND_END_MARGIN_S
+        levels = min(self.members, ROUND_END_MAX_LEVELS)
+        return self.train + (levels + ROUND_END_EXTRA_LEVELS) * self.slack + ROUND_END_MARGIN_S
 
 
 @dataclass
@@ -90,6 +97,18 @@ class RoundState:
     deadlines: RoundDeadlines | None = None
     aborted: set[int] = field(default_factory=set)
     collectors: dict[int, Collector] = field(default_factory=dict)  # by attempt
+    # Valid plans for attempts this node has not given up the current one for yet: a plan in
+    # force is never displaced by a later attempt's (no one can pre-empt a live coordinator).
+    held: dict[int, Plan] = field(default_factory=dict)
+
+    def hold(self, plan: Plan) -> bool:
+        """Keep ``plan`` until this node reaches its attempt; False if one is held for it already."""
+        if plan.attempt in self.held:
+            return False
+        self.held[plan.attempt] = plan
+        for extra in sorted(self.held)[MAX_HELD_PLANS:]:
+            del self.held[extra]
+        return plan.attempt in self.held
 
     def in_force(self, plan: Plan) -> bool:
         """Whether ``plan`` is this round's plan in force and its attempt was not aborted."""
@@ -142,7 +161,8 @@ class JobBook:
         self.job_id = info.job_id
         self.me = me
         self.dir = job_dir
-        self.ledger = Ledger(job_dir / "ledger.msgpack", info.job_id)
+        self.ledger = Ledger(job_dir / "ledger.msgpack", info.job_id,
+                             ChainRules.for_job(info.job_id, info.spec, info.initial_members))
         self.current = RoundState(round=1)
         self.status = StatusRecord()
         self.changed = Notifier()
@@ -196,11 +216,18 @@ class JobBook:
         return [r.metrics.get("duration_s") for r in self.ledger.results]
 
     def eligible(self) -> list[str]:
-        """Who may coordinate and take part: the last committed plan's members."""
-        if self.ledger.results:
-            plan = parse_plan(open_envelope(self.ledger.results[-1].plan_frame, expect_kind=PLAN))
-            return list(plan.members)
-        return list(self.info.initial_members)
+        """Who may coordinate: the last committed plan's members (the job's initial ones before
+        any), within the allowlist (``ChainRules.eligible``)."""
+        return self.ledger.rules.eligible(self.ledger.results)
+
+    def expected_coordinator(self, attempt: int) -> str | None:
+        """The one peer whose plan counts for the current round's ``attempt``."""
+        return self.ledger.rules.expected_coordinator(self.ledger.results, attempt)
+
+    @property
+    def finished(self) -> bool:
+        """Every round committed: the ledger is final, nothing replaces it."""
+        return self.committed >= self.spec.rounds or self.status.state == JobState.DONE
 
     # -- membership -----------------------------------------------------------------------------
 

@@ -1,10 +1,13 @@
 """Result application: check a round's result (or a peer's whole ledger), hold its model,
 append it (or adopt the ledger), and credit its contributors.
 
-A result is applied only if it extends this node's ledger exactly and its evidence verifies
-(``ledger.verify_chain``: the plan, every signed update, the hash links). A result for a
-round already committed here loses to ours unless it wins fork choice, in which case this
-node fetches the winning chain. An aborted attempt is recorded so its round is retried.
+A result is applied only if it extends this node's ledger exactly and its evidence holds
+(``evidence.verify_round``: the plan from the coordinator its attempt belongs to, min_nodes
+signed updates made for that plan, the hash links), checked before its model is fetched. A
+result for a round already committed here loses to ours unless it carries its evidence and
+wins fork choice (``ledger.prefer_chain``); a ledger from catch-up sync is checked round by
+round the same way. A finished job's ledger is final. An aborted attempt is recorded so its
+round is retried.
 """
 
 from __future__ import annotations
@@ -12,8 +15,9 @@ from __future__ import annotations
 import logging
 
 from gpuflex.errors import GpuflexError
+from gpuflex.node.evidence import EvidenceError, verify_round
 from gpuflex.node.kinds import EventKind
-from gpuflex.node.ledger import LedgerError, prefer_chain, result_key, verify_chain
+from gpuflex.node.ledger import LedgerError, prefer_chain, result_key, verify_chain, verify_tail
 from gpuflex.node.messages import Result, parse_result, parse_secagg_reports
 from gpuflex.node.models import Models
 from gpuflex.node.policy import Reports
@@ -25,11 +29,14 @@ from mesh.fsutil import StateWriteError
 from mesh.messaging import Inbound, Rejected
 
 log = logging.getLogger("gpuflex.apply")
+#: Distinct other final ledgers of a finished job reported (each once).
+MAX_FORKS_REPORTED = 8
 
 
 class ResultApplier:
     def __init__(self, port: JobPort, book: JobBook, models: Models, reports: Reports) -> None:
         self.port, self.book, self.models, self.reports = port, book, models, reports
+        self._forks_seen: set[str] = set()
 
     async def on_result(self, msg: Inbound) -> None:
         book = self.book
@@ -38,17 +45,29 @@ class ResultApplier:
             raise WireError("garbled", "result for another job")
         if res.round <= book.committed:
             ours = book.ledger.results[res.round - 1]
-            # A chain that forked earlier is judged where it forked (prefer_chain), which this
-            # one result cannot show: fetch it. On the same parent, the result itself decides.
-            forked_earlier = res.prev_result != ours.prev_result
-            if ours.digest != res.digest and (forked_earlier or result_key(res) < result_key(ours)):
+            if ours.digest == res.digest:
+                raise Rejected(f"round {res.round} is already committed here")
+            if book.finished:
+                raise Rejected(f"job {book.job_id} is finished: its ledger is final")
+            if res.prev_result != ours.prev_result:
+                # Forked earlier: only its whole chain can show whether it wins. Fetch it; it is
+                # checked round by round before anything changes here.
                 book.tasks.start_soon(self.port.catch_up, [res.coordinator, msg.via])
-                raise Rejected(f"competing result for round {res.round}; fetching its chain")
+                raise Rejected(f"result for round {res.round} on another branch; fetching its chain")
+            try:  # the same parent: this one result's evidence decides if it counts at all
+                verify_round(res, book.ledger.results[: res.round - 1], book.ledger.rules)
+            except EvidenceError as exc:
+                self.reports.rejected(res.coordinator, res.round, f"competing result rejected: {exc}")
+                return
+            frames = [*book.ledger.frames[: res.round - 1], msg.envelope.raw]
+            if res.round == book.committed and result_key(res) < result_key(ours):
+                book.tasks.start_soon(self.offer_ledger, frames, res.coordinator)
+                raise Rejected(f"competing result for round {res.round} wins fork choice; adopting it")
             raise Rejected(f"round {res.round} is already committed here")
         book.tasks.start_soon(self.apply, msg.envelope.raw, res)
 
     async def apply(self, frame: bytes, res: Result) -> None:
-        """Append ``res`` if it extends the ledger and verifies; penalise its signer if not."""
+        """Append ``res`` if it extends the ledger and its evidence holds; penalise its signer if not."""
         book, port = self.book, self.port
         async with book.apply_lock:
             if res.round != book.current.round or res.prev_result != book.ledger.head:
@@ -57,11 +76,9 @@ class ResultApplier:
                     book.tasks.start_soon(port.catch_up, [res.coordinator])
                 return
             try:
-                verify_chain([*book.ledger.frames, frame], book.job_id)
-                if res.metrics.get("contributors", 0) < book.spec.min_nodes:
-                    raise LedgerError(f"round {res.round}: fewer contributions than min_nodes")
+                book.ledger.check_next(res)  # before its model is fetched: evidence first
                 await self.models.hold_committed(res)
-                book.ledger.append(frame, res)
+                book.ledger.append(frame, res, checked=True)
                 self.reports.write_recovered(book.committed)
                 self.models.prune()
                 # Any peer (a late joiner, a node resyncing) can now find the model by hash.
@@ -86,35 +103,62 @@ class ResultApplier:
                 metrics=met)
             book.advance()
 
-    async def offer_ledger(self, frames: list[bytes], peer: str) -> None:
-        """Adopt ``peer``'s ledger of this job if it verifies and wins fork choice over ours."""
+    async def offer_ledger(self, frames: list[bytes], peer: str) -> bool:
+        """Adopt ``peer``'s ledger of this job if every round of it carries its evidence and it
+        wins fork choice over ours; True if adopted. A finished job's ledger is final."""
         book, port = self.book, self.port
         async with book.apply_lock:
-            if frames == book.ledger.frames[: len(frames)]:
-                return
+            ours = book.ledger.frames
+            if frames == ours[: len(frames)]:
+                return False
+            if book.finished:
+                self._keep_final(frames, peer)
+                return False
             try:
-                results = verify_chain(frames, book.job_id)
+                # The common prefix is ours, already verified: check from where they differ.
+                same = next((i for i, (a, b) in enumerate(zip(ours, frames, strict=False)) if a != b),
+                            min(len(ours), len(frames)))
+                results = [*book.ledger.results[:same], *verify_tail(frames, same, book.ledger)]
                 if not prefer_chain(book.ledger.results, results):
-                    return
-                forked = frames[: len(book.ledger.frames)] != book.ledger.frames
+                    return False
+                forked = same < len(ours)
                 await self.models.load(results[-1].model_hash, [peer, results[-1].coordinator])
-                book.ledger.replace(frames)
+                book.ledger.replace(frames, results)
                 self.reports.write_recovered(book.committed)
                 if forked:
                     port.emit(EventKind.LEDGER_FORK_RESOLVED, len(results), peer, message=(
                         f"job {book.job_id}: switched to the winning branch from {peer[-8:]}"))
             except (LedgerError, WireError) as exc:
                 self.reports.rejected(peer, None, f"ledger from {peer[-8:]}: {exc}")
-                return
+                return False
             except StateWriteError as exc:
                 self.reports.write_failed(len(frames), exc)
-                return
+                return False
             except (MeshError, GpuflexError, OSError, ValueError) as exc:  # its model could not be held
                 log.warning("could not adopt the ledger from %s: %s", peer[-8:], exc)
-                return
+                return False
             port.emit(EventKind.LEDGER_SYNCED, book.committed, peer, message=(
                 f"job {book.job_id}: caught up to round {book.committed} from {peer[-8:]}"))
             book.advance()
+            return True
+
+    def _keep_final(self, frames: list[bytes], peer: str) -> None:
+        """A finished job keeps its ledger; a different one that also carries its evidence (two
+        halves of a partition that each finished the job) is reported once, not adopted."""
+        book = self.book
+        try:
+            theirs = verify_chain(frames, book.job_id, book.ledger.rules)
+        except LedgerError as exc:
+            self.reports.rejected(peer, None, f"ledger from {peer[-8:]}: {exc}")
+            return
+        head = theirs[-1].digest if theirs else ""
+        if head in self._forks_seen or len(self._forks_seen) >= MAX_FORKS_REPORTED:
+            return
+        self._forks_seen.add(head)
+        self.port.emit(EventKind.LEDGER_FORK_KEPT, book.committed, peer, message=(
+            f"job {book.job_id} is finished here at round {book.committed} (head {book.ledger.head[:12]}); "
+            f"{peer[-8:]} holds another verified ledger of {len(theirs)} rounds (head {head[:12]}). "
+            "A finished job's ledger is final: this node keeps its own"))
 
     async def on_abort(self, msg: Inbound) -> None:
         book = self.book

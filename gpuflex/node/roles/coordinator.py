@@ -1,30 +1,39 @@
-"""The coordinator's side of a round: obtain the plan, and make it when this node ranks first.
+"""The coordinator's side of a round: obtain the plan, and make it when this node's turn comes.
 
-Every node computes the same coordinator ranking for round r (``ranking.coordinator_ranking``).
-The first live candidate signs and gossips a plan; each backup waits one plan timeout per live
-candidate ranked above it before taking over. A received plan is accepted only if it extends
-this node's ledger, comes from a member, and beats any plan already in force (a later attempt,
-or the same attempt from a better-ranked coordinator).
+Every node computes the same ranking for round r (``ranking.coordinator_ranking`` over the
+eligible members the ledger names), and each attempt belongs to exactly one peer: the ranking
+rotated by the attempt (``JobBook.expected_coordinator``). A node waits one plan timeout for
+the live peer whose attempt it is, skips at once an attempt whose peer is down (or behind NAT
+while a reachable one is up), and plans itself when the attempt is its own.
+
+A received plan is accepted only if it extends this node's ledger, comes from the peer its
+attempt belongs to, keeps to the job's allowlist, deadlines and sample cap, and (under secure
+aggregation) groups its members as public randomness says. A plan for a later attempt never
+displaces the plan in force: it is held until this node gives up the current attempt itself,
+so nobody pre-empts a live coordinator by naming a larger attempt.
 """
 
 from __future__ import annotations
 
-import math
+import logging
+from collections.abc import Callable
 
 import trio
 
-from aggregation.tree import build_tree
+from aggregation.errors import AggregationError
+from aggregation.tree import build_tree, depth
+from gpuflex.node.evidence import cap_from
 from gpuflex.node.kinds import EventKind, Phase
 from gpuflex.node.messages import Plan, make_plan, parse_plan
-from gpuflex.node.placement import order_for_tree
+from gpuflex.node.placement import cap_per_prefix, group_seed, masked_tree, order_for_tree
 from gpuflex.node.port import JobPort
-from gpuflex.node.ranking import coordinator_ranking
 from gpuflex.node.state import JobBook, RoundDeadlines, RoundState
 from gpuflex.node.workplan import keep_earlier, plan_steps
 from mesh.codec import WireError
 from mesh.health import PeerState
 from mesh.messaging import Inbound, Rejected
 
+log = logging.getLogger("gpuflex.coordinator")
 #: A coordinator waits this long for min_nodes members to be reachable before giving up its turn.
 MIN_NODES_WAIT_S = 60.0
 #: A plan that arrives before this node has prepared the job waits this long for it.
@@ -32,77 +41,193 @@ READY_WAIT_S = 30.0
 #: A plan may arrive while the previous round's result is still being applied here (a model
 #: download): it waits this long for the ledger to catch up.
 PREVIOUS_ROUND_WAIT_S = 15.0
+#: A plan's group tree may be at most this deep (groups of two hold 4,096 members at 12).
+MAX_TREE_DEPTH = 12
+
+#: Starts this node's roles in a plan now in force (the driver's ``_start_roles``).
+StartRoles = Callable[[Plan, RoundDeadlines], None]
 
 
 class Coordinator:
-    def __init__(self, port: JobPort, book: JobBook) -> None:
+    def __init__(self, port: JobPort, book: JobBook, own_samples: Callable[[], int] = lambda: 0,
+                 start_roles: StartRoles = lambda plan, deadlines: None) -> None:
         self.port, self.book = port, book
+        self._own_samples, self._start_roles = own_samples, start_roles
 
-    def ranking(self, round_: int, attempt: int) -> list[str]:
-        book = self.book
-        return coordinator_ranking(book.job_id, round_, book.eligible(), book.recent_coordinators(), attempt,
-                                   private=self.port.private_peers())
+    # -- whose turn it is --------------------------------------------------------------------
+
+    def _passes(self, peer: str) -> bool:
+        """Whether ``peer`` will not plan its attempt, as far as this node can tell: it is down
+        or unknown, it does not take part, or it is behind NAT while a reachable candidate is up."""
+        book, port = self.book, self.port
+        if peer == book.me:
+            up = book.participates()
+        else:
+            up = port.health(peer) not in (None, PeerState.DOWN)
+        if not up:
+            return True
+        private = port.private_peers()
+        if peer not in private:
+            return False
+        reachable = [p for p in book.eligible() if p not in private
+                     and (p == book.me or port.health(p) not in (None, PeerState.DOWN))]
+        return bool(reachable)
+
+    def _attempt_passes(self, attempt: int) -> bool:
+        cand = self.book.expected_coordinator(attempt)
+        return cand is None or self._passes(cand)
+
+    def _next_turn(self, attempt: int) -> int | None:
+        """The first attempt from ``attempt`` on whose peer may plan; None if, in a whole turn
+        of the ranking, none may (all down)."""
+        for a in range(attempt, attempt + max(1, len(self.book.eligible()))):
+            if not self._attempt_passes(a):
+                return a
+        return None
 
     async def obtain_plan(self, rs: RoundState) -> Plan | None:
-        """The plan in force for ``rs.attempt`` or later: this node's own if it ranks first
-        among the live candidates, else the one a candidate sends before its turn passes."""
-        book, clock = self.book, self.port.clock
-        start = clock.now()
-        waited = 0
+        """The plan in force for ``rs.attempt`` or later: this node's own on its turn, else the
+        one the attempt's peer sends within a plan timeout. None: the driver moves on."""
+        book, clock, spec = self.book, self.port.clock, self.book.spec
 
         def have_plan() -> bool:
             return rs.plan is not None and rs.plan.attempt >= rs.attempt
 
-        for cand in self.ranking(rs.round, rs.attempt):
-            if have_plan():
-                return rs.plan
-            if cand == book.me:
-                if book.participates():
-                    return await self.coordinate(rs)
-                continue
-            if self.port.health(cand) in (None, PeerState.DOWN):
-                continue
-            waited += 1
-            until = start + waited * book.spec.plan_timeout
-            await book.changed.wait_for(lambda: have_plan() or book.committed >= rs.round, until)
-        return rs.plan
+        def settled() -> bool:
+            return have_plan() or book.committed >= rs.round or self._activate_held(rs)
+
+        if settled():
+            return rs.plan if have_plan() else None
+        turn = self._next_turn(rs.attempt)
+        if turn is None:
+            # Nobody to wait for (every candidate is down, or this node, back from a restart,
+            # was not in the last plan): give the mesh one plan timeout to change. Retrying at
+            # once instead spun the driver at full CPU.
+            await book.changed.wait_for(settled, clock.now() + spec.plan_timeout)
+            return rs.plan if have_plan() else None
+        rs.attempt = turn
+        if settled():
+            return rs.plan if have_plan() else None
+        cand = book.expected_coordinator(turn)
+        assert cand is not None  # _next_turn found one
+        if cand == book.me:
+            return await self.coordinate(rs)
+        await book.changed.wait_for(lambda: settled() or self._passes(cand), clock.now() + spec.plan_timeout)
+        return rs.plan if have_plan() else None
+
+    def _activate_held(self, rs: RoundState) -> bool:
+        """Put in force a plan held for the attempt this node has now reached."""
+        plan = rs.held.pop(rs.attempt, None)
+        for attempt in [a for a in rs.held if a < rs.attempt]:
+            del rs.held[attempt]
+        if plan is None or self.book.committed >= plan.round or plan.round != rs.round or plan.attempt in rs.aborted:
+            return False
+        if rs.plan is not None and rs.plan.attempt >= plan.attempt:
+            return False
+        try:
+            deadlines = self._deadlines(plan)
+        except WireError:  # its deadline passed while it was held
+            return False
+        self._in_force(rs, plan, deadlines)
+        self._start_roles(plan, deadlines)
+        return True
+
+    # -- making a plan -----------------------------------------------------------------------
 
     async def coordinate(self, rs: RoundState) -> Plan | None:
-        """Make and gossip the plan for ``rs``: wait (bounded) for min_nodes live members."""
+        """Make and gossip the plan for ``rs``: wait (bounded) for enough live members."""
         book, port = self.book, self.port
         spec = book.spec
         until = port.clock.now() + MIN_NODES_WAIT_S
+        # A masked round needs a leader and secagg_min_group masking members in some group.
+        need = max(spec.min_nodes, spec.secagg_min_group + 1 if spec.secure_aggregation else 1)
 
         def members() -> list[str]:
-            return book.live_members(port.alive_peers())
+            live = book.live_members(port.alive_peers())
+            kept, _ = cap_per_prefix(live, port.peer_ip, spec.max_per_prefix, {book.me, *book.eligible()})
+            return kept
+
+        def gave_way() -> bool:  # caught up, or a later attempt's plan came while members were missing
+            return book.committed >= rs.round or any(a > rs.attempt for a in rs.held)
 
         book.status.set_phase(Phase.PLAN)
-        await book.changed.wait_for(
-            lambda: len(members()) >= spec.min_nodes or book.committed >= rs.round, until)
-        if book.committed >= rs.round:  # caught up from peers while waiting
+        await book.changed.wait_for(lambda: len(members()) >= need or gave_way(), until)
+        if gave_way():
             return None
         live = members()
-        if len(live) < spec.min_nodes:
+        if len(live) < need:
             port.emit(EventKind.ROUND_WAITING, rs.round, message=(
-                f"round {rs.round}: only {len(live)} of min_nodes={spec.min_nodes} members reachable; not planning"))
+                f"round {rs.round}: only {len(live)} of {need} members needed are reachable; not planning"))
             return None
-        ordered, group_size = order_for_tree(book.me, live, port.private_peers(), spec.group_size)
-        flat = spec.aggregation_mode == "flat-robust"  # leaders only forward: the root sees all
-        parent = build_tree(ordered, max(2, len(ordered)) if flat else group_size, book.me)
+        dropped = sorted(set(book.live_members(port.alive_peers())) - set(live))
+        if dropped:
+            log.warning("round %d: left out %d member(s) beyond max_per_prefix=%d per network: %s", rs.round,
+                        len(dropped), spec.max_per_prefix, ", ".join(p[-8:] for p in dropped[:8]))
+        private = sorted(port.private_peers() & set(live))
+        parent = self._tree(live, private)
         train_by = port.clock.now() + spec.train_budget(book.recent_durations())
+        cap = book.ledger.rules.sample_cap(book.ledger.results)
         work: dict[str, object] = {}
         if spec.uses_budget:  # each member's steps from its published throughput
-            counts = plan_steps(ordered, book.rates, spec.compute_budget_s, spec.batch_size, spec.local_steps)
+            counts = plan_steps(list(parent), book.rates, spec.compute_budget_s, spec.batch_size, spec.local_steps)
             earlier = [c.plan for c in rs.collectors.values()] + ([rs.plan] if rs.plan is not None else [])
             work = {"budget_s": spec.compute_budget_s,
                     "steps": keep_earlier(counts, [p for p in earlier if p.round == rs.round], book.head_model)}
         frame = make_plan(
             port.identity, job=book.job_id, round=rs.round, attempt=rs.attempt, coordinator=book.me,
-            base_hash=book.head_model, prev_result=book.ledger.head, members=ordered, parent=parent,
-            train_deadline=port.clock.to_wire(train_by), reduce_slack_s=spec.reduce_slack, **work,
+            base_hash=book.head_model, prev_result=book.ledger.head, members=list(parent), parent=parent,
+            train_deadline=port.clock.to_wire(train_by), reduce_slack_s=spec.reduce_slack,
+            sample_cap=cap if cap is not None else cap_from(spec.sample_cap_factor, [self._own_samples()]),
+            private=private, **work,
         )
         await port.broadcast(frame)  # applied here first: it is in force unless a better one is
         return rs.plan
+
+    def _tree(self, live: list[str], private: list[str]) -> dict[str, str | None]:
+        book, spec = self.book, self.book.spec
+        if spec.secure_aggregation:
+            seed = group_seed(book.job_id, book.current.round, book.ledger.head)
+            return masked_tree(book.me, live, private, spec.group_size, spec.secagg_min_group, seed)
+        ordered, group_size = order_for_tree(book.me, live, private, spec.group_size)
+        flat = spec.aggregation_mode == "flat-robust"  # leaders only forward: the root sees all
+        return build_tree(ordered, max(2, len(ordered)) if flat else group_size, book.me)
+
+    # -- a plan from a peer ------------------------------------------------------------------
+
+    def _deadlines(self, plan: Plan) -> RoundDeadlines:
+        """The plan's deadlines on this node's clock, within the job's limits (WireError if not)."""
+        book, clock = self.book, self.port.clock
+        train = clock.bounded_local(plan.train_deadline, book.spec.train_budget(book.recent_durations()),
+                                    "the plan's training deadline")
+        slack = clock.bounded_span(plan.reduce_slack_s, book.spec.reduce_slack, "the plan's reduce slack")
+        return RoundDeadlines(train=train, slack=slack, members=len(plan.members))
+
+    def _check(self, plan: Plan) -> None:
+        """WireError (penalised) unless ``plan`` is one this job's rules allow."""
+        book, spec = self.book, self.book.spec
+        rules = book.ledger.rules
+        expected = book.expected_coordinator(plan.attempt)
+        if plan.coordinator != expected:
+            raise WireError("round", f"plan from {plan.coordinator[-8:]} for attempt {plan.attempt}, which "
+                                     f"belongs to {expected[-8:] if expected else 'nobody'}")
+        if not all(rules.allowed(p) for p in plan.members):
+            raise WireError("round", "plan names members outside the job's allowlist")
+        try:
+            levels = depth(plan.parent)
+        except AggregationError as exc:
+            raise WireError("garbled", f"plan tree: {exc}") from None
+        if levels > MAX_TREE_DEPTH:
+            raise WireError("round", f"plan tree is {levels} levels deep (at most {MAX_TREE_DEPTH})")
+        cap = rules.sample_cap(book.ledger.results)
+        if cap is not None and plan.sample_cap != cap:
+            raise WireError("round", f"plan caps samples at {plan.sample_cap}, the ledger implies {cap}")
+        if spec.secure_aggregation:
+            seed = group_seed(book.job_id, plan.round, plan.prev_result)
+            fair = masked_tree(plan.coordinator, plan.members, plan.private, spec.group_size,
+                               spec.secagg_min_group, seed)
+            if dict(plan.parent) != fair:
+                raise WireError("round", f"plan from {plan.coordinator[-8:]} chose its own secure-aggregation "
+                                         "groups instead of those public randomness gives")
 
     async def accept(self, msg: Inbound) -> tuple[Plan, RoundDeadlines]:
         """Check a received plan and make it the one in force; Rejected or WireError if not."""
@@ -113,24 +238,31 @@ class Coordinator:
         # The previous round's result may still be being applied here (model download).
         await book.changed.wait_for(lambda: book.committed >= plan.round - 1,
                                     self.port.clock.now() + PREVIOUS_ROUND_WAIT_S)
-        r = book.current.round
+        rs = book.current
+        r = rs.round
         if plan.round != r or plan.prev_result != book.ledger.head or plan.base_hash != book.head_model:
             raise Rejected(f"plan for round {plan.round} does not extend this node's ledger at round {r - 1}")
-        if plan.coordinator not in set(book.eligible()) | {book.me}:
-            raise WireError("round", f"plan from {plan.coordinator[-8:]}, who is not a member of this job")
-        rs = book.current
+        self._check(plan)
+        deadlines = self._deadlines(plan)
         current = rs.plan
-        if current is not None:
-            if plan.attempt < current.attempt:
-                raise Rejected("plan for an older attempt")
-            if plan.attempt == current.attempt:
-                rank = {p: i for i, p in enumerate(self.ranking(r, plan.attempt))}
-                if rank.get(plan.coordinator, math.inf) >= rank.get(current.coordinator, math.inf):
-                    raise Rejected("a plan from a better-ranked coordinator is already in force")
-        deadlines = RoundDeadlines(train=self.port.clock.to_local(plan.train_deadline),
-                                   slack=plan.reduce_slack_s, members=len(plan.members))
-        rs.plan, rs.deadlines = plan, deadlines
-        self.port.emit(EventKind.PLAN_RECEIVED, r, plan.coordinator, message=(
-            f"round {r}: plan from {plan.coordinator[-8:]} with {len(plan.members)} members"))
-        book.changed.notify()
+        reached = max(rs.attempt, current.attempt if current is not None else 0)
+        if current is not None and current.digest == plan.digest:
+            raise Rejected("this plan is already in force")
+        if plan.attempt < reached or (current is not None and plan.attempt == current.attempt):
+            raise Rejected(f"plan for attempt {plan.attempt}; this node is at attempt {reached}")
+        live = current is not None and current.attempt >= rs.attempt  # not an attempt given up here
+        if live or any(not self._attempt_passes(a) for a in
+                       range(reached, min(plan.attempt, reached + len(book.eligible())))):
+            # A live peer's attempt comes first here: keep this plan until this node gives that up.
+            rs.hold(plan)
+            book.changed.notify()
+            raise Rejected(f"plan for attempt {plan.attempt} held: attempt {reached} is not over here")
+        self._in_force(rs, plan, deadlines)
         return plan, deadlines
+
+    def _in_force(self, rs: RoundState, plan: Plan, deadlines: RoundDeadlines) -> None:
+        rs.plan, rs.deadlines = plan, deadlines
+        self.port.emit(EventKind.PLAN_RECEIVED, rs.round, plan.coordinator, message=(
+            f"round {rs.round}: plan from {plan.coordinator[-8:]} for attempt {plan.attempt} "
+            f"with {len(plan.members)} members"))
+        self.book.changed.notify()

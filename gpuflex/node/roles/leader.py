@@ -77,6 +77,8 @@ class Leader:
     async def on_update(self, msg: Inbound) -> None:
         up = parse_update(msg.envelope)
         col = await self._collector_for(up.job, up.round, up.peer)
+        if up.plan != col.plan.digest:
+            raise WireError("round", f"update from {up.peer[-8:]} was made for another plan")
         if up.base_hash != col.plan.base_hash:
             raise WireError("round", "update was trained from another base model")
         if msg.payload is None or blob_hash(msg.payload) != up.delta_hash:
@@ -90,7 +92,7 @@ class Leader:
         col = await self._collector_for(part.job, part.round, part.leader)
         if msg.payload is None or blob_hash(msg.payload) != part.delta_hash:
             raise WireError("hash", f"partial from {part.leader[-8:]} does not match its signed hash")
-        ups = walk_contributions(part.updates, part.partials, part.job, part.round)
+        ups = walk_contributions(part.updates, part.partials, part.job, part.round, col.plan)
         covers = {u.peer for u in ups}
         if not covers <= col.allowed or covers & col.covered or sum(u.samples for u in ups) != part.samples:
             raise WireError("round", f"partial from {part.leader[-8:]} covers the wrong contributions")

@@ -15,7 +15,7 @@ import trio
 
 from gpuflex.node.faults import Faults
 from gpuflex.node.kinds import EventKind, Phase
-from gpuflex.node.messages import UPDATE, Plan, parse_recovery_request, parse_update
+from gpuflex.node.messages import UPDATE, Plan, capped, parse_recovery_request, parse_update
 from gpuflex.node.modelblob import unpack_delta
 from gpuflex.node.pipeline import DeltaEncoder, decode_payload, secagg_member
 from gpuflex.node.port import JobPort, Trainer
@@ -48,12 +48,17 @@ class Member:
         reported as events: a member's failure never stops the job."""
         r = plan.round
         try:
-            frame, payload = await self._update_for(plan, deadlines)
             side = secagg_member(self.book.spec, self.port.identity, plan)
+            if side is not None and len(side.ctx.group) < self.book.spec.secagg_min_group:
+                self._refuse_group(plan, len(side.ctx.group))
+                return
+            frame, payload = await self._update_for(plan, deadlines)
             if side is not None:
                 frame, payload = await self._mask(plan, side, frame, payload)
-            elif plan.attempt:  # sealed afresh: who got it in an earlier attempt would take it for a replay
-                frame = seal(self.port.identity, UPDATE, open_envelope(frame, expect_kind=UPDATE).body)
+            else:  # signed for this plan alone: it counts in no other attempt's result
+                body = open_envelope(frame, expect_kind=UPDATE).body
+                if body.get("plan") != plan.digest:
+                    frame = seal(self.port.identity, UPDATE, {**body, "plan": plan.digest})
             self.book.status.set_phase(Phase.REDUCE, deadlines.train)
             col = self.book.current.collectors.get(plan.attempt) if self.book.current.round == r else None
             if col is not None and col.plan.env.digest == plan.env.digest:  # not a replaced plan's
@@ -118,7 +123,7 @@ class Member:
         # attempt, because the masks depend on the attempt's group and leader.
         payload = self.encoder.encode(delta, samples)
         frame = seal(self.port.identity, UPDATE, {
-            "job": book.job_id, "round": r, "peer": book.me, "base_hash": plan.base_hash,
+            "job": book.job_id, "round": r, "peer": book.me, "base_hash": plan.base_hash, "plan": plan.digest,
             "samples": samples, "delta_hash": blob_hash(payload), "delta_size": int(np.asarray(delta).size),
             "metrics": {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))},
             **({"device": book.device} if book.device else {}),
@@ -135,11 +140,23 @@ class Member:
         """
         book = self.book
         up = parse_update(open_envelope(frame, expect_kind=UPDATE))
-        masked = await self.port.offload(side.encode, unpack_delta(payload, up.delta_size), up.samples)
+        # Masked in the weight the leader will fold it with: the plan's cap applies here too.
+        weight = capped(up, plan.sample_cap).samples
+        masked = await self.port.offload(side.encode, unpack_delta(payload, up.delta_size), weight)
         book.secagg_sides = {k: v for k, v in book.secagg_sides.items() if k[0] >= plan.round}
         book.secagg_sides[(plan.round, plan.attempt, side.ctx.leader)] = side
         self.faults.after_masking(side.ctx, book.me)
-        return seal(self.port.identity, UPDATE, {**up.env.body, "delta_hash": blob_hash(masked)}), masked
+        return seal(self.port.identity, UPDATE, {**up.env.body, "delta_hash": blob_hash(masked),
+                                                 "plan": plan.digest}), masked
+
+    def _refuse_group(self, plan: Plan, size: int) -> None:
+        """A masked update in a group this small tells its leader (or colluding partners) too
+        much: with one partner, the sum minus the partner's own update is this node's."""
+        need = self.book.spec.secagg_min_group
+        message = (f"round {plan.round}: not sending a masked update: the group this node was placed in "
+                   f"has {size} masking member(s), fewer than secagg_min_group={need}")
+        log.warning("%s", message)
+        self.port.emit(EventKind.SECAGG_REFUSED, plan.round, plan.coordinator, message=message)
 
     async def on_secagg_recover(self, msg: Inbound) -> bytes:
         """Answer this node's leader with the seed shares that unmask a group sum after a dropout."""

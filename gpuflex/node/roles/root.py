@@ -39,7 +39,7 @@ class Root:
     async def commit(self, plan: Plan, reduced: Reduced) -> None:
         book, port, spec = self.book, self.port, self.book.spec
         book.status.set_phase(Phase.COMMIT)
-        contributions = walk_contributions(reduced.updates, reduced.partials, book.job_id, plan.round)
+        contributions = walk_contributions(reduced.updates, reduced.partials, book.job_id, plan.round, plan)
         reports = reduced.reports
         if len(contributions) < spec.min_nodes or reduced.avg is None:
             await self._abort(plan, {u.peer for u in contributions}, reports)

@@ -130,3 +130,38 @@ def test_extension_types_are_refused() -> None:
     frame = msgpack.packb([raw, ALICE.sign(SIGNING_DOMAIN + raw)], use_bin_type=True)
     with pytest.raises(WireError):
         open_envelope(frame)
+
+
+def _bin(data: bytes, width: int) -> bytes:
+    """msgpack bin with a length prefix of ``width`` bytes (1, 2 or 4): valid, but not the shortest."""
+    tag = {1: b"\xc4", 2: b"\xc5", 4: b"\xc6"}[width]
+    return tag + len(data).to_bytes(width, "big") + data
+
+
+@given(body=bodies, array=st.sampled_from([b"\x92", b"\xdc\x00\x02", b"\xdd\x00\x00\x00\x02"]),
+       widths=st.tuples(st.sampled_from([1, 2, 4]), st.sampled_from([1, 2, 4])))
+@settings(max_examples=150, deadline=None)
+def test_a_re_encoded_frame_has_the_same_id_or_is_rejected(body: object, array: bytes, widths: tuple[int, int]) -> None:
+    """Anyone can re-encode a frame's outer array without a key: the copy must not be a second
+    valid message with its own id."""
+    frame = seal(ALICE, "test", body)
+    env = open_envelope(frame)
+    header, signature = msgpack.unpackb(frame, raw=False)
+    widths = (max(widths[0], 2) if len(header) > 255 else widths[0], widths[1])
+    copy = array + _bin(header, widths[0]) + _bin(signature, widths[1])
+    assert msgpack.unpackb(copy, raw=False) == [header, signature]  # a valid msgpack encoding
+    if copy == frame:
+        assert open_envelope(copy).digest == env.digest
+        return
+    with pytest.raises(WireError, match="canonical"):
+        open_envelope(copy)
+
+
+def test_ids_hash_exactly_the_signed_bytes() -> None:
+    import hashlib
+
+    frame = seal(ALICE, "test", {"x": 1})
+    env = open_envelope(frame)
+    header, _ = msgpack.unpackb(frame, raw=False)
+    assert env.digest == hashlib.blake2b(SIGNING_DOMAIN + header, digest_size=32).hexdigest()
+    assert env.msg_id == hashlib.blake2b(SIGNING_DOMAIN + header, digest_size=16).digest()

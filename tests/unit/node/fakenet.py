@@ -152,6 +152,7 @@ class FakeNode:
     blobs: MemBlobs
     driver: JobDriver | None = None
     alive: bool = False
+    ip: str = "127.0.0.1"  # the address peers see it connect from (the per-network cap counts it)
     down: bool = False  # what every other node's health says
     train_s: float = 0.0  # mock seconds each local training takes
     rate: float = 0.0  # samples per mock second (time-budgeted rounds); 0: train_s decides
@@ -233,6 +234,10 @@ class FakePort:
 
     def why_unreachable(self, peer: str) -> str:
         return ""
+
+    def peer_ip(self, peer: str) -> str | None:
+        other = self.net.nodes.get(peer)
+        return None if other is None else other.ip
 
     def emit(self, kind: EventKind, round_: int | None = None, peer: str | None = None,
              message: str = "", **extra: Any) -> None:
@@ -457,7 +462,8 @@ class FakeNet:
                 for dst in self.nodes.values():
                     if dst is src or not self.reachable(src, dst) or dst.driver is None or dst.nursery is None:
                         continue
-                    if dst.driver.saw_presence(src.peer_id, src.driver.committed, src.driver.throughput()):
+                    if dst.driver.saw_presence(src.peer_id, src.driver.committed, src.driver.head(),
+                                               src.driver.throughput()):
                         dst.nursery.start_soon(self.sync, dst, [src.peer_id])
             await trio.sleep(PRESENCE_EVERY_S)
 

@@ -1,11 +1,14 @@
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import msgpack
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-from gpuflex.node.ledger import Ledger, LedgerError, result_row, verify_chain
+from gpuflex.node.ledger import Ledger, LedgerError, prefer_chain, result_row, verify_chain
 from gpuflex.node.messages import DEVICE_CHARS, RESULT, parse_result
 from mesh.codec import SIGNING_DOMAIN, open_envelope, seal
 from tests.unit.node.chain import JOB, make_chain
@@ -94,3 +97,35 @@ def test_rows_carry_each_members_work_bounded_and_steps_match_the_signed_updates
     lied, _ = make_chain(rounds=1, work=lambda r, k: {"steps": 300})  # more steps than signed
     with pytest.raises(LedgerError, match="step count"):
         verify_chain(lied, JOB)
+
+
+@dataclass(frozen=True)
+class _Res:
+    """What fork choice reads of a result: its attempt and digest."""
+
+    attempt: int
+    digest: str
+
+
+chains = st.lists(st.tuples(st.integers(0, 2), st.sampled_from("abc")), max_size=5).map(
+    lambda xs: [_Res(a, f"{d}{a}.{i}") for i, (a, d) in enumerate(xs)])  # a digest fixes its attempt
+
+
+def test_the_longer_chain_wins_over_a_branch_its_root_kept_to_itself() -> None:
+    shared = [_Res(0, "r1"), _Res(1, "r2")]
+    hidden = [*shared, _Res(4, "r3-hidden")]  # committed by a root that died before sending it
+    mesh = [*shared, _Res(5, "r3"), _Res(0, "r4"), _Res(0, "r5")]
+    assert prefer_chain(hidden, mesh)  # the node that comes back takes the mesh's chain
+    assert not prefer_chain(mesh, hidden)  # and the mesh is not pulled back to its branch
+    same_length = [*shared, _Res(5, "r3")]
+    assert prefer_chain(same_length, hidden) and not prefer_chain(hidden, same_length)  # then: the fork
+
+
+@given(a=chains, b=chains, c=chains)
+def test_fork_choice_is_one_total_order(a: list, b: list, c: list) -> None:
+    if [r.digest for r in a] != [r.digest for r in b]:
+        assert prefer_chain(a, b) != prefer_chain(b, a)  # exactly one of two different chains wins
+    else:
+        assert not prefer_chain(a, b)
+    if prefer_chain(a, b) and prefer_chain(b, c):
+        assert prefer_chain(a, c)  # transitive: every node settles on the same chain

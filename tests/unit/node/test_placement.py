@@ -26,3 +26,58 @@ def test_no_private_member_keeps_the_plain_order() -> None:
 def test_private_coordinator_still_roots_the_tree() -> None:
     ordered, size = order_for_tree("x", ["x", "p1", "p2"], {"x", "p1", "p2"}, 2)
     assert ordered[0] == "x" and build_tree(ordered, size, "x")["x"] is None
+
+
+# -- secure-aggregation groups from public randomness; the per-network cap ----------------------
+
+
+@given(st.integers(3, 40), st.integers(2, 8), st.integers(2, 5), st.binary(min_size=32, max_size=32))
+def test_masked_groups_come_from_the_seed_and_mask_at_least_the_minimum(n: int, group_size: int, min_group: int,
+                                                                        seed: bytes) -> None:
+    from gpuflex.node.placement import masked_tree
+    from gpuflex.node.secure import mask_group
+
+    members = [f"peer{i:02d}" for i in range(n)]
+    tree = masked_tree(members[0], members, (), group_size, min_group, seed)
+    # Any coordinator, given the members in any order, builds the same tree: no one chooses.
+    assert tree == masked_tree(members[0], list(reversed(members)), (), group_size, min_group, seed)
+    assert sorted(tree) == members and tree[members[0]] is None
+    leaders = {parent for parent in tree.values() if parent is not None}
+    masking = [mask_group(tree, p)[1] for p in members if p not in leaders]  # a leaf masks its update
+    if n >= min_group + 1:  # enough members for one full group: nobody masks into a smaller one
+        assert all(len(group) >= min_group for group in masking if group), (tree, masking)
+
+
+def test_a_different_previous_result_reshuffles_the_groups() -> None:
+    from gpuflex.node.placement import group_seed, masked_tree
+
+    members = [f"peer{i:02d}" for i in range(12)]
+    trees = {tuple(masked_tree(members[0], members, (), 4, 3, group_seed("job", 2, prev)).items())
+             for prev in ("a" * 64, "b" * 64, "c" * 64, "d" * 64)}
+    assert len(trees) > 1
+
+
+@given(st.lists(st.tuples(st.integers(0, 3), st.integers(0, 255)), min_size=1, max_size=30), st.integers(1, 4))
+def test_at_most_the_cap_per_network_and_loopback_is_exempt(hosts: list[tuple[int, int]], limit: int) -> None:
+    from gpuflex.node.placement import cap_per_prefix
+
+    ip = {f"p{i}": (f"203.0.{net}.{host}" if net else f"127.0.0.{host}") for i, (net, host) in enumerate(hosts)}
+    kept, dropped = cap_per_prefix(list(ip), ip.get, limit, first={"p0"})
+    assert sorted(kept + dropped) == sorted(ip) and "p0" in kept
+    per_net: dict[str, int] = {}
+    for p in kept:
+        if not ip[p].startswith("127."):
+            per_net[ip[p].rsplit(".", 1)[0]] = per_net.get(ip[p].rsplit(".", 1)[0], 0) + 1
+    assert all(count <= limit for count in per_net.values())
+    assert not any(ip[p].startswith("127.") for p in dropped)
+    assert cap_per_prefix(list(ip), ip.get, 0) == (list(ip), [])
+
+
+def test_network_prefixes() -> None:
+    from mesh.netprefix import network_prefix
+
+    assert network_prefix("203.0.113.7") == "203.0.113.0/24"
+    assert network_prefix("2001:db8:1:2::5") == "2001:db8:1::/48"
+    assert network_prefix("::ffff:203.0.113.7") == "203.0.113.0/24"
+    assert network_prefix("127.0.0.1") is None and network_prefix("::1") is None
+    assert network_prefix("not an address") is None and network_prefix(None) is None

@@ -97,7 +97,9 @@ async def test_a_coordinator_dead_before_its_plan_is_replaced_by_the_next_in_ran
         await net.wait_rounds(1)
         (res,) = one_ledger(net, 1)
         nursery.cancel_scope.cancel()
-    assert res.coordinator == second.peer_id and res.attempt == 0
+    # Each attempt belongs to one peer: the backup takes over by taking the next attempt, whose
+    # ranking it leads, and no other peer can plan attempt 0 in the dead one's place.
+    assert res.coordinator == second.peer_id and res.attempt == 1
     assert first.peer_id not in contributors(res)
     # the backup waited one plan timeout for the better-ranked candidate, no more
     issued = [e for e in second.events if e.kind == EventKind.PLAN_RECEIVED]
@@ -208,3 +210,23 @@ async def test_a_leader_dying_after_it_acknowledged_an_update_has_it_resent_high
         nursery.cancel_scope.cancel()
     assert EventKind.RESEND in net.nodes[member].kinds()
     assert member in contributors(res) and leader not in contributors(res)
+
+
+async def test_a_node_with_no_live_coordinator_to_wait_for_waits_instead_of_spinning(autojump_clock, tmp_path) -> None:
+    from mesh.identity import Identity
+
+    allowed = [Identity(bytes([i + 1]) * 32).peer_id for i in range(2)]  # FakeNet's first two nodes
+    net = FakeNet(tmp_path, 3, fast_spec(rounds=3, min_nodes=2, allowlist=allowed))
+    observer = net.node(2)  # follows the job, never coordinates it
+    async with trio.open_nursery() as nursery:
+        await net.start(nursery)
+        await net.wait_until(lambda: observer.driver.committed >= 1)
+        net.kill(net.node(0))
+        net.kill(net.node(1))
+        await trio.sleep(net.detect_s + 30.0)  # every candidate for round 2 is down
+        retried = [e for e in observer.events if e.kind == EventKind.ROUND_RETRIED]
+        nursery.cancel_scope.cancel()
+    assert observer.driver.committed == 1
+    # One try per plan timeout at most; before, the driver retried at once, forever, and the
+    # node (a real one: its control API, its pings) stopped answering.
+    assert len(retried) <= 30.0 / 3.0 + 2, f"{len(retried)} retries in 30 s"

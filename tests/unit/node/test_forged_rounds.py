@@ -1,0 +1,87 @@
+"""Forged rounds against real drivers on the fake transport, under MockClock: by gossip, by
+catch-up sync, and after the job is finished, the nodes keep one ledger with its evidence."""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+import trio
+
+from gpuflex.node.evidence import ChainRules
+from gpuflex.node.kinds import EventKind
+from gpuflex.node.ledger import result_key, verify_chain
+from mesh.codec import WireError, open_envelope
+from mesh.messaging import Inbound, Rejected
+from tests.unit.node.chain import STRANGER, next_round, parsed
+from tests.unit.node.fakenet import FakeNet, FakeNode, fast_spec
+
+pytestmark = pytest.mark.timeout(20)
+
+
+async def gossip(net: FakeNet, frame: bytes, sender: str) -> None:
+    """Deliver ``frame`` to every running node as gossip relayed by ``sender``."""
+    env = open_envelope(frame)
+    for node in net.alive_nodes():
+        assert node.driver is not None
+        with contextlib.suppress(Rejected, WireError):
+            await node.driver.handle(Inbound(env, None, sender, gossip=True))
+
+
+def rules(net: FakeNet) -> ChainRules:
+    return ChainRules.for_job(net.info.job_id, net.spec, net.info.initial_members)
+
+
+def rejected(node: FakeNode, text: str) -> bool:
+    return any(e.kind == EventKind.REJECTED and text in e.message for e in node.events)
+
+
+async def test_forged_rounds_by_gossip_and_sync_change_no_ledger(autojump_clock, tmp_path) -> None:
+    net = FakeNet(tmp_path, 4, fast_spec(rounds=3, min_nodes=2))
+    ids = [n.identity for n in net.nodes.values()]
+    job, r = net.info.job_id, rules(net)
+    for n in net.nodes.values():
+        n.train_s = 2.0
+    async with trio.open_nursery() as nursery:
+        await net.start(nursery)
+        await net.wait_rounds(1)
+        head = net.ledger(net.node(0))
+        # 1. The next round from a stranger: no updates, 99 contributors claimed, a huge attempt.
+        await gossip(net, next_round(head, [*ids, STRANGER], job=job, rules=r, coord=STRANGER, signers=[],
+                                     claim=99, attempt=2**31 - 2), STRANGER.peer_id)
+        # 2. The next round from the member whose attempt 5 is, with its own update alone.
+        owner = r.expected_coordinator(net.node(0).driver.book.ledger.results, 5)
+        lone = next(i for i in ids if i.peer_id == owner)
+        await gossip(net, next_round(head, ids, job=job, rules=r, attempt=5, signers=[lone], claim=4),
+                     STRANGER.peer_id)
+        # 3. Catch-up sync: a ledger of ten rounds from round 1, each the stranger's own.
+        fake: list[bytes] = []
+        for k in range(10):
+            fake.append(next_round(fake, [*ids, STRANGER], job=job, rules=r, coord=STRANGER, signers=[STRANGER],
+                                   claim=99, model=f"f{k}"))
+        for node in net.alive_nodes():
+            assert node.driver is not None
+            assert not await node.driver.offer_ledger(fake, STRANGER.peer_id)
+        await net.wait_rounds(3)
+        await net.wait_until(lambda: len({tuple(net.ledger(n)) for n in net.alive_nodes()}) == 1, limit=60)
+        final = net.ledger(net.node(0))
+        # 4. The job is finished: a competing last round with its evidence complete (its
+        # attempt's coordinator, every member's update), ground until fork choice prefers it,
+        # replaces nothing.
+        results = verify_chain(final, job, r)
+        for k in range(64):
+            rival = next_round(final[:-1], ids, job=job, rules=r, attempt=0, model=f"rival{k}")
+            if result_key(parsed([rival])[0]) < result_key(results[-1]):
+                break
+        assert result_key(parsed([rival])[0]) < result_key(results[-1]), "it would win were the job running"
+        for node in net.alive_nodes():
+            assert node.driver is not None
+            await gossip(net, rival, STRANGER.peer_id)
+            assert not await node.driver.offer_ledger([*final[:-1], rival], STRANGER.peer_id)
+        nursery.cancel_scope.cancel()
+    for node in net.alive_nodes():
+        assert net.ledger(node) == final
+        assert rejected(node, "round 2: plan signed by")  # the stranger's round
+        assert rejected(node, "1 verified contributions < min_nodes=2")  # the lone member's
+        assert rejected(node, f"ledger from {STRANGER.peer_id[-8:]}: round 1: plan signed by")
+    assert all(res.coordinator != STRANGER.peer_id for res in results) and len(results) == 3
