@@ -26,7 +26,6 @@ from gpuflex.node.faults import NO_FAULTS, Faults
 from gpuflex.node.kinds import EventKind, JobState, Phase, Role
 from gpuflex.node.messages import (
     ABORT,
-    DEVICE_CHARS,
     PARTIAL,
     PLAN,
     RESULT,
@@ -47,6 +46,7 @@ from gpuflex.node.roles.member import Member
 from gpuflex.node.roles.root import Root
 from gpuflex.node.state import JobBook, JobInfo, RoundDeadlines, RoundState
 from gpuflex.node.summary import ledger_rows, metric_rows, summarize
+from gpuflex.node.workfields import DEVICE_CHARS
 from gpuflex.node.workplan import valid_rate
 from gpuflex.privacy import STOP, WARN, budget_status
 from mesh.codec import WireError

@@ -18,7 +18,8 @@ import msgpack
 
 from gpuflex.errors import GpuflexError
 from gpuflex.node.evidence import ChainRules, EvidenceError, verify_round
-from gpuflex.node.messages import RESULT, Result, contributor_work, parse_result
+from gpuflex.node.messages import RESULT, Result, parse_result
+from gpuflex.node.workfields import contributor_work
 from mesh.codec import WireError, open_envelope
 from mesh.fsutil import atomic_write
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any
 
+from gpuflex.node.workfields import claimed_steps, plan_budget, planned_steps, update_device
 from mesh.blob import valid_hash
 from mesh.codec import Envelope, WireError, open_envelope, register_kind, seal
 from mesh.compat import StrEnum
@@ -52,11 +53,6 @@ register_kind(SECAGG_RECOVER, 2 * 1024 * 1024)
 register_kind(SECAGG_SHARES, 2 * 1024 * 1024)
 #: A Shamir share is one element of GF(2^521 - 1): 66 bytes, big-endian.
 SHARE_BYTES = 66
-#: A plan asks no member for more local steps than this, nor for a longer compute budget.
-MAX_PLANNED_STEPS = 1_000_000
-MAX_BUDGET_S = 86_400.0
-#: A member's device description in its update is cut to this many characters.
-DEVICE_CHARS = 64
 #: Rounds and attempts are counts a signer writes: bounded, so no one wins anything with a
 #: huge one (fork choice prefers the earlier attempt; the ranking names one coordinator per
 #: attempt). 2^31 attempts at one per plan timeout is decades.
@@ -149,31 +145,13 @@ def parse_plan(env: Envelope) -> Plan:
         prev_result=_get(b, "prev_result", str, what), members=members, parent=parent,
         train_deadline=_finite(b, "train_deadline", what), reduce_slack_s=_finite(b, "reduce_slack_s", what),
         env=env, sample_cap=_count(b, "sample_cap", what, 0, MAX_SAMPLES) if "sample_cap" in b else 0,
-        private=private, budget_s=_budget(b), steps=_planned_steps(b, parent),
+        private=private, budget_s=plan_budget(b), steps=planned_steps(b, parent),
     )
     if plan.coordinator != env.sender or parent.get(plan.coordinator, "x") is not None:
         raise WireError("garbled", "plan must be signed by its coordinator, the root of its tree")
     if len(set(members)) != len(members) or not set(private) <= set(members):
         raise WireError("garbled", "plan lists a member twice, or a private peer that is no member")
     return plan
-
-
-def _budget(body: dict[str, Any]) -> float:
-    value = body.get("budget_s", 0.0)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= MAX_BUDGET_S \
-            or not math.isfinite(value):
-        raise WireError("garbled", f"plan field 'budget_s' must be a number of seconds in [0, {MAX_BUDGET_S:g}]")
-    return float(value)
-
-
-def _planned_steps(body: dict[str, Any], members: dict[str, Any]) -> dict[str, int]:
-    """Each member's step count in a time-budgeted plan: members of the plan only, bounded."""
-    steps = body.get("steps", {})
-    if not isinstance(steps, dict) or not all(
-            isinstance(k, str) and k in members and isinstance(v, int) and not isinstance(v, bool)
-            and 1 <= v <= MAX_PLANNED_STEPS for k, v in steps.items()):
-        raise WireError("garbled", f"plan field 'steps' must map members to counts in [1, {MAX_PLANNED_STEPS}]")
-    return dict(steps)
 
 
 @dataclass(frozen=True)
@@ -199,30 +177,7 @@ class Update:
     @property
     def steps(self) -> int:
         """Local optimizer steps the member says it took (0 when it does not say)."""
-        value = self.metrics.get("steps", 0)
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-        return int(value) if ok and 0 <= value <= MAX_PLANNED_STEPS else 0
-
-
-#: The per-member work figures a result's contributor rows carry (see gpuflex.node.workplan),
-#: each with the bound a reader holds it to.
-WORK_BOUNDS: dict[str, float] = {"steps": MAX_PLANNED_STEPS, "compute_s": 1e6, "samples_per_s": 1e9,
-                                 "compute_share": 1.0}
-
-
-def contributor_work(row: dict[str, Any]) -> dict[str, Any]:
-    """The work figures of one contributor row, as a coordinator wrote them: the device cut to
-    ``DEVICE_CHARS`` printable characters, numbers finite and in bounds; anything else left out."""
-    out: dict[str, Any] = {}
-    device = row.get("device")
-    if isinstance(device, str) and device:
-        out["device"] = "".join(ch for ch in device[:DEVICE_CHARS] if ch.isprintable())
-    for key, high in WORK_BOUNDS.items():
-        value = row.get(key)
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) \
-                and 0 <= value <= high:
-            out[key] = int(value) if key == "steps" else float(value)
-    return out
+        return claimed_steps(self.metrics)
 
 
 def parse_update(env: Envelope) -> Update:
@@ -232,7 +187,7 @@ def parse_update(env: Envelope) -> Update:
         base_hash=_get(b, "base_hash", str, what), samples=_count(b, "samples", what, 1, MAX_SAMPLES),
         delta_hash=_get(b, "delta_hash", str, what), delta_size=_count(b, "delta_size", what, 1, MAX_SAMPLES),
         metrics=_get(b, "metrics", dict, what), env=env, plan=_get(b, "plan", str, what),
-        device=b.get("device", "")[:DEVICE_CHARS] if isinstance(b.get("device"), str) else "",
+        device=update_device(b),
     )
     if up.peer != env.sender:
         raise WireError("garbled", "update must be signed by its own peer")

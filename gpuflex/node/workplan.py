@@ -22,7 +22,8 @@ import numpy as np
 
 from aggregation.errors import AggregationError
 from aggregation.fednova import effective_norm, normalise, step_norm
-from gpuflex.node.messages import MAX_PLANNED_STEPS, Plan, Update
+from gpuflex.node.messages import Plan, Update
+from gpuflex.node.workfields import MAX_PLANNED_STEPS
 from mesh.codec import WireError
 
 if TYPE_CHECKING:

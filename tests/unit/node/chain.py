@@ -21,10 +21,12 @@ STRANGER = Identity(b"\x99" * 32)
 
 
 def make_chain(rounds: int = 3, members: int = 3, secagg: dict[int, list[dict]] | None = None,
-               work: Callable[[int, int], dict] | None = None) -> tuple[list[bytes], list[Identity]]:
+               work: Callable[[int, int], dict] | None = None,
+               planned: int = 0) -> tuple[list[bytes], list[Identity]]:
     """``secagg`` maps a round to the group reports its result carries. With ``work``, member
     k's update says it took ``3 + k`` local steps, and ``work(round, k)`` is what the result
-    lists of its work beside it."""
+    lists of its work beside it. With ``planned``, each plan is time-budgeted and allows every
+    member that many steps."""
     ids = [Identity(bytes([i + 1]) * 32) for i in range(members)]
     by_peer = {i.peer_id: i for i in ids}
     rules = rules_for(ids)
@@ -37,7 +39,8 @@ def make_chain(rounds: int = 3, members: int = 3, secagg: dict[int, list[dict]] 
         parent = {p: (None if p == coord.peer_id else coord.peer_id) for p in peers}
         plan = make_plan(coord, job=JOB, round=r, attempt=0, coordinator=coord.peer_id, base_hash=base,
                          prev_result=prev, members=peers, parent=parent, train_deadline=time.time() + 60,
-                         reduce_slack_s=5.0, sample_cap=0)
+                         reduce_slack_s=5.0, sample_cap=0,
+                         **({"budget_s": 10.0, "steps": dict.fromkeys(peers, planned)} if planned else {}))
         plan_digest = open_envelope(plan).digest
         updates = []
         contributors = []

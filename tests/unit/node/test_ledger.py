@@ -9,7 +9,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gpuflex.node.ledger import Ledger, LedgerError, prefer_chain, result_row, verify_chain
-from gpuflex.node.messages import DEVICE_CHARS, RESULT, parse_result
+from gpuflex.node.messages import RESULT, parse_result
+from gpuflex.node.workfields import DEVICE_CHARS
 from mesh.codec import SIGNING_DOMAIN, open_envelope, seal
 from tests.unit.node.chain import JOB, make_chain
 
@@ -97,6 +98,16 @@ def test_rows_carry_each_members_work_bounded_and_steps_match_the_signed_updates
     lied, _ = make_chain(rounds=1, work=lambda r, k: {"steps": 300})  # more steps than signed
     with pytest.raises(LedgerError, match="step count"):
         verify_chain(lied, JOB)
+
+
+def test_a_budgeted_rounds_updates_take_no_more_steps_than_their_plan_allowed() -> None:
+    def work(r: int, k: int) -> dict:
+        return {"steps": 3 + k}
+
+    verify_chain(make_chain(rounds=2, work=work, planned=5)[0], JOB)  # members signed 3, 4, 5 steps
+    over, _ = make_chain(rounds=1, work=work, planned=4)  # the last member signed 5 of 4 allowed
+    with pytest.raises(LedgerError, match="more local steps than its plan allowed"):
+        verify_chain(over, JOB)
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from gpuflex.node.messages import MAX_PLANNED_STEPS
+from gpuflex.node.workfields import MAX_PLANNED_STEPS
 from gpuflex.node.workplan import FILL, blend, local_work, member_work, plan_steps, valid_rate
 
 A, B, C = "peer-a", "peer-b", "peer-c"
