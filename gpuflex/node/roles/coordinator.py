@@ -221,6 +221,10 @@ class Coordinator:
         cap = rules.sample_cap(book.ledger.results)
         if cap is not None and plan.sample_cap != cap:
             raise WireError("round", f"plan caps samples at {plan.sample_cap}, the ledger implies {cap}")
+        budget = spec.compute_budget_s if spec.uses_budget else 0.0
+        if plan.budget_s != budget or (spec.local_steps and max(plan.steps.values(), default=0) > spec.local_steps):
+            raise WireError("round", f"plan's compute budget ({plan.budget_s:g}s) or step counts are not "
+                                     f"the job's ({budget:g}s, local_steps={spec.local_steps})")
         if spec.secure_aggregation:
             seed = group_seed(book.job_id, plan.round, plan.prev_result)
             fair = masked_tree(plan.coordinator, plan.members, plan.private, spec.group_size,

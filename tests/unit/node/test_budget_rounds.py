@@ -123,3 +123,35 @@ async def test_a_retry_that_arrives_mid_training_waits_for_that_training(autojum
         kinds = n.kinds()
         assert kinds.index(EventKind.ROUND_RETRIED) < kinds.index(EventKind.TRAINED), "the retry came mid-training"
         assert kinds.count(EventKind.TRAINED) == 1
+
+
+async def test_a_plan_whose_budget_or_step_counts_are_not_the_jobs_is_refused(autojump_clock, tmp_path) -> None:
+    from gpuflex.node.messages import make_plan, parse_plan
+    from mesh.codec import WireError, open_envelope
+
+    net = FakeNet(tmp_path, 3, fast_spec(rounds=1, compute_budget_s=BUDGET_S, local_steps=50, train_timeout_s=0.0))
+    speeds(net, slow=2)
+    async with trio.open_nursery() as nursery:
+        await net.start(nursery)
+        driver = net.node(0).driver
+        assert driver is not None
+        book = driver.book
+        await book.ready.wait()
+        owner = book.expected_coordinator(0)
+        assert owner is not None
+        signer = next(n.identity for n in net.nodes.values() if n.peer_id == owner)
+        members = [owner, *(p for p in net.ids() if p != owner)]
+
+        def plan(**work: object):
+            return parse_plan(open_envelope(make_plan(
+                signer, job=net.info.job_id, round=1, attempt=0, coordinator=owner, base_hash=book.head_model,
+                prev_result="", members=members, parent={p: None if p == owner else owner for p in members},
+                train_deadline=1.0, reduce_slack_s=1.0, sample_cap=0, **work)))
+
+        driver.coordinator._check(plan(budget_s=BUDGET_S, steps=dict.fromkeys(members, 50)))  # the job's own
+        for forged in ({"budget_s": 10 * BUDGET_S, "steps": dict.fromkeys(members, 50)},  # a longer budget
+                       {},  # no budget in a budgeted job: each member's epochs would decide
+                       {"budget_s": BUDGET_S, "steps": dict.fromkeys(members, 51)}):  # past local_steps
+            with pytest.raises(WireError, match="compute budget"):
+                driver.coordinator._check(plan(**forged))
+        nursery.cancel_scope.cancel()
