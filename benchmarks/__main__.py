@@ -31,11 +31,14 @@ BENCHMARKS: dict[str, tuple[list[str], float]] = {
     "vs_flower": (["--quick"], 2400.0),
     "vs_hivemind": (["--quick"], 3600.0),
     "nat": (["--rounds", "1", "--variant", "random-ports"], 1200.0),
+    "heterogeneity": (["--quick"], 2400.0),
+    "device_fit": (["--budget-s", "1"], 600.0),
 }
 QUICK_LIMIT_S = 120.0
 # Benchmarks whose --quick run needs longer: vs_flower installs Flower on first use and starts
 # a Flower deployment as well as a mesh; vs_hivemind starts hivemind's peers as well as a mesh.
-QUICK_LIMITS_S: dict[str, float] = {"vs_flower": 360.0, "vs_hivemind": 360.0, "nat": 360.0}
+QUICK_LIMITS_S: dict[str, float] = {"vs_flower": 360.0, "vs_hivemind": 360.0, "nat": 360.0,
+                                    "heterogeneity": 600.0}  # three small meshes, one after another
 
 
 def run_one(name: str, quick: bool, as_json: bool) -> tuple[int, Any]:

@@ -30,6 +30,7 @@ try:
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib  # type: ignore[no-redef]
 
+from gpuflex.budgetspec import budget_cross_checks
 from gpuflex.llmspec import LLM_MODELS, llm_cross_checks
 from gpuflex.plugins import is_plugin_path, plugin_path_problem
 
@@ -47,6 +48,7 @@ CodecName = Literal["none", "fp16", "int8", "topk"]
 AggregationMode = Literal["tree", "flat-robust"]
 NormBoundMode = Literal["clip", "reject"]
 OnBudget = Literal["stop", "warn"]
+Normalization = Literal["auto", "none", "fednova"]
 PARTITIONS: tuple[Partition, ...] = get_args(Partition)
 OPTIMIZERS: tuple[Optimizer, ...] = get_args(Optimizer)
 STRATEGIES: tuple[Strategy, ...] = get_args(Strategy)
@@ -54,6 +56,7 @@ CODECS: tuple[CodecName, ...] = get_args(CodecName)
 AGGREGATION_MODES: tuple[AggregationMode, ...] = get_args(AggregationMode)
 NORM_BOUND_MODES: tuple[NormBoundMode, ...] = get_args(NormBoundMode)
 DP_ON_BUDGET: tuple[OnBudget, ...] = get_args(OnBudget)
+NORMALIZATIONS: tuple[Normalization, ...] = get_args(Normalization)
 
 #: What 0 means for the three timeouts of a job (see ``JobSpec.plan_timeout``, ...).
 #: A backup coordinator waits this long per better-ranked live candidate before planning.
@@ -68,6 +71,10 @@ AUTO_MIN_TRAIN_S = 15.0
 AUTO_TRAIN_FACTOR = 4.0
 #: How many recent committed rounds the adaptive budget looks at.
 AUTO_TRAIN_HISTORY = 5
+#: With a compute budget, members get this share of it beyond the budget (at least
+#: BUDGET_SLACK_MIN_S) to fetch the model and send their update before the training deadline.
+BUDGET_SLACK_FACTOR = 0.5
+BUDGET_SLACK_MIN_S = 5.0
 
 #: Bounds on what a job may ask of a node. A job is someone else's request for this machine's
 #: time, so every count, size and deadline has a ceiling; ids and digests stay far below them.
@@ -109,6 +116,12 @@ class JobSpec:
     rounds: int = 15
     local_epochs: int = 2
     local_steps: int = 0
+    #: Seconds of local training per member per round (0: off). Each member gets the steps its
+    #: measured throughput fits in this budget and stops at it in any case; see docs/heterogeneous.md.
+    compute_budget_s: float = 0.0
+    #: How updates of unequal local work are combined: "fednova" divides each by its local steps
+    #: (Wang et al. 2020); "auto" is "fednova" under a compute budget and "none" otherwise.
+    normalization: Normalization = "auto"
     batch_size: int = 32
     lr: float = 0.05
     optimizer: Optimizer = "momentum"
@@ -225,6 +238,16 @@ class JobSpec:
         """local_steps wins when set, so users can switch by adding one line."""
         return self.local_steps > 0
 
+    @property
+    def uses_budget(self) -> bool:
+        """Local training is time-budgeted: the plan gives each member its own step count."""
+        return self.compute_budget_s > 0
+
+    @property
+    def uses_fednova(self) -> bool:
+        """Updates are normalised by their local steps before they are averaged."""
+        return self.normalization == "fednova" or (self.normalization == "auto" and self.uses_budget)
+
     # -- what 0 means: each automatic default is resolved here, beside its field ------------
 
     @property
@@ -242,6 +265,8 @@ class JobSpec:
         duration of the last few committed rounds (``duration_s`` of their metrics)."""
         if self.train_timeout_s:
             return self.train_timeout_s
+        if self.uses_budget:  # the round's length is the budget, not the history of slow rounds
+            return self.compute_budget_s + max(BUDGET_SLACK_MIN_S, BUDGET_SLACK_FACTOR * self.compute_budget_s)
         durations = [float(d) for d in recent_durations[-AUTO_TRAIN_HISTORY:]
                      if isinstance(d, (int, float)) and not isinstance(d, bool) and d > 0]
         if not durations:
@@ -449,6 +474,8 @@ _CHECKS: dict[str, Callable[[Any], Any]] = {
     "rounds": _int(1, MAX_ROUNDS),
     "local_epochs": _int(0, MAX_LOCAL_EPOCHS),
     "local_steps": _int(0, MAX_LOCAL_STEPS),
+    "compute_budget_s": _float(0.0, strict=False, maximum=MAX_TIMEOUT_S, closed=True),
+    "normalization": _choice(NORMALIZATIONS),
     "batch_size": _int(1, MAX_BATCH_SIZE),
     "lr": _float(0.0, strict=True),
     "optimizer": _choice(OPTIMIZERS),
@@ -504,8 +531,8 @@ def _cross_checks(values: dict[str, Any], failed: set[str]) -> list[tuple[str, s
     errors: list[tuple[str, str]] = []
     epochs = values.get("local_epochs", JobSpec.local_epochs)
     steps = values.get("local_steps", JobSpec.local_steps)
-    if epochs == 0 and steps == 0:
-        errors.append(("local_epochs", "local_epochs or local_steps must be positive, both are 0"))
+    if epochs == 0 and steps == 0 and not values.get("compute_budget_s", 0.0):
+        errors.append(("local_epochs", "local_epochs, local_steps or compute_budget_s must be positive, all are 0"))
     data = values.get("data")
     partition = values.get("partition", "iid")
     if (
@@ -518,6 +545,7 @@ def _cross_checks(values: dict[str, Any], failed: set[str]) -> list[tuple[str, s
             ("partition", f"'groups' needs data with natural groups ({', '.join(GROUPED_DATA)}), got {data!r}")
         )
     errors.extend(_trust_checks(values, failed))
+    errors.extend(budget_cross_checks(values))
     errors.extend(llm_cross_checks(values, failed))
     return errors
 

@@ -150,6 +150,27 @@ class RoundMetrics:
 
 
 @dataclass(frozen=True)
+class MemberWork:
+    """One member's work in a job's last committed round (the JobSummary's ``work``)."""
+
+    peer: str
+    device: str = ""
+    steps: int | None = None
+    samples_per_s: float | None = None
+    compute_s: float | None = None
+    compute_share: float | None = None
+
+    @classmethod
+    def parse(cls, raw: Any) -> MemberWork:
+        d = _map(raw)
+        steps = d.get("steps")
+        return cls(peer=_str(d.get("peer"), "?"), device=_str(d.get("device")),
+                   steps=_int(steps) if steps is not None else None,
+                   samples_per_s=_float(d.get("samples_per_s")), compute_s=_float(d.get("compute_s")),
+                   compute_share=_float(d.get("compute_share")))
+
+
+@dataclass(frozen=True)
 class Job:
     job_id: str
     name: str = ""
@@ -164,6 +185,7 @@ class Job:
     members: tuple[str, ...] = ()
     metrics: tuple[RoundMetrics, ...] = ()
     stall: str = ""  # why the round in flight cannot commit (``waiting`` or ``stalled``)
+    work: tuple[MemberWork, ...] = ()  # each member's work in the last committed round
 
     @classmethod
     def parse(cls, raw: Any) -> Job:
@@ -182,6 +204,7 @@ class Job:
             members=tuple(_str(m) for m in as_list(d.get("members"))),
             metrics=tuple(RoundMetrics.parse(m) for m in as_list(d.get("metrics"))),
             stall=_str(d.get("waiting")) or _str(d.get("stalled")),
+            work=tuple(MemberWork.parse(w) for w in as_list(d.get("work"))),
         )
 
     def round_progress(self) -> float:

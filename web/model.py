@@ -212,7 +212,9 @@ class Contribution:
 
 
 MEMBER_FIELDS = ("device", "steps", "samples_per_s")
-"""Per-member figures a ledger row may carry beside peer and samples; shown when present."""
+"""Per-member figures a ledger row's contributors carry beside peer and samples (the node's
+``ledger`` rows: each member's device, local steps and samples per second, with ``compute_s``
+and ``compute_share`` read into ``seconds`` and ``share``); shown when present."""
 
 
 @dataclass(frozen=True)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from itertools import chain
+from pathlib import Path
+
 import typer
 
 from gpuflex.cli.common import HomeOpt, JsonOpt
@@ -9,12 +12,21 @@ from gpuflex.cli.common import HomeOpt, JsonOpt
 
 def doctor(home: str | None = HomeOpt, json_out: bool = JsonOpt,
            listen: str = typer.Option("/ip4/0.0.0.0/tcp/4001", "--listen",
-                                      help="The address 'node start' will listen on (multiaddr, HOST:PORT or PORT).")) -> None:
-    """Check Python, torch, every GPU (with a real kernel launch), disk, port and clock; exit 1 on FAIL."""
+                                      help="The address 'node start' will listen on (multiaddr, HOST:PORT or PORT)."),
+           job: Path | None = typer.Option(None, "--job", metavar="FILE",
+                                           help="Also fit this job file to every device: precision, micro-batch, "
+                                                "threads and throughput, probed with real steps.")) -> None:
+    """Check Python, torch, every GPU (with a real kernel launch), disk, port and clock; with
+    --job, how each device would train that job. Exit 1 on FAIL."""
     from gpuflex.doctor import exit_code, format_finding, iter_checks, summary_line, to_json
 
+    checks = iter_checks(home, listen)
+    if job is not None:
+        from gpuflex.doctor_fit import check_job_fit
+
+        checks = chain(checks, check_job_fit(job, home))
     findings = []
-    for finding in iter_checks(home, listen):
+    for finding in checks:
         findings.append(finding)
         if not json_out:
             typer.echo(format_finding(finding))

@@ -79,6 +79,8 @@ def format_status(js: dict[str, Any]) -> str:
     for key, label in (("error", "error"), ("waiting", "waiting"), ("stalled", "stalled"), ("write_error", "disk")):
         if js.get(key):
             lines.append(f"{label:<12} {text(js[key], 1000)}")
+    if js.get("work"):
+        lines.extend(format_work(js["work"], js["round"]))
     if js["metrics"]:
         lines.append(f"{'round':>7} {'loss':>8} {'accuracy':>9} {'train loss':>11} {'nodes':>6} {'time':>7}")
         for m in js["metrics"]:
@@ -86,6 +88,20 @@ def format_status(js: dict[str, Any]) -> str:
                          f"{number(m['train_loss'], '>11.4f')} {number(m['contributors'], '>6')} "
                          f"{number(m['duration_s'], '>6.1f')}s")
     return "\n".join(lines)
+
+
+def format_work(rows: list[dict[str, Any]], round_: int) -> list[str]:
+    """Round ``round_``'s work per member: its device, local steps, samples per second and
+    share of the round's compute (each member's training seconds over everyone's)."""
+    lines = [f"work         round {round_}",
+             f"  {'member':<10} {'device':<28} {'samples':>8} {'steps':>6} {'samples/s':>10} {'train s':>8} {'share':>6}"]
+    for row in rows:
+        share = row.get("compute_share")
+        lines.append(f"  {short(text(row.get('peer', '?'), 80)):<10} {text(row.get('device') or '-', 28):<28} "
+                     f"{number(row.get('samples'), '>8')} {number(row.get('steps'), '>6')} "
+                     f"{number(row.get('samples_per_s'), '>10.1f')} {number(row.get('compute_s'), '>8.2f')} "
+                     f"{number(share, '>6.0%')}")
+    return lines
 
 
 def format_spec(js: dict[str, Any]) -> str:
@@ -127,8 +143,9 @@ def status(job: str | None = typer.Argument(None, help="Job id or prefix (defaul
            watch: bool = typer.Option(False, help="Refresh every second until the job ends."),
            spec: bool = typer.Option(False, "--spec", help="Also print the job's spec, as this node validated it.")
            ) -> None:
-    """Round, phase, coordinator, members, and loss and accuracy so far (``--json`` includes the
-    job's spec and publisher)."""
+    """Round, phase, coordinator, members, each member's work in the last round (device, local
+    steps, samples per second, share of the compute), and loss and accuracy so far (``--json``
+    includes the job's spec and publisher)."""
     while True:
         js = call_node("job_status", {"job": job} if job else {}, home=node)
         if json_out:

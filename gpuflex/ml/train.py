@@ -1,9 +1,11 @@
 """Local training and evaluation with torch, on whatever device the machine has.
 
 Members of one job can mix CPUs and GPUs: the weights that travel are float32 on the CPU, so
-the device only matters inside a round. Several node processes often share a small machine,
-so torch is held to ``GPUFLEX_TORCH_THREADS`` (default 1) intra-op threads; otherwise each
-process would start one thread per core and they would all contend.
+the device only matters inside a round. How the job is fitted to the device (precision,
+micro-batch, threads) is ``gpuflex.ml.fit``'s choice; the loop itself is
+``gpuflex.ml.steploop``. torch's thread pool is sized by the cores this process may use, or
+by ``GPUFLEX_TORCH_THREADS`` (a local mesh of several processes on one machine sets 1, else
+each process would start one thread per core and they would all contend).
 """
 
 from __future__ import annotations
@@ -19,18 +21,20 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from gpuflex.jobspec import JobSpec
+from gpuflex.ml.fit import DeviceFit, Precision, choose_threads, forced_threads
+from gpuflex.ml.steploop import run_steps
 from gpuflex.plugins import PluginError, load_callable
 
 _threads_lock = threading.Lock()
 _threads_set = False
 
 
-def configure_threads() -> None:
-    """Apply ``GPUFLEX_TORCH_THREADS`` once per process."""
+def configure_threads(device: torch.device | None = None) -> None:
+    """Size torch's thread pool once per process (see ``gpuflex.ml.fit.choose_threads``)."""
     global _threads_set
     with _threads_lock:
         if not _threads_set:
-            torch.set_num_threads(max(1, int(os.environ.get("GPUFLEX_TORCH_THREADS", "1"))))
+            torch.set_num_threads(choose_threads((device or pick_device()).type, forced=forced_threads()))
             _threads_set = True
 
 
@@ -61,15 +65,16 @@ def make_optimizer(model: nn.Module, spec: JobSpec) -> torch.optim.Optimizer:
     raise ValueError(f"unknown optimizer {spec.optimizer!r}")
 
 
-def _batches(loader: DataLoader, spec: JobSpec) -> Iterator[Any]:
-    """local_epochs full passes, or exactly local_steps batches cycling through the data."""
-    if spec.uses_steps:
+def _batches(loader: DataLoader, spec: JobSpec, budgeted: bool = False) -> Iterator[Any]:
+    """local_epochs full passes, or exactly local_steps batches cycling through the data; in
+    a time-budgeted round, batches cycling until the step loop stops."""
+    if spec.uses_steps or budgeted:
         done = 0
-        while done < spec.local_steps:
+        while budgeted or done < spec.local_steps:
             for batch in loader:
                 yield batch
                 done += 1
-                if done == spec.local_steps:
+                if done == spec.local_steps and not budgeted:
                     return
             if done == 0:  # an empty loader would otherwise spin forever
                 return
@@ -78,7 +83,7 @@ def _batches(loader: DataLoader, spec: JobSpec) -> Iterator[Any]:
             yield from loader
 
 
-def _to_device(
+def to_device(
     x: torch.Tensor, y: torch.Tensor, device: torch.device
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Move a batch; float64 features (numpy's default) become float32 like the weights."""
@@ -87,29 +92,35 @@ def _to_device(
     return x.to(device, non_blocking=True), y.to(device, non_blocking=True)
 
 
+def plain_fit(device: torch.device, batch_size: int, precision: Precision = "fp32") -> DeviceFit:
+    """Whole batches at ``precision``: the fit of a caller that did not probe the device."""
+    return DeviceFit(device=str(device), name=device.type, capability=None, precision=precision,
+                     batch_size=batch_size, micro_batch=batch_size, threads=torch.get_num_threads())
+
+
 def local_train(
-    model: nn.Module, loader: DataLoader, spec: JobSpec, device: torch.device
+    model: nn.Module, loader: DataLoader, spec: JobSpec, device: torch.device, fit: DeviceFit | None = None,
+    max_steps: int = 0, time_limit_s: float = 0.0,
 ) -> dict[str, Any]:
-    """Train in place; returns the mean loss, samples seen and optimizer steps taken."""
-    configure_threads()
+    """Train in place; returns the mean loss, samples seen, optimizer steps taken, seconds.
+
+    With ``time_limit_s`` (a time-budgeted round) it cycles through the data and stops at
+    ``max_steps`` or the time limit, whichever comes first.
+    """
+    configure_threads(device)
     model.to(device).train()
     optimizer = make_optimizer(model, spec)
     loss_fn = nn.CrossEntropyLoss()
-    total_loss, samples, steps = 0.0, 0, 0
-    for x, y in _batches(loader, spec):
-        x, y = _to_device(x, y, device)
-        optimizer.zero_grad(set_to_none=True)
-        loss = loss_fn(model(x), y)
-        loss.backward()
-        optimizer.step()
-        total_loss += float(loss.detach()) * len(y)
-        samples += len(y)
-        steps += 1
-    return {
-        "train_loss": total_loss / samples if samples else math.nan,
-        "samples": samples,
-        "steps": steps,
-    }
+    fit = fit or plain_fit(device, spec.batch_size)
+
+    def loss_of(piece: Any) -> tuple[torch.Tensor, int]:
+        x, y = to_device(piece[0], piece[1], device)
+        return loss_fn(model(x), y), len(y)
+
+    budgeted = time_limit_s > 0
+    stats = run_steps(_batches(loader, spec, budgeted), fit, optimizer, loss_of,
+                      max_steps=max_steps if budgeted else 0, time_limit_s=time_limit_s)
+    return stats.metrics(fit)
 
 
 def run_train_fn(
@@ -120,7 +131,7 @@ def run_train_fn(
     ``settings`` is the job as a plain dict plus ``device``; the returned metrics must be a
     dict, and numbers the node needs but the user left out are filled in.
     """
-    configure_threads()
+    configure_threads(device)
     fn = load_callable(spec.train_fn, "train_fn")
     model.to(device).train()
     settings = {**spec.to_dict(), "device": device}
@@ -146,7 +157,7 @@ def evaluate(
     loss_fn = nn.CrossEntropyLoss(reduction="sum")
     total_loss, correct, count = 0.0, 0, 0
     for x, y in DataLoader(dataset, batch_size=batch_size):
-        x, y = _to_device(x, y, device)
+        x, y = to_device(x, y, device)
         logits = model(x)
         total_loss += float(loss_fn(logits, y))
         correct += int((logits.argmax(dim=1) == y).sum())

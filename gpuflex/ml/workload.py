@@ -18,14 +18,24 @@ from typing import Any, Protocol
 
 import numpy as np
 import torch
+from torch import nn
 from torch.utils.data import DataLoader, Dataset, Subset
 
 from gpuflex.jobspec import JobSpec
 from gpuflex.ml.datasets import DataBundle, load_data
+from gpuflex.ml.fit import DeviceFit, fit_device
 from gpuflex.ml.models import build_model
 from gpuflex.ml.params import flatten_params, load_flat_params, state_dict_from_flat
 from gpuflex.ml.partition import partition_indices
-from gpuflex.ml.train import evaluate, local_train, make_optimizer, pick_device, run_train_fn
+from gpuflex.ml.train import (
+    configure_threads,
+    evaluate,
+    local_train,
+    make_optimizer,
+    pick_device,
+    run_train_fn,
+    to_device,
+)
 from gpuflex.nodeconfig import NodeConfig, load_node_config
 from gpuflex.plugins import PluginError, load_callable
 
@@ -87,16 +97,21 @@ class Workload:
         device: torch.device | None = None,
         data_hook: Callable[[Dataset, int], Dataset] | None = None,
         config: NodeConfig | None = None,
+        model_hook: Callable[[nn.Module], nn.Module] | None = None,
     ):
         """``config``: the node's configuration for this run (node.toml with its start flags);
         read from ``home`` when not given."""
         self.spec = spec
-        # Test meshes only: the label-flip adversary wraps the training set (gpuflex/adversary.py).
+        # Test meshes only: the label-flip adversary wraps the training set (gpuflex/adversary.py),
+        # and a test's device seam wraps the model (an out-of-memory on large micro-batches).
         self.data_hook = data_hook
         self.device = device or pick_device()
         self._lock = threading.Lock()
         self._bundle = load_bundle(spec, resolve_data_path(spec, config or load_node_config(home)))
         self._model = build_model(spec, self._bundle)
+        if model_hook is not None:
+            self._model = model_hook(self._model)
+        self._fit: DeviceFit | None = None
         self._initial = flatten_params(self._model)
         self._model.to(self.device)
         # The first optimizer in a process imports torch._dynamo (about 2 s of CPU); pay it
@@ -144,20 +159,53 @@ class Workload:
         )
         return DataLoader(self._train, batch_size=self.spec.batch_size, shuffle=True, generator=gen)
 
-    def train(self, base: np.ndarray) -> tuple[np.ndarray, dict[str, Any]]:
-        """Train from ``base``; returns (trained − base as float32, metrics)."""
+    def _fitted(self) -> DeviceFit:
+        """This device's settings for the job, probed with real steps on a real batch once.
+        The probe only leaves gradients behind, which every training step clears."""
+        if self._fit is None:
+            configure_threads(self.device)
+            batch = next(iter(self._loader()))
+            x_all, y_all = batch[0], batch[1]
+            loss_fn = torch.nn.CrossEntropyLoss()
+            self._model.to(self.device).train()
+
+            def step(micro: int, fit: DeviceFit) -> None:
+                x, y = to_device(x_all[:micro], y_all[:micro], self.device)
+                with fit.autocast():
+                    loss = loss_fn(self._model(x), y)
+                loss.backward()
+                self._model.zero_grad(set_to_none=True)
+
+            self._fit = fit_device(self.device, self.spec.batch_size, step)
+        return self._fit
+
+    def fitted(self) -> dict[str, Any]:
+        """How the job fits this device (``gpuflex.ml.fit``): precision, micro-batch, threads,
+        and the throughput of the probe's real steps."""
+        with self._lock:
+            return self._fitted().describe()
+
+    def train(self, base: np.ndarray, max_steps: int = 0,
+              time_limit_s: float = 0.0) -> tuple[np.ndarray, dict[str, Any]]:
+        """Train from ``base``; returns (trained − base as float32, metrics). Under a time
+        budget, at most ``max_steps`` steps and ``time_limit_s`` seconds."""
         base = np.asarray(base, dtype=np.float32)
         with self._lock:
             load_flat_params(self._model, base)
             start = time.perf_counter()
-            step = run_train_fn if self.spec.train_fn else local_train
-            metrics = step(self._model, self._loader(), self.spec, self.device)
+            if self.spec.train_fn:
+                metrics = run_train_fn(self._model, self._loader(), self.spec, self.device)
+            else:
+                metrics = local_train(self._model, self._loader(), self.spec, self.device, self._fitted(),
+                                      max_steps=max_steps, time_limit_s=time_limit_s)
             seconds = time.perf_counter() - start
             self._trained_rounds += 1
             delta = flatten_params(self._model) - base
         metrics["seconds"] = seconds
         metrics["samples_per_s"] = metrics["samples"] / seconds if seconds > 0 else 0.0
         metrics["dataset_size"] = self.num_samples
+        if self._fit is not None:
+            self._fit.samples_per_s = metrics["samples_per_s"] or self._fit.samples_per_s
         return delta.astype(np.float32, copy=False), metrics
 
     def evaluate(self, params: np.ndarray) -> dict[str, float]:
@@ -211,7 +259,10 @@ class NodeWorkload(Protocol):
 
     def initial_params(self) -> np.ndarray: ...
 
-    def train(self, base: np.ndarray) -> tuple[np.ndarray, dict[str, Any]]: ...
+    def train(self, base: np.ndarray, max_steps: int = 0,
+              time_limit_s: float = 0.0) -> tuple[np.ndarray, dict[str, Any]]: ...
+
+    def fitted(self) -> dict[str, Any]: ...
 
     def evaluate(self, params: np.ndarray) -> dict[str, float]: ...
 

@@ -46,6 +46,8 @@ from gpuflex.node.roles.member import Member
 from gpuflex.node.roles.root import Root
 from gpuflex.node.state import JobBook, JobInfo, RoundDeadlines, RoundState
 from gpuflex.node.summary import ledger_rows, metric_rows, summarize
+from gpuflex.node.workfields import DEVICE_CHARS
+from gpuflex.node.workplan import valid_rate
 from gpuflex.privacy import STOP, WARN, budget_status
 from mesh.codec import WireError
 from mesh.health import PeerState
@@ -165,6 +167,14 @@ class JobDriver:
         index, parts = book.info.part_for(book.me)
         self._trainer = await port.offload(self._trainers, self.spec, index, parts, port.home,
                                            self.faults.data_hook())
+        fitted = await port.offload(self._trainer.fitted)  # device, precision, measured throughput
+        book.device = str(fitted.get("device", ""))[:DEVICE_CHARS]
+        book.fit = {k: v for k, v in fitted.items() if isinstance(v, (int, float, str)) or v is None}
+        if (rate := valid_rate(fitted.get("samples_per_s"))) is not None:
+            book.rates[book.me] = rate
+        settings: dict[str, Any] = {k: v for k, v in book.fit.items() if v is not None and k not in ("peer", "message")}
+        port.emit(EventKind.DEVICE_FITTED, message=f"job {self.job_id}: training on {fitted.get('summary', book.device)}",
+                  **settings)
         init = await port.offload(self._trainer.initial_params)
         book.model_size = int(init.size)
         book.init_hash = port.blobs.put_parts(model_parts(init, {}))
@@ -319,12 +329,13 @@ class JobDriver:
         """Something outside the job changed (a peer's health): re-check what waits on it."""
         self.book.changed.notify()
 
-    def saw_presence(self, peer: str, last_round: object, head: object = None) -> bool:
-        """Record ``peer``'s presence; True when its ledger may win over ours: it says it is
-        ahead, or at our height on another head (two halves of a healed partition, which
-        otherwise never learn of each other's rounds). What it says is only a reason to ask:
-        its ledger is checked round by round before anything changes here."""
-        self.book.saw_presence(peer)
+    def saw_presence(self, peer: str, last_round: object, head: object = None, rate: object = None) -> bool:
+        """Record ``peer``'s presence (and its training throughput for this job, if it says);
+        True when its ledger may win over ours: it says it is ahead, or at our height on
+        another head (two halves of a healed partition, which otherwise never learn of each
+        other's rounds). What it says is only a reason to ask: its ledger is checked round by
+        round before anything changes here."""
+        self.book.saw_presence(peer, valid_rate(rate))
         committed = self.book.committed
         if not isinstance(last_round, int) or isinstance(last_round, bool):
             return False
@@ -332,6 +343,10 @@ class JobDriver:
             return True
         return (last_round == committed > 0 and isinstance(head, str) and len(head) == HEAD_CHARS
                 and head != self.book.ledger.head[:HEAD_CHARS])
+
+    def throughput(self) -> float:
+        """This node's training throughput for this job (samples per second; 0 if unknown)."""
+        return self.book.rates.get(self.book.me, 0.0)
 
     async def offer_ledger(self, frames: list[bytes], peer: str) -> bool:
         return await self.applier.offer_ledger(frames, peer)

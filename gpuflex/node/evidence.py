@@ -8,7 +8,8 @@ A result counts only if
     the plan extends the previous result (its hash, its model);
   - it counts at least ``min_nodes`` contributions, each a valid signed update made for that
     very plan (the update signs the plan's digest) by one of the plan's members, on its base;
-  - its contributor list and its ``contributors`` metric say exactly that;
+  - its contributor list and its ``contributors`` metric say exactly that, each row's step
+    count is its signed update's, and no update took more steps than a budgeted plan allowed;
   - in an allowlisted job, the plan's coordinator and members are all on the allowlist;
   - from round 2 on, the plan's sample cap is the one the previous round implies.
 
@@ -142,6 +143,13 @@ def verify_round(res: Result, history: Sequence[Result], rules: ChainRules) -> l
     listed = sorted(repr((c.get("peer"), c.get("samples"), c.get("delta_hash"))) for c in res.contributors)
     if listed != sorted(repr((u.peer, u.samples, u.delta_hash)) for u in counted):
         raise fail("contributor list does not match the signed updates")
+    # A time-budgeted round's step counts weigh each update (FedNova): a contributor row says
+    # what its signed update says, and no update claims more steps than its plan allowed.
+    rows = {c.get("peer"): c for c in res.contributors}
+    if any("steps" in rows[u.peer] and rows[u.peer]["steps"] != u.steps for u in counted):
+        raise fail("a contributor's step count differs from its signed update's")
+    if plan.budget_s > 0 and any(u.steps > plan.steps.get(u.peer, u.steps) for u in counted):
+        raise fail("an update claims more local steps than its plan allowed")
     if len(counted) < rules.min_nodes:
         raise fail(f"{len(counted)} verified contributions < min_nodes={rules.min_nodes}")
     claimed = res.metrics.get("contributors")

@@ -196,10 +196,13 @@ class JobManager:
         # Finished jobs too: a member that fell behind (a full disk, a partition) learns from
         # this that it is behind and catches up, even after everyone else is done.
         active = {j: d.committed for j, d in self.drivers.items() if d.state != JobState.FAILED and d.participates()}
+        # Each job's training throughput here: coordinators of time-budgeted rounds plan by it.
+        rates = {j: round(r, 3) for j in active if (r := self.drivers[j].throughput()) > 0}
         if active:
             heads = {j: self.drivers[j].head() for j in active}
             try:
-                await self.mesh.broadcast(seal(self.mesh.identity, PRESENCE, {"jobs": active, "heads": heads}))
+                await self.mesh.broadcast(seal(self.mesh.identity, PRESENCE,
+                                               {"jobs": active, "heads": heads, "rates": rates}))
             except (WireError, ValueError) as exc:  # a map too large for its kind's limit
                 log.debug("presence broadcast failed: %s", exc)
 
@@ -218,6 +221,8 @@ class JobManager:
         heads = msg.envelope.body.get("heads")
         heads = heads if isinstance(heads, dict) else {}
         sender = msg.envelope.sender
+        rates = msg.envelope.body.get("rates")
+        rates = rates if isinstance(rates, dict) else {}
         unknown = False
         now = trio.current_time()
         for job, last_round in jobs.items():
@@ -225,7 +230,7 @@ class JobManager:
             if driver is None:
                 unknown = unknown or not (isinstance(job, str) and self.admission.refused(job) is not None)
                 continue
-            ahead = driver.saw_presence(sender, last_round, heads.get(job))
+            ahead = driver.saw_presence(sender, last_round, heads.get(job), rates.get(job))
             # A peer whose last ledger changed nothing here is not asked again for a while,
             # whatever it claims: a claim to be ahead costs the claimant, not this node.
             rested = now >= self._fruitless.get((job, sender), -FRUITLESS_SYNC_S) + FRUITLESS_SYNC_S

@@ -57,6 +57,8 @@ class EventKind(StrEnum):
     COMMIT_FAILED = "commit_failed"
     PLAN_RECEIVED = "plan_received"
     TRAINED = "trained"
+    DEVICE_FITTED = "device_fitted"
+    OUT_OF_MEMORY = "out_of_memory"
     UPDATE_SENT = "update_sent"
     UPDATE_FAILED = "update_failed"
     UPDATE_RECEIVED = "update_received"

@@ -19,6 +19,7 @@ import msgpack
 from gpuflex.errors import GpuflexError
 from gpuflex.node.evidence import ChainRules, EvidenceError, verify_round
 from gpuflex.node.messages import RESULT, Result, parse_result
+from gpuflex.node.workfields import contributor_work
 from mesh.codec import WireError, open_envelope
 from mesh.fsutil import atomic_write
 
@@ -95,7 +96,10 @@ def result_row(res: Result) -> dict[str, Any]:
         "round": res.round,
         "attempt": res.attempt,
         "coordinator": res.coordinator,
-        "contributors": [{"peer": c.get("peer"), "samples": c.get("samples")} for c in res.contributors],
+        # Each member's device, local steps, training seconds, throughput and compute share,
+        # where the round recorded them (time-budgeted rounds and later).
+        "contributors": [{"peer": c.get("peer"), "samples": c.get("samples"), **contributor_work(c)}
+                         for c in res.contributors],
         "absent": list(res.absent),
         "metrics": res.metrics,
         "strategy": res.strategy,

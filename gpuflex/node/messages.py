@@ -8,10 +8,11 @@ values and any malformed body becomes a ``WireError`` (logged, dropped, penalise
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any
 
+from gpuflex.node.workfields import claimed_steps, plan_budget, planned_steps, update_device
 from mesh.blob import valid_hash
 from mesh.codec import Envelope, WireError, open_envelope, register_kind, seal
 from mesh.compat import StrEnum
@@ -113,6 +114,8 @@ class Plan:
     env: Envelope
     sample_cap: int = 0  # the most one update's sample count weighs in this round (0: no cap)
     private: tuple[str, ...] = ()  # members the coordinator placed as leaves (behind NAT)
+    budget_s: float = 0.0  # a time-budgeted round: seconds of local training per member
+    steps: dict[str, int] = field(default_factory=dict)  # each member's planned local steps
 
     @property
     def issued(self) -> float:
@@ -142,7 +145,7 @@ def parse_plan(env: Envelope) -> Plan:
         prev_result=_get(b, "prev_result", str, what), members=members, parent=parent,
         train_deadline=_finite(b, "train_deadline", what), reduce_slack_s=_finite(b, "reduce_slack_s", what),
         env=env, sample_cap=_count(b, "sample_cap", what, 0, MAX_SAMPLES) if "sample_cap" in b else 0,
-        private=private,
+        private=private, budget_s=plan_budget(b), steps=planned_steps(b, parent),
     )
     if plan.coordinator != env.sender or parent.get(plan.coordinator, "x") is not None:
         raise WireError("garbled", "plan must be signed by its coordinator, the root of its tree")
@@ -163,12 +166,18 @@ class Update:
     metrics: dict[str, Any]
     env: Envelope
     plan: str = ""  # the digest of the plan this update was made for: it counts in no other
+    device: str = ""  # what it trained on, as the member says (for people; bounded)
 
     @property
     def claimed(self) -> int:
         """The sample count the member signed; ``samples`` is what it weighs (``capped``)."""
         claimed = self.env.body.get("samples") if isinstance(self.env.body, dict) else None
         return claimed if isinstance(claimed, int) else self.samples
+
+    @property
+    def steps(self) -> int:
+        """Local optimizer steps the member says it took (0 when it does not say)."""
+        return claimed_steps(self.metrics)
 
 
 def parse_update(env: Envelope) -> Update:
@@ -178,6 +187,7 @@ def parse_update(env: Envelope) -> Update:
         base_hash=_get(b, "base_hash", str, what), samples=_count(b, "samples", what, 1, MAX_SAMPLES),
         delta_hash=_get(b, "delta_hash", str, what), delta_size=_count(b, "delta_size", what, 1, MAX_SAMPLES),
         metrics=_get(b, "metrics", dict, what), env=env, plan=_get(b, "plan", str, what),
+        device=update_device(b),
     )
     if up.peer != env.sender:
         raise WireError("garbled", "update must be signed by its own peer")

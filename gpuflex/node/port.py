@@ -143,7 +143,17 @@ class Trainer(Protocol):
 
     def initial_params(self) -> np.ndarray: ...
 
-    def train(self, base: np.ndarray) -> tuple[np.ndarray, dict[str, Any]]: ...
+    def train(self, base: np.ndarray, max_steps: int = 0,
+              time_limit_s: float = 0.0) -> tuple[np.ndarray, dict[str, Any]]:
+        """Train from ``base``. In a time-budgeted round, at most ``max_steps`` steps (0: no
+        count) and stop once ``time_limit_s`` seconds of training have passed; with neither,
+        the job's epochs or steps. Metrics include ``steps``, ``seconds`` and ``samples_per_s``."""
+        ...
+
+    def fitted(self) -> dict[str, Any]:
+        """How the job fits this device: ``device`` (a short description), ``samples_per_s``
+        (measured with real steps) and the chosen settings (precision, micro-batch, threads)."""
+        ...
 
     def evaluate(self, params: np.ndarray) -> dict[str, float]: ...
 

@@ -176,8 +176,16 @@ class JobBook:
         self.init_hash = ""
         self.model_size = 0  # parameters of the model this job trains, known once prepared
         self.presence: dict[str, float] = {}  # peer -> trio time of its last presence
+        # Time-budgeted rounds: each member's training throughput for this job (samples per
+        # second, as it publishes it; this node's own as it measures it), and this node's device.
+        self.rates: dict[str, float] = {}
+        self.device = ""
+        self.fit: dict[str, Any] = {}  # how the job fits this node's device (gpuflex.ml.fit)
         # A member's trained update per (round, base model): a retried attempt re-sends it.
         self.cached_updates: dict[tuple[int, str], tuple[bytes, bytes]] = {}
+        # Set when the training for a (round, base model) ends: a retried attempt that arrives
+        # mid-training waits for that update instead of training a second one.
+        self.training: dict[tuple[int, str], trio.Event] = {}
         # Secure aggregation: this node's masking side per (round, attempt, leader), kept to
         # answer its leader's recovery request (two coordinators may plan the same attempt,
         # with other leaders), and the group reports of attempts that were aborted.
@@ -227,12 +235,16 @@ class JobBook:
 
     # -- membership -----------------------------------------------------------------------------
 
-    def saw_presence(self, peer: str) -> None:
+    def saw_presence(self, peer: str, rate: float | None = None) -> None:
         now = trio.current_time()
         self.presence.pop(peer, None)
         self.presence[peer] = now  # kept in order of last presence, oldest first
         while len(self.presence) > MAX_PRESENCE:
             del self.presence[next(iter(self.presence))]
+        if rate is not None and peer != self.me:
+            self.rates[peer] = rate
+        for gone in [p for p in self.rates if p not in self.presence and p != self.me]:
+            del self.rates[gone]  # bounded like presence: only peers still listed there
         self.changed.notify()
 
     def may_send_work(self, peer: str) -> bool:

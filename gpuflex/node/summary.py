@@ -47,7 +47,19 @@ def summarize(book: JobBook, now: float) -> dict[str, Any]:
         "epsilon": epsilon_spent(spec, book.committed) if spec.uses_dp else None,
         "epsilon_budget": spec.dp_epsilon_budget or None,
         "metrics": metric_rows(book),
+        "compute_budget_s": spec.compute_budget_s or None,
+        "device": book.device,
+        "fit": dict(book.fit),
+        "work": work_rows(book),
     }
+
+
+def work_rows(book: JobBook) -> list[dict[str, Any]]:
+    """The last committed round's work per member (device, local steps, training seconds,
+    samples per second, share of the round's compute), as its result recorded it; at most
+    ``LISTED_MEMBERS`` of them (the ledger has them all)."""
+    results = book.ledger.results
+    return result_row(results[-1])["contributors"][:LISTED_MEMBERS] if results else []
 
 
 #: The fields of a job in ``status``: one line each in ``gpuflex status``.

@@ -84,3 +84,20 @@ def test_csv_cells_never_start_a_formula() -> None:
     credit = compute_credit({"j": ledger([{"peer": "=HYPERLINK(\"x\")", "samples": 1}])})
     row = next(csv.DictReader(io.StringIO(credit_csv(credit))))
     assert row["peer"].startswith("'=")
+
+
+def test_the_nodes_ledger_rows_fill_each_contributions_work() -> None:
+    # The shape the node's ``ledger`` method really returns (gpuflex.node.ledger.result_row).
+    from gpuflex.node.ledger import result_row, verify_chain
+    from tests.unit.node.chain import JOB, make_chain
+
+    frames, _ = make_chain(rounds=1, work=lambda r, k: {
+        "steps": 3 + k, "device": f"dev{k} fp32", "compute_s": 1.0 + k, "samples_per_s": 50.0 * (k + 1),
+        "compute_share": (1.0 + k) / 6})
+    (row,) = [result_row(r) for r in verify_chain(frames, JOB)]
+    parsed = LedgerRound.parse(row)
+    by_device = {c.extra["device"]: c for c in parsed.contributors}
+    assert by_device["dev2 fp32"].seconds == 3.0 and by_device["dev2 fp32"].share == 0.5
+    assert by_device["dev2 fp32"].extra["steps"] == "5" and by_device["dev0 fp32"].extra["samples_per_s"] == "50.0"
+    credit = compute_credit({JOB: [parsed]})
+    assert credit.basis == "compute time" and max(p.share for p in credit.peers) == 0.5

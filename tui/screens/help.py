@@ -20,7 +20,8 @@ KEYS = (
     ("/", "filter (enter keeps it, esc clears it)"),
     ("enter", "copy the full peer id"),
     ("s / S", "next sort column / reverse order"),
-    ("i t l e d g c p", "sort by id, state, rtt, seen, device, legacy, rounds, penalty"),
+    ("i t h l e d g c x r a p", "sort by id, state, reach, rtt, seen, device, legacy, rounds, steps, samples/s, "
+                                "compute share (last round), penalty"),
     ("", ""),
     ("jobs", ""),
     ("enter", "open the job's ledger"),

@@ -17,7 +17,7 @@ from textual.widgets import DataTable, Input
 
 from tui import format as fmt
 from tui.feed import Snapshot
-from tui.model import Peer
+from tui.model import MemberWork, Peer, current_job
 from tui.screens.base import DashboardScreen
 from tui.widgets.keyed_table import Cell, KeyedTable
 from tui.widgets.node_detail import NodeDetail
@@ -30,24 +30,42 @@ class Column:
     key: str
     label: str
     hotkey: str
-    sort_key: Callable[[Peer], Any]
+    sort_key: Callable[[Peer, MemberWork | None], Any]
+
+
+def _work_key(value: float | None) -> float:
+    return -math.inf if value is None else value
 
 
 COLUMNS = (
-    Column("peer", "peer", "i", lambda p: p.peer_id),
-    Column("state", "state", "t", lambda p: (STATE_ORDER.get(p.state, 3), p.peer_id)),
-    Column("reach", "reach", "h", lambda p: (p.reachability, p.peer_id)),
-    Column("rtt", "rtt", "l", lambda p: math.inf if p.rtt_ms is None else p.rtt_ms),
-    Column("seen", "seen", "e", lambda p: -(p.last_seen or 0.0)),
-    Column("device", "device", "d", lambda p: p.info.device() if p.info else ""),
-    Column("legacy", "lgcy", "g", lambda p: bool(p.info and p.info.legacy)),
-    Column("rounds", "rnds", "c", lambda p: p.rounds_contributed),
-    Column("penalty", "pen", "p", lambda p: p.penalty),
+    Column("peer", "peer", "i", lambda p, w: p.peer_id),
+    Column("state", "state", "t", lambda p, w: (STATE_ORDER.get(p.state, 3), p.peer_id)),
+    Column("reach", "reach", "h", lambda p, w: (p.reachability, p.peer_id)),
+    Column("rtt", "rtt", "l", lambda p, w: math.inf if p.rtt_ms is None else p.rtt_ms),
+    Column("seen", "seen", "e", lambda p, w: -(p.last_seen or 0.0)),
+    Column("device", "device", "d", lambda p, w: p.info.device() if p.info else ""),
+    Column("legacy", "lgcy", "g", lambda p, w: bool(p.info and p.info.legacy)),
+    Column("rounds", "rnds", "c", lambda p, w: p.rounds_contributed),
+    # The followed job's last committed round: who did how much, on what.
+    Column("steps", "stp", "x", lambda p, w: _work_key(w.steps if w else None)),
+    Column("rate", "smp/s", "r", lambda p, w: _work_key(w.samples_per_s if w else None)),
+    Column("share", "shr", "a", lambda p, w: _work_key(w.compute_share if w else None)),
+    Column("penalty", "pen", "p", lambda p, w: p.penalty),
 )
 COLUMN_BY_KEY = {c.key: c for c in COLUMNS}
 
 
-def peer_cells(peer: Peer, now: float) -> list[Cell]:
+def work_by_peer(snap: Snapshot) -> dict[str, MemberWork]:
+    """Each member's work in the last committed round of the job the dashboard follows."""
+    job = current_job(list(snap.jobs))
+    return {w.peer: w for w in job.work} if job else {}
+
+
+def _figure(value: float | None, text: str) -> Text:
+    return Text(fmt.DASH if value is None else text, justify="right")
+
+
+def peer_cells(peer: Peer, now: float, work: MemberWork | None = None) -> list[Cell]:
     legacy = Text("yes", style="yellow") if peer.info and peer.info.legacy else Text("")
     penalty = Text(f"{peer.penalty:.2f}", style="red" if peer.penalty > 0 else "dim")
     return [
@@ -60,6 +78,11 @@ def peer_cells(peer: Peer, now: float) -> list[Cell]:
         peer.info.device() if peer.info else fmt.DASH,
         legacy,
         Text(str(peer.rounds_contributed), justify="right"),
+        _figure(None if work is None or work.steps is None else float(work.steps), str(work.steps if work else "")),
+        _figure(work.samples_per_s if work else None, f"{work.samples_per_s:.0f}" if work and work.samples_per_s
+                is not None else ""),
+        _figure(work.compute_share if work else None, f"{work.compute_share:.0%}" if work and work.compute_share
+                is not None else ""),
         penalty,
     ]
 
@@ -114,12 +137,14 @@ class PeersScreen(DashboardScreen):
     def visible_peers(self, snap: Snapshot) -> list[Peer]:
         column = COLUMN_BY_KEY[self.sort_column]
         shown = [p for p in snap.peers if matches(p, self.filter_text)]
-        return sorted(shown, key=column.sort_key, reverse=self.sort_reverse)
+        work = work_by_peer(snap)
+        return sorted(shown, key=lambda p: column.sort_key(p, work.get(p.peer_id)), reverse=self.sort_reverse)
 
     def show_body(self, snap: Snapshot) -> None:
         now = self.dashboard.clock()
         table = self.query_one(KeyedTable)
-        table.set_rows([(p.peer_id, peer_cells(p, now)) for p in self.visible_peers(snap)])
+        work = work_by_peer(snap)
+        table.set_rows([(p.peer_id, peer_cells(p, now, work.get(p.peer_id))) for p in self.visible_peers(snap)])
         count = f"{table.row_count}/{len(snap.peers)}" if self.filter_text else str(table.row_count)
         table.border_title = fmt.literal(
             f"peers {count}" + (f" · filter '{self.filter_text}'" if self.filter_text else "")

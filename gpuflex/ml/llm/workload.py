@@ -26,13 +26,15 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from gpuflex.jobspec import JobSpec
+from gpuflex.ml.fit import DeviceFit, choose_precision, fit_device
 from gpuflex.ml.llm import LLMError, require_extra
 from gpuflex.ml.llm.models import base_hash, build_base, trainable, with_adapter
 from gpuflex.ml.llm.text import TextBundle, documents, load_text
 from gpuflex.ml.llm.tokenizer import eos_id, make_tokenizer, tokenizer_hash
 from gpuflex.ml.params import as_tensor
 from gpuflex.ml.partition import partition_indices
-from gpuflex.ml.train import configure_threads, make_optimizer, pick_device
+from gpuflex.ml.steploop import run_steps
+from gpuflex.ml.train import configure_threads, make_optimizer, pick_device, plain_fit
 from gpuflex.nodeconfig import NodeConfig, NodeConfigError, load_node_config
 
 log = logging.getLogger("gpuflex.llm")
@@ -112,6 +114,7 @@ class LLMWorkload:
         self._initial: np.ndarray | None = self._flatten()
         self.model.to(self.device)
         self._trained_rounds = 0
+        self._fit: DeviceFit | None = None
         self.set_part(part_index, num_parts)
 
     # -- the vector ----------------------------------------------------------------------
@@ -180,17 +183,18 @@ class LLMWorkload:
     def indices(self) -> np.ndarray:
         return self._indices
 
-    def _batches(self) -> Iterator[torch.Tensor]:
+    def _batches(self, budgeted: bool = False) -> Iterator[torch.Tensor]:
+        """local_epochs passes, or local_steps batches; cycling until stopped when budgeted."""
         gen = torch.Generator().manual_seed(
             (self.spec.seed * 1_000_003 + self.part_index * 7919 + self._trained_rounds) % 2**63)
         loader = DataLoader(self._train, batch_size=self.spec.batch_size, shuffle=True, generator=gen)
-        if self.spec.uses_steps:
+        if self.spec.uses_steps or budgeted:
             done = 0
-            while done < self.spec.local_steps and len(self._train):
+            while (budgeted or done < self.spec.local_steps) and len(self._train):
                 for (batch,) in loader:
                     yield batch
                     done += 1
-                    if done == self.spec.local_steps:
+                    if done == self.spec.local_steps and not budgeted:
                         return
         else:
             for _ in range(self.spec.local_epochs):
@@ -200,23 +204,48 @@ class LLMWorkload:
     # -- training and evaluation -----------------------------------------------------------
 
     def _autocast(self) -> Any:
-        """bfloat16 autocast on GPUs that have it; master weights and updates stay float32."""
-        if self.device.type == "cuda" and torch.cuda.is_bf16_supported():
-            return torch.autocast("cuda", dtype=torch.bfloat16)
-        return torch.autocast("cpu", enabled=False)
+        """The fitted precision's autocast (bf16 on sm_80+, fp16 on sm_70/75, else none);
+        master weights and updates stay float32."""
+        if self._fit is not None:
+            return self._fit.autocast()
+        cap = torch.cuda.get_device_capability(self.device) if self.device.type == "cuda" else None
+        return plain_fit(self.device, self.spec.batch_size, choose_precision(self.device.type, cap)).autocast()
 
     def _loss(self, batch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         batch = batch.to(self.device, non_blocking=True)
         inputs, targets = batch[:, :-1], batch[:, 1:]
-        with self._autocast():
-            logits = self.model(input_ids=inputs).logits
+        logits = self.model(input_ids=inputs).logits
         logits = logits.float().reshape(-1, logits.shape[-1])
         return nn.functional.cross_entropy(logits, targets.reshape(-1)), logits, targets.reshape(-1)
 
-    def train(self, base: np.ndarray) -> tuple[np.ndarray, dict[str, Any]]:
-        """Train the trainable tensors from ``base``; returns (trained − base, metrics)."""
-        configure_threads()
+    def _fitted(self) -> DeviceFit:
+        """Precision, micro-batch and threads for this device, probed once with real steps."""
+        if self._fit is None:
+            configure_threads(self.device)
+            rows = self._train.tensors[0][: self.spec.batch_size]
+            self.model.train()
+
+            def step(micro: int, fit: DeviceFit) -> None:
+                with fit.autocast():
+                    loss = self._loss(rows[:micro])[0]
+                loss.backward()
+                for p in self._params:
+                    p.grad = None
+
+            self._fit = fit_device(self.device, max(1, min(self.spec.batch_size, len(rows))), step)
+        return self._fit
+
+    def fitted(self) -> dict[str, Any]:
         with self._lock:
+            return self._fitted().describe()
+
+    def train(self, base: np.ndarray, max_steps: int = 0,
+              time_limit_s: float = 0.0) -> tuple[np.ndarray, dict[str, Any]]:
+        """Train the trainable tensors from ``base``; returns (trained − base, metrics). Under
+        a time budget, at most ``max_steps`` steps and ``time_limit_s`` seconds."""
+        configure_threads(self.device)
+        with self._lock:
+            fit = self._fitted()
             self._load(base)
             self.model.train()
             optimizer = make_optimizer(self.model, self.spec)
@@ -225,29 +254,21 @@ class LLMWorkload:
                 # trainable tensors at once: a few hundred MB each for a 100M model.
                 for group in optimizer.param_groups:
                     group["foreach"] = False
-            start = time.perf_counter()
-            total, samples, steps = 0.0, 0, 0
-            for batch in self._batches():
-                optimizer.zero_grad(set_to_none=True)
-                loss, _, _ = self._loss(batch)
-                loss.backward()
-                if self.settings["grad_clip"] > 0:
-                    torch.nn.utils.clip_grad_norm_(self._params, self.settings["grad_clip"])
-                optimizer.step()
-                total += float(loss.detach()) * len(batch)
-                samples += len(batch)
-                steps += 1
+            clip = self.settings["grad_clip"]
+            budgeted = time_limit_s > 0
+            stats = run_steps(self._batches(budgeted), fit, optimizer, lambda b: (self._loss(b)[0], len(b)),
+                              max_steps=max_steps if budgeted else 0, time_limit_s=time_limit_s,
+                              before_step=(lambda: torch.nn.utils.clip_grad_norm_(self._params, clip)) if clip > 0
+                              else None)
             del optimizer  # its state (two copies of the trainable tensors for Adam) goes now
             for p in self._params:
                 p.grad = None  # and the gradients: neither is needed until the next round
-            seconds = time.perf_counter() - start
             self._trained_rounds += 1
             delta = self._flatten()
             np.subtract(delta, base, out=delta)
-        seq = self.settings["seq_len"]
-        return delta, {"train_loss": total / samples if samples else math.nan, "samples": samples,
-                       "steps": steps, "tokens": samples * seq, "seconds": seconds,
-                       "samples_per_s": samples / seconds if seconds > 0 else 0.0,
+        metrics = stats.metrics(fit)
+        fit.samples_per_s = metrics["samples_per_s"] or fit.samples_per_s
+        return delta, {**metrics, "tokens": stats.samples * self.settings["seq_len"],
                        "dataset_size": self.num_samples}
 
     @torch.no_grad()
@@ -261,7 +282,8 @@ class LLMWorkload:
             rows = self.text.test[: self.settings["eval_sequences"]]
             total, correct, count = 0.0, 0, 0
             for start in range(0, len(rows), max(1, self.spec.batch_size)):
-                _, logits, targets = self._loss(rows[start:start + self.spec.batch_size])
+                with self._autocast():
+                    _, logits, targets = self._loss(rows[start:start + self.spec.batch_size])
                 total += float(nn.functional.cross_entropy(logits, targets, reduction="sum"))
                 correct += int((logits.argmax(dim=1) == targets).sum())
                 count += int(targets.numel())

@@ -28,6 +28,7 @@ from gpuflex.node.messages import Plan, make_plan, parse_plan
 from gpuflex.node.placement import cap_per_prefix, group_seed, masked_tree, order_for_tree
 from gpuflex.node.port import JobPort
 from gpuflex.node.state import JobBook, RoundDeadlines, RoundState
+from gpuflex.node.workplan import keep_earlier, plan_steps
 from mesh.codec import WireError
 from mesh.health import PeerState
 from mesh.messaging import Inbound, Rejected
@@ -183,12 +184,18 @@ class Coordinator:
         parent = self._tree(live, private)
         train_by = port.clock.now() + spec.train_budget(book.recent_durations())
         cap = book.ledger.rules.sample_cap(book.ledger.results)
+        work: dict[str, object] = {}
+        if spec.uses_budget:  # each member's steps from its published throughput
+            counts = plan_steps(list(parent), book.rates, spec.compute_budget_s, spec.batch_size, spec.local_steps)
+            earlier = [c.plan for c in rs.collectors.values()] + ([rs.plan] if rs.plan is not None else [])
+            work = {"budget_s": spec.compute_budget_s,
+                    "steps": keep_earlier(counts, [p for p in earlier if p.round == rs.round], book.head_model)}
         frame = make_plan(
             port.identity, job=book.job_id, round=rs.round, attempt=rs.attempt, coordinator=book.me,
             base_hash=book.head_model, prev_result=book.ledger.head, members=list(parent), parent=parent,
             train_deadline=port.clock.to_wire(train_by), reduce_slack_s=spec.reduce_slack,
             sample_cap=cap if cap is not None else cap_from(spec.sample_cap_factor, [self._own_samples()]),
-            private=private,
+            private=private, **work,
         )
         await port.broadcast(frame)  # applied here first: it is in force unless a better one is
         return rs.plan
@@ -231,6 +238,10 @@ class Coordinator:
         cap = rules.sample_cap(book.ledger.results)
         if cap is not None and plan.sample_cap != cap:
             raise WireError("round", f"plan caps samples at {plan.sample_cap}, the ledger implies {cap}")
+        budget = spec.compute_budget_s if spec.uses_budget else 0.0
+        if plan.budget_s != budget or (spec.local_steps and max(plan.steps.values(), default=0) > spec.local_steps):
+            raise WireError("round", f"plan's compute budget ({plan.budget_s:g}s) or step counts are not "
+                                     f"the job's ({budget:g}s, local_steps={spec.local_steps})")
         if spec.secure_aggregation:
             seed = group_seed(book.job_id, plan.round, plan.prev_result)
             fair = masked_tree(plan.coordinator, plan.members, plan.private, spec.group_size,

@@ -25,6 +25,7 @@ from gpuflex.node.port import JobPort
 from gpuflex.node.secure import SecAggReducer, collect_answers
 from gpuflex.node.state import JobBook, RoundDeadlines
 from gpuflex.node.uplink import Work, send_up
+from gpuflex.node.workplan import fold_vector
 from mesh.blob import blob_hash
 from mesh.codec import WireError, seal
 from mesh.health import PeerState
@@ -82,7 +83,8 @@ class Leader:
             raise WireError("round", "update was trained from another base model")
         if msg.payload is None or blob_hash(msg.payload) != up.delta_hash:
             raise WireError("hash", f"delta from {up.peer[-8:]} does not match its signed hash")
-        col.add_update(up, decode_payload(self.book.spec, msg.payload, up.delta_size))
+        spec = self.book.spec
+        col.add_update(up, fold_vector(spec, col.plan, up, decode_payload(spec, msg.payload, up.delta_size)))
         self.port.emit(EventKind.UPDATE_RECEIVED, up.round, up.peer, message=f"round {up.round}: update from {up.peer[-8:]}")
 
     async def on_partial(self, msg: Inbound) -> None:

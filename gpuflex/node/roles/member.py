@@ -11,6 +11,7 @@ import logging
 from collections.abc import Awaitable, Callable
 
 import numpy as np
+import trio
 
 from gpuflex.node.faults import Faults
 from gpuflex.node.kinds import EventKind, Phase
@@ -21,6 +22,7 @@ from gpuflex.node.port import JobPort, Trainer
 from gpuflex.node.secure import SecAggMember, answer_recovery
 from gpuflex.node.state import JobBook, RoundDeadlines
 from gpuflex.node.uplink import Work, send_up
+from gpuflex.node.workplan import blend, fits_plan, fold_vector, local_work
 from mesh.blob import blob_hash
 from mesh.codec import WireError, open_envelope, seal
 from mesh.messaging import Inbound, Rejected, SendError
@@ -29,6 +31,9 @@ log = logging.getLogger("gpuflex.member")
 
 #: Loads a model blob by hash from these providers: (parameters, optimizer state).
 ModelLoader = Callable[[str, list[str]], Awaitable[tuple[np.ndarray, dict[str, np.ndarray]]]]
+#: Under a compute budget, training stops at least this long before the training deadline,
+#: so the update still reaches its leader in time.
+SEND_MARGIN_S = 1.0
 
 
 class Member:
@@ -58,7 +63,8 @@ class Member:
             col = self.book.current.collectors.get(plan.attempt) if self.book.current.round == r else None
             if col is not None and col.plan.env.digest == plan.env.digest:  # not a replaced plan's
                 up = parse_update(open_envelope(frame, expect_kind=UPDATE))
-                col.add_update(up, decode_payload(self.book.spec, payload, up.delta_size))
+                col.add_update(up, fold_vector(self.book.spec, plan, up,
+                                               decode_payload(self.book.spec, payload, up.delta_size)))
                 return
             await send_up(self.port, self.book, plan, deadlines, frame, payload, Work.UPDATE,
                           masked=side is not None)
@@ -73,29 +79,57 @@ class Member:
         """This node's signed clear update for the plan's round and base model, trained once."""
         book, r = self.book, plan.round
         key = (r, plan.base_hash)
+        if (running := book.training.get(key)) is not None:
+            await running.wait()  # an earlier attempt's training of the same update
+        cached = book.cached_updates.get(key)
+        if cached is not None and not fits_plan(plan, book.me, parse_update(open_envelope(
+                cached[0], expect_kind=UPDATE)).steps):  # trained for an attempt that allowed more steps
+            del book.cached_updates[key]
         if key not in book.cached_updates:
-            book.status.set_phase(Phase.TRAIN, deadlines.train)
-            # A copy of the parameters alone: the blob they are read from (which also holds
-            # the server optimizer's state) is freed before training starts.
-            params = (await self._load_model(plan.base_hash, [plan.coordinator]))[0].copy()
-            trainer = self._trainer()
-            delta, metrics = await self.port.offload(trainer.train, params)
-            delta = self.faults.tamper(delta)
-            self.port.emit(EventKind.TRAINED, r, book.me, message=(
-                f"round {r}: trained on {metrics.get('samples')} samples in {metrics.get('seconds', 0):.2f}s"),
-                samples=metrics.get("samples"), seconds=metrics.get("seconds"))
-            samples = int(metrics.get("dataset_size") or trainer.num_samples)
-            # Under secure aggregation this is the clear (DP-noised) delta; it is masked per
-            # attempt, because the masks depend on the attempt's group and leader.
-            payload = self.encoder.encode(delta, samples)
-            frame = seal(self.port.identity, UPDATE, {
-                "job": book.job_id, "round": r, "peer": book.me, "base_hash": plan.base_hash, "plan": plan.digest,
-                "samples": samples, "delta_hash": blob_hash(payload), "delta_size": int(np.asarray(delta).size),
-                "metrics": {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))},
-            })
-            book.cached_updates = {k: v for k, v in book.cached_updates.items() if k[0] >= r}
-            book.cached_updates[key] = (frame, payload)
+            book.training = {k: v for k, v in book.training.items() if k[0] >= r}
+            book.training[key] = done = trio.Event()
+            try:
+                await self._train(plan, deadlines)
+            finally:
+                done.set()
         return book.cached_updates[key]
+
+    async def _train(self, plan: Plan, deadlines: RoundDeadlines) -> None:
+        """Train from the plan's base model and cache the signed update."""
+        book, r = self.book, plan.round
+        key = (r, plan.base_hash)
+        book.status.set_phase(Phase.TRAIN, deadlines.train)
+        # A copy of the parameters alone: the blob they are read from (which also holds
+        # the server optimizer's state) is freed before training starts.
+        params = (await self._load_model(plan.base_hash, [plan.coordinator]))[0].copy()
+        trainer = self._trainer()
+        steps, budget = local_work(plan, book.me)
+        if budget:  # the plan's budget, and never past the training deadline
+            budget = max(0.0, min(budget, deadlines.train - self.port.clock.now() - SEND_MARGIN_S))
+        delta, metrics = await self.port.offload(trainer.train, params, steps, budget)
+        delta = self.faults.tamper(delta)
+        if metrics.get("oom_retries"):
+            self.port.emit(EventKind.OUT_OF_MEMORY, r, book.me, message=(
+                f"round {r}: out of memory {metrics['oom_retries']:.0f}x; now micro-batches of "
+                f"{metrics.get('micro_batch', 0):.0f}, same effective batch"))
+        if isinstance(metrics.get("samples_per_s"), (int, float)):
+            book.rates[book.me] = blend(book.rates.get(book.me), float(metrics["samples_per_s"]))
+        self.port.emit(EventKind.TRAINED, r, book.me, message=(
+            f"round {r}: trained {metrics.get('steps')} steps on {metrics.get('samples')} samples "
+            f"in {metrics.get('seconds', 0):.2f}s"),
+            samples=metrics.get("samples"), seconds=metrics.get("seconds"), steps=metrics.get("steps"))
+        samples = int(metrics.get("dataset_size") or trainer.num_samples)
+        # Under secure aggregation this is the clear (DP-noised) delta; it is masked per
+        # attempt, because the masks depend on the attempt's group and leader.
+        payload = self.encoder.encode(delta, samples)
+        frame = seal(self.port.identity, UPDATE, {
+            "job": book.job_id, "round": r, "peer": book.me, "base_hash": plan.base_hash, "plan": plan.digest,
+            "samples": samples, "delta_hash": blob_hash(payload), "delta_size": int(np.asarray(delta).size),
+            "metrics": {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))},
+            **({"device": book.device} if book.device else {}),
+        })
+        book.cached_updates = {k: v for k, v in book.cached_updates.items() if k[0] >= r}
+        book.cached_updates[key] = (frame, payload)
 
     async def _mask(self, plan: Plan, side: SecAggMember, frame: bytes, payload: bytes) -> tuple[bytes, bytes]:
         """The cached clear update, masked for this attempt's group and signed again.

@@ -20,6 +20,7 @@ from gpuflex.node.modelblob import model_parts
 from gpuflex.node.pipeline import describe_rule, outer_step
 from gpuflex.node.port import JobPort, Trainer
 from gpuflex.node.state import JobBook
+from gpuflex.node.workplan import effective_steps_norm, member_work
 from gpuflex.privacy import epsilon_spent
 from mesh.blob import blob_hash
 from mesh.codec import seal
@@ -43,8 +44,11 @@ class Root:
         if len(contributions) < spec.min_nodes or reduced.avg is None:
             await self._abort(plan, {u.peer for u in contributions}, reports)
             return
+        avg = reduced.avg
+        if spec.uses_fednova:  # the leaders averaged per-step directions: scale back up once
+            avg = avg * np.float32(effective_steps_norm(spec, plan, contributions))
         params, state = await self._load_model(plan.base_hash, [])
-        new_params, new_state, step = await port.offload(outer_step, spec, params, state, reduced.avg)
+        new_params, new_state, step = await port.offload(outer_step, spec, params, state, avg)
         model_hash = port.blobs.put_parts(model_parts(new_params, new_state))
         step_hash = port.blobs.put(step) if step is not None else None
         evaluation = await port.offload(self._trainer().evaluate, new_params)
@@ -57,11 +61,12 @@ class Root:
         if spec.uses_dp:
             metrics["epsilon"] = round(epsilon_spent(spec, plan.round), 4)
         present = {u.peer for u in contributions}
+        work = member_work(contributions)
         frame = seal(port.identity, RESULT, {
             "job": book.job_id, "round": plan.round, "attempt": plan.attempt, "coordinator": book.me,
             "prev_result": book.ledger.head, "base_hash": plan.base_hash, "model_hash": model_hash,
             "plan": plan.env.raw, "updates": reduced.updates, "partials": reduced.partials,
-            "contributors": [{"peer": u.peer, "samples": u.samples, "delta_hash": u.delta_hash}
+            "contributors": [{"peer": u.peer, "samples": u.samples, "delta_hash": u.delta_hash, **work[u.peer]}
                              for u in contributions],
             "absent": sorted(set(plan.members) - present), "metrics": metrics, "strategy": spec.strategy,
             "rule": describe_rule(spec), "spec_hash": blob_hash(spec.canonical_bytes()),

@@ -7,6 +7,7 @@ signed updates: a chain that passes every evidence check (``gpuflex.node.evidenc
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 from gpuflex.node.evidence import ChainRules
 from gpuflex.node.messages import RESULT, UPDATE, Result, make_plan, parse_result
@@ -19,9 +20,13 @@ JOB = "job0000000000001"
 STRANGER = Identity(b"\x99" * 32)
 
 
-def make_chain(rounds: int = 3, members: int = 3,
-               secagg: dict[int, list[dict]] | None = None) -> tuple[list[bytes], list[Identity]]:
-    """``secagg`` maps a round to the group reports its result carries."""
+def make_chain(rounds: int = 3, members: int = 3, secagg: dict[int, list[dict]] | None = None,
+               work: Callable[[int, int], dict] | None = None,
+               planned: int = 0) -> tuple[list[bytes], list[Identity]]:
+    """``secagg`` maps a round to the group reports its result carries. With ``work``, member
+    k's update says it took ``3 + k`` local steps, and ``work(round, k)`` is what the result
+    lists of its work beside it. With ``planned``, each plan is time-budgeted and allows every
+    member that many steps."""
     ids = [Identity(bytes([i + 1]) * 32) for i in range(members)]
     by_peer = {i.peer_id: i for i in ids}
     rules = rules_for(ids)
@@ -34,7 +39,8 @@ def make_chain(rounds: int = 3, members: int = 3,
         parent = {p: (None if p == coord.peer_id else coord.peer_id) for p in peers}
         plan = make_plan(coord, job=JOB, round=r, attempt=0, coordinator=coord.peer_id, base_hash=base,
                          prev_result=prev, members=peers, parent=parent, train_deadline=time.time() + 60,
-                         reduce_slack_s=5.0, sample_cap=0)
+                         reduce_slack_s=5.0, sample_cap=0,
+                         **({"budget_s": 10.0, "steps": dict.fromkeys(peers, planned)} if planned else {}))
         plan_digest = open_envelope(plan).digest
         updates = []
         contributors = []
@@ -42,8 +48,10 @@ def make_chain(rounds: int = 3, members: int = 3,
             delta_hash = blob_hash(f"delta-{r}-{k}".encode())
             updates.append(seal(ident, UPDATE, {
                 "job": JOB, "round": r, "peer": ident.peer_id, "base_hash": base, "samples": 10 + k,
-                "delta_hash": delta_hash, "delta_size": 4, "metrics": {"train_loss": 1.0 / r}, "plan": plan_digest}))
-            contributors.append({"peer": ident.peer_id, "samples": 10 + k, "delta_hash": delta_hash})
+                "delta_hash": delta_hash, "delta_size": 4, "plan": plan_digest,
+                "metrics": {"train_loss": 1.0 / r, **({"steps": 3 + k} if work else {})}}))
+            contributors.append({"peer": ident.peer_id, "samples": 10 + k, "delta_hash": delta_hash,
+                                 **(work(r, k) if work else {})})
         model = blob_hash(f"model-{r}".encode())
         frame = seal(coord, RESULT, {
             "job": JOB, "round": r, "attempt": 0, "coordinator": coord.peer_id, "prev_result": prev,

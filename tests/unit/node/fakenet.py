@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 import numpy as np
 import trio
 
+from aggregation.fednova import fednova_mean
 from aggregation.tree import build_tree
 from gpuflex.jobspec import JobSpec
 from gpuflex.node.clock import DeadlineClock
@@ -32,6 +33,7 @@ from gpuflex.node.messages import JOB, PARTIAL, UPDATE, parse_partial, parse_upd
 from gpuflex.node.modelblob import unpack_model
 from gpuflex.node.ranking import coordinator_ranking
 from gpuflex.node.state import JobInfo
+from gpuflex.node.workplan import norm_of
 from mesh.blob import BlobError, blob_hash
 from mesh.codec import ReplayGuard, WireError, open_envelope, seal
 from mesh.health import PeerState
@@ -40,6 +42,7 @@ from mesh.messaging import Inbound, Rejected, SendError
 
 T = TypeVar("T")
 DIM = 6  # parameters of the fake model
+BATCH = 32  # samples per step of the fake trainer (the default batch_size of a job)
 #: Presence is refreshed this often, as JobManager does.
 PRESENCE_EVERY_S = 3.0
 #: The fake wall clock's origin: fixed, so a run is repeatable.
@@ -57,10 +60,16 @@ def fast_spec(**overrides: Any) -> JobSpec:
 
 class FakeTrainer:
     """A deterministic stand-in for a Workload: node ``index`` always moves the model the same
-    way from the same base, so a test can recompute every committed model."""
+    way from the same base, so a test can recompute every committed model.
 
-    def __init__(self, index: int) -> None:
+    Speed is the node's: with a ``rate`` (samples per mock second) it trains as many steps of
+    ``BATCH`` samples as its plan and time limit allow, and a training takes those steps' time;
+    without one, ``1 + index % 4`` steps in ``train_s``. The delta grows with the steps taken.
+    """
+
+    def __init__(self, index: int, node: FakeNode | None = None) -> None:
         self.index = index
+        self.node = node
 
     @property
     def num_samples(self) -> int:
@@ -69,9 +78,22 @@ class FakeTrainer:
     def initial_params(self) -> np.ndarray:
         return np.linspace(-1.0, 1.0, DIM, dtype=np.float32)
 
-    def train(self, base: np.ndarray) -> tuple[np.ndarray, dict[str, Any]]:
-        return delta_of(self.index, base), {"samples": self.num_samples, "dataset_size": self.num_samples,
-                                            "seconds": 0.01, "train_loss": 1.0 / (1 + self.index)}
+    def fitted(self) -> dict[str, Any]:
+        rate = self.node.rate if self.node is not None else 0.0
+        return {"device": f"fake{self.index}", "samples_per_s": rate, "precision": "fp32"}
+
+    def train(self, base: np.ndarray, max_steps: int = 0, time_limit_s: float = 0.0) -> tuple[np.ndarray, dict[str, Any]]:
+        rate = self.node.rate if self.node is not None else 0.0
+        if rate > 0 and time_limit_s > 0:
+            fits = int(time_limit_s * rate // BATCH)
+            steps = max(1, min(max_steps, fits) if max_steps else fits)
+            seconds = steps * BATCH / rate
+        else:
+            steps = 1 + self.index % 4
+            seconds = self.node.train_s if self.node is not None else 0.01
+        return delta_of(self.index, base, steps), {
+            "samples": steps * BATCH, "dataset_size": self.num_samples, "seconds": seconds, "steps": steps,
+            "samples_per_s": steps * BATCH / seconds if seconds > 0 else 0.0, "train_loss": 1.0 / (1 + self.index)}
 
     def evaluate(self, params: np.ndarray) -> dict[str, float]:
         return {"loss": float(np.linalg.norm(params)), "accuracy": 0.5}
@@ -80,9 +102,9 @@ class FakeTrainer:
         raise NotImplementedError
 
 
-def delta_of(index: int, base: np.ndarray) -> np.ndarray:
+def delta_of(index: int, base: np.ndarray, steps: int = 1) -> np.ndarray:
     rng = np.random.default_rng(index)
-    return (rng.normal(size=DIM) * 0.1 + 0.01 * base).astype(np.float32)
+    return ((rng.normal(size=DIM) * 0.1 + 0.01 * base) * steps).astype(np.float32)
 
 
 class MemBlobs:
@@ -133,6 +155,7 @@ class FakeNode:
     ip: str = "127.0.0.1"  # the address peers see it connect from (the per-network cap counts it)
     down: bool = False  # what every other node's health says
     train_s: float = 0.0  # mock seconds each local training takes
+    rate: float = 0.0  # samples per mock second (time-budgeted rounds); 0: train_s decides
     train_delays: list[float] = field(default_factory=list)  # the next trainings' own durations
     events: list[Event] = field(default_factory=list)
     penalties: dict[str, int] = field(default_factory=dict)
@@ -236,7 +259,8 @@ class FakePort:
         result = fn(*args)
         if getattr(fn, "__name__", "") == "train":
             node = self.node
-            await trio.sleep(node.train_delays.pop(0) if node.train_delays else node.train_s)
+            took = result[1]["seconds"]  # type: ignore[index]
+            await trio.sleep(node.train_delays.pop(0) if node.train_delays else took)
         await trio.sleep(0)
         return result
 
@@ -295,7 +319,7 @@ class FakeNet:
     def _make(self, node: FakeNode) -> None:
         node.home.mkdir(parents=True, exist_ok=True)
         node.driver = JobDriver(self.info, FakePort(self, node), node.home / "jobs",
-                                trainers=lambda spec, index, parts, home, hook, i=node.index: FakeTrainer(i))
+                                trainers=lambda spec, index, parts, home, hook, n=node: FakeTrainer(n.index, n))
         node.alive = True
 
     async def join(self, node: FakeNode) -> None:
@@ -438,7 +462,8 @@ class FakeNet:
                 for dst in self.nodes.values():
                     if dst is src or not self.reachable(src, dst) or dst.driver is None or dst.nursery is None:
                         continue
-                    if dst.driver.saw_presence(src.peer_id, src.driver.committed, src.driver.head()):
+                    if dst.driver.saw_presence(src.peer_id, src.driver.committed, src.driver.head(),
+                                               src.driver.throughput()):
                         dst.nursery.start_soon(self.sync, dst, [src.peer_id])
             await trio.sleep(PRESENCE_EVERY_S)
 
@@ -483,17 +508,21 @@ class FakeNet:
                 await trio.sleep(0.5)
 
     def expected_model(self, node: FakeNode, round_: int) -> np.ndarray:
-        """Round ``round_``'s model as a flat sample-weighted FedAvg of its contributors' deltas."""
+        """Round ``round_``'s model as the flat aggregate of its contributors' deltas: their
+        sample-weighted FedAvg, or under FedNova the step-normalised formula."""
         assert node.driver is not None
         results = node.driver.book.ledger.results
         base = unpack_model(self.archive[results[round_ - 2].model_hash])[0] if round_ > 1 else \
             FakeTrainer(0).initial_params()
         res = results[round_ - 1]
-        deltas, weights = [], []
+        deltas, weights, norms = [], [], []
         for c in res.contributors:
             index = self.nodes[c["peer"]].index
-            deltas.append(delta_of(index, base).astype(np.float64))
+            deltas.append(delta_of(index, base, c["steps"]).astype(np.float64))
             weights.append(float(c["samples"]))
+            norms.append(norm_of(self.spec, c["steps"]))
+        if self.spec.uses_fednova:
+            return (base + fednova_mean(deltas, weights, norms)).astype(np.float32)
         return (base + np.average(deltas, axis=0, weights=weights)).astype(np.float32)
 
     def committed_model(self, node: FakeNode, round_: int) -> np.ndarray:

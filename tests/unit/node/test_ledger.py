@@ -8,8 +8,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpuflex.node.ledger import Ledger, LedgerError, prefer_chain, verify_chain
+from gpuflex.node.ledger import Ledger, LedgerError, prefer_chain, result_row, verify_chain
 from gpuflex.node.messages import RESULT, parse_result
+from gpuflex.node.workfields import DEVICE_CHARS
 from mesh.codec import SIGNING_DOMAIN, open_envelope, seal
 from tests.unit.node.chain import JOB, make_chain
 
@@ -79,6 +80,34 @@ def test_append_refuses_a_result_that_does_not_extend_the_chain(tmp_path: Path) 
     ledger = Ledger(tmp_path / "l.msgpack", JOB)
     with pytest.raises(LedgerError):
         ledger.append(frames[1], parse_result(open_envelope(frames[1])))
+
+
+def test_rows_carry_each_members_work_bounded_and_steps_match_the_signed_updates() -> None:
+    def work(r: int, k: int) -> dict:
+        return {"steps": 3 + k, "device": "GTX 1080 fp32\x1b[31m" + "x" * 100, "compute_s": 2.0,
+                "samples_per_s": float("inf") if k == 1 else 96.5, "compute_share": 1 / 3, "extra": "dropped"}
+
+    frames, _ = make_chain(rounds=2, work=work)
+    rows = [result_row(r) for r in verify_chain(frames, JOB)]
+    first = rows[0]["contributors"][0]
+    assert first["steps"] == 3 and first["compute_s"] == 2.0 and first["samples_per_s"] == 96.5
+    assert first["device"].startswith("GTX 1080 fp32") and "\x1b" not in first["device"]
+    assert len(first["device"]) <= DEVICE_CHARS and "extra" not in first
+    assert "samples_per_s" not in rows[0]["contributors"][1]  # not a finite number: left out
+
+    lied, _ = make_chain(rounds=1, work=lambda r, k: {"steps": 300})  # more steps than signed
+    with pytest.raises(LedgerError, match="step count"):
+        verify_chain(lied, JOB)
+
+
+def test_a_budgeted_rounds_updates_take_no_more_steps_than_their_plan_allowed() -> None:
+    def work(r: int, k: int) -> dict:
+        return {"steps": 3 + k}
+
+    verify_chain(make_chain(rounds=2, work=work, planned=5)[0], JOB)  # members signed 3, 4, 5 steps
+    over, _ = make_chain(rounds=1, work=work, planned=4)  # the last member signed 5 of 4 allowed
+    with pytest.raises(LedgerError, match="more local steps than its plan allowed"):
+        verify_chain(over, JOB)
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,9 @@ with nobody left to kill does nothing), so what hypothesis draws never depends o
 
 - one ledger: every live node ends with the same verified chain;
 - hierarchical mean equals flat mean: every committed model is exactly the sample-weighted
-  FedAvg of its contributors' deltas, whatever the tree and the order updates arrived in;
+  FedAvg of its contributors' deltas (or, for a FedNova job, the step-normalised FedNova
+  formula; the fake members take unequal steps), whatever the tree and the order updates
+  arrived in;
 - no accepted update lost: an update that a leader acknowledged in the attempt that
   committed is in that round's result, unless both the member and the node that
   acknowledged it died.
@@ -57,8 +59,10 @@ class Harness:
         self.examples = itertools.count()
         self.scope: trio.CancelScope | None = None
 
-    async def start(self, size: int, group: int, seed: int, rounds: int, train_s: float) -> FakeNet:
-        spec = fast_spec(rounds=rounds, group_size=group, min_nodes=2, reduce_timeout_s=SLACK_S)
+    async def start(self, size: int, group: int, seed: int, rounds: int, train_s: float,
+                    fednova: bool = False) -> FakeNet:
+        spec = fast_spec(rounds=rounds, group_size=group, min_nodes=2, reduce_timeout_s=SLACK_S,
+                         normalization="fednova" if fednova else "none")
         net = FakeNet(self.tmp / f"ex{next(self.examples)}", size, spec, detect_s=DETECT_S,
                       jitter=jittered(seed, 0.0, MAX_DELAY_S))
         for node in net.nodes.values():  # unequal speeds: leaders wait for their slower members
@@ -110,9 +114,9 @@ class RoundMachine(RuleBasedStateMachine):
         return trio.from_thread.run(afn, *args)
 
     @initialize(size=st.integers(3, 6), group=st.integers(2, 4), seed=st.integers(0, 2**16),
-                rounds=st.integers(1, 3), train_s=st.floats(0.5, 4.0))
-    def start(self, size: int, group: int, seed: int, rounds: int, train_s: float) -> None:
-        self.net = self.call(self.harness.start, size, group, seed, rounds, train_s)
+                rounds=st.integers(1, 3), train_s=st.floats(0.5, 4.0), fednova=st.booleans())
+    def start(self, size: int, group: int, seed: int, rounds: int, train_s: float, fednova: bool) -> None:
+        self.net = self.call(self.harness.start, size, group, seed, rounds, train_s, fednova)
 
     @rule(seconds=st.floats(0.05, 6.0))
     def advance(self, seconds: float) -> None:

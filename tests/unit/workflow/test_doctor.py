@@ -113,3 +113,25 @@ def test_reachability_finding_says_what_to_do(nat: dict | None, status: str, wor
     assert finding.status == status and words in finding.message
     if status == "FAIL":
         assert "forward TCP port 4001" in finding.fix and "…layrelay full" in finding.message
+
+
+def test_doctor_fits_a_job_to_each_device(tmp_path) -> None:
+    import torch
+
+    from gpuflex.doctor_fit import check_job_fit
+    from gpuflex.jobspec import example_job_toml
+
+    job = tmp_path / "job.toml"
+    job.write_text(example_job_toml().replace("compute_budget_s = 0.0", "compute_budget_s = 4.0"))
+    findings = list(check_job_fit(job, tmp_path / "home"))
+    cpu = next(f for f in findings if f.check == "fit cpu")
+    assert cpu.status == doctor.OK, cpu.message
+    assert cpu.data["precision"] == "fp32" and cpu.data["micro_batch"] == cpu.data["batch_size"] == 32
+    assert cpu.data["samples_per_s"] > 0 and cpu.data["threads"] >= 1
+    assert "local steps in the job's 4 s budget" in cpu.message
+    assert len(findings) == 1 + torch.cuda.device_count() * torch.cuda.is_available()
+
+    bad = tmp_path / "bad.toml"
+    bad.write_text("rounds = 'many'\n")
+    (finding,) = check_job_fit(bad, tmp_path / "home")
+    assert finding.status == doctor.FAIL and "bad.toml" in finding.message

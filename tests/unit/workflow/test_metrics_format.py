@@ -105,3 +105,22 @@ async def test_server_serves_metrics_and_only_metrics() -> None:
         assert (await http_get(port, b"POST /metrics HTTP/1.0\r\n\r\n")).startswith(b"HTTP/1.0 405")
         assert (await http_get(port, b"garbage\r\n\r\n")).startswith(b"HTTP/1.0 400")
         nursery.cancel_scope.cancel()
+
+
+def test_job_status_shows_each_members_work_in_the_last_round() -> None:
+    from gpuflex.cli.job_cmd import format_status
+
+    js = {"job_id": "j1", "name": "digits", "state": "running", "round": 4, "rounds": 8, "phase": "train",
+          "coordinator": "12D3KooWAAAAAAAA", "is_coordinator": False, "role": "member", "members": [],
+          "metrics": [], "work": [
+              {"peer": "12D3KooWFastFast", "samples": 337, "device": "NVIDIA H100 bf16", "steps": 120,
+               "samples_per_s": 3840.0, "compute_s": 1.0, "compute_share": 0.5},
+              {"peer": "12D3KooWSlowSlow", "samples": 300, "device": "CPU ×1 fp32", "steps": 3,
+               "samples_per_s": 96.0, "compute_s": 1.0, "compute_share": 0.5},
+              {"peer": "12D3KooWOldOld", "samples": 200}]}
+    lines = format_status(js).splitlines()
+    assert any(line.startswith("work") and "round 4" in line for line in lines)
+    fast = next(line for line in lines if "H100" in line)
+    assert "120" in fast and "3840.0" in fast and "50%" in fast
+    old = next(line for line in lines if "200" in line and "H100" not in line and "CPU" not in line)
+    assert old.split()[-4:] == ["-", "-", "-", "-"]  # a round that recorded no work

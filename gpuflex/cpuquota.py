@@ -1,0 +1,125 @@
+"""How much CPU this process may use, and holding a process to a share of one core.
+
+A node sizes torch's thread pool by the cores it may really use: the CPUs in its affinity
+mask, and fewer when a cgroup CPU quota caps it (a container with ``--cpus=1.5``, or a test
+that imitates a slow machine). ``CpuQuota`` makes such a cgroup (v1, ``/sys/fs/cgroup/cpu``):
+the heterogeneity test and benchmark hold one node process to 10 % of a core with it. Each
+cgroup has a unique name and is always removed, so parallel runs never collide.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import time
+import uuid
+from pathlib import Path
+
+CGROUP_CPU = Path("/sys/fs/cgroup/cpu")
+CGROUP_V2 = Path("/sys/fs/cgroup")
+PERIOD_US = 100_000
+
+
+def _own_cgroup(controller: str) -> str | None:
+    """This process's cgroup path for ``controller`` (v1), or its v2 path ("" controller)."""
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        parts = line.split(":", 2)
+        if len(parts) == 3 and (controller in parts[1].split(",") or (not controller and parts[0] == "0")):
+            return parts[2]
+    return None
+
+
+def quota_cores() -> float | None:
+    """The cgroup CPU quota of this process in cores (0.1 = a tenth of one), or None if none."""
+    path = _own_cgroup("cpu")
+    try:
+        if path is not None and (CGROUP_CPU / path.lstrip("/")).is_dir():
+            base = CGROUP_CPU / path.lstrip("/")
+            quota = int((base / "cpu.cfs_quota_us").read_text())
+            period = int((base / "cpu.cfs_period_us").read_text())
+            return quota / period if quota > 0 and period > 0 else None
+        v2 = _own_cgroup("")
+        if v2 is not None and (CGROUP_V2 / v2.lstrip("/") / "cpu.max").is_file():
+            quota_s, period_s = (CGROUP_V2 / v2.lstrip("/") / "cpu.max").read_text().split()[:2]
+            return int(quota_s) / int(period_s) if quota_s != "max" else None
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+def usable_cores() -> int:
+    """Whole cores this process may run on: its affinity, capped by its cgroup quota (≥ 1)."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    quota = quota_cores()
+    if quota is not None:
+        cores = min(cores, math.ceil(quota))
+    return max(1, cores)
+
+
+class QuotaUnavailable(RuntimeError):
+    """No cgroup v1 CPU controller this process may write to (not root, or cgroup v2 only)."""
+
+
+class CpuQuota:
+    """A fresh cgroup holding its processes to ``cores`` of CPU; a context manager that
+    always removes it. Start a process in it with :meth:`prefix` (a command prefix that joins
+    the cgroup, then execs the command)."""
+
+    def __init__(self, cores: float, name: str = "gpuflex") -> None:
+        if not (CGROUP_CPU / "cgroup.procs").exists() or not os.access(CGROUP_CPU, os.W_OK):
+            raise QuotaUnavailable(f"no writable cgroup v1 CPU controller at {CGROUP_CPU}")
+        self.path = CGROUP_CPU / f"{name}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        try:
+            self.path.mkdir()
+            (self.path / "cpu.cfs_period_us").write_text(str(PERIOD_US))
+            (self.path / "cpu.cfs_quota_us").write_text(str(max(1000, int(cores * PERIOD_US))))
+        except OSError as exc:
+            self.close()
+            raise QuotaUnavailable(f"cannot make a CPU cgroup: {exc}") from None
+
+    def prefix(self) -> tuple[str, ...]:
+        """``sh -c 'echo $$ > cgroup.procs; exec "$@"'``: the command runs inside the cgroup
+        from its first instruction, threads and children included."""
+        return ("sh", "-c", f'echo $$ > {self.path}/cgroup.procs && exec "$@"', "sh")
+
+    def add(self, pid: int) -> None:
+        (self.path / "cgroup.procs").write_text(str(pid))
+
+    def throttled(self) -> int:
+        """How many quota periods the cgroup's processes were held back in (``cpu.stat``'s
+        ``nr_throttled``): above zero once the quota has really slowed them."""
+        with contextlib.suppress(OSError, ValueError):
+            for line in (self.path / "cpu.stat").read_text().splitlines():
+                key, _, value = line.partition(" ")
+                if key == "nr_throttled":
+                    return int(value)
+        return 0
+
+    def close(self) -> None:
+        """Move any process left back to the root cgroup, then remove the cgroup (bounded)."""
+        if not self.path.exists():
+            return
+        for _ in range(50):
+            with contextlib.suppress(OSError):
+                for pid in (self.path / "cgroup.procs").read_text().split():
+                    with contextlib.suppress(OSError):
+                        (CGROUP_CPU / "cgroup.procs").write_text(pid)
+            try:
+                self.path.rmdir()
+                return
+            except OSError:
+                time.sleep(0.1)
+
+    def __enter__(self) -> CpuQuota:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

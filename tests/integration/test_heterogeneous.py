@@ -1,0 +1,67 @@
+"""Three real node processes, one held to a tenth of a core by a cgroup v1 CPU quota, train
+the digits job with a time budget: the slow member contributes to every round with fewer
+local steps, and the rounds last as long as the budget, not as long as the slow member."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from gpuflex.cpuquota import CpuQuota, QuotaUnavailable
+from tests.integration.conftest import digits_spec, load_factor
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+BUDGET_S = 2.0
+#: A round beyond its members' training: a plan, the updates' and partials' transfers, the
+#: root's aggregation and evaluation, the commit. Scaled by the machine's load when busy.
+OVERHEAD_S = 4.0
+
+
+@pytest.fixture
+def tenth_of_a_core() -> Iterator[CpuQuota]:
+    """A fresh CPU cgroup at 10 % of one core, always removed. Request it before
+    ``mesh_factory`` so that the nodes are stopped before the cgroup goes."""
+    try:
+        quota = CpuQuota(0.1, name="gpuflex-test")
+    except QuotaUnavailable as exc:
+        pytest.skip(f"cannot throttle a process here: {exc}")
+    try:
+        yield quota
+    finally:
+        quota.close()
+    assert not quota.path.exists()
+
+
+def test_a_throttled_member_counts_every_round_without_holding_it_back(tenth_of_a_core, mesh_factory) -> None:
+    mesh = mesh_factory(3)
+    mesh.start(timeout=120)
+    mesh.wait_connected(60)
+    # Throttled once it is up (torch imported): joining a job still costs it a slow data load,
+    # which only the first round sees.
+    tenth_of_a_core.add(mesh.procs[2].pid)
+    slow = mesh.call(2, "status")["peer_id"]
+    job = mesh.submit(digits_spec(rounds=3, min_nodes=3, compute_budget_s=BUDGET_S, group_size=2))
+    mesh.wait_job(job, [0, 1, 2], timeout=240)
+
+    rows = mesh.call(0, "ledger", {"job": job})
+    assert len(rows) == 3
+    load = load_factor()
+    print(f"load factor {load:.2f}; per round: duration, then each member's steps and training seconds")
+    for row in rows:
+        work = {c["peer"]: c for c in row["contributors"]}
+        print(row["round"], row["metrics"]["duration_s"],
+              {("slow" if p == slow else p[-6:]): (c.get("steps"), c.get("compute_s")) for p, c in work.items()})
+        assert slow in work, f"round {row['round']}: the throttled member's update was left out"
+        fast_steps = [c["steps"] for p, c in work.items() if p != slow]
+        assert len(fast_steps) == 2 and work[slow]["steps"] >= 1
+        # Every member trained for the budget (one step of overshoot at most, on a busy machine).
+        assert all(c["compute_s"] <= BUDGET_S + 1.5 * load for c in work.values()), work
+        assert abs(sum(c["compute_share"] for c in work.values()) - 1.0) < 0.01
+        assert work[slow]["device"].startswith("CPU") and work[slow]["samples_per_s"] > 0
+        if row["round"] > 1:  # the first round also covers the members' start on the job
+            assert work[slow]["steps"] < min(fast_steps), work
+            assert row["metrics"]["duration_s"] <= BUDGET_S + OVERHEAD_S * load, row["metrics"]
+    assert tenth_of_a_core.throttled() > 0  # the quota really held the slow node back
+    status = mesh.job(0, job)
+    assert {w["peer"] for w in status["work"]} == set(work) and status["compute_budget_s"] == BUDGET_S

@@ -1,0 +1,157 @@
+"""Time-budgeted rounds on the fake transport under MockClock: a member twenty times slower
+than the others still contributes every round, and the round lasts as long as the budget."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import trio
+
+from gpuflex.node.kinds import EventKind
+from gpuflex.node.ledger import verify_chain
+from tests.unit.node.fakenet import BATCH, FakeNet, FakeNode, fast_spec
+
+pytestmark = pytest.mark.timeout(20)
+BUDGET_S = 10.0
+FAST, SLOW = 320.0, 16.0  # samples per mock second: 10 steps a second against one every two seconds
+#: The fake mesh's own time per round: messages (10 ms each), a plan, a commit.
+OVERHEAD_S = 1.0
+
+
+def round_lengths(node: FakeNode) -> dict[int, float]:
+    """Mock seconds from each round's plan to its commit, as this node saw them."""
+    planned = {e.round: e.at for e in node.events if e.kind == EventKind.PLAN_RECEIVED}
+    return {e.round: e.at - planned[e.round] for e in node.events if e.kind == EventKind.ROUND_COMMITTED}
+
+
+def speeds(net: FakeNet, slow: int) -> None:
+    for node in net.nodes.values():
+        node.rate = SLOW if node.index == slow else FAST
+
+
+async def test_a_slow_member_contributes_within_the_budget(autojump_clock, tmp_path) -> None:
+    net = FakeNet(tmp_path, 4, fast_spec(rounds=3, compute_budget_s=BUDGET_S, train_timeout_s=0.0))
+    speeds(net, slow=3)
+    slow = net.node(3).peer_id
+    async with trio.open_nursery() as nursery:
+        await net.start(nursery)
+        await net.wait_rounds(3)
+        node = net.alive_nodes()[0]
+        frames = net.ledger(node)
+        assert all(net.ledger(n) == frames for n in net.alive_nodes())
+        results = verify_chain(frames, net.info.job_id)
+        lengths = round_lengths(node)
+        for r in range(1, 4):  # FedNova, flat, equals what the tree committed
+            np.testing.assert_allclose(net.committed_model(node, r), net.expected_model(node, r), atol=1e-5)
+        nursery.cancel_scope.cancel()
+    for res in results:
+        work = {c["peer"]: c for c in res.contributors}
+        assert set(work) == set(net.ids()), f"round {res.round}: every member contributes, the slow one too"
+        assert lengths[res.round] <= BUDGET_S + OVERHEAD_S, f"round {res.round} outlasted its budget"
+        assert all(0 < c["compute_s"] <= BUDGET_S for c in work.values())
+        fast = [c for p, c in work.items() if p != slow]
+        assert work[slow]["steps"] < min(c["steps"] for c in fast), "the slow member does fewer steps"
+        assert work[slow]["steps"] * BATCH / SLOW <= BUDGET_S
+        assert all(c["steps"] * BATCH / FAST >= 0.9 * BUDGET_S for c in fast), "fast members fill the budget"
+        assert sum(c["compute_share"] for c in work.values()) == pytest.approx(1.0, abs=1e-3)
+        assert work[slow]["device"] == "fake3"
+    # From round 2 on, every plan has every member's measured throughput (presence).
+    from gpuflex.node.messages import PLAN, parse_plan
+    from mesh.codec import open_envelope
+
+    later = parse_plan(open_envelope(results[-1].plan_frame, expect_kind=PLAN))
+    assert later.budget_s == BUDGET_S
+    assert later.steps[slow] == int(BUDGET_S * 0.95 * SLOW // BATCH)
+
+
+async def test_without_a_budget_the_slow_member_sets_the_rounds_length(autojump_clock, tmp_path) -> None:
+    """The same mesh with fixed local work (the default): every round waits for the slow member."""
+    net = FakeNet(tmp_path, 4, fast_spec(rounds=2, train_timeout_s=60.0))
+    speeds(net, slow=3)
+    for node in net.nodes.values():
+        node.train_s = 2 * BUDGET_S if node.index == 3 else 1.0
+    async with trio.open_nursery() as nursery:
+        await net.start(nursery)
+        await net.wait_rounds(2)
+        lengths = round_lengths(net.alive_nodes()[0])
+        nursery.cancel_scope.cancel()
+    assert len(lengths) == 2 and all(t >= 2 * BUDGET_S for t in lengths.values())
+
+
+async def test_a_retried_attempt_keeps_the_step_counts_members_already_trained(autojump_clock, tmp_path) -> None:
+    """The coordinator dies after its plan; by the retry every member has published a lower
+    throughput. The new plan must still allow the steps each member already took, so the
+    updates they trained are re-sent, not refused as over-claimed or trained again."""
+    # A short budget: members finish training before the coordinator's death is noticed.
+    net = FakeNet(tmp_path, 4, fast_spec(rounds=1, compute_budget_s=2.0, train_timeout_s=0.0))
+    speeds(net, slow=3)
+    coordinator = net.ranking()[0]
+    async with trio.open_nursery() as nursery:
+        await net.start(nursery)
+        await net.wait_until(lambda: all(n.driver is not None and n.driver.book.current.plan is not None
+                                          for n in net.nodes.values()))
+        for node in net.alive_nodes():  # slower measurements arrive (a busy machine)
+            assert node.driver is not None
+            node.driver.book.rates = {p: r / 4 for p, r in node.driver.book.rates.items()}
+        net.kill(coordinator)
+        await net.wait_rounds(1)
+        node = net.alive_nodes()[0]
+        (res,) = verify_chain(net.ledger(node), net.info.job_id)
+        nursery.cancel_scope.cancel()
+    assert res.attempt >= 1 and len(res.contributors) == 3
+    for n in net.alive_nodes():
+        assert n.kinds().count(EventKind.TRAINED) == 1, "the retry re-sent the update trained for attempt 0"
+        assert not n.penalties, f"an update was refused: {n.penalties}"
+
+
+async def test_a_retry_that_arrives_mid_training_waits_for_that_training(autojump_clock, tmp_path) -> None:
+    """A ten-second budget: the coordinator's death is noticed while members still train for
+    attempt 0. The retry re-sends what they were training rather than training it twice."""
+    net = FakeNet(tmp_path, 4, fast_spec(rounds=1, compute_budget_s=BUDGET_S, train_timeout_s=0.0))
+    speeds(net, slow=3)
+    coordinator = net.ranking()[0]
+    async with trio.open_nursery() as nursery:
+        await net.start(nursery)
+        await net.wait_until(lambda: all(n.driver is not None and n.driver.book.current.plan is not None
+                                          for n in net.nodes.values()))
+        net.kill(coordinator)
+        await net.wait_rounds(1)
+        (res,) = verify_chain(net.ledger(net.alive_nodes()[0]), net.info.job_id)
+        nursery.cancel_scope.cancel()
+    assert res.attempt >= 1 and len(res.contributors) == 3
+    for n in net.alive_nodes():
+        kinds = n.kinds()
+        assert kinds.index(EventKind.ROUND_RETRIED) < kinds.index(EventKind.TRAINED), "the retry came mid-training"
+        assert kinds.count(EventKind.TRAINED) == 1
+
+
+async def test_a_plan_whose_budget_or_step_counts_are_not_the_jobs_is_refused(autojump_clock, tmp_path) -> None:
+    from gpuflex.node.messages import make_plan, parse_plan
+    from mesh.codec import WireError, open_envelope
+
+    net = FakeNet(tmp_path, 3, fast_spec(rounds=1, compute_budget_s=BUDGET_S, local_steps=50, train_timeout_s=0.0))
+    speeds(net, slow=2)
+    async with trio.open_nursery() as nursery:
+        await net.start(nursery)
+        driver = net.node(0).driver
+        assert driver is not None
+        book = driver.book
+        await book.ready.wait()
+        owner = book.expected_coordinator(0)
+        assert owner is not None
+        signer = next(n.identity for n in net.nodes.values() if n.peer_id == owner)
+        members = [owner, *(p for p in net.ids() if p != owner)]
+
+        def plan(**work: object):
+            return parse_plan(open_envelope(make_plan(
+                signer, job=net.info.job_id, round=1, attempt=0, coordinator=owner, base_hash=book.head_model,
+                prev_result="", members=members, parent={p: None if p == owner else owner for p in members},
+                train_deadline=1.0, reduce_slack_s=1.0, sample_cap=0, **work)))
+
+        driver.coordinator._check(plan(budget_s=BUDGET_S, steps=dict.fromkeys(members, 50)))  # the job's own
+        for forged in ({"budget_s": 10 * BUDGET_S, "steps": dict.fromkeys(members, 50)},  # a longer budget
+                       {},  # no budget in a budgeted job: each member's epochs would decide
+                       {"budget_s": BUDGET_S, "steps": dict.fromkeys(members, 51)}):  # past local_steps
+            with pytest.raises(WireError, match="compute budget"):
+                driver.coordinator._check(plan(**forged))
+        nursery.cancel_scope.cancel()
