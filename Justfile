@@ -31,9 +31,10 @@ setup:
 demo *ARGS: setup
     .venv/bin/gpuflex demo {{ARGS}}
 
-# Run the whole test suite.
+# Run the whole test suite. Four workers, a test file each at a time: the real-process tests
+# spend most of their time waiting on deadlines and the network, not on the CPU.
 test *ARGS: setup
-    .venv/bin/python -m pytest -q {{ARGS}}
+    .venv/bin/python -m pytest -q -n 4 --dist loadfile {{ARGS}}
 
 # Lint: ruff, the import contracts (pyproject.toml [tool.importlinter]) and mypy on mesh/, aggregation/, gpuflex/node/.
 lint: setup

@@ -115,6 +115,10 @@ async def best_effort(what: str, chore: Callable[[], Awaitable[Any]], timeout: f
     return None
 
 
+#: The DHT walk slows down after this many fast walks in a row that found no new peer.
+QUIET_WALKS = 3
+
+
 @dataclass
 class MeshConfig:
     listen: list[str] = field(default_factory=lambda: [DEFAULT_LISTEN])
@@ -473,10 +477,16 @@ class MeshNode:
         traffic, so a peer that dials in (a newcomer's own walk) is known within a second."""
         started = time.monotonic()
         next_walk = started
+        quiet = 0  # walks in a row that found no peer this node did not know
         while True:
             if time.monotonic() >= next_walk:
+                before = len(self.peers.all())
                 await best_effort("routing table refresh", self.dht.refresh_routing_table, DHT_CHORE_S)
-                fast = time.monotonic() - started < self.config.fast_refresh_period_s
+                self._learn_routing_table()
+                quiet = quiet + 1 if len(self.peers.all()) <= before else 0
+                # Fast while new and still finding peers: once walks stop finding any, newcomers
+                # reach this node by their own walks, read from the routing table below.
+                fast = time.monotonic() - started < self.config.fast_refresh_period_s and quiet < QUIET_WALKS
                 next_walk = time.monotonic() + (self.config.refresh_fast_s if fast else self.config.refresh_slow_s)
             self._learn_routing_table()
             await trio.sleep(max(0.0, min(self.config.refresh_fast_s, next_walk - time.monotonic())))
