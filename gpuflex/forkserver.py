@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import importlib
 import json
 import os
 import runpy
@@ -117,7 +118,7 @@ def _enter_netns(name: str) -> None:
 def _serve() -> None:
     for name in PRELOAD:
         with contextlib.suppress(Exception):
-            __import__(name)
+            importlib.import_module(name)
     others = _other_threads()
     if others:
         print(f"gpuflex launcher: threads {others} after the imports; forked nodes may hang",

@@ -26,7 +26,7 @@ from tests.integration.conftest import digits_spec, load_factor
 from tests.integration.hostile_peer import HostilePeer, ground, old_digest, re_encodings
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
-ROUNDS = 12  # rounds of about 5 s: the job runs through every attack on the first job
+ROUNDS = 24  # rounds of 0.5 s (idle) to 5 s (loaded): the job runs through every attack on it
 TIMING = {"local_epochs": 1, "plan_timeout_s": 2.0, "train_timeout_s": 10.0, "reduce_timeout_s": 2.0}
 HUGE = 10**12
 
@@ -213,7 +213,8 @@ def test_a_peer_the_allowlist_excludes_cannot_coordinate_even_if_the_job_names_i
     honest = sorted(arena.ids.values())
     # A job whose member list names the hostile peer, but whose allowlist does not: it must
     # never coordinate it, whatever the ranking over the named members says.
-    spec = digits_spec(rounds=1, min_nodes=2, allowlist=honest, **TIMING)
+    # Twenty local epochs keep round 1 open for seconds, so the forged plans meet it uncommitted.
+    spec = digits_spec(rounds=1, min_nodes=2, allowlist=honest, **{**TIMING, "local_epochs": 20})
     members = sorted([h.peer_id, *honest])
     for created in range(1000):
         frame = seal(h.identity, JOB, {"spec": spec, "members": members, "created": created})
