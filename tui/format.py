@@ -12,10 +12,11 @@ link, and a terminal obeys the control characters in it.
 
 from __future__ import annotations
 
-import re
 import time
 
 from rich.text import Text
+
+from gpuflex.safetext import printable
 
 LIBP2P_PREFIX = "12D3KooW"
 """Every Ed25519 libp2p id starts with this, so it carries no information on screen."""
@@ -26,24 +27,9 @@ JOB_STATE_STYLES = {"running": "cyan", "done": "green", "failed": "red", "pendin
 DASH = "–"
 MAX_TEXT = 200
 """Characters of one piece of peer text on screen; a job name is bounded at 200 as well."""
-# C0 and C1 controls, DEL, zero-width and bidirectional formatting, line and paragraph
-# separators: everything that moves the cursor or reorders what a person reads.
-_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2060-\u2069\ufeff]")
-_NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
-
-
-def _escape(match: re.Match[str]) -> str:
-    char = match.group()
-    code = ord(char)
-    return _NAMED.get(char) or (f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}")
-
-
 def literal(value: object, style: str = "") -> Text:
     """Untrusted text exactly as it reads: no markup, control characters escaped, clipped."""
-    text = _UNSAFE.sub(_escape, value if isinstance(value, str) else str(value))
-    if len(text) > MAX_TEXT:
-        text = text[: MAX_TEXT - 1] + "…"
-    return Text(text, style=style)
+    return Text(printable(value, MAX_TEXT), style=style)
 
 
 def short_id(peer_id: str | None, head: int = 4, tail: int = 4) -> str:

@@ -139,7 +139,7 @@ def _pairs(items: list[Any]) -> list[tuple[Any, Any]]:
 _CONSTANTS = {"NONE": None, "NEWTRUE": True, "NEWFALSE": False}
 _LITERALS = {"BININT", "BININT1", "BININT2", "LONG1", "INT", "BINBYTES", "SHORT_BINBYTES", "BINBYTES8",
              "BINUNICODE", "SHORT_BINUNICODE", "BINUNICODE8"}
-#: Python 2 ``str``: bytes, as ``pickle.load(f, encoding="bytes")`` reads them.
+#: Python 2 ``str``: kept as bytes, as Python 3 reads them with ``encoding="bytes"``.
 _PY2_STRINGS = {"BINSTRING", "SHORT_BINSTRING"}
 _IGNORED = {"PROTO", "FRAME"}
 
