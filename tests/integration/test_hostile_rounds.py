@@ -8,9 +8,7 @@ round of the hostile peer's, the model it ended with unchanged by what came afte
 
 from __future__ import annotations
 
-import math
 import re
-import statistics
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -19,7 +17,7 @@ import pytest
 
 from gpuflex.localmesh import LocalMesh
 from gpuflex.node.ledger import Ledger, verify_chain
-from gpuflex.node.messages import JOB, PLAN, RESULT, parse_plan, parse_result
+from gpuflex.node.messages import JOB, RESULT, parse_result
 from gpuflex.node.ranking import coordinator_ranking
 from mesh.codec import open_envelope, seal
 from tests.integration.conftest import digits_spec, load_factor
@@ -132,51 +130,45 @@ def test_a_presence_claiming_round_99_and_a_ledger_without_evidence_switch_nobod
 
 
 def test_plans_from_the_wrong_coordinator_or_with_huge_deadlines_are_rejected(arena: Arena) -> None:
-    h, job = arena.hostile, arena.job
-    def member() -> bool:
-        head = parse_result(open_envelope(arena.frames(0)[-1], expect_kind=RESULT))
-        return h.peer_id in parse_plan(open_envelope(head.plan_frame, expect_kind=PLAN)).members
+    from mesh.identity import Identity
 
-    arena.wait(member, "the hostile peer is a member of a committed plan")
-
-    def rejected_both() -> bool:
-        return arena.logged(r"which belongs to") and arena.logged(r"training deadline is \d+s away")
-
-    # A plan for a round already over is dropped before it is checked, and on a busy machine the
-    # next round can close before the plans arrive: try again on a fresh round, a few times.
-    for _ in range(4):
-        heard = len(h.results)
-        # Act early in a round, or at the end if the job has just finished.
-        arena.wait(lambda heard=heard: len(h.results) > heard or arena.mesh.job(0, job)["state"] == "done",
-                   "a fresh result")
-        head = max((r for r in h.results if r.job == job), key=lambda r: r.round)
-        # The ranking depends on the whole history: read it once node 0 holds the head too.
-        arena.wait(lambda head=head: len(arena.frames(0)) >= head.round, "node 0 commits the head")
-        history = [parse_result(open_envelope(f, expect_kind=RESULT)) for f in arena.frames(0)[: head.round]]
-        plans = [parse_plan(open_envelope(r.plan_frame, expect_kind=PLAN)) for r in history]
-        members = sorted(plans[-1].members)
-        assert h.peer_id in members, "the hostile peer is a member by now"
-        owner = {a: coordinator_ranking(job, head.round + 1, members, [r.coordinator for r in history], a)[0]
-                 for a in range(1, 9)}
-        weights = [c["samples"] for c in head.contributors]
-        cap = math.ceil(4 * statistics.median(weights))
-        common = {"job": job, "round_": head.round + 1, "prev": head.digest, "base": head.model_hash,
-                  "members": members, "sample_cap": cap}
-        # An attempt the ranking gives to someone else, and one of its own with a deadline 11 days out.
-        h.call(h.push_raw, list(arena.ids.values()),
-               h.plan(attempt=next(a for a, p in owner.items() if p != h.peer_id), **common))
-        h.call(h.push_raw, list(arena.ids.values()),
-               h.plan(attempt=next(a for a, p in owner.items() if p == h.peer_id), train_in_s=1e6, **common))
-        try:
-            arena.wait(rejected_both, "every node rejects both plans", timeout=15.0)
-            break
-        except TimeoutError:
-            if arena.mesh.job(0, job)["state"] == "done":
-                raise
-    assert rejected_both(), "no round stayed open long enough for the forged plans in four tries"
-    hid = h.peer_id[-8:]
-    assert not any(re.search(rf"plan from {hid} .*members", arena.log(i)) for i in range(3))
-    arena.wait_round(min(head.round + 1, ROUNDS))
+    h, mesh = arena.hostile, arena.mesh
+    honest = sorted(arena.ids.values())
+    # A plan is judged only while its round is open here. The round is held open on purpose:
+    # a job of four named members with min_nodes=4, one of which (``absent``, a key the hostile
+    # peer holds) never comes up, so its round 1 waits for as long as the test takes. The
+    # hostile peer is no member of it; ``absent`` owns some of its attempts.
+    absent = Identity.generate()
+    members = sorted([*honest, absent.peer_id])
+    spec = digits_spec(rounds=1, min_nodes=4, **TIMING)
+    frame = seal(h.identity, JOB, {"spec": spec, "members": members, "created": 0})
+    job = open_envelope(frame).digest[:16]
+    before = {i: len(arena.frames(i)) for i in range(3)}
+    h.call(h.push_raw, honest, frame)
+    arena.wait(lambda: all(any(j["job_id"] == job and j["model_hash"] for j in mesh.call(i, "jobs")) for i in range(3)),
+               "every node prepares the job")
+    base = mesh.job(0, job)["model_hash"]
+    owner = {a: coordinator_ranking(job, 1, members, [], a)[0] for a in range(len(members))}
+    common = {"job": job, "round_": 1, "prev": "", "base": base, "members": [*members, h.peer_id]}
+    # An attempt the ranking gives to someone else (every one: the hostile peer is no member),
+    # and, signed by the member whose attempt it is, a plan with a deadline 11 days out.
+    h.call(h.push_raw, honest, h.plan(attempt=0, **common))
+    h.call(h.push_raw, honest, h.plan(attempt=next(a for a, p in owner.items() if p == absent.peer_id),
+                                      identity=absent, train_in_s=1e6, **common))
+    arena.wait(lambda: arena.logged(rf"plan from {h.peer_id[-8:]} for attempt 0, which belongs to "
+                                    rf"{owner[0][-8:]}"), "every node rejects the wrong coordinator's plan")
+    arena.wait(lambda: arena.logged(r"training deadline is \d+s away"), "every node rejects the 11-day deadline")
+    for i in range(3):
+        log = arena.log(i)
+        for signer in (h.peer_id, absent.peer_id):
+            assert not re.search(rf"plan from {signer[-8:]} for attempt \d+ with", log), \
+                f"node {i} put a plan of {signer[-8:]} in force"
+        assert mesh.job(i, job)["round"] == 0 and arena.frames(i, job) == [], f"node {i} committed the held round"
+    # The job trained beside it keeps one ledger, and no round of the hostile peer's.
+    frames = [arena.frames(i) for i in range(3)]
+    shortest = min(len(f) for f in frames)
+    assert shortest >= min(before.values())
+    assert all(f[:shortest] == frames[0][:shortest] for f in frames), "nodes hold different ledgers"
     arena.no_hostile_round()
 
 
