@@ -10,6 +10,8 @@ with nobody left to kill does nothing), so what hypothesis draws never depends o
   FedAvg of its contributors' deltas (or, for a FedNova job, the step-normalised FedNova
   formula; the fake members take unequal steps), whatever the tree and the order updates
   arrived in;
+- kept plans are live: no plan a node keeps for later (held ahead, or behind: an earlier
+  attempt its peers are in, kept while it ran ahead) is for an attempt its coordinator aborted;
 - no accepted update lost: an update that a leader acknowledged in the attempt that
   committed is in that round's result, unless both the member and the node that
   acknowledged it died.
@@ -17,6 +19,10 @@ with nobody left to kill does nothing), so what hypothesis draws never depends o
 The trio loop runs in the test's thread with the mock clock frozen (autojump off); the
 machine runs in a worker thread and calls into the loop. ``advance`` lets the clock jump
 through every pending deadline up to its target, in order, and freezes it again.
+
+A node can be made deaf for a while (messages to it are held back, as for a node that was
+restarting): it gives up waiting for plans it does not hear and runs ahead on attempts, and
+must come back to the attempt its peers are in.
 """
 
 from __future__ import annotations
@@ -60,13 +66,25 @@ class Harness:
         self.scope: trio.CancelScope | None = None
 
     async def start(self, size: int, group: int, seed: int, rounds: int, train_s: float,
-                    fednova: bool = False) -> FakeNet:
+                    fednova: bool = False, deaf_until: dict[str, float] | None = None,
+                    deaf: tuple[int, float] = (0, 0.0)) -> FakeNet:
+        """``deaf_until``: peer -> mock time until which messages to it are held back; ``deaf``:
+        (pick, seconds) one node starts deaf for (it misses round 1's first plan)."""
         spec = fast_spec(rounds=rounds, group_size=group, min_nodes=2, reduce_timeout_s=SLACK_S,
                          normalization="fednova" if fednova else "none")
         net = FakeNet(self.tmp / f"ex{next(self.examples)}", size, spec, detect_s=DETECT_S,
                       jitter=jittered(seed, 0.0, MAX_DELAY_S))
         for node in net.nodes.values():  # unequal speeds: leaders wait for their slower members
             node.train_s = train_s * (1 + node.index % 3)
+        if deaf_until is not None:
+            jitter = net.jitter
+
+            def held_back(a: FakeNode, b: FakeNode) -> float:
+                return jitter(a, b) + max(0.0, deaf_until.get(b.peer_id, 0.0) - trio.current_time())
+
+            net.jitter = held_back
+            if deaf[1]:
+                deaf_until[net.order[deaf[0] % size]] = trio.current_time() + deaf[1]
 
         async def run(task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
             with trio.CancelScope() as scope:
@@ -109,14 +127,19 @@ class RoundMachine(RuleBasedStateMachine):
         super().__init__()
         self.net: FakeNet | None = None
         self.killed: set[str] = set()
+        self.deaf_until: dict[str, float] = {}  # peer -> mock time until which it hears nothing
 
     def call(self, afn: Any, *args: Any) -> Any:
         return trio.from_thread.run(afn, *args)
 
     @initialize(size=st.integers(3, 6), group=st.integers(2, 4), seed=st.integers(0, 2**16),
-                rounds=st.integers(1, 3), train_s=st.floats(0.5, 4.0), fednova=st.booleans())
-    def start(self, size: int, group: int, seed: int, rounds: int, train_s: float, fednova: bool) -> None:
-        self.net = self.call(self.harness.start, size, group, seed, rounds, train_s, fednova)
+                rounds=st.integers(1, 3), train_s=st.floats(0.5, 4.0), fednova=st.booleans(),
+                deaf=st.integers(0, 63), deaf_s=st.sampled_from([0.0, 0.0, 4.0, 7.0, 10.0]))
+    def start(self, size: int, group: int, seed: int, rounds: int, train_s: float, fednova: bool,
+              deaf: int, deaf_s: float) -> None:
+        """``deaf_s``: one node starts deaf for that long (it misses round 1's first plan)."""
+        self.net = self.call(self.harness.start, size, group, seed, rounds, train_s, fednova, self.deaf_until,
+                             (deaf, deaf_s))
 
     @rule(seconds=st.floats(0.05, 6.0))
     def advance(self, seconds: float) -> None:
@@ -155,6 +178,27 @@ class RoundMachine(RuleBasedStateMachine):
         assert self.net is not None
         nodes = list(self.net.nodes.values())
         nodes[pick % len(nodes)].train_delays.append(seconds)
+
+    @rule(pick=st.integers(0, 63), seconds=st.floats(1.0, 10.0))
+    def deafen(self, pick: int, seconds: float) -> None:
+        """The node hears nothing for ``seconds``: it misses plans and runs ahead on attempts."""
+        assert self.net is not None
+        node = list(self.net.nodes.values())[pick % len(self.net.nodes)]
+
+        def deafen_now() -> None:
+            self.deaf_until[node.peer_id] = trio.current_time() + seconds
+
+        trio.from_thread.run_sync(deafen_now)
+
+    @invariant()
+    def kept_plans_are_live(self) -> None:
+        if self.net is None:
+            return
+        for node in self.net.alive_nodes():
+            rs = node.driver.book.current
+            kept = [*rs.held.values(), *([rs.behind] if rs.behind is not None else [])]
+            assert not [p.attempt for p in kept if p.attempt in rs.aborted], \
+                f"node {node.index} keeps a plan for an aborted attempt of round {rs.round}"
 
     @invariant()
     def hierarchical_mean_equals_flat_mean(self) -> None:
