@@ -74,6 +74,13 @@ def digits_spec(**overrides: object) -> dict:
     return spec
 
 
+def light_spec(**overrides: object) -> dict:
+    """The demo job with a small MLP in place of its CNN: for a test that needs rounds to
+    commit (a job that keeps running beside an attack, a ledger to compare), not a model worth
+    training. A round's local training then costs about a fifth of the CPU."""
+    return digits_spec(**{"model": "mlp", **overrides})
+
+
 def load_factor() -> float:
     """How many times slower than idle this machine runs now: the one-minute load per core,
     between 1 and 4. Discovery and failure detection are bounded by CPU (every node process
