@@ -20,11 +20,12 @@ import pytest
 
 from gpuflex.localmesh import LocalMesh
 from gpuflex.node.ledger import Ledger, read_ledger_file, verify_chain
-from tests.integration.conftest import digits_spec
+from tests.integration.conftest import light_spec
 from tests.integration.netns import NetnsPair
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
-FAST = {"local_epochs": 4, "plan_timeout_s": 3.0, "train_timeout_s": 12.0, "reduce_timeout_s": 2.0}
+#: What these tests check is the ledger, not the model: a small MLP, one local epoch.
+FAST = {"local_epochs": 1, "plan_timeout_s": 3.0, "train_timeout_s": 12.0, "reduce_timeout_s": 2.0}
 
 
 def peer_ids(mesh: LocalMesh, nodes: range | list[int]) -> dict[str, int]:
@@ -54,7 +55,7 @@ def test_all_nodes_killed_then_resumed_with_a_corrupt_state_file(mesh_factory) -
     mesh = mesh_factory(3)
     mesh.start(timeout=120)
     mesh.wait_connected(60)
-    job = mesh.submit(digits_spec(rounds=5, min_nodes=2, **FAST))
+    job = mesh.submit(light_spec(rounds=5, min_nodes=2, **FAST))
     wait_round(mesh, 0, job, 2)
     for i in range(3):
         mesh.kill(i, signal.SIGKILL)
@@ -81,7 +82,7 @@ def test_partition_minority_waits_and_says_so_then_all_agree(netns_pair: NetnsPa
     mesh.start(timeout=120)
     mesh.wait_connected(60)
     ids = peer_ids(mesh, range(6))
-    job = mesh.submit(digits_spec(rounds=6, min_nodes=4, **FAST))
+    job = mesh.submit(light_spec(rounds=6, min_nodes=4, **FAST))
 
     def level() -> bool:  # every node has fetched the same round's model: no download is cut
         held = {mesh.job(i, job)["round"] for i in range(6)}
@@ -132,7 +133,7 @@ def test_disk_full_is_reported_keeps_the_ledger_and_the_node_catches_up(small_tm
     jobs_dir = small_tmpfs(mesh.home(2) / "jobs", "1m")  # node 2's job state: ledgers and job files
     mesh.start(timeout=120)
     mesh.wait_connected(60)
-    job = mesh.submit(digits_spec(rounds=6, min_nodes=2, **FAST))
+    job = mesh.submit(light_spec(rounds=6, min_nodes=2, **FAST))
     wait_round(mesh, 2, job, 1)
 
     filler = jobs_dir / "filler"
@@ -147,7 +148,7 @@ def test_disk_full_is_reported_keeps_the_ledger_and_the_node_catches_up(small_tm
     assert mesh.alive(2) and mesh.call(2, "status")["jobs"][0]["round"] == held
     assert ledger.read_bytes() == kept
     # A job that arrives now cannot be written down either: node 2 says so and stays up.
-    second = mesh.submit(digits_spec(rounds=1, min_nodes=2, **FAST))
+    second = mesh.submit(light_spec(rounds=1, min_nodes=2, **FAST))
     mesh.wait_job(second, [0, 1], timeout=120)
     assert mesh.alive(2)
     log = mesh.log_path(2).read_text(errors="replace")
