@@ -79,7 +79,9 @@ def test_the_bootstrap_node_moves_and_restarted_nodes_rejoin_through_their_books
     ids = peer_ids(mesh, range(3))
     by_node = {i: p for p, i in ids.items()}
     # min_nodes = every node: a round commits only once each restarted node is back in the job.
-    job = mesh.submit(digits_spec(rounds=2, min_nodes=3, **FAST))
+    # Four local epochs, as this test always had: round 2 trains for a few seconds, so the kills
+    # of nodes 1 and 2 below land inside it.
+    job = mesh.submit(digits_spec(rounds=2, min_nodes=3, **{**FAST, "local_epochs": 4}))
 
     # The first node, every other node's --bootstrap, dies as its job starts and comes back on
     # another port; round 1 cannot be planned without it.
