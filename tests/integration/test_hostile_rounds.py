@@ -155,9 +155,13 @@ def test_plans_from_the_wrong_coordinator_or_with_huge_deadlines_are_rejected(ar
     h.call(h.push_raw, honest, h.plan(attempt=0, **common))
     h.call(h.push_raw, honest, h.plan(attempt=next(a for a, p in owner.items() if p == absent.peer_id),
                                       identity=absent, train_in_s=1e6, **common))
-    arena.wait(lambda: arena.logged(rf"plan from {h.peer_id[-8:]} for attempt 0, which belongs to "
-                                    rf"{owner[0][-8:]}"), "every node rejects the wrong coordinator's plan")
-    arena.wait(lambda: arena.logged(r"training deadline is \d+s away"), "every node rejects the 11-day deadline")
+    # Each node logs the rejection and penalises the peer that handed it the plan (the hostile
+    # peer, or a node that relayed the plan to it).
+    rejected = r"rejected input from \w+ \([^)]*\): round: "
+    arena.wait(lambda: arena.logged(rf"{rejected}plan from {h.peer_id[-8:]} for attempt 0, which belongs to "
+                                    rf"{owner[0][-8:]}; penalty now"), "every node rejects the wrong coordinator's plan")
+    arena.wait(lambda: arena.logged(rf"{rejected}the plan's training deadline is \d+s away; the job allows \d+s; "
+                                    r"penalty now"), "every node rejects the 11-day deadline")
     for i in range(3):
         log = arena.log(i)
         for signer in (h.peer_id, absent.peer_id):
