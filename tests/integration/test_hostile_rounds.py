@@ -20,7 +20,7 @@ from gpuflex.node.ledger import Ledger, verify_chain
 from gpuflex.node.messages import JOB, RESULT, parse_result
 from gpuflex.node.ranking import coordinator_ranking
 from mesh.codec import open_envelope, seal
-from tests.integration.conftest import digits_spec, light_spec, load_factor
+from tests.integration.conftest import digits_spec, load_factor
 from tests.integration.hostile_peer import HostilePeer, ground, old_digest, re_encodings
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
@@ -74,7 +74,7 @@ def arena(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Arena]:
     try:
         mesh.start(timeout=120)
         mesh.wait_connected(60 * load_factor())
-        job = mesh.submit(light_spec(rounds=ROUNDS, min_nodes=2, **TIMING))
+        job = mesh.submit(digits_spec(rounds=ROUNDS, min_nodes=2, **TIMING))
         hostile = HostilePeer(base / "hostile", mesh.call(0, "status")["addrs"][0]).start()
         ids = {i: mesh.call(i, "status")["peer_id"] for i in range(3)}
         arena = Arena(mesh, job, hostile, ids)
@@ -311,7 +311,7 @@ def test_a_finished_jobs_ledger_is_final_and_every_node_holds_the_same_one(arena
     from gpuflex.node.evidence import ChainRules
 
     results = verify_chain(after[0], job)
-    rules = ChainRules.for_job(job, JobSpec.from_dict(light_spec(rounds=ROUNDS, min_nodes=2, **TIMING)),
+    rules = ChainRules.for_job(job, JobSpec.from_dict(digits_spec(rounds=ROUNDS, min_nodes=2, **TIMING)),
                                results[0].plan.members)
     verify_chain(after[0], job, rules)  # every round with its evidence, as the nodes check it
     arena.no_hostile_round()
