@@ -44,32 +44,49 @@ class ResultApplier:
         if res.job != book.job_id:
             raise WireError("garbled", "result for another job")
         if res.round <= book.committed:
-            ours = book.ledger.results[res.round - 1]
-            if ours.digest == res.digest:
-                raise Rejected(f"round {res.round} is already committed here")
-            if book.finished:
-                raise Rejected(f"job {book.job_id} is finished: its ledger is final")
-            if res.prev_result != ours.prev_result:
-                # Forked earlier: only its whole chain can show whether it wins. Fetch it; it is
-                # checked round by round before anything changes here.
-                book.tasks.start_soon(self.port.catch_up, [res.coordinator, msg.via])
-                raise Rejected(f"result for round {res.round} on another branch; fetching its chain")
-            try:  # the same parent: this one result's evidence decides if it counts at all
-                verify_round(res, book.ledger.results[: res.round - 1], book.ledger.rules)
-            except EvidenceError as exc:
-                self.reports.rejected(res.coordinator, res.round, f"competing result rejected: {exc}")
-                return
-            frames = [*book.ledger.frames[: res.round - 1], msg.envelope.raw]
-            if res.round == book.committed and result_key(res) < result_key(ours):
-                book.tasks.start_soon(self.offer_ledger, frames, res.coordinator)
-                raise Rejected(f"competing result for round {res.round} wins fork choice; adopting it")
-            raise Rejected(f"round {res.round} is already committed here")
-        book.tasks.start_soon(self.apply, msg.envelope.raw, res)
+            refused = self._compete(msg.envelope.raw, res, msg.via)
+            if refused:
+                raise Rejected(refused)
+            return
+        book.tasks.start_soon(self.apply, msg.envelope.raw, res, msg.via)
 
-    async def apply(self, frame: bytes, res: Result) -> None:
+    def _compete(self, frame: bytes, res: Result, via: str) -> str:
+        """A result for a round already committed here: it loses to ours unless its evidence
+        holds and it wins fork choice. Returns why it is not taken ("" when it was rejected,
+        logged and penalised for evidence that does not hold)."""
+        book = self.book
+        ours = book.ledger.results[res.round - 1]
+        if ours.digest == res.digest:
+            return f"round {res.round} is already committed here"
+        if book.finished:
+            return f"job {book.job_id} is finished: its ledger is final"
+        if res.prev_result != ours.prev_result:
+            # Forked earlier: only its whole chain can show whether it wins. Fetch it; it is
+            # checked round by round before anything changes here.
+            book.tasks.start_soon(self.port.catch_up, [res.coordinator, via])
+            return f"result for round {res.round} on another branch; fetching its chain"
+        try:  # the same parent: this one result's evidence decides if it counts at all
+            verify_round(res, book.ledger.results[: res.round - 1], book.ledger.rules)
+        except EvidenceError as exc:
+            self.reports.rejected(res.coordinator, res.round, f"competing result rejected: {exc}")
+            return ""
+        frames = [*book.ledger.frames[: res.round - 1], frame]
+        if res.round == book.committed and result_key(res) < result_key(ours):
+            book.tasks.start_soon(self.offer_ledger, frames, res.coordinator)
+            return f"competing result for round {res.round} wins fork choice; adopting it"
+        return f"round {res.round} is already committed here"
+
+    async def apply(self, frame: bytes, res: Result, via: str = "") -> None:
         """Append ``res`` if it extends the ledger and its evidence holds; penalise its signer if not."""
         book, port = self.book, self.port
         async with book.apply_lock:
+            if res.round <= book.committed:
+                # Its round committed here while it waited for the lock (the honest result came
+                # first): judge it as a competing result, so a forgery is still logged and penalised.
+                refused = self._compete(frame, res, via)
+                if refused:
+                    log.debug("result for round %d from %s not taken: %s", res.round, res.coordinator[-8:], refused)
+                return
             if res.round != book.current.round or res.prev_result != book.ledger.head:
                 if res.round >= book.current.round:
                     # Behind, or on another branch: fetch the chain (outside this lock).

@@ -85,3 +85,29 @@ async def test_forged_rounds_by_gossip_and_sync_change_no_ledger(autojump_clock,
         assert rejected(node, "1 verified contributions < min_nodes=2")  # the lone member's
         assert rejected(node, f"ledger from {STRANGER.peer_id[-8:]}: round 1: plan signed by")
     assert all(res.coordinator != STRANGER.peer_id for res in results) and len(results) == 3
+
+
+async def test_a_forged_result_that_waited_while_its_round_committed_is_still_rejected(autojump_clock,
+                                                                                      tmp_path) -> None:
+    """A forged result for the round being applied here waits for the apply lock; when it gets
+    it, the honest result of that round is committed. It is judged as a competing result then:
+    logged and penalised, not dropped without a word."""
+    from gpuflex.node.messages import parse_result
+
+    net = FakeNet(tmp_path, 3, fast_spec(rounds=2, min_nodes=2))
+    ids = [n.identity for n in net.nodes.values()]
+    for n in net.nodes.values():
+        n.train_s = 2.0
+    node = net.node(0)
+    async with trio.open_nursery() as nursery:
+        await net.start(nursery)
+        await net.wait_rounds(1, [node])
+        forged = next_round([], [*ids, STRANGER], job=net.info.job_id, rules=rules(net), coord=STRANGER, signers=[],
+                            claim=99)
+        assert node.driver is not None
+        await node.driver.applier.apply(forged, parse_result(open_envelope(forged)), STRANGER.peer_id)
+        await net.wait_rounds(2)
+        nursery.cancel_scope.cancel()
+    assert rejected(node, "competing result rejected: round 1: plan signed by")
+    assert node.penalties.get(STRANGER.peer_id, 0) >= 1
+    assert all(open_envelope(f).sender != STRANGER.peer_id for f in net.ledger(node))
