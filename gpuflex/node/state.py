@@ -74,6 +74,9 @@ class RoundDeadlines:
     train: float  # members should have sent their updates by then
     slack: float  # seconds per tree level to reduce after ``train``
     members: int
+    # When this node took the plan up: a time-budgeted member's budget runs from here, so
+    # the time it spent loading the model and its trainer counts against the budget too.
+    received: float = 0.0
 
     def reduce_by(self, height: int) -> float:
         """When a tree node ``height`` levels above the leaves stops waiting for its children."""
@@ -179,6 +182,7 @@ class JobBook:
         # Time-budgeted rounds: each member's training throughput for this job (samples per
         # second, as it publishes it; this node's own as it measures it), and this node's device.
         self.rates: dict[str, float] = {}
+        self.send_lag_s = 0.0  # how long this node's update takes from its training's end to its leader
         self.device = ""
         self.fit: dict[str, Any] = {}  # how the job fits this node's device (gpuflex.ml.fit)
         # A member's trained update per (round, base model): a retried attempt re-sends it.

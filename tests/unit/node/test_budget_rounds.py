@@ -9,6 +9,8 @@ import trio
 
 from gpuflex.node.kinds import EventKind
 from gpuflex.node.ledger import verify_chain
+from gpuflex.node.ranking import coordinator_ranking
+from gpuflex.node.workplan import STEP_HEADROOM
 from tests.unit.node.fakenet import BATCH, FakeNet, FakeNode, fast_spec
 
 pytestmark = pytest.mark.timeout(20)
@@ -31,8 +33,10 @@ def speeds(net: FakeNet, slow: int) -> None:
 
 async def test_a_slow_member_contributes_within_the_budget(autojump_clock, tmp_path) -> None:
     net = FakeNet(tmp_path, 4, fast_spec(rounds=3, compute_budget_s=BUDGET_S, train_timeout_s=0.0))
-    speeds(net, slow=3)
-    slow = net.node(3).peer_id
+    # The slow member is the one whose turn round 2 is (after round 1's coordinator, cooling).
+    first = net.ranking(1)[0].peer_id
+    slow = coordinator_ranking(net.info.job_id, 2, net.info.initial_members, [first])[0]
+    speeds(net, slow=net.nodes[slow].index)
     async with trio.open_nursery() as nursery:
         await net.start(nursery)
         await net.wait_rounds(3)
@@ -54,14 +58,24 @@ async def test_a_slow_member_contributes_within_the_budget(autojump_clock, tmp_p
         assert work[slow]["steps"] * BATCH / SLOW <= BUDGET_S
         assert all(c["steps"] * BATCH / FAST >= 0.9 * BUDGET_S for c in fast), "fast members fill the budget"
         assert sum(c["compute_share"] for c in work.values()) == pytest.approx(1.0, abs=1e-3)
-        assert work[slow]["device"] == "fake3"
+        assert work[slow]["device"] == f"fake{net.nodes[slow].index}"
     # From round 2 on, every plan has every member's measured throughput (presence).
     from gpuflex.node.messages import PLAN, parse_plan
     from mesh.codec import open_envelope
 
     later = parse_plan(open_envelope(results[-1].plan_frame, expect_kind=PLAN))
     assert later.budget_s == BUDGET_S
-    assert later.steps[slow] == int(BUDGET_S * 0.95 * SLOW // BATCH)
+    assert later.steps[slow] == int(BUDGET_S * STEP_HEADROOM * SLOW // BATCH)
+    for res in results:
+        plan = parse_plan(open_envelope(res.plan_frame, expect_kind=PLAN))
+        if plan.steps.get(slow) != later.steps[slow]:
+            continue  # nobody's throughput was known yet when it was planned
+        assert slow not in plan.parent.values(), f"round {res.round}: the slow member leads a group"
+    # Round 2 was the slow member's turn. Round 1's result recorded the throughputs, so every
+    # node passed that attempt at once, and the next in the ranking coordinated.
+    assert results[0].coordinator == first
+    assert results[1].coordinator != slow and results[1].attempt == 1
+    assert all(res.coordinator != slow for res in results[1:])
 
 
 async def test_without_a_budget_the_slow_member_sets_the_rounds_length(autojump_clock, tmp_path) -> None:
