@@ -15,7 +15,10 @@ when a faster one can be: everything it does is slow, and the round would wait f
 
 Members' updates then carry unequal work, which FedNova undoes (``aggregation.fednova``):
 each update is divided by its step norm at its leader, and the root scales the mean by the
-sample-weighted mean norm. The step counts a member claims are bounded by its plan.
+sample-weighted mean norm. Each update weighs the samples its member saw this round (steps x
+batch): a direction measured over three batches must not count as much as one measured over
+thirty, or a slow member would pull every round back toward its base model. The step counts
+a member claims are bounded by its plan, and its samples by its steps.
 """
 
 from __future__ import annotations
@@ -150,6 +153,9 @@ def checked_steps(spec: JobSpec, plan: Plan, up: Update) -> int:
     bound = plan.steps.get(up.peer) or spec.local_steps or MAX_PLANNED_STEPS
     if steps > bound:
         raise WireError("round", f"update from {up.peer[-8:]} claims {steps} local steps, its plan allows {bound}")
+    if up.samples > steps * spec.batch_size:  # its weight: the samples it saw, one batch a step
+        raise WireError("round", f"update from {up.peer[-8:]} claims {up.samples} samples seen in {steps} "
+                                 f"steps of {spec.batch_size}")
     return steps
 
 

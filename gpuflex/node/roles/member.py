@@ -75,8 +75,7 @@ class Member:
                 self._sent()
                 return
             await send_up(self.port, self.book, plan, deadlines, frame, payload, Work.UPDATE,
-                          masked=side is not None)
-            self._sent()
+                          masked=side is not None, delivered=self._sent)
         except (SendError, WireError, OSError) as exc:
             self.port.emit(EventKind.UPDATE_FAILED, r, message=f"round {r}: could not deliver this node's update: {exc}")
         except Exception as exc:  # user code (a model, a train_fn plug-in) may raise anything;
@@ -134,7 +133,13 @@ class Member:
             f"round {r}: trained {metrics.get('steps')} steps on {metrics.get('samples')} samples "
             f"in {metrics.get('seconds', 0):.2f}s"),
             samples=metrics.get("samples"), seconds=metrics.get("seconds"), steps=metrics.get("steps"))
-        samples = int(metrics.get("dataset_size") or trainer.num_samples)
+        # The update's weight. FedNova weighs each member by the samples it saw this round (its
+        # steps x batch, bounded by its plan): a member that took three steps gives a direction
+        # measured on three batches, which must not count as much as one measured on thirty.
+        # Otherwise the data this member holds.
+        seen = metrics.get("samples")
+        samples = (int(seen) if book.spec.uses_fednova and isinstance(seen, (int, float)) and seen > 0
+                   else int(metrics.get("dataset_size") or trainer.num_samples))
         # Under secure aggregation this is the clear (DP-noised) delta; it is masked per
         # attempt, because the masks depend on the attempt's group and leader.
         payload = self.encoder.encode(delta, samples)

@@ -169,3 +169,31 @@ async def test_a_plan_whose_budget_or_step_counts_are_not_the_jobs_is_refused(au
             with pytest.raises(WireError, match="compute budget"):
                 driver.coordinator._check(plan(**forged))
         nursery.cancel_scope.cancel()
+
+
+async def test_a_member_with_a_slow_uplink_stops_early_so_its_update_arrives_with_the_others(
+        autojump_clock, tmp_path) -> None:
+    """Every message from one member takes a second. Round 1 waits for its late update; from
+    then on it knows its update takes a second to reach its leader, trains a second less, and
+    the round ends one budget after the plan again. (The member is also slow, so that it is a
+    leaf: a leader's late partial is the tree's latency, which no member's timing can hide.)"""
+    net = FakeNet(tmp_path, 4, fast_spec(rounds=3, compute_budget_s=BUDGET_S, train_timeout_s=0.0))
+    first = net.ranking(1)[0].peer_id
+    laggard = next(n for n in net.nodes.values() if n.peer_id != first)
+    speeds(net, slow=laggard.index)
+    plain_delay = net.delay
+    net.delay = lambda a, b: plain_delay(a, b) + (1.0 if a is laggard else 0.0)  # type: ignore[method-assign]
+    async with trio.open_nursery() as nursery:
+        await net.start(nursery)
+        await net.wait_rounds(3)
+        node = next(n for n in net.alive_nodes() if n is not laggard)
+        results = verify_chain(net.ledger(node), net.info.job_id)
+        lengths = round_lengths(node)
+        nursery.cancel_scope.cancel()
+    seconds = {res.round: {c["peer"]: c["compute_s"] for c in res.contributors} for res in results}
+    assert all(laggard.peer_id in s for s in seconds.values()), "the laggard counts every round"
+    assert seconds[1][laggard.peer_id] >= 0.9 * BUDGET_S  # it did not know yet
+    for r in (2, 3):
+        others = [s for p, s in seconds[r].items() if p != laggard.peer_id]
+        assert seconds[r][laggard.peer_id] <= min(others) - 0.8, f"round {r}: {seconds[r]}"
+        assert lengths[r] < lengths[1] - 0.5, lengths
