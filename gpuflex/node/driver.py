@@ -172,6 +172,7 @@ class JobDriver:
         book.fit = {k: v for k, v in fitted.items() if isinstance(v, (int, float, str)) or v is None}
         if (rate := valid_rate(fitted.get("samples_per_s"))) is not None:
             book.rates[book.me] = rate
+            port.announce_soon()  # a time-budgeted job's coordinator plans only measured members
         settings: dict[str, Any] = {k: v for k, v in book.fit.items() if v is not None and k not in ("peer", "message")}
         port.emit(EventKind.DEVICE_FITTED, message=f"job {self.job_id}: training on {fitted.get('summary', book.device)}",
                   **settings)

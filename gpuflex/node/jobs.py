@@ -89,7 +89,7 @@ class JobManager:
         self._presence_due = trio.Event()
         self.syncer = CatchUp(mesh, self.drivers, self._adopt)
         self._services = NodeServices(credit=self.credit, blobs_in_use=self.blobs_in_use,
-                                      catch_up=self.sync_from_peers)
+                                      catch_up=self.sync_from_peers, announce_soon=self.announce_soon)
         self.mesh.direct_only.add(PRESENCE)  # refreshed every few seconds: one hop is enough
         h = self.mesh.handlers
         h.register(JOB, self._on_job)
@@ -191,6 +191,10 @@ class JobManager:
         return 0 if driver is None else await driver.payload_limit(env.sender)
 
     # -- presence ----------------------------------------------------------------------------
+
+    def announce_soon(self) -> None:
+        """Send presence within ``PRESENCE_SOON_S`` instead of at the next period."""
+        self._presence_due.set()
 
     async def send_presence(self) -> None:
         # Finished jobs too: a member that fell behind (a full disk, a partition) learns from

@@ -28,7 +28,7 @@ from gpuflex.node.messages import Plan, make_plan, parse_plan
 from gpuflex.node.placement import cap_per_prefix, group_seed, masked_tree, order_for_tree
 from gpuflex.node.port import JobPort
 from gpuflex.node.state import JobBook, RoundDeadlines, RoundState
-from gpuflex.node.workplan import keep_earlier, plan_steps, recorded_rates, slow_members
+from gpuflex.node.workplan import keep_earlier, plan_steps, recorded_rates, slow_members, valid_rate
 from mesh.codec import WireError
 from mesh.health import PeerState
 from mesh.messaging import Inbound, Rejected
@@ -175,6 +175,11 @@ class Coordinator:
 
         def members() -> list[str]:
             live = book.live_members(port.alive_peers())
+            if spec.uses_budget:
+                # A member is planned once it has published its throughput: its step count
+                # comes from it. One still loading its data joins the next round; planned
+                # blind, it was given the slowest member's count and idled most of the budget.
+                live = [p for p in live if p == book.me or valid_rate(book.rates.get(p)) is not None]
             kept, _ = cap_per_prefix(live, port.peer_ip, spec.max_per_prefix, {book.me, *book.eligible()})
             return kept
 
@@ -188,7 +193,8 @@ class Coordinator:
         live = members()
         if len(live) < need:
             port.emit(EventKind.ROUND_WAITING, rs.round, message=(
-                f"round {rs.round}: only {len(live)} of {need} members needed are reachable; not planning"))
+                f"round {rs.round}: only {len(live)} of {need} members needed are reachable"
+                + (" and have published their throughput" if spec.uses_budget else "") + "; not planning"))
             return None
         dropped = sorted(set(book.live_members(port.alive_peers())) - set(live))
         if dropped:

@@ -32,7 +32,8 @@ def speeds(net: FakeNet, slow: int) -> None:
 
 
 async def test_a_slow_member_contributes_within_the_budget(autojump_clock, tmp_path) -> None:
-    net = FakeNet(tmp_path, 4, fast_spec(rounds=3, compute_budget_s=BUDGET_S, train_timeout_s=0.0))
+    net = FakeNet(tmp_path, 4, fast_spec(rounds=3, min_nodes=4, compute_budget_s=BUDGET_S, train_timeout_s=0.0,
+                                         group_size=2))
     # The slow member is the one whose turn round 2 is (after round 1's coordinator, cooling).
     first = net.ranking(1)[0].peer_id
     slow = coordinator_ranking(net.info.job_id, 2, net.info.initial_members, [first])[0]
@@ -197,3 +198,29 @@ async def test_a_member_with_a_slow_uplink_stops_early_so_its_update_arrives_wit
         others = [s for p, s in seconds[r].items() if p != laggard.peer_id]
         assert seconds[r][laggard.peer_id] <= min(others) - 0.8, f"round {r}: {seconds[r]}"
         assert lengths[r] < lengths[1] - 0.5, lengths
+
+
+async def test_a_member_that_has_not_published_its_throughput_is_not_planned(autojump_clock, tmp_path) -> None:
+    """A member still loading its data (no throughput yet) is left out of the plan rather than
+    planned blind; the others, enough for min_nodes, commit without it."""
+    net = FakeNet(tmp_path, 4, fast_spec(rounds=2, min_nodes=3, compute_budget_s=BUDGET_S, train_timeout_s=0.0))
+    first = net.ranking(1)[0].peer_id
+    for node in net.nodes.values():
+        node.rate = FAST
+    unmeasured = next(n for n in net.nodes.values() if n.peer_id != first)
+    unmeasured.rate = 0.0  # its device probe measured nothing: it publishes no throughput
+    async with trio.open_nursery() as nursery:
+        await net.start(nursery)
+        await net.wait_rounds(2)
+        node = next(n for n in net.alive_nodes() if n is not unmeasured)
+        results = verify_chain(net.ledger(node), net.info.job_id)
+        nursery.cancel_scope.cancel()
+    from gpuflex.node.messages import PLAN, parse_plan
+    from mesh.codec import open_envelope
+
+    for res in results:
+        plan = parse_plan(open_envelope(res.plan_frame, expect_kind=PLAN))
+        if plan.coordinator == unmeasured.peer_id:
+            continue  # its own plan includes itself
+        assert unmeasured.peer_id not in plan.members, f"round {res.round} planned a member with no throughput"
+        assert len(res.contributors) == 3
