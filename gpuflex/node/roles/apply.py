@@ -5,8 +5,9 @@ A result is applied only if it extends this node's ledger exactly and its eviden
 (``evidence.verify_round``: the plan from the coordinator its attempt belongs to, min_nodes
 signed updates made for that plan, the hash links), checked before its model is fetched. A
 result for a round already committed here loses to ours unless it carries its evidence and
-wins fork choice (``ledger.prefer_chain``); a ledger from catch-up sync is checked round by
-round the same way. A finished job's ledger is final. An aborted attempt is recorded so its
+the chain it ends wins fork choice (``ledger.prefer_chain``: the heavier chain, then the
+longer, then the earlier attempt where they differ); a ledger from catch-up sync is checked
+round by round the same way, and may be shorter than ours if it is heavier. A finished job's ledger is final. An aborted attempt is recorded so its
 round is retried.
 """
 
@@ -17,7 +18,7 @@ import logging
 from gpuflex.errors import GpuflexError
 from gpuflex.node.evidence import EvidenceError, verify_round
 from gpuflex.node.kinds import EventKind
-from gpuflex.node.ledger import LedgerError, prefer_chain, result_key, verify_chain, verify_tail
+from gpuflex.node.ledger import LedgerError, prefer_chain, verify_chain, verify_tail
 from gpuflex.node.messages import Result, parse_result, parse_secagg_reports
 from gpuflex.node.models import Models
 from gpuflex.node.policy import Reports
@@ -59,8 +60,9 @@ class ResultApplier:
             except EvidenceError as exc:
                 self.reports.rejected(res.coordinator, res.round, f"competing result rejected: {exc}")
                 return
-            frames = [*book.ledger.frames[: res.round - 1], msg.envelope.raw]
-            if res.round == book.committed and result_key(res) < result_key(ours):
+            # The chain it ends may be shorter than ours and still heavier (more contributions).
+            if prefer_chain(book.ledger.results, [*book.ledger.results[: res.round - 1], res]):
+                frames = [*book.ledger.frames[: res.round - 1], msg.envelope.raw]
                 book.tasks.start_soon(self.offer_ledger, frames, res.coordinator)
                 raise Rejected(f"competing result for round {res.round} wins fork choice; adopting it")
             raise Rejected(f"round {res.round} is already committed here")

@@ -463,7 +463,7 @@ class FakeNet:
                     if dst is src or not self.reachable(src, dst) or dst.driver is None or dst.nursery is None:
                         continue
                     if dst.driver.saw_presence(src.peer_id, src.driver.committed, src.driver.head(),
-                                               src.driver.throughput()):
+                                               src.driver.throughput(), src.driver.weight):
                         dst.nursery.start_soon(self.sync, dst, [src.peer_id])
             await trio.sleep(PRESENCE_EVERY_S)
 
