@@ -7,8 +7,8 @@ signed updates made for that plan, the hash links), checked before its model is 
 result for a round already committed here loses to ours unless it carries its evidence and
 the chain it ends wins fork choice (``ledger.prefer_chain``: the heavier chain, then the
 longer, then the earlier attempt where they differ); a ledger from catch-up sync is checked
-round by round the same way, and may be shorter than ours if it is heavier. A finished job's ledger is final. An aborted attempt is recorded so its
-round is retried.
+round by round the same way, and may be shorter than ours if it is heavier. A finished job's
+ledger is final. An aborted attempt is recorded so its round is retried.
 """
 
 from __future__ import annotations
