@@ -3,8 +3,7 @@
 A node asks a peer when it starts, when a presence or a message names a job it does not know,
 and when a peer's presence says its ledger of a job could win fork choice over ours (heavier,
 or as heavy and longer), or a result arrives from another branch. However many jobs a node
-holds and however long
-their ledgers, every answer is a page well within the frame limit:
+holds and however long their ledgers, every answer is a page well within the frame limit:
 
 * ``{"after": ID}``: the signed JobSpec frames of the jobs whose ids sort after ``ID``, up to
   ``PAGE_BYTES`` (and ``PAGE_JOBS``), each job's ledger height, weight (its verified
