@@ -18,7 +18,7 @@ import logging
 from gpuflex.errors import GpuflexError
 from gpuflex.node.evidence import EvidenceError, verify_round
 from gpuflex.node.kinds import EventKind
-from gpuflex.node.ledger import LedgerError, prefer_chain, verify_chain, verify_tail
+from gpuflex.node.ledger import HEAD_CHARS, LedgerError, prefer_chain, verify_chain, verify_tail
 from gpuflex.node.messages import Result, parse_result, parse_secagg_reports
 from gpuflex.node.models import Models
 from gpuflex.node.policy import Reports
@@ -143,6 +143,12 @@ class ResultApplier:
                 f"job {book.job_id}: caught up to round {book.committed} from {peer[-8:]}"))
             book.advance()
             return True
+
+    def worth_reporting(self, head: object) -> bool:
+        """Whether a finished job should fetch a peer's ledger on ``head`` (a presence or sync
+        page's head prefix) to report it: another head, not reported yet, within the cap."""
+        return (isinstance(head, str) and len(head) == HEAD_CHARS and head != self.book.ledger.head[:HEAD_CHARS]
+                and len(self._forks_seen) < MAX_FORKS_REPORTED and not any(h.startswith(head) for h in self._forks_seen))
 
     def _keep_final(self, frames: list[bytes], peer: str) -> None:
         """A finished job keeps its ledger; a different one that also carries its evidence (two

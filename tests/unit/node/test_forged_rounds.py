@@ -122,6 +122,10 @@ async def test_sybil_keys_private_longer_branch_leaves_the_heavier_honest_ledger
     assert final[:4] == honest[:4] and not set(final) & set(branch[2:])
     assert len(verify_chain(final, net.info.job_id, rules(net))) == 6
     assert not any(EventKind.LEDGER_FORK_RESOLVED in n.kinds() for n in net.alive_nodes())
+    # Finished: the ledger is final; a claim however heavy is worth a fetch only to report a
+    # ledger on another head.
+    assert not any(n.driver.may_win(6, 10**9, n.driver.head()) for n in net.alive_nodes())
+    assert all(n.driver.may_win(6, 1, "0" * 16) for n in net.alive_nodes())
 
 
 async def test_a_node_on_a_longer_lighter_branch_goes_back_to_the_heavier_ledger_and_trains_on(autojump_clock,
