@@ -341,13 +341,8 @@ class JobDriver:
         return self.may_win(last_round, weight, head)
 
     def may_win(self, height: object, weight: object = None, head: object = None) -> bool:
-        """Whether a peer's ledger of this job, as the peer describes it, may win fork choice
-        over ours (``Ledger.may_win``): only ever a reason to fetch it. A finished job's
-        ledger is final, however heavy a peer's: it fetches only a ledger on a head it has not
-        reported yet, to report it (``ResultApplier.worth_reporting``)."""
-        if self.book.finished:
-            return self.applier.worth_reporting(head)
-        return self.book.ledger.may_win(height, weight, head)
+        """Whether a peer's ledger, as it describes it, is worth fetching (``ResultApplier.may_win``)."""
+        return self.applier.may_win(height, weight, head)
 
     def throughput(self) -> float:
         """This node's training throughput for this job (samples per second; 0 if unknown)."""

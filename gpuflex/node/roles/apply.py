@@ -144,6 +144,14 @@ class ResultApplier:
             book.advance()
             return True
 
+    def may_win(self, height: object, weight: object = None, head: object = None) -> bool:
+        """Whether a peer's ledger of this job, as the peer describes it (unchecked), is worth
+        fetching: it could win fork choice (``Ledger.may_win``). A finished job's ledger is
+        final however heavy a peer's: it fetches only a ledger on a head not reported yet."""
+        if self.book.finished:
+            return self.worth_reporting(head)
+        return self.book.ledger.may_win(height, weight, head)
+
     def worth_reporting(self, head: object) -> bool:
         """Whether a finished job should fetch a peer's ledger on ``head`` (a presence or sync
         page's head prefix) to report it: another head, not reported yet, within the cap."""
