@@ -204,10 +204,16 @@ class JobBook:
         return len(self.ledger)
 
     def advance(self) -> None:
-        """Start the next round's state once the ledger has grown past the current one."""
-        if self.current.round <= self.committed:
+        """Start the next round's state once the ledger has grown past the current one, or
+        went back (a heavier but shorter chain won fork choice): the round after the head."""
+        if self.current.round != self.committed + 1:
             self.current = RoundState(round=self.committed + 1)
         self.changed.notify()
+
+    def round_over(self, rs: RoundState) -> bool:
+        """Whether round ``rs`` needs no more work here: it committed, or the ledger moved to
+        another branch whose next round is another (``advance`` replaced the round state)."""
+        return self.committed >= rs.round or self.current is not rs
 
     def round_open(self, plan: Plan) -> bool:
         """Whether work for ``plan`` still counts: its round is uncommitted, it is in force."""

@@ -108,7 +108,7 @@ class Coordinator:
             return rs.plan is not None and rs.plan.attempt >= rs.attempt
 
         def settled() -> bool:
-            return have_plan() or book.committed >= rs.round or self._activate_held(rs)
+            return have_plan() or book.round_over(rs) or self._activate_held(rs)
 
         if settled():
             return rs.plan if have_plan() else None
@@ -184,7 +184,7 @@ class Coordinator:
             return kept
 
         def gave_way() -> bool:  # caught up, or a later attempt's plan came while members were missing
-            return book.committed >= rs.round or any(a > rs.attempt for a in rs.held)
+            return book.round_over(rs) or any(a > rs.attempt for a in rs.held)
 
         book.status.set_phase(Phase.PLAN)
         await book.changed.wait_for(lambda: len(members()) >= need or gave_way(), until)

@@ -468,7 +468,7 @@ class FakeNet:
                     if dst is src or not self.reachable(src, dst) or dst.driver is None or dst.nursery is None:
                         continue
                     if dst.driver.saw_presence(src.peer_id, src.driver.committed, src.driver.head(),
-                                               src.driver.throughput()):
+                                               src.driver.throughput(), src.driver.weight):
                         dst.nursery.start_soon(self.sync, dst, [src.peer_id])
             with trio.move_on_after(PRESENCE_EVERY_S):  # or sooner, when a node asks (announce_soon)
                 await self._presence_due.wait()
