@@ -8,10 +8,17 @@ divides each member's change by its local work first and scales the mean back up
 
     Δ = τ_eff · Σ_i p_i · Δ_i / a_i,      τ_eff = Σ_i p_i · a_i,      p_i = n_i / Σ_j n_j
 
-``Δ_i`` is member i's change (new local model − base), ``n_i`` its sample weight (the data it
-holds, so every member's objective keeps its share whatever its speed) and ``a_i`` the L1 norm
+``Δ_i`` is member i's change (new local model − base), ``n_i`` its sample weight and ``a_i`` the L1 norm
 of its local aggregation vector: ``τ_i`` steps of plain SGD, or
 ``(τ − ρ(1 − ρ^τ)/(1 − ρ)) / (1 − ρ)`` for SGD with momentum ρ (the paper's Section 4).
+
+The paper takes ``n_i`` as the data member i holds. The node passes the samples it saw in the
+round instead (steps × batch): a member that took three steps in a time budget, beside
+members that took thirty, gives a direction measured over three batches, and weighed by its
+data it pulled each round's step back by its data share (a quarter of the mesh's progress
+for one slow member of four). Weighed by work, the slow member adds what it did and the mesh
+keeps its pace; members' objectives then count in proportion to their compute, which for
+data spread alike (the usual volunteer case) is the same objective.
 
 Both sums are sample-weighted means, so they compose through a group tree exactly: a leader
 folds the normalised vectors ``Δ_i / a_i`` with weight ``n_i`` into an ordinary weighted mean,

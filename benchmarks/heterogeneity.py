@@ -1,34 +1,42 @@
 """Adding a slow machine to a mesh: fixed local work against time-budgeted rounds with FedNova.
 
-Real node processes (``LocalMesh``) train the digits job; one of them is held to a tenth of a
-core, by a cgroup v1 CPU quota where the machine has one (else by stopping and continuing the
-process on a 10 % duty cycle, which says so in the output). Side by side in one run, each on
-a fresh mesh:
+Real node processes (``LocalMesh``) train one job; one of them is held to a tenth of a core,
+by a cgroup v1 CPU quota where the machine has one (else by stopping and continuing the
+process on a 10 % duty cycle, which says so in the output). The job is next-character
+prediction on Shakespeare (``char-gru``, plain SGD, ``GPUFLEX_SHARED_DATA`` or
+``../shared/data``), or with ``--data digits`` the digits demo. Side by side in one run, each
+on a fresh mesh:
 
-* ``fast``: the fast nodes alone, fixed local epochs (the design before time budgets);
-* ``fixed``: all nodes, the slow one included, fixed local epochs;
+* ``fast``: the fast nodes alone, with the time budget: the mesh before the slow machine came;
+* ``fixed``: all nodes, the slow one included, fixed local work (the design before budgets);
 * ``budget``: all nodes, ``compute_budget_s`` with FedNova (each member trains for the budget
   and its update is normalised by its local steps);
 * ``budget-plain`` (``--with-plain``): the same budget, normalization = "none" (plain FedAvg
   of unequal work), to show what FedNova changes.
 
-For each it reports, from node 0's ledger (each contributor's signed training seconds and
-steps, each round's plan-to-commit duration and test accuracy):
+Every variant's job needs ``min_nodes`` = the fast nodes only, so a job starts as soon as they
+are ready; the slow node joins its rounds when it is.
 
-* compute utilisation: the sum of the members' training seconds over (plan members × the sum
-  of the rounds' durations); a member whose update was left out counts as zero;
-* the mean round time, and the slowest member's share of the rounds it was planned in;
+For each it reports, from node 0's ledger (each contributor's signed training seconds and
+steps, each round's commit time and test accuracy):
+
+* compute utilisation as the issue defines it: the members' summed training seconds over
+  (members × wall time), wall time running from the first plan to the last commit (each
+  stretch between two commits counted for the members planned in that round); a member whose
+  update was left out counts as zero. ``round util`` is the same over the rounds' own
+  plan-to-commit durations (without the gaps between rounds);
+* the mean round time, and how many rounds counted the slow member;
 * wall time from the job's submission to the first round at ``--target`` test accuracy, the
-  same counting the rounds' durations only (without the members' start on the job, which the
-  throttled node makes slow), and the final accuracy.
+  same counting from the first plan (without the members' start on the job), and the final
+  accuracy.
 
 ``--cuda-member K`` runs node K on CUDA (the others see no GPU) and prints the settings it
 chose (precision, micro-batch, threads) and its throughput against the CPU members'.
 
 Run:
 
-    python -m benchmarks.heterogeneity [--nodes 4] [--rounds 8] [--budget-s 3] [--with-plain]
-                                       [--cuda-member 0] [--quick] [--json]
+    python -m benchmarks.heterogeneity [--nodes 4] [--rounds 12] [--budget-s 6] [--with-plain]
+                                       [--data shakespeare|digits] [--cuda-member 0] [--quick] [--json]
 """
 
 from __future__ import annotations
@@ -95,33 +103,46 @@ def throttled(pid: int) -> Iterator[str]:
         yield f"cgroup v1 quota {SLOW_CORES:.0%} of a core"
 
 
-def job_spec(variant: str, nodes: int, rounds: int, budget_s: float, epochs: int) -> dict[str, Any]:
+SHARED_TEXT = Path(os.environ.get("GPUFLEX_SHARED_DATA", Path(__file__).resolve().parents[2] / "shared" / "data")
+                   ) / "tinyshakespeare.txt"
+
+
+def job_spec(variant: str, args: argparse.Namespace, fast_nodes: int) -> dict[str, Any]:
     from gpuflex.jobspec import JobSpec, example_job_toml, tomllib
 
     data = tomllib.loads(example_job_toml())
-    data.update(name=f"bench-hetero-{variant}", rounds=rounds, min_nodes=nodes, group_size=2,
-                local_epochs=epochs, local_steps=0)
-    if variant.startswith("budget"):
-        data.update(compute_budget_s=budget_s, normalization="none" if variant == "budget-plain" else "fednova")
+    data.update(name=f"bench-hetero-{variant}", rounds=args.rounds, min_nodes=fast_nodes, group_size=2)
+    if args.data == "shakespeare":
+        # Plain SGD at LEAF's learning rate for a character model; a small test split keeps
+        # the root's evaluation short.
+        data.update(model="char-gru", data="shakespeare", partition="iid", optimizer="sgd", lr=1.0,
+                    test_fraction=0.05, local_epochs=1, local_steps=args.fixed_steps)
+    else:
+        data.update(local_epochs=args.epochs, local_steps=0)
+    if variant in ("fast", "budget", "budget-plain"):
+        data.update(compute_budget_s=args.budget_s, local_steps=0,
+                    normalization="none" if variant == "budget-plain" else "fednova")
     return JobSpec.from_dict(data).to_dict()
 
 
 def run_variant(variant: str, args: argparse.Namespace, base: Path) -> dict[str, Any]:
-    nodes = args.nodes - 1 if variant == "fast" else args.nodes
+    fast_nodes = args.nodes - 1
+    nodes = fast_nodes if variant == "fast" else args.nodes
     slow = None if variant == "fast" else nodes - 1
     cuda = args.cuda_member
 
     def place(i: int) -> Placement:  # with --cuda-member, only that node sees the GPU
         return Placement(prefix=("env", "CUDA_VISIBLE_DEVICES=")) if cuda is not None and i != cuda else Placement()
 
+    extra = ["--data", f"shakespeare={args.text}"] if args.data == "shakespeare" else []
     log(f"{variant}: {nodes} nodes" + (f", node {slow} at {SLOW_CORES:.0%} of a core" if slow is not None else ""))
-    with LocalMesh(base / variant, nodes, placement=place, log_level="warning") as mesh:
+    with LocalMesh(base / variant, nodes, extra_args=extra, placement=place, log_level="warning") as mesh:
         mesh.start(timeout=180)
         mesh.wait_connected(120)
         ids = [mesh.call(i, "status")["peer_id"] for i in range(nodes)]
         with throttled(mesh.procs[slow].pid) if slow is not None else contextlib.nullcontext("none") as how:
             submitted = time.time()
-            job = mesh.submit(job_spec(variant, nodes, args.rounds, args.budget_s, args.epochs))
+            job = mesh.submit(job_spec(variant, args, fast_nodes))
             mesh.wait_job(job, list(range(nodes)), timeout=args.timeout)
             rows = mesh.call(0, "ledger", {"job": job})
             fits = [mesh.job(i, job).get("fit", {}) for i in range(nodes)]
@@ -131,30 +152,35 @@ def run_variant(variant: str, args: argparse.Namespace, base: Path) -> dict[str,
 def summarise(variant: str, rows: list[dict[str, Any]], submitted: float, ids: list[str], slow: int | None,
               target: float, how: str, fits: list[dict[str, Any]], cuda: int | None) -> dict[str, Any]:
     durations = [float(r["metrics"]["duration_s"]) for r in rows]
-    planned = sum(len(r["contributors"]) + len(r["absent"]) for r in rows)
+    members = [len(r["contributors"]) + len(r["absent"]) for r in rows]
     compute = sum(float(c.get("compute_s", 0.0)) for r in rows for c in r["contributors"])
-    member_rounds = sum((len(r["contributors"]) + len(r["absent"])) * d for r, d in zip(rows, durations, strict=True))
+    # Wall time from the first plan; each stretch up to a commit counted for that round's members.
+    began = rows[0]["ts"] - durations[0] if rows else float("nan")
+    stretches = [r["ts"] - prev for r, prev in zip(rows, [began, *(r["ts"] for r in rows[:-1])], strict=True)]
     reached = next((r for r in rows if r["metrics"]["accuracy"] >= target), None)
     out: dict[str, Any] = {
         "variant": variant, "nodes": len(ids), "rounds": len(rows), "throttle": how,
-        "utilisation": ratio(compute, member_rounds),
+        "utilisation": ratio(compute, sum(m * w for m, w in zip(members, stretches, strict=True))),
+        "round_utilisation": ratio(compute, sum(m * d for m, d in zip(members, durations, strict=True))),
         "round_s": statistics.mean(durations) if durations else float("nan"),
         "to_target_s": reached["ts"] - submitted if reached else float("nan"),
-        # The same without the job's start (members loading data and probing their device,
-        # slow on the throttled node): the rounds' own durations up to the target.
-        "rounds_to_target_s": sum(durations[: reached["round"]]) if reached else float("nan"),
-        "start_s": rows[0]["ts"] - durations[0] - submitted if rows else float("nan"),
+        # The same from the first plan (without the members' start on the job: loading data and
+        # probing their device, slow on the throttled node).
+        "rounds_to_target_s": reached["ts"] - began if reached else float("nan"),
+        "start_s": began - submitted if rows else float("nan"),
         "target_round": reached["round"] if reached else None,
         "final_accuracy": rows[-1]["metrics"]["accuracy"] if rows else float("nan"),
-        "planned_members": planned,
+        "planned_members": sum(members),
+        "accuracy_by_round": [round(float(r["metrics"]["accuracy"]), 4) for r in rows],
+        "round_s_by_round": [round(d, 3) for d in durations],
     }
     if slow is not None:
         slow_id = ids[slow]
         mine = [c for r in rows for c in r["contributors"] if c["peer"] == slow_id]
         out["slow_counted"] = f"{len(mine)}/{len(rows)}"
         out["slow_steps"] = statistics.mean(c.get("steps", 0) for c in mine) if mine else 0.0
-        fast = [c.get("steps", 0) for r in rows for c in r["contributors"] if c["peer"] != slow_id]
-        out["fast_steps"] = statistics.mean(fast) if fast else 0.0
+    fast = [c.get("steps", 0) for r in rows for c in r["contributors"] if slow is None or c["peer"] != ids[slow]]
+    out["fast_steps"] = statistics.mean(fast) if fast else 0.0
     if cuda is not None:
         rates = {ids[i]: [c.get("samples_per_s", 0.0) for r in rows for c in r["contributors"] if c["peer"] == ids[i]]
                  for i in range(len(ids))}
@@ -166,8 +192,9 @@ def summarise(variant: str, rows: list[dict[str, Any]], submitted: float, ids: l
 
 COLUMNS = [("variant", "variant", ""), ("nodes", "nodes", "d"), ("rounds", "rounds", "d"),
            ("round_s", "round s", ".2f"), ("utilisation", "utilisation", ".2f"),
+           ("round_utilisation", "round util", ".2f"),
            ("start_s", "start s", ".1f"), ("to_target_s", "s to target", ".1f"),
-           ("rounds_to_target_s", "round s to target", ".1f"), ("target_round", "at round", ""),
+           ("rounds_to_target_s", "s to target from plan", ".1f"), ("target_round", "at round", ""),
            ("final_accuracy", "final acc", ".3f"), ("slow_counted", "slow counted", ""),
            ("slow_steps", "slow steps", ".1f"), ("fast_steps", "fast steps", ".1f")]
 
@@ -176,14 +203,14 @@ def render(result: dict[str, Any]) -> str:
     rows = result["variants"]
     by = {r["variant"]: r for r in rows if "error" not in r}
     lines = [f"heterogeneity: {result['nodes']} nodes, one at {SLOW_CORES:.0%} of a core "
-             f"({rows[-1]['throttle']}); {result['rounds']} rounds; budget {result['budget_s']:g} s; "
+             f"({rows[-1]['throttle']}); {result['data']}; {result['rounds']} rounds; budget {result['budget_s']:g} s; "
              f"target accuracy {result['target']:.2f}; load before {result['load_before']}",
              "", format_table(rows, COLUMNS), ""]
     for other in ("fast", "fixed", "budget-plain"):
         if "budget" in by and other in by:
             b, o = by["budget"], by[other]
             lines.append(f"budget / {other}: time to target {ratio(b['to_target_s'], o['to_target_s']):.2f}, "
-                         f"round time to target {ratio(b['rounds_to_target_s'], o['rounds_to_target_s']):.2f}, "
+                         f"from the first plan {ratio(b['rounds_to_target_s'], o['rounds_to_target_s']):.2f}, "
                          f"round time {ratio(b['round_s'], o['round_s']):.2f}, "
                          f"utilisation {ratio(b['utilisation'], o['utilisation']):.2f}")
     for r in rows:
@@ -198,21 +225,38 @@ def render(result: dict[str, Any]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--nodes", type=int, default=4, help="nodes with the slow one (the fast variant has one fewer)")
-    parser.add_argument("--rounds", type=int, default=8)
-    parser.add_argument("--budget-s", type=float, default=3.0, help="compute_budget_s of the budgeted variants")
-    parser.add_argument("--epochs", type=int, default=2, help="local_epochs of the fixed variants")
-    parser.add_argument("--target", type=float, default=0.9, help="test accuracy the time-to-target is taken at")
+    parser.add_argument("--rounds", type=int, default=12)
+    parser.add_argument("--data", choices=("shakespeare", "digits"), default="shakespeare",
+                        help="the job: next-character Shakespeare (char-gru), or the digits demo")
+    parser.add_argument("--budget-s", type=float, default=6.0, help="compute_budget_s of the budgeted variants")
+    parser.add_argument("--epochs", type=int, default=2, help="local_epochs of the fixed digits variant")
+    parser.add_argument("--fixed-steps", type=int, default=20, help="local_steps of the fixed Shakespeare variant")
+    parser.add_argument("--target", type=float, default=None,
+                        help="test accuracy the time-to-target is taken at (0.35 Shakespeare, 0.90 digits)")
     parser.add_argument("--with-plain", action="store_true", help="also run the budget without FedNova")
+    parser.add_argument("--variants", default="", metavar="LIST",
+                        help="run only these, comma-separated (fast, fixed, budget, budget-plain)")
     parser.add_argument("--cuda-member", type=int, default=None, metavar="K",
                         help="node K trains on CUDA, the others on the CPU")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds each variant's job may take")
     parser.add_argument("--quick", action="store_true", help="3 nodes, 3 rounds, 1.5 s budget: a smoke test")
     add_json_flag(parser)
     args = parser.parse_args()
+    if args.target is None:
+        args.target = 0.35 if args.data == "shakespeare" else 0.9
     if args.quick:
-        args.nodes, args.rounds, args.budget_s, args.target = 3, 3, 1.5, 0.5
+        args.nodes, args.rounds, args.budget_s, args.target = 3, 3, 1.5, 0.2 if args.data == "shakespeare" else 0.5
+    args.text = SHARED_TEXT
+    if args.data == "shakespeare" and not SHARED_TEXT.is_file():
+        raise SystemExit(f"{SHARED_TEXT} not found; set GPUFLEX_SHARED_DATA to the folder holding "
+                         "tinyshakespeare.txt, or run with --data digits")
     stop_on_sigterm()
     variants = ["fast", "fixed", "budget"] + (["budget-plain"] if args.with_plain else [])
+    if args.variants:
+        variants = [v for v in args.variants.split(",") if v]
+        unknown = sorted(set(variants) - {"fast", "fixed", "budget", "budget-plain"})
+        if unknown:
+            raise SystemExit(f"unknown variant(s) {', '.join(unknown)}; expected fast, fixed, budget, budget-plain")
     load = " ".join(f"{x:.2f}" for x in os.getloadavg())
     with tempfile.TemporaryDirectory(prefix="gpuflex-hetero-") as tmp:
         rows = []
@@ -224,6 +268,7 @@ def main() -> None:
                 rows.append({"variant": v, "throttle": "", "error": str(exc)[:300]})
     emit({"benchmark": "heterogeneity", "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
           "nodes": args.nodes, "rounds": args.rounds, "budget_s": args.budget_s, "target": args.target,
+          "data": args.data,
           "load_before": load, "variants": rows}, args.json, render)
 
 

@@ -30,13 +30,12 @@ def devices(torch: Any) -> list[str]:
 
 
 def budget_note(fit: dict[str, Any], budget_s: float, batch_size: int) -> str:
-    """Steps this device would get in a round of ``budget_s`` seconds, as a coordinator plans them."""
-    from gpuflex.node.workplan import plan_steps
-
+    """Steps this device would take in a round of ``budget_s`` seconds at its measured throughput
+    (a plan allows more, ``workplan.STEP_HEADROOM``; the time stop ends training at the budget)."""
     rate = float(fit.get("samples_per_s") or 0.0)
     if budget_s <= 0 or rate <= 0:
         return ""
-    steps = plan_steps(["me"], {"me": rate}, budget_s, batch_size)["me"]
+    steps = max(1, int(budget_s * rate / max(1, batch_size)))
     return f"; about {steps} local steps in the job's {budget_s:g} s budget"
 
 

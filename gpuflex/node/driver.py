@@ -24,6 +24,7 @@ from gpuflex.node.collector import Collector
 from gpuflex.node.export import JobExport
 from gpuflex.node.faults import NO_FAULTS, Faults
 from gpuflex.node.kinds import EventKind, JobState, Phase, Role
+from gpuflex.node.ledger import HEAD_CHARS
 from gpuflex.node.messages import (
     ABORT,
     PARTIAL,
@@ -56,8 +57,6 @@ from mesh.messaging import Inbound, Rejected, SendError
 log = logging.getLogger("gpuflex.rounds")
 #: A fresh plan's coordinator is not declared dead for this long: its health record may lag.
 COORDINATOR_GRACE_S = 2.0
-#: Presence names each job's ledger head by this many hex characters of its digest.
-HEAD_CHARS = 16
 #: An attempt that ends at once (no plan, no live coordinator) is retried no sooner than this,
 #: so no path through the round loop can spin without yielding.
 ATTEMPT_MIN_S = 1.0
@@ -172,6 +171,7 @@ class JobDriver:
         book.fit = {k: v for k, v in fitted.items() if isinstance(v, (int, float, str)) or v is None}
         if (rate := valid_rate(fitted.get("samples_per_s"))) is not None:
             book.rates[book.me] = rate
+            port.announce_soon()  # a time-budgeted job's coordinator plans only measured members
         settings: dict[str, Any] = {k: v for k, v in book.fit.items() if v is not None and k not in ("peer", "message")}
         port.emit(EventKind.DEVICE_FITTED, message=f"job {self.job_id}: training on {fitted.get('summary', book.device)}",
                   **settings)
@@ -190,12 +190,12 @@ class JobDriver:
         that cannot progress costs no CPU and the node keeps serving."""
         book, status, clock = self.book, self.book.status, self.port.clock
         rs.attempt = rs.plan.attempt if rs.plan is not None else 0
-        while book.committed < rs.round:
+        while not book.round_over(rs):
             began = clock.now()
             status.set_phase(Phase.PLAN)
             status.set_role(Role.IDLE)
             plan = await self.coordinator.obtain_plan(rs)
-            if book.committed >= rs.round:
+            if book.round_over(rs):
                 return
             if plan is not None and plan.attempt < rs.attempt:
                 plan = None  # only the failed attempt's plan is in force: nobody planned this one
@@ -217,7 +217,7 @@ class JobDriver:
 
     def _moved_on(self, rs: RoundState) -> bool:
         """The round committed, or a plan for the attempt now due arrived."""
-        return self.book.committed >= rs.round or (rs.plan is not None and rs.plan.attempt >= rs.attempt)
+        return self.book.round_over(rs) or (rs.plan is not None and rs.plan.attempt >= rs.attempt)
 
     def anyone_to_plan(self) -> bool:
         """Whether any member could plan a round now: this node, if it takes part and is a
@@ -250,7 +250,7 @@ class JobDriver:
         book, clock, port = self.book, self.port.clock, self.port
         grace_until = clock.now() + COORDINATOR_GRACE_S
         deadlines = rs.deadlines
-        while book.committed < rs.round:
+        while not book.round_over(rs):
             if rs.plan is not None and rs.plan.attempt > plan.attempt:
                 plan, deadlines = rs.plan, rs.deadlines
             if plan.attempt in rs.aborted:
@@ -329,20 +329,21 @@ class JobDriver:
         """Something outside the job changed (a peer's health): re-check what waits on it."""
         self.book.changed.notify()
 
-    def saw_presence(self, peer: str, last_round: object, head: object = None, rate: object = None) -> bool:
+    @property
+    def weight(self) -> int:
+        """This job's ledger weight in fork choice: its verified contributions."""
+        return self.book.ledger.weight
+
+    def saw_presence(self, peer: str, last_round: object, head: object = None, rate: object = None,
+                     weight: object = None) -> bool:
         """Record ``peer``'s presence (and its training throughput for this job, if it says);
-        True when its ledger may win over ours: it says it is ahead, or at our height on
-        another head (two halves of a healed partition, which otherwise never learn of each
-        other's rounds). What it says is only a reason to ask: its ledger is checked round by
-        round before anything changes here."""
+        True when its ledger, as it describes it, may win over ours (``may_win``)."""
         self.book.saw_presence(peer, valid_rate(rate))
-        committed = self.book.committed
-        if not isinstance(last_round, int) or isinstance(last_round, bool):
-            return False
-        if last_round > committed:
-            return True
-        return (last_round == committed > 0 and isinstance(head, str) and len(head) == HEAD_CHARS
-                and head != self.book.ledger.head[:HEAD_CHARS])
+        return self.may_win(last_round, weight, head)
+
+    def may_win(self, height: object, weight: object = None, head: object = None) -> bool:
+        """Whether a peer's ledger, as it describes it, is worth fetching (``ResultApplier.may_win``)."""
+        return self.applier.may_win(height, weight, head)
 
     def throughput(self) -> float:
         """This node's training throughput for this job (samples per second; 0 if unknown)."""

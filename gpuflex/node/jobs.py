@@ -89,7 +89,7 @@ class JobManager:
         self._presence_due = trio.Event()
         self.syncer = CatchUp(mesh, self.drivers, self._adopt)
         self._services = NodeServices(credit=self.credit, blobs_in_use=self.blobs_in_use,
-                                      catch_up=self.sync_from_peers)
+                                      catch_up=self.sync_from_peers, announce_soon=self.announce_soon)
         self.mesh.direct_only.add(PRESENCE)  # refreshed every few seconds: one hop is enough
         h = self.mesh.handlers
         h.register(JOB, self._on_job)
@@ -192,6 +192,10 @@ class JobManager:
 
     # -- presence ----------------------------------------------------------------------------
 
+    def announce_soon(self) -> None:
+        """Send presence within ``PRESENCE_SOON_S`` instead of at the next period."""
+        self._presence_due.set()
+
     async def send_presence(self) -> None:
         # Finished jobs too: a member that fell behind (a full disk, a partition) learns from
         # this that it is behind and catches up, even after everyone else is done.
@@ -199,10 +203,13 @@ class JobManager:
         # Each job's training throughput here: coordinators of time-budgeted rounds plan by it.
         rates = {j: round(r, 3) for j in active if (r := self.drivers[j].throughput()) > 0}
         if active:
+            # Each job's ledger head and weight (its verified contributions): a peer whose own
+            # ledger is lighter, or as heavy on another head, learns from this to fetch ours.
             heads = {j: self.drivers[j].head() for j in active}
+            weights = {j: self.drivers[j].weight for j in active}
             try:
-                await self.mesh.broadcast(seal(self.mesh.identity, PRESENCE,
-                                               {"jobs": active, "heads": heads, "rates": rates}))
+                await self.mesh.broadcast(seal(self.mesh.identity, PRESENCE, {
+                    "jobs": active, "heads": heads, "weights": weights, "rates": rates}))
             except (WireError, ValueError) as exc:  # a map too large for its kind's limit
                 log.debug("presence broadcast failed: %s", exc)
 
@@ -220,6 +227,8 @@ class JobManager:
             raise WireError("garbled", "presence without a job map")
         heads = msg.envelope.body.get("heads")
         heads = heads if isinstance(heads, dict) else {}
+        weights = msg.envelope.body.get("weights")
+        weights = weights if isinstance(weights, dict) else {}
         sender = msg.envelope.sender
         rates = msg.envelope.body.get("rates")
         rates = rates if isinstance(rates, dict) else {}
@@ -230,7 +239,7 @@ class JobManager:
             if driver is None:
                 unknown = unknown or not (isinstance(job, str) and self.admission.refused(job) is not None)
                 continue
-            ahead = driver.saw_presence(sender, last_round, heads.get(job), rates.get(job))
+            ahead = driver.saw_presence(sender, last_round, heads.get(job), rates.get(job), weights.get(job))
             # A peer whose last ledger changed nothing here is not asked again for a while,
             # whatever it claims: a claim to be ahead costs the claimant, not this node.
             rested = now >= self._fruitless.get((job, sender), -FRUITLESS_SYNC_S) + FRUITLESS_SYNC_S

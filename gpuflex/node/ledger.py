@@ -11,8 +11,9 @@ not record; it catches up from peers once writes succeed again.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 import msgpack
 
@@ -25,6 +26,8 @@ from mesh.fsutil import atomic_write
 
 log = logging.getLogger("gpuflex.ledger")
 GENESIS = ""
+#: Presence and sync pages name a ledger's head by this many hex characters of its digest.
+HEAD_CHARS = 16
 
 
 class LedgerError(GpuflexError, ValueError):
@@ -67,21 +70,50 @@ def verify_tail(frames: list[bytes], start: int, ledger: Ledger) -> list[Result]
 
 
 def result_key(res: Result) -> tuple[int, str]:
-    """Fork choice: of two results for the same round, the earlier attempt wins, then the
-    smaller digest. Every node applies the same total order, so all settle on one ledger."""
+    """The last tie-break of fork choice: of two results for the same round, the earlier
+    attempt wins, then the smaller digest. Neither can be climbed: each attempt names its own
+    coordinator, and a digest covers exactly the signed bytes."""
     return (res.attempt, res.digest)
 
 
-def prefer_chain(ours: list[Result], theirs: list[Result]) -> bool:
+def round_weight(res: Result) -> int:
+    """What one verified round weighs in fork choice: its counted contributions. A round that
+    passed ``evidence.verify_round`` lists exactly its verified signed updates, one per
+    distinct member of its plan, so the length of its contributor list is that count."""
+    return len(res.contributors)
+
+
+def chain_weight(chain: Sequence[Result]) -> int:
+    """A verified chain's weight: the verified contributions summed over its rounds."""
+    return sum(round_weight(r) for r in chain)
+
+
+def prefer_chain(ours: Sequence[Result], theirs: Sequence[Result]) -> bool:
     """Whether a verified chain ``theirs`` should replace ``ours``.
 
-    The longer chain wins. A root that commits a round and dies before its result goes out
-    comes back with a branch nobody else holds; by then the mesh has retried that round and
-    gone on. Judged at the fork alone, its earlier attempt would win, and a node that is one
-    round behind would pull every other node back, or, as no one can fetch its model while it
-    restarts, the mesh would stay split in two. Between chains of one length, the one whose
-    result wins where they first differ (``result_key``). Length, then that: one total order
-    on verified chains, so every node settles on the same ledger."""
+    1. The heavier chain wins: more verified contributions summed over its rounds. Length
+       alone would let a party holding ``min_nodes`` keys of a committed plan take an attempt
+       it owns, commit rounds that count only its own updates, grow that branch privately
+       faster than the mesh trains, and win. By weight, its branch must count more signed
+       updates since the fork than the honest contributors did.
+    2. At equal weight, the longer chain wins.
+    3. Then the chain whose result wins where they first differ (``result_key``).
+
+    Weight and length are properties of one chain and rule 3 is a lexicographic order, so this
+    is one strict total order on verified chains: every node settles on the same ledger.
+
+    A node behind on the same branch holds a prefix, lighter by every round it lacks (each
+    counts at least ``min_nodes`` >= 1 contributions): it never pulls the mesh back. A root
+    that commits a round and dies before its result goes out comes back with a branch nobody
+    else holds; by then the mesh has retried that round and gone on. Judged at the fork alone,
+    its earlier attempt would win, and, as no one can fetch its model while it restarts, the
+    mesh would stall or stay split. By weight, the mesh's chain wins as soon as its rounds
+    since the fork count more contributions than the root's one round (usually one round
+    later); until then the root's branch is heavier and every node adopts it once the root
+    serves its model. Either way all settle on one ledger."""
+    weight_ours, weight_theirs = chain_weight(ours), chain_weight(theirs)
+    if weight_theirs != weight_ours:
+        return weight_theirs > weight_ours
     if len(theirs) != len(ours):
         return len(theirs) > len(ours)
     for a, b in zip(ours, theirs, strict=False):
@@ -129,6 +161,28 @@ class Ledger:
 
     def __len__(self) -> int:
         return len(self.results)
+
+    @property
+    def weight(self) -> int:
+        """This ledger's fork-choice weight (``chain_weight``)."""
+        return chain_weight(self.results)
+
+    def may_win(self, height: object, weight: object = None, head: object = None) -> bool:
+        """Whether a peer's ledger of this job, as the peer describes it (presence, a sync
+        page: unchecked values from the wire), could win fork choice over this one: heavier
+        (even if shorter), as heavy and longer, or the same on another head (two halves of a
+        healed partition, which otherwise never learn of each other's rounds). A peer that does
+        not say its weight is judged by height. Only a reason to fetch that ledger: it is
+        checked round by round, and fork choice compares what verifies, before anything changes."""
+        if not _count(height):
+            return False
+        ours = (self.weight, len(self))
+        if _count(weight):
+            if (weight, height) != ours:
+                return (weight, height) > ours
+        elif height != len(self):
+            return height > len(self)
+        return height > 0 and isinstance(head, str) and len(head) == HEAD_CHARS and head != self.head[:HEAD_CHARS]
 
     def load(self) -> list[str]:
         """Load from disk, falling back to the previous copy; returns problems reported."""
@@ -180,6 +234,11 @@ class Ledger:
     def replace(self, frames: list[bytes], results: list[Result] | None = None) -> None:
         """Adopt a chain received from a peer; ``results``: the frames, already verified."""
         self._adopt(list(frames), verify_chain(frames, self.job, self.rules) if results is None else results)
+
+
+def _count(value: object) -> TypeGuard[int]:
+    """A non-negative int from the wire (a bool is not one)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def read_ledger_file(path: Path) -> list[bytes]:

@@ -28,6 +28,7 @@ class NodeServices:
 
     credit: Callable[[str], None]
     blobs_in_use: Callable[[], set[str]]
+    announce_soon: Callable[[], None]
     catch_up: Callable[[Sequence[str]], Awaitable[None]]
 
 
@@ -101,6 +102,9 @@ class NodePort:
 
     def blobs_in_use(self) -> set[str]:
         return self._services.blobs_in_use()
+
+    def announce_soon(self) -> None:
+        self._services.announce_soon()
 
     async def catch_up(self, prefer: Sequence[str] = ()) -> None:
         await self._services.catch_up(prefer)

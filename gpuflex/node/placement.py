@@ -4,8 +4,9 @@ A leader and the root receive updates, so they must be reachable by their childr
 behind NAT only ever dials out. ``order_for_tree`` orders the members so that
 ``aggregation.tree.build_tree`` (which makes the first member of each group its leader) puts
 reachable nodes at the head of every group, and widens the groups when there are too few
-reachable nodes to lead groups of the job's size. With no member known to be private the
-order is the plain one, so meshes of public nodes plan exactly as before.
+reachable nodes to lead groups of the job's size. Members much slower than the others (in a
+time-budgeted job) are placed as leaves too, when there are enough others to lead. With no
+member known to be private or slow the order is the plain one.
 """
 
 from __future__ import annotations
@@ -18,13 +19,17 @@ from mesh.netprefix import network_prefix
 
 
 def order_for_tree(me: str, members: Sequence[str], private: Collection[str],
-                   group_size: int) -> tuple[list[str], int]:
-    """The member order for the plan and the group size to cut it with; ``me`` is the root."""
+                   group_size: int, slow: Collection[str] = ()) -> tuple[list[str], int]:
+    """The member order for the plan and the group size to cut it with; ``me`` is the root.
+
+    Leaders are reachable members, the ones not ``slow`` first: a slow leader would fold its
+    group's updates, and send them on, at its own pace."""
     others = [p for p in members if p != me]
     priv = [p for p in others if p in private]
-    if not priv:
+    late = [p for p in others if p in slow and p not in private]
+    if not priv and not late:
         return [me, *others], group_size
-    reach = [me] + [p for p in others if p not in private]
+    reach = [me] + [p for p in others if p not in private and p not in slow] + late
     n = len(others) + 1
     size = max(2, group_size)
     if -(-n // size) > len(reach):  # too few reachable leaders: fewer, larger groups

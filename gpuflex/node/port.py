@@ -125,6 +125,11 @@ class JobPort(Protocol):
         """Blobs any job on this node still needs; pruning never deletes them."""
         ...
 
+    def announce_soon(self) -> None:
+        """Send this node's presence soon, not at its next period: what it publishes changed
+        (it is ready for the job and has measured its throughput, which plans need)."""
+        ...
+
     async def catch_up(self, prefer: Sequence[str] = ()) -> None:
         """Ask peers (``prefer`` first) for newer ledgers; what they hold comes back through
         the job's own ``offer_ledger``."""

@@ -74,6 +74,9 @@ class RoundDeadlines:
     train: float  # members should have sent their updates by then
     slack: float  # seconds per tree level to reduce after ``train``
     members: int
+    # When this node took the plan up: a time-budgeted member's budget runs from here, so
+    # the time it spent loading the model and its trainer counts against the budget too.
+    received: float = 0.0
 
     def reduce_by(self, height: int) -> float:
         """When a tree node ``height`` levels above the leaves stops waiting for its children."""
@@ -179,6 +182,7 @@ class JobBook:
         # Time-budgeted rounds: each member's training throughput for this job (samples per
         # second, as it publishes it; this node's own as it measures it), and this node's device.
         self.rates: dict[str, float] = {}
+        self.send_lag_s = 0.0  # how long this node's update takes from its training's end to its leader
         self.device = ""
         self.fit: dict[str, Any] = {}  # how the job fits this node's device (gpuflex.ml.fit)
         # A member's trained update per (round, base model): a retried attempt re-sends it.
@@ -200,10 +204,16 @@ class JobBook:
         return len(self.ledger)
 
     def advance(self) -> None:
-        """Start the next round's state once the ledger has grown past the current one."""
-        if self.current.round <= self.committed:
+        """Start the next round's state once the ledger has grown past the current one, or
+        went back (a heavier but shorter chain won fork choice): the round after the head."""
+        if self.current.round != self.committed + 1:
             self.current = RoundState(round=self.committed + 1)
         self.changed.notify()
+
+    def round_over(self, rs: RoundState) -> bool:
+        """Whether round ``rs`` needs no more work here: it committed, or the ledger moved to
+        another branch whose next round is another (``advance`` replaced the round state)."""
+        return self.committed >= rs.round or self.current is not rs
 
     def round_open(self, plan: Plan) -> bool:
         """Whether work for ``plan`` still counts: its round is uncommitted, it is in force."""

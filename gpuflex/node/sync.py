@@ -1,17 +1,22 @@
 """Catch-up sync: learning the jobs and ledgers a peer holds, in bounded pages.
 
 A node asks a peer when it starts, when a presence or a message names a job it does not know,
-and when a peer says it is ahead in a job. However many jobs a node holds and however long
-their ledgers, every answer is a page well within the frame limit:
+and when a peer's presence says its ledger of a job could win fork choice over ours (heavier,
+or as heavy and longer), or a result arrives from another branch. However many jobs a node
+holds and however long their ledgers, every answer is a page well within the frame limit:
 
 * ``{"after": ID}``: the signed JobSpec frames of the jobs whose ids sort after ``ID``, up to
-  ``PAGE_BYTES`` (and ``PAGE_JOBS``), each job's ledger height, and ``more`` (the last id
-  sent) while further pages remain;
+  ``PAGE_BYTES`` (and ``PAGE_JOBS``), each job's ledger height, weight (its verified
+  contributions, ``ledger.chain_weight``) and head, and ``more`` (the last id sent) while
+  further pages remain;
 * ``{"job": ID, "from": N}``: that job's ledger frames from round ``N + 1``, up to
   ``PAGE_BYTES`` but at least one, and ``more`` while further frames remain.
 
-The asker fetches ledger pages only for jobs where the peer is ahead, and never more frames
-than the job has rounds. A sync that a peer's message sets off is throttled per peer (one at
+The asker fetches ledger pages only for jobs where the peer's ledger, as the peer describes
+it, could win fork choice (``SyncedJob.may_win``: heavier, which may be shorter; as heavy and
+longer; or the same on another head), and never more frames than the job has rounds. What a
+page says is only a reason to fetch: the ledger fetched is checked round by round, and
+compared by what verifies, before anything changes. A sync that a peer's message sets off is throttled per peer (one at
 a time, and one every ``TRIGGER_EVERY_S`` at most), so naming unknown jobs cannot make a
 node sync in a loop.
 """
@@ -56,6 +61,13 @@ class SyncedJob(Protocol):
     @property
     def rounds(self) -> int: ...
 
+    @property
+    def weight(self) -> int: ...
+
+    def head(self) -> str: ...
+
+    def may_win(self, height: object, weight: object = None, head: object = None) -> bool: ...
+
     def job_frame(self) -> bytes: ...
 
     def ledger_frames(self) -> Sequence[bytes]: ...
@@ -67,6 +79,8 @@ def job_page(jobs: Mapping[str, SyncedJob], after: str) -> dict[str, Any]:
     """The page of jobs whose ids sort after ``after``."""
     frames: list[bytes] = []
     heights: dict[str, int] = {}
+    weights: dict[str, int] = {}
+    heads: dict[str, str] = {}
     size = 0
     more: str | None = None
     for job_id in sorted(j for j in jobs if j > after):
@@ -76,8 +90,10 @@ def job_page(jobs: Mapping[str, SyncedJob], after: str) -> dict[str, Any]:
             break
         frames.append(frame)
         heights[job_id] = jobs[job_id].committed
+        weights[job_id] = jobs[job_id].weight
+        heads[job_id] = jobs[job_id].head()
         size += len(frame)
-    return {"jobs": frames, "heights": heights, "more": more}
+    return {"jobs": frames, "heights": heights, "weights": weights, "heads": heads, "more": more}
 
 
 def ledger_page(job: SyncedJob, start: int) -> dict[str, Any]:
@@ -145,44 +161,49 @@ class CatchUp:
         return reply if isinstance(reply, dict) else None
 
     async def sync_from_peer(self, peer: str) -> bool:
-        """Learn ``peer``'s jobs, page by page, and its ledger of every job where it is ahead."""
+        """Learn ``peer``'s jobs, page by page, and its ledger of every job where that ledger
+        could win fork choice over ours (heavier, even if shorter)."""
         if peer in self._running:
             return False
         self._running.add(peer)
         try:
-            heights = await self._learn_jobs(peer)
-            if heights is None:
+            claims = await self._learn_jobs(peer)
+            if claims is None:
                 return False
-            for job_id, height in heights.items():
+            for job_id, (height, weight, head) in claims.items():
                 job = self.jobs.get(job_id)
-                if job is not None and height > job.committed:
+                if job is not None and job.may_win(height, weight, head):
                     await self._catch_up(peer, job_id, job)
             return True
         finally:
             self._running.discard(peer)
 
-    async def _learn_jobs(self, peer: str) -> dict[str, int] | None:
-        heights: dict[str, int] = {}
+    async def _learn_jobs(self, peer: str) -> dict[str, tuple[object, object, object]] | None:
+        """Every job ``peer`` names, adopted where this node takes it on, and per job what the
+        peer says of its ledger: (height, weight, head), unchecked (``may_win`` checks)."""
+        claims: dict[str, tuple[object, object, object]] = {}
         after = ""
         for _ in range(MAX_PAGES):
             reply = await self._ask(peer, {"after": after})
             if reply is None:
-                return heights or None
+                return claims or None
             frames = reply.get("jobs")
             for frame in (frames if isinstance(frames, list) else [])[:PAGE_JOBS]:
                 try:
                     self.adopt(open_envelope(frame, expect_kind=JOB))
                 except (WireError, Rejected) as exc:
                     log.info("ignored job from sync: %s", exc)
-            page = reply.get("heights")
+            page, weights, heads = (reply.get(k) for k in ("heights", "weights", "heads"))
+            weights = weights if isinstance(weights, dict) else {}
+            heads = heads if isinstance(heads, dict) else {}
             for job_id, height in (page.items() if isinstance(page, dict) else ()):
-                if isinstance(job_id, str) and isinstance(height, int) and len(heights) < MAX_PAGES * PAGE_JOBS:
-                    heights[job_id] = height
+                if isinstance(job_id, str) and len(claims) < MAX_PAGES * PAGE_JOBS:
+                    claims[job_id] = (height, weights.get(job_id), heads.get(job_id))
             more = reply.get("more")
             if not isinstance(more, str) or more <= after or len(more) > MAX_ID:
                 break
             after = more
-        return heights
+        return claims
 
     async def _catch_up(self, peer: str, job_id: str, job: SyncedJob) -> None:
         """Fetch ``peer``'s ledger of ``job`` in pages and offer it, whole, to the job."""

@@ -8,6 +8,7 @@ level up if it goes down, so work a leader accepted is not lost with it.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 from gpuflex.node.collector import ancestors
 from gpuflex.node.kinds import EventKind
@@ -38,9 +39,11 @@ SENT = {Work.UPDATE: EventKind.UPDATE_SENT, Work.PARTIAL: EventKind.PARTIAL_SENT
 
 
 async def send_up(port: JobPort, book: JobBook, plan: Plan, deadlines: RoundDeadlines, frame: bytes,
-                  payload: bytes, what: Work, masked: bool = False) -> None:
+                  payload: bytes, what: Work, masked: bool = False,
+                  delivered: Callable[[], None] | None = None) -> None:
     """Deliver ``frame`` and ``payload`` up the tree and watch the receiver until the round
     ends. A masked update goes to its own leader only: no other node could unmask it.
+    ``delivered`` runs once, when the first receiver has taken it.
     Raises SendError when no ancestor took it and the round is still open."""
     chain = ancestors(plan.parent, book.me)[: 1 if masked else None]
     errors: list[str] = []
@@ -58,6 +61,9 @@ async def send_up(port: JobPort, book: JobBook, plan: Plan, deadlines: RoundDead
             index += 1
             continue
         port.emit(SENT[what], plan.round, target, message=f"round {plan.round}: {what} sent to {target[-8:]}")
+        if delivered is not None:
+            delivered()
+            delivered = None
         if not await _watch(port, book, plan, deadlines, target):
             return
         port.emit(EventKind.RESEND, plan.round, target, message=(

@@ -4,12 +4,21 @@ A job with ``compute_budget_s`` gives every member the same number of seconds, n
 number of steps: a fast node does more steps and a slow one fewer, and the round lasts as long
 as the budget instead of as long as its slowest member. The coordinator turns each member's
 published throughput (samples per second, measured on its own device for this job's model)
-into a step count that ends inside the budget; the member also stops at the budget in any
-case, so a wrong estimate costs at most one step of overshoot.
+into a step count, the most it may take: what its throughput fits in the budget, with headroom.
+The member's own time stop ends its training at the budget, so a fast node always trains for
+the whole budget, even when it was busier while its throughput was measured; the count bounds
+what it may claim (FedNova weighs updates by it), and a wrong estimate costs at most one step
+of overshoot.
+
+A member much slower than the others (``slow_members``) is neither a leader nor the root
+when a faster one can be: everything it does is slow, and the round would wait for it.
 
 Members' updates then carry unequal work, which FedNova undoes (``aggregation.fednova``):
 each update is divided by its step norm at its leader, and the root scales the mean by the
-sample-weighted mean norm. The step counts a member claims are bounded by its plan.
+sample-weighted mean norm. Each update weighs the samples its member saw this round (steps x
+batch): a direction measured over three batches must not count as much as one measured over
+thirty, or a slow member would pull every round back toward its base model. The step counts
+a member claims are bounded by its plan, and its samples by its steps.
 """
 
 from __future__ import annotations
@@ -29,9 +38,14 @@ from mesh.codec import WireError
 if TYPE_CHECKING:
     from gpuflex.jobspec import JobSpec
 
-#: A plan asks for this share of what a member's measured throughput fits in the budget:
-#: throughput drifts a little between rounds, and the time stop would cut the rest anyway.
-FILL = 0.95
+#: A plan allows this many times the steps a member's measured throughput fits in the budget.
+#: Throughput on a shared machine drifts by a third between rounds; a count that ended
+#: inside the budget at the measured rate left fast members idle for a quarter of it. The
+#: member's time stop, not the count, ends its training.
+STEP_HEADROOM = 1.5
+#: A member whose throughput is below this share of the fastest member's is slow: it is
+#: placed as a leaf, never a leader, and does not coordinate while a faster member can.
+SLOW_SHARE = 0.25
 #: A published throughput above this (samples per second) is not believed.
 MAX_RATE = 1e9
 #: A fresh measurement counts this much against the running estimate (an EMA): a node whose
@@ -61,9 +75,9 @@ def plan_steps(members: Sequence[str], rates: Mapping[str, float], budget_s: flo
                cap: int = 0) -> dict[str, int]:
     """Each member's local step count for a round of ``budget_s`` seconds.
 
-    A member with a known throughput gets the whole steps of ``batch_size`` samples that fit
-    in ``FILL`` of the budget, and at least one: a member too slow for even one step in the
-    budget still trains one and counts. A member whose throughput is unknown (not yet
+    A member with a known throughput gets ``STEP_HEADROOM`` times the whole steps of
+    ``batch_size`` samples that fit in the budget, and at least one: a member too slow for
+    even one step in the budget still trains one and counts. A member whose throughput is unknown (not yet
     published, or zero) gets the largest count planned for anyone, which its own time stop
     cuts to what it can do. ``cap`` (the job's ``local_steps``, if set) bounds every count.
     """
@@ -72,10 +86,26 @@ def plan_steps(members: Sequence[str], rates: Mapping[str, float], budget_s: flo
     for peer in members:
         rate = valid_rate(rates.get(peer))
         if rate is not None:
-            fits = math.floor(budget_s * FILL * rate / max(1, batch_size) + 1e-9)
+            fits = math.floor(budget_s * STEP_HEADROOM * rate / max(1, batch_size) + 1e-9)
             counts[peer] = max(1, min(limit, fits))
     unknown = max(counts.values()) if counts else limit
     return {peer: counts.get(peer, unknown) for peer in members}
+
+
+def slow_members(rates: Mapping[str, object]) -> set[str]:
+    """The members whose throughput is below ``SLOW_SHARE`` of the fastest one's (members with
+    no valid throughput are not judged)."""
+    valid = {peer: rate for peer, value in rates.items() if (rate := valid_rate(value)) is not None}
+    if len(valid) < 2:
+        return set()
+    fastest = max(valid.values())
+    return {peer for peer, rate in valid.items() if rate < SLOW_SHARE * fastest}
+
+
+def recorded_rates(contributors: Sequence[Mapping[str, object]]) -> dict[str, object]:
+    """Each contributor's throughput as a committed result records it (``member_work``): the
+    same on every node that holds the ledger, so decisions made from it agree without messages."""
+    return {str(c["peer"]): c.get("samples_per_s") for c in contributors if isinstance(c.get("peer"), str)}
 
 
 def keep_earlier(counts: dict[str, int], earlier: Sequence[Plan], base_hash: str) -> dict[str, int]:
@@ -123,6 +153,9 @@ def checked_steps(spec: JobSpec, plan: Plan, up: Update) -> int:
     bound = plan.steps.get(up.peer) or spec.local_steps or MAX_PLANNED_STEPS
     if steps > bound:
         raise WireError("round", f"update from {up.peer[-8:]} claims {steps} local steps, its plan allows {bound}")
+    if up.samples > steps * spec.batch_size:  # its weight: the samples it saw, one batch a step
+        raise WireError("round", f"update from {up.peer[-8:]} claims {up.samples} samples seen in {steps} "
+                                 f"steps of {spec.batch_size}")
     return steps
 
 

@@ -85,6 +85,7 @@ class HostilePeer:
         self.updates: list[Envelope] = []  # updates sent to it directly
         self.sync_ledgers: dict[str, list[bytes]] = {}  # what it answers catch-up sync with
         self.sync_heights: dict[str, int] = {}  # heights it claims beyond those ledgers' lengths
+        self.sync_weights: dict[str, int] = {}  # ledger weights (verified contributions) it claims
         self.member_of: dict[str, int] = {}  # job -> the sample count its updates claim
         self._ready = threading.Event()
         self._error: BaseException | None = None
@@ -152,13 +153,13 @@ class HostilePeer:
 
     async def _on_sync(self, msg: Inbound) -> dict[str, Any]:
         """Catch-up sync as honest nodes speak it (``gpuflex.node.sync``), in one page: the
-        heights it claims, then the ledger it chose for the job asked."""
+        heights and weights it claims, then the ledger it chose for the job asked."""
         body = msg.envelope.body if isinstance(msg.envelope.body, dict) else {}
         if "job" in body:
             frames = self.sync_ledgers.get(str(body["job"]), [])
             return {"ledger": frames[int(body.get("from", 0)):], "more": False}
         heights = {job: max(len(frames), self.sync_heights.get(job, 0)) for job, frames in self.sync_ledgers.items()}
-        return {"jobs": [], "heights": heights}
+        return {"jobs": [], "heights": heights, "weights": dict(self.sync_weights)}
 
     async def _send_update(self, plan: Plan, samples: int) -> None:
         """A member's update of zeros for ``plan``, claiming ``samples``, to its parent."""
@@ -200,8 +201,9 @@ class HostilePeer:
                 await write_frame(stream, frame)
                 await stream.close()
 
-    async def presence(self, jobs: dict[str, int]) -> None:
-        await self.broadcast(seal(self.identity, PRESENCE, {"jobs": jobs}))
+    async def presence(self, jobs: dict[str, int], weights: dict[str, int] | None = None) -> None:
+        """Presence naming ``jobs``' heights, and the ledger ``weights`` it claims, if given."""
+        await self.broadcast(seal(self.identity, PRESENCE, {"jobs": jobs, **({"weights": weights} if weights else {})}))
 
     async def keep_present(self, job: str) -> None:
         """Presence every second from now on: the plans of ``job`` count it as a member."""

@@ -121,7 +121,8 @@ def test_a_presence_claiming_round_99_and_a_ledger_without_evidence_switch_nobod
     h.sync_ledgers = {job: h.forged_chain(job=job, rounds=99, base=first.base_hash, model=zero,
                                           members=list(arena.ids.values()),
                                           beat=min(first.digest, old_digest(first.env.raw)))}
-    h.call(h.presence, {job: 99})
+    h.sync_weights = {job: HUGE}
+    h.call(h.presence, {job: 99}, {job: HUGE})  # and a weight no honest ledger has
     # Catch-up sync asks the claimant, and refuses its ledger at round 1: no evidence.
     arena.wait(lambda: arena.logged(rf"ledger from {h.peer_id[-8:]}: round 1: "), "every node refuses the ledger")
     assert not any("switched to the winning branch" in arena.log(i) for i in range(3))

@@ -5,9 +5,10 @@ A result is applied only if it extends this node's ledger exactly and its eviden
 (``evidence.verify_round``: the plan from the coordinator its attempt belongs to, min_nodes
 signed updates made for that plan, the hash links), checked before its model is fetched. A
 result for a round already committed here loses to ours unless it carries its evidence and
-wins fork choice (``ledger.prefer_chain``); a ledger from catch-up sync is checked round by
-round the same way. A finished job's ledger is final. An aborted attempt is recorded so its
-round is retried.
+the chain it ends wins fork choice (``ledger.prefer_chain``: the heavier chain, then the
+longer, then the earlier attempt where they differ); a ledger from catch-up sync is checked
+round by round the same way, and may be shorter than ours if it is heavier. A finished job's
+ledger is final. An aborted attempt is recorded so its round is retried.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import logging
 from gpuflex.errors import GpuflexError
 from gpuflex.node.evidence import EvidenceError, verify_round
 from gpuflex.node.kinds import EventKind
-from gpuflex.node.ledger import LedgerError, prefer_chain, result_key, verify_chain, verify_tail
+from gpuflex.node.ledger import HEAD_CHARS, LedgerError, prefer_chain, verify_chain, verify_tail
 from gpuflex.node.messages import Result, parse_result, parse_secagg_reports
 from gpuflex.node.models import Models
 from gpuflex.node.policy import Reports
@@ -70,8 +71,9 @@ class ResultApplier:
         except EvidenceError as exc:
             self.reports.rejected(res.coordinator, res.round, f"competing result rejected: {exc}")
             return ""
-        frames = [*book.ledger.frames[: res.round - 1], frame]
-        if res.round == book.committed and result_key(res) < result_key(ours):
+        # The chain it ends may be shorter than ours and still heavier (more contributions).
+        if prefer_chain(book.ledger.results, [*book.ledger.results[: res.round - 1], res]):
+            frames = [*book.ledger.frames[: res.round - 1], frame]
             book.tasks.start_soon(self.offer_ledger, frames, res.coordinator)
             return f"competing result for round {res.round} wins fork choice; adopting it"
         return f"round {res.round} is already committed here"
@@ -158,6 +160,20 @@ class ResultApplier:
                 f"job {book.job_id}: caught up to round {book.committed} from {peer[-8:]}"))
             book.advance()
             return True
+
+    def may_win(self, height: object, weight: object = None, head: object = None) -> bool:
+        """Whether a peer's ledger of this job, as the peer describes it (unchecked), is worth
+        fetching: it could win fork choice (``Ledger.may_win``). A finished job's ledger is
+        final however heavy a peer's: it fetches only a ledger on a head not reported yet."""
+        if self.book.finished:
+            return self.worth_reporting(head)
+        return self.book.ledger.may_win(height, weight, head)
+
+    def worth_reporting(self, head: object) -> bool:
+        """Whether a finished job should fetch a peer's ledger on ``head`` (a presence or sync
+        page's head prefix) to report it: another head, not reported yet, within the cap."""
+        return (isinstance(head, str) and len(head) == HEAD_CHARS and head != self.book.ledger.head[:HEAD_CHARS]
+                and len(self._forks_seen) < MAX_FORKS_REPORTED and not any(h.startswith(head) for h in self._forks_seen))
 
     def _keep_final(self, frames: list[bytes], peer: str) -> None:
         """A finished job keeps its ledger; a different one that also carries its evidence (two

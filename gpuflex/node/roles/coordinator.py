@@ -28,7 +28,7 @@ from gpuflex.node.messages import Plan, make_plan, parse_plan
 from gpuflex.node.placement import cap_per_prefix, group_seed, masked_tree, order_for_tree
 from gpuflex.node.port import JobPort
 from gpuflex.node.state import JobBook, RoundDeadlines, RoundState
-from gpuflex.node.workplan import keep_earlier, plan_steps
+from gpuflex.node.workplan import keep_earlier, plan_steps, recorded_rates, slow_members, valid_rate
 from mesh.codec import WireError
 from mesh.health import PeerState
 from mesh.messaging import Inbound, Rejected
@@ -67,11 +67,25 @@ class Coordinator:
         if not up:
             return True
         private = port.private_peers()
-        if peer not in private:
+        slow = self._slow_by_ledger()
+        if peer not in private and peer not in slow:
             return False
-        reachable = [p for p in book.eligible() if p not in private
-                     and (p == book.me or port.health(p) not in (None, PeerState.DOWN))]
-        return bool(reachable)
+        # A private candidate gives way to any reachable one; a slow one to any reachable one
+        # that is not slow.
+        shunned = private | slow if peer in slow else private
+        others = [p for p in book.eligible() if p not in shunned
+                  and (p == book.me or port.health(p) not in (None, PeerState.DOWN))]
+        return bool(others)
+
+    def _slow_by_ledger(self) -> set[str]:
+        """In a time-budgeted job, the members much slower than the fastest by the throughputs
+        the last committed result records (``workplan.slow_members``). Every node with that
+        ledger computes the same set, so they all pass the same attempts without a message: a
+        slow coordinator, as the round's root, would hold every round it roots."""
+        book = self.book
+        if not book.spec.uses_budget or not book.ledger.results:
+            return set()
+        return slow_members(recorded_rates(book.ledger.results[-1].contributors))
 
     def _attempt_passes(self, attempt: int) -> bool:
         cand = self.book.expected_coordinator(attempt)
@@ -94,7 +108,7 @@ class Coordinator:
             return rs.plan is not None and rs.plan.attempt >= rs.attempt
 
         def settled() -> bool:
-            return have_plan() or book.committed >= rs.round or self._activate_held(rs)
+            return have_plan() or book.round_over(rs) or self._activate_held(rs)
 
         if settled():
             return rs.plan if have_plan() else None
@@ -161,11 +175,16 @@ class Coordinator:
 
         def members() -> list[str]:
             live = book.live_members(port.alive_peers())
+            if spec.uses_budget:
+                # A member is planned once it has published its throughput: its step count
+                # comes from it. One still loading its data joins the next round; planned
+                # blind, it was given the slowest member's count and idled most of the budget.
+                live = [p for p in live if p == book.me or valid_rate(book.rates.get(p)) is not None]
             kept, _ = cap_per_prefix(live, port.peer_ip, spec.max_per_prefix, {book.me, *book.eligible()})
             return kept
 
         def gave_way() -> bool:  # caught up, or a later attempt's plan came while members were missing
-            return book.committed >= rs.round or any(a > rs.attempt for a in rs.held)
+            return book.round_over(rs) or any(a > rs.attempt for a in rs.held)
 
         book.status.set_phase(Phase.PLAN)
         await book.changed.wait_for(lambda: len(members()) >= need or gave_way(), until)
@@ -174,7 +193,8 @@ class Coordinator:
         live = members()
         if len(live) < need:
             port.emit(EventKind.ROUND_WAITING, rs.round, message=(
-                f"round {rs.round}: only {len(live)} of {need} members needed are reachable; not planning"))
+                f"round {rs.round}: only {len(live)} of {need} members needed are reachable"
+                + (" and have published their throughput" if spec.uses_budget else "") + "; not planning"))
             return None
         dropped = sorted(set(book.live_members(port.alive_peers())) - set(live))
         if dropped:
@@ -205,7 +225,8 @@ class Coordinator:
         if spec.secure_aggregation:
             seed = group_seed(book.job_id, book.current.round, book.ledger.head)
             return masked_tree(book.me, live, private, spec.group_size, spec.secagg_min_group, seed)
-        ordered, group_size = order_for_tree(book.me, live, private, spec.group_size)
+        slow = slow_members({p: book.rates.get(p) for p in live}) if spec.uses_budget else set()
+        ordered, group_size = order_for_tree(book.me, live, private, spec.group_size, slow)
         flat = spec.aggregation_mode == "flat-robust"  # leaders only forward: the root sees all
         return build_tree(ordered, max(2, len(ordered)) if flat else group_size, book.me)
 
@@ -217,7 +238,7 @@ class Coordinator:
         train = clock.bounded_local(plan.train_deadline, book.spec.train_budget(book.recent_durations()),
                                     "the plan's training deadline")
         slack = clock.bounded_span(plan.reduce_slack_s, book.spec.reduce_slack, "the plan's reduce slack")
-        return RoundDeadlines(train=train, slack=slack, members=len(plan.members))
+        return RoundDeadlines(train=train, slack=slack, members=len(plan.members), received=clock.now())
 
     def _check(self, plan: Plan) -> None:
         """WireError (penalised) unless ``plan`` is one this job's rules allow."""

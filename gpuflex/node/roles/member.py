@@ -22,7 +22,7 @@ from gpuflex.node.port import JobPort, Trainer
 from gpuflex.node.secure import SecAggMember, answer_recovery
 from gpuflex.node.state import JobBook, RoundDeadlines
 from gpuflex.node.uplink import Work, send_up
-from gpuflex.node.workplan import blend, fits_plan, fold_vector, local_work
+from gpuflex.node.workplan import RATE_WEIGHT, blend, fits_plan, fold_vector, local_work
 from mesh.blob import blob_hash
 from mesh.codec import WireError, open_envelope, seal
 from mesh.messaging import Inbound, Rejected, SendError
@@ -34,6 +34,12 @@ ModelLoader = Callable[[str, list[str]], Awaitable[tuple[np.ndarray, dict[str, n
 #: Under a compute budget, training stops at least this long before the training deadline,
 #: so the update still reaches its leader in time.
 SEND_MARGIN_S = 1.0
+#: The time it takes this member to get an update from the end of its training to its
+#: leader is taken off its budget, so that it arrives with the others'; at most this share
+#: of the budget (a one-off stall must not leave a member no time to train).
+MAX_SEND_SHARE = 0.25
+#: A member's training never gets less than this: a zero limit would mean "no time limit".
+MIN_TRAIN_S = 0.001
 
 
 class Member:
@@ -42,6 +48,7 @@ class Member:
         self.port, self.book, self.encoder, self.faults = port, book, encoder, faults
         self._load_model = load_model
         self._trainer = trainer
+        self._trained_at: float | None = None  # when this round's training ended, until sent
 
     async def train_and_send(self, plan: Plan, deadlines: RoundDeadlines) -> None:
         """Train (or reuse this round's update), then deliver it up the tree. Failures are
@@ -65,9 +72,10 @@ class Member:
                 up = parse_update(open_envelope(frame, expect_kind=UPDATE))
                 col.add_update(up, fold_vector(self.book.spec, plan, up,
                                                decode_payload(self.book.spec, payload, up.delta_size)))
+                self._sent()
                 return
             await send_up(self.port, self.book, plan, deadlines, frame, payload, Work.UPDATE,
-                          masked=side is not None)
+                          masked=side is not None, delivered=self._sent)
         except (SendError, WireError, OSError) as exc:
             self.port.emit(EventKind.UPDATE_FAILED, r, message=f"round {r}: could not deliver this node's update: {exc}")
         except Exception as exc:  # user code (a model, a train_fn plug-in) may raise anything;
@@ -104,9 +112,16 @@ class Member:
         params = (await self._load_model(plan.base_hash, [plan.coordinator]))[0].copy()
         trainer = self._trainer()
         steps, budget = local_work(plan, book.me)
-        if budget:  # the plan's budget, and never past the training deadline
-            budget = max(0.0, min(budget, deadlines.train - self.port.clock.now() - SEND_MARGIN_S))
+        if budget:
+            # The budget runs from when the plan was taken up, less the time this member's
+            # update takes to reach its leader: every member's update then arrives about one
+            # budget after the plan, and the slowest does not hold the round. Never past the
+            # training deadline.
+            now = self.port.clock.now()
+            end = deadlines.received + budget - min(book.send_lag_s, MAX_SEND_SHARE * budget)
+            budget = max(MIN_TRAIN_S, min(end - now, deadlines.train - now - SEND_MARGIN_S))
         delta, metrics = await self.port.offload(trainer.train, params, steps, budget)
+        self._trained_at = self.port.clock.now()
         delta = self.faults.tamper(delta)
         if metrics.get("oom_retries"):
             self.port.emit(EventKind.OUT_OF_MEMORY, r, book.me, message=(
@@ -118,7 +133,13 @@ class Member:
             f"round {r}: trained {metrics.get('steps')} steps on {metrics.get('samples')} samples "
             f"in {metrics.get('seconds', 0):.2f}s"),
             samples=metrics.get("samples"), seconds=metrics.get("seconds"), steps=metrics.get("steps"))
-        samples = int(metrics.get("dataset_size") or trainer.num_samples)
+        # The update's weight. FedNova weighs each member by the samples it saw this round (its
+        # steps x batch, bounded by its plan): a member that took three steps gives a direction
+        # measured on three batches, which must not count as much as one measured on thirty.
+        # Otherwise the data this member holds.
+        seen = metrics.get("samples")
+        samples = (int(seen) if book.spec.uses_fednova and isinstance(seen, (int, float)) and seen > 0
+                   else int(metrics.get("dataset_size") or trainer.num_samples))
         # Under secure aggregation this is the clear (DP-noised) delta; it is masked per
         # attempt, because the masks depend on the attempt's group and leader.
         payload = self.encoder.encode(delta, samples)
@@ -130,6 +151,14 @@ class Member:
         })
         book.cached_updates = {k: v for k, v in book.cached_updates.items() if k[0] >= r}
         book.cached_updates[key] = (frame, payload)
+
+    def _sent(self) -> None:
+        """Learn how long this member's update takes from the end of training to its leader."""
+        if self._trained_at is None:
+            return
+        lag, self._trained_at = self.port.clock.now() - self._trained_at, None
+        book = self.book
+        book.send_lag_s = lag if not book.send_lag_s else (1 - RATE_WEIGHT) * book.send_lag_s + RATE_WEIGHT * lag
 
     async def _mask(self, plan: Plan, side: SecAggMember, frame: bytes, payload: bytes) -> tuple[bytes, bytes]:
         """The cached clear update, masked for this attempt's group and signed again.

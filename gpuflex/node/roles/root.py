@@ -8,6 +8,7 @@ partials), the previous result's hash and the new model's hash.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -25,6 +26,7 @@ from gpuflex.privacy import epsilon_spent
 from mesh.blob import blob_hash
 from mesh.codec import seal
 
+log = logging.getLogger("gpuflex.root")
 #: An abort names at most this many missing members (and why each is missing).
 MISSING_LISTED = 8
 ModelLoader = Callable[[str, list[str]], Awaitable[tuple[np.ndarray, dict[str, np.ndarray]]]]
@@ -60,6 +62,12 @@ class Root:
             "duration_s": round(port.clock.since_wall(plan.issued), 3)}
         if spec.uses_dp:
             metrics["epsilon"] = round(epsilon_spent(spec, plan.round), 4)
+        if plan.prev_result != book.ledger.head:
+            # While this round was reduced, the ledger moved to a branch that fork choice
+            # prefers: a result for the plan's branch would extend neither, and count nowhere.
+            log.info("round %d attempt %d: not committing, the ledger moved to another branch", plan.round,
+                     plan.attempt)
+            return
         present = {u.peer for u in contributions}
         work = member_work(contributions)
         frame = seal(port.identity, RESULT, {

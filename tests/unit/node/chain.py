@@ -81,10 +81,11 @@ def next_round(frames: list[bytes], ids: list[Identity], *, attempt: int = 0, jo
                rules: ChainRules | None = None, coord: Identity | None = None,
                signers: list[Identity] | None = None, members: list[str] | None = None,
                claim: int | None = None, sample_cap: int | None = None, update_plan: str | None = None,
-               samples: int = 10, model: str = "forged") -> bytes:
+               samples: int = 10, model: str = "forged", model_hash: str | None = None) -> bytes:
     """A result for the round after ``frames``: by default exactly what an honest coordinator
     of ``attempt`` would sign (``rules``: the job's, ``rules_for(ids)`` if not given); each
-    keyword bends one piece of its evidence."""
+    keyword bends one piece of its evidence. ``model_hash``: the model it commits (a blob
+    peers can fetch), instead of one named after ``model`` that nobody holds."""
     history = parsed(frames)
     rules = rules or rules_for(ids)
     if sample_cap is None:
@@ -114,6 +115,25 @@ def next_round(frames: list[bytes], ids: list[Identity], *, attempt: int = 0, jo
         contributors.append({"peer": ident.peer_id, "samples": weight, "delta_hash": delta})
     return seal(coord, RESULT, {
         "job": job, "round": r, "attempt": attempt, "coordinator": coord.peer_id, "prev_result": prev,
-        "base_hash": base, "model_hash": blob_hash(model.encode()), "plan": plan, "updates": updates,
+        "base_hash": base, "model_hash": model_hash or blob_hash(model.encode()), "plan": plan, "updates": updates,
         "partials": [], "contributors": contributors, "absent": [], "strategy": "fedavg",
         "metrics": {"accuracy": 0.999, "contributors": len(signers) if claim is None else claim}})
+
+
+def private_branch(frames: list[bytes], ids: list[Identity], keys: list[Identity], upto: int, *, fork: int = 1,
+                   job: str = JOB, rules: ChainRules | None = None, head_model: str | None = None) -> list[bytes]:
+    """``frames[:fork]``, then rounds up to ``upto`` that count only ``keys``' updates: what one
+    party holding those keys, members of round ``fork``'s plan, can commit alone in an open
+    job. Its first round is on an attempt one of its keys owns; from then on only its keys are
+    eligible. Every round passes every evidence check. ``head_model``: a model blob peers can
+    fetch, committed by its last round, so that nothing but fork choice keeps it out."""
+    rules = rules or rules_for(ids)
+    branch = list(frames[:fork])
+    mine = {k.peer_id for k in keys}
+    owned = next(a for a in range(len(ids)) if rules.expected_coordinator(parsed(branch), a) in mine)
+    while len(branch) < upto:
+        last = len(branch) + 1 == upto
+        branch.append(next_round(branch, ids, attempt=owned if len(branch) == fork else 0, job=job, rules=rules,
+                                 signers=keys, model=f"private{len(branch) + 1}",
+                                 model_hash=head_model if last else None))
+    return branch

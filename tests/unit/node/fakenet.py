@@ -45,6 +45,7 @@ DIM = 6  # parameters of the fake model
 BATCH = 32  # samples per step of the fake trainer (the default batch_size of a job)
 #: Presence is refreshed this often, as JobManager does.
 PRESENCE_EVERY_S = 3.0
+PRESENCE_SOON_S = 0.2
 #: The fake wall clock's origin: fixed, so a run is repeatable.
 EPOCH = 1.7e9
 
@@ -252,6 +253,9 @@ class FakePort:
     def blobs_in_use(self) -> set[str]:
         return self.node.driver.recent_blobs() if self.node.driver else set()
 
+    def announce_soon(self) -> None:
+        self.net.announce_soon()
+
     async def catch_up(self, prefer: Sequence[str] = ()) -> None:
         await self.net.sync(self.node, prefer)
 
@@ -290,6 +294,7 @@ class FakeNet:
         self.info = JobInfo(job_id=open_envelope(frame).digest[:16], spec=spec,
                             initial_members=tuple(sorted(members)), frame=frame, submitted_by=owner.peer_id)
         self._nursery: trio.Nursery | None = None
+        self._presence_due = trio.Event()
 
     # -- set-up ----------------------------------------------------------------------------------
 
@@ -463,9 +468,15 @@ class FakeNet:
                     if dst is src or not self.reachable(src, dst) or dst.driver is None or dst.nursery is None:
                         continue
                     if dst.driver.saw_presence(src.peer_id, src.driver.committed, src.driver.head(),
-                                               src.driver.throughput()):
+                                               src.driver.throughput(), src.driver.weight):
                         dst.nursery.start_soon(self.sync, dst, [src.peer_id])
-            await trio.sleep(PRESENCE_EVERY_S)
+            with trio.move_on_after(PRESENCE_EVERY_S):  # or sooner, when a node asks (announce_soon)
+                await self._presence_due.wait()
+                await trio.sleep(PRESENCE_SOON_S)
+            self._presence_due = trio.Event()
+
+    def announce_soon(self) -> None:
+        self._presence_due.set()
 
     # -- what the tests check ----------------------------------------------------------------------
 

@@ -9,6 +9,8 @@ import trio
 
 from gpuflex.node.kinds import EventKind
 from gpuflex.node.ledger import verify_chain
+from gpuflex.node.ranking import coordinator_ranking
+from gpuflex.node.workplan import STEP_HEADROOM
 from tests.unit.node.fakenet import BATCH, FakeNet, FakeNode, fast_spec
 
 pytestmark = pytest.mark.timeout(20)
@@ -30,9 +32,12 @@ def speeds(net: FakeNet, slow: int) -> None:
 
 
 async def test_a_slow_member_contributes_within_the_budget(autojump_clock, tmp_path) -> None:
-    net = FakeNet(tmp_path, 4, fast_spec(rounds=3, compute_budget_s=BUDGET_S, train_timeout_s=0.0))
-    speeds(net, slow=3)
-    slow = net.node(3).peer_id
+    net = FakeNet(tmp_path, 4, fast_spec(rounds=3, min_nodes=4, compute_budget_s=BUDGET_S, train_timeout_s=0.0,
+                                         group_size=2))
+    # The slow member is the one whose turn round 2 is (after round 1's coordinator, cooling).
+    first = net.ranking(1)[0].peer_id
+    slow = coordinator_ranking(net.info.job_id, 2, net.info.initial_members, [first])[0]
+    speeds(net, slow=net.nodes[slow].index)
     async with trio.open_nursery() as nursery:
         await net.start(nursery)
         await net.wait_rounds(3)
@@ -54,14 +59,24 @@ async def test_a_slow_member_contributes_within_the_budget(autojump_clock, tmp_p
         assert work[slow]["steps"] * BATCH / SLOW <= BUDGET_S
         assert all(c["steps"] * BATCH / FAST >= 0.9 * BUDGET_S for c in fast), "fast members fill the budget"
         assert sum(c["compute_share"] for c in work.values()) == pytest.approx(1.0, abs=1e-3)
-        assert work[slow]["device"] == "fake3"
+        assert work[slow]["device"] == f"fake{net.nodes[slow].index}"
     # From round 2 on, every plan has every member's measured throughput (presence).
     from gpuflex.node.messages import PLAN, parse_plan
     from mesh.codec import open_envelope
 
     later = parse_plan(open_envelope(results[-1].plan_frame, expect_kind=PLAN))
     assert later.budget_s == BUDGET_S
-    assert later.steps[slow] == int(BUDGET_S * 0.95 * SLOW // BATCH)
+    assert later.steps[slow] == int(BUDGET_S * STEP_HEADROOM * SLOW // BATCH)
+    for res in results:
+        plan = parse_plan(open_envelope(res.plan_frame, expect_kind=PLAN))
+        if plan.steps.get(slow) != later.steps[slow]:
+            continue  # nobody's throughput was known yet when it was planned
+        assert slow not in plan.parent.values(), f"round {res.round}: the slow member leads a group"
+    # Round 2 was the slow member's turn. Round 1's result recorded the throughputs, so every
+    # node passed that attempt at once, and the next in the ranking coordinated.
+    assert results[0].coordinator == first
+    assert results[1].coordinator != slow and results[1].attempt == 1
+    assert all(res.coordinator != slow for res in results[1:])
 
 
 async def test_without_a_budget_the_slow_member_sets_the_rounds_length(autojump_clock, tmp_path) -> None:
@@ -155,3 +170,57 @@ async def test_a_plan_whose_budget_or_step_counts_are_not_the_jobs_is_refused(au
             with pytest.raises(WireError, match="compute budget"):
                 driver.coordinator._check(plan(**forged))
         nursery.cancel_scope.cancel()
+
+
+async def test_a_member_with_a_slow_uplink_stops_early_so_its_update_arrives_with_the_others(
+        autojump_clock, tmp_path) -> None:
+    """Every message from one member takes a second. Round 1 waits for its late update; from
+    then on it knows its update takes a second to reach its leader, trains a second less, and
+    the round ends one budget after the plan again. (The member is also slow, so that it is a
+    leaf: a leader's late partial is the tree's latency, which no member's timing can hide.)"""
+    net = FakeNet(tmp_path, 4, fast_spec(rounds=3, compute_budget_s=BUDGET_S, train_timeout_s=0.0))
+    first = net.ranking(1)[0].peer_id
+    laggard = next(n for n in net.nodes.values() if n.peer_id != first)
+    speeds(net, slow=laggard.index)
+    plain_delay = net.delay
+    net.delay = lambda a, b: plain_delay(a, b) + (1.0 if a is laggard else 0.0)  # type: ignore[method-assign]
+    async with trio.open_nursery() as nursery:
+        await net.start(nursery)
+        await net.wait_rounds(3)
+        node = next(n for n in net.alive_nodes() if n is not laggard)
+        results = verify_chain(net.ledger(node), net.info.job_id)
+        lengths = round_lengths(node)
+        nursery.cancel_scope.cancel()
+    seconds = {res.round: {c["peer"]: c["compute_s"] for c in res.contributors} for res in results}
+    assert all(laggard.peer_id in s for s in seconds.values()), "the laggard counts every round"
+    assert seconds[1][laggard.peer_id] >= 0.9 * BUDGET_S  # it did not know yet
+    for r in (2, 3):
+        others = [s for p, s in seconds[r].items() if p != laggard.peer_id]
+        assert seconds[r][laggard.peer_id] <= min(others) - 0.8, f"round {r}: {seconds[r]}"
+        assert lengths[r] < lengths[1] - 0.5, lengths
+
+
+async def test_a_member_that_has_not_published_its_throughput_is_not_planned(autojump_clock, tmp_path) -> None:
+    """A member still loading its data (no throughput yet) is left out of the plan rather than
+    planned blind; the others, enough for min_nodes, commit without it."""
+    net = FakeNet(tmp_path, 4, fast_spec(rounds=2, min_nodes=3, compute_budget_s=BUDGET_S, train_timeout_s=0.0))
+    first = net.ranking(1)[0].peer_id
+    for node in net.nodes.values():
+        node.rate = FAST
+    unmeasured = next(n for n in net.nodes.values() if n.peer_id != first)
+    unmeasured.rate = 0.0  # its device probe measured nothing: it publishes no throughput
+    async with trio.open_nursery() as nursery:
+        await net.start(nursery)
+        await net.wait_rounds(2)
+        node = next(n for n in net.alive_nodes() if n is not unmeasured)
+        results = verify_chain(net.ledger(node), net.info.job_id)
+        nursery.cancel_scope.cancel()
+    from gpuflex.node.messages import PLAN, parse_plan
+    from mesh.codec import open_envelope
+
+    for res in results:
+        plan = parse_plan(open_envelope(res.plan_frame, expect_kind=PLAN))
+        if plan.coordinator == unmeasured.peer_id:
+            continue  # its own plan includes itself
+        assert unmeasured.peer_id not in plan.members, f"round {res.round} planned a member with no throughput"
+        assert len(res.contributors) == 3

@@ -177,20 +177,23 @@ def test_a_longer_chain_wins_only_with_every_round_verified(tmp_path) -> None:
 
 @dataclass(frozen=True)
 class Node:
-    """A result as fork choice sees it: a digest and an attempt."""
+    """A result as fork choice sees it: a digest, an attempt and its counted contributors."""
 
     digest: str
     attempt: int
+    contributors: tuple[str, ...] = ("a", "b")
 
 
 @st.composite
 def forks(draw: st.DrawFn) -> list[list[Node]]:
-    """Three to five chains that share prefixes (a tree of forks), as a partitioned mesh holds."""
+    """Three to five chains that share prefixes (a tree of forks), as a partitioned mesh holds,
+    their rounds counting one to four contributions."""
     trunk = [Node(f"t{i}", 0) for i in range(draw(st.integers(0, 3)))]
     chains = []
     for c in range(draw(st.integers(3, 5))):
         cut = draw(st.integers(0, len(trunk)))
-        tail = [Node(f"c{c}r{i}-{draw(st.sampled_from('0123456789abcdef'))}", draw(st.integers(0, 2**31 - 2)))
+        tail = [Node(f"c{c}r{i}-{draw(st.sampled_from('0123456789abcdef'))}", draw(st.integers(0, 2**31 - 2)),
+                     ("p",) * draw(st.integers(1, 4)))
                 for i in range(draw(st.integers(0, 4)))]
         chains.append([*trunk[:cut], *tail])
     return chains

@@ -1,5 +1,7 @@
 """Forged rounds against real drivers on the fake transport, under MockClock: by gossip, by
-catch-up sync, and after the job is finished, the nodes keep one ledger with its evidence."""
+catch-up sync, and after the job is finished, the nodes keep one ledger with its evidence; a
+branch that keys of one party commit alone, longer but lighter, replaces nothing, and a node
+that holds one goes back to the heavier ledger."""
 
 from __future__ import annotations
 
@@ -10,10 +12,10 @@ import trio
 
 from gpuflex.node.evidence import ChainRules
 from gpuflex.node.kinds import EventKind
-from gpuflex.node.ledger import result_key, verify_chain
+from gpuflex.node.ledger import chain_weight, result_key, verify_chain
 from mesh.codec import WireError, open_envelope
 from mesh.messaging import Inbound, Rejected
-from tests.unit.node.chain import STRANGER, next_round, parsed
+from tests.unit.node.chain import STRANGER, next_round, parsed, private_branch
 from tests.unit.node.fakenet import FakeNet, FakeNode, fast_spec
 
 pytestmark = pytest.mark.timeout(20)
@@ -85,6 +87,78 @@ async def test_forged_rounds_by_gossip_and_sync_change_no_ledger(autojump_clock,
         assert rejected(node, "1 verified contributions < min_nodes=2")  # the lone member's
         assert rejected(node, f"ledger from {STRANGER.peer_id[-8:]}: round 1: plan signed by")
     assert all(res.coordinator != STRANGER.peer_id for res in results) and len(results) == 3
+
+
+async def test_sybil_keys_private_longer_branch_leaves_the_heavier_honest_ledger_in_place(autojump_clock,
+                                                                                         tmp_path) -> None:
+    net = FakeNet(tmp_path, 5, fast_spec(rounds=6, min_nodes=2))  # an open job: no allowlist
+    ids = [n.identity for n in net.nodes.values()]
+    sybils = ids[3:]  # one party's two nodes: members like any other, until they fork
+    for n in net.nodes.values():
+        n.train_s = 2.0
+    async with trio.open_nursery() as nursery:
+        await net.start(nursery)
+        await net.wait_rounds(4)
+        # Behind the mesh's back the two keys committed rounds 3 to 6 from round 2 on their
+        # own: every round passes every evidence check, the branch is the job's full length,
+        # and its last model is one any node can fetch (a real one: the mesh's latest).
+        honest = net.ledger(net.node(0))
+        branch = private_branch(honest, ids, sybils, upto=6, fork=2, job=net.info.job_id, rules=rules(net),
+                                head_model=parsed(honest)[-1].model_hash)
+        assert [r.round for r in verify_chain(branch, net.info.job_id, rules(net))] == [1, 2, 3, 4, 5, 6]
+        held = {n.index: parsed(net.ledger(n)) for n in net.alive_nodes()}
+        assert all(len(h) < len(branch) and not n.driver.book.finished  # longer, and the job still runs:
+                   for n in net.alive_nodes() for h in [held[n.index]])  # weight alone decides
+        assert all(chain_weight(h) > chain_weight(parsed(branch)) for h in held.values())
+        for frame in branch[2:]:  # its rounds by gossip, and its whole ledger offered by sync
+            await gossip(net, frame, sybils[0].peer_id)
+        for node in net.alive_nodes():
+            assert node.driver is not None
+            assert not await node.driver.offer_ledger(branch, sybils[0].peer_id)
+        await net.wait_rounds(6)
+        await net.wait_until(lambda: len({tuple(net.ledger(n)) for n in net.alive_nodes()}) == 1, limit=60)
+        nursery.cancel_scope.cancel()
+    final = net.ledger(net.node(0))
+    assert final[:4] == honest[:4] and not set(final) & set(branch[2:])
+    assert len(verify_chain(final, net.info.job_id, rules(net))) == 6
+    assert not any(EventKind.LEDGER_FORK_RESOLVED in n.kinds() for n in net.alive_nodes())
+    # Finished: the ledger is final; a claim however heavy is worth a fetch only to report a
+    # ledger on another head.
+    assert not any(n.driver.may_win(6, 10**9, n.driver.head()) for n in net.alive_nodes())
+    assert all(n.driver.may_win(6, 1, "0" * 16) for n in net.alive_nodes())
+
+
+async def test_a_node_on_a_longer_lighter_branch_goes_back_to_the_heavier_ledger_and_trains_on(autojump_clock,
+                                                                                              tmp_path) -> None:
+    net = FakeNet(tmp_path, 5, fast_spec(rounds=5, min_nodes=2))
+    ids = [n.identity for n in net.nodes.values()]
+    for n in net.nodes.values():
+        n.train_s = 2.0
+    straggler = net.node(4)
+    async with trio.open_nursery() as nursery:
+        await net.start(nursery)
+        await net.wait_rounds(2)
+        honest = net.ledger(net.node(0))
+        assert len(honest) == 2 and chain_weight(parsed(honest)[1:]) > 4, "round 2 counts every member"
+        # The straggler holds a branch of three rounds forked after round 1 that two keys
+        # committed alone: longer than the mesh's ledger, lighter than it.
+        branch = private_branch(honest, ids, ids[2:4], upto=3, fork=1, job=net.info.job_id, rules=rules(net))
+        book = straggler.driver.book
+        book.ledger.replace(branch)
+        book.advance()
+        stale = book.current
+        assert stale.round == 4
+        assert await straggler.driver.offer_ledger(honest, net.node(0).peer_id)  # heavier, one round shorter
+        assert book.committed == 2 and book.current.round == 3  # back to the mesh's next round
+        assert book.round_over(stale)  # the round loop leaves round 4 of the branch it left
+        await net.wait_rounds(5)
+        await net.wait_until(lambda: len({tuple(net.ledger(n)) for n in net.alive_nodes()}) == 1, limit=60)
+        nursery.cancel_scope.cancel()
+    results = verify_chain(net.ledger(straggler), net.info.job_id, rules(net))
+    assert [r.digest for r in results[:2]] == [r.digest for r in parsed(honest)]
+    assert any(straggler.peer_id in {c["peer"] for c in r.contributors} for r in results[3:]), \
+        "the straggler trains with the mesh again"
+    assert EventKind.LEDGER_FORK_RESOLVED in straggler.kinds()
 
 
 async def test_a_forged_result_that_waited_while_its_round_committed_is_still_rejected(autojump_clock,

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -8,11 +9,19 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpuflex.node.ledger import Ledger, LedgerError, prefer_chain, result_row, verify_chain
+from gpuflex.node.ledger import (
+    HEAD_CHARS,
+    Ledger,
+    LedgerError,
+    chain_weight,
+    prefer_chain,
+    result_row,
+    verify_chain,
+)
 from gpuflex.node.messages import RESULT, parse_result
 from gpuflex.node.workfields import DEVICE_CHARS
 from mesh.codec import SIGNING_DOMAIN, open_envelope, seal
-from tests.unit.node.chain import JOB, make_chain
+from tests.unit.node.chain import JOB, make_chain, private_branch, rules_for
 
 
 def test_a_real_chain_verifies() -> None:
@@ -112,30 +121,83 @@ def test_a_budgeted_rounds_updates_take_no_more_steps_than_their_plan_allowed() 
 
 @dataclass(frozen=True)
 class _Res:
-    """What fork choice reads of a result: its attempt and digest."""
+    """What fork choice reads of a result: its attempt, digest and counted contributors."""
 
     attempt: int
     digest: str
+    contributors: tuple[str, ...] = ("a", "b", "c")
 
 
-chains = st.lists(st.tuples(st.integers(0, 2), st.sampled_from("abc")), max_size=5).map(
-    lambda xs: [_Res(a, f"{d}{a}.{i}") for i, (a, d) in enumerate(xs)])  # a digest fixes its attempt
+def weighs(n: int) -> tuple[str, ...]:
+    return ("p",) * n
 
 
-def test_the_longer_chain_wins_over_a_branch_its_root_kept_to_itself() -> None:
-    shared = [_Res(0, "r1"), _Res(1, "r2")]
-    hidden = [*shared, _Res(4, "r3-hidden")]  # committed by a root that died before sending it
-    mesh = [*shared, _Res(5, "r3"), _Res(0, "r4"), _Res(0, "r5")]
-    assert prefer_chain(hidden, mesh)  # the node that comes back takes the mesh's chain
-    assert not prefer_chain(mesh, hidden)  # and the mesh is not pulled back to its branch
-    same_length = [*shared, _Res(5, "r3")]
-    assert prefer_chain(same_length, hidden) and not prefer_chain(hidden, same_length)  # then: the fork
+chains = st.lists(st.tuples(st.integers(0, 2), st.sampled_from("abc"), st.integers(1, 3)), max_size=5).map(
+    lambda xs: [_Res(a, f"{d}{a}w{w}.{i}", weighs(w)) for i, (a, d, w) in enumerate(xs)])  # a digest fixes its round
+
+
+def settle(start: list, offers: list[list]) -> list:
+    """What a node holding ``start`` ends with after hearing ``offers`` in that order."""
+    held = start
+    for offer in offers:
+        if prefer_chain(held, offer):
+            held = offer
+    return held
+
+
+def test_a_root_that_died_with_its_round_rejoins_and_every_node_settles_on_one_chain() -> None:
+    shared = [_Res(0, "r1"), _Res(0, "r2")]
+    # Round 3's root committed with all four members, died before its result went out, and
+    # comes back with that branch; the mesh retried round 3 without it and went on.
+    hidden = [*shared, _Res(0, "r3-hidden", weighs(4))]
+    mesh = [*shared, _Res(1, "r3", weighs(3)), _Res(0, "r4", weighs(3))]
+    behind = mesh[:-1]  # a node one round behind on the mesh's branch
+    assert prefer_chain(hidden, mesh) and not prefer_chain(mesh, hidden)  # the root takes the mesh's chain
+    assert prefer_chain(behind, mesh) and not prefer_chain(mesh, behind)  # nobody is pulled back
+    # Before the mesh went on, the root's round counts more than the retry: its branch wins
+    # and every node settles on it; either way, on the same one from wherever it starts.
+    assert prefer_chain(behind, hidden) and not prefer_chain(hidden, behind)
+    held = [hidden, mesh, behind]
+    for start in held:
+        for order in itertools.permutations(held):
+            assert settle(start, list(order)) == mesh
+
+
+def test_an_open_jobs_sybil_branch_that_is_longer_but_lighter_loses() -> None:
+    honest, ids = make_chain(rounds=4, members=4)  # every round counts all four members
+    rules = rules_for(ids)  # an open job, min_nodes=2
+    sybils = ids[2:]  # one party's two keys, members of round 1's committed plan
+    branch = private_branch(honest, ids, sybils, upto=6)  # it commits as fast as it likes
+    ours, theirs = verify_chain(honest, JOB, rules), verify_chain(branch, JOB, rules)  # its evidence holds
+    assert len(theirs) > len(ours) and chain_weight(theirs) < chain_weight(ours)  # 6 rounds weighing 14 < 16
+    assert not prefer_chain(ours, theirs) and prefer_chain(theirs, ours)
+    # The limit an open job keeps: once its rounds since the fork count more contributions
+    # than the honest ones did (two more rounds here: 18 > 16), the branch wins.
+    assert prefer_chain(ours, verify_chain(private_branch(honest, ids, sybils, upto=8), JOB, rules))
+
+
+def test_a_claim_in_presence_or_a_sync_page_is_only_a_reason_to_fetch(tmp_path: Path) -> None:
+    frames, ids = make_chain(rounds=3, members=3)
+    ledger = Ledger(tmp_path / "l.msgpack", JOB, rules_for(ids))
+    ledger.replace(frames)
+    head = ledger.head[:HEAD_CHARS]
+    assert (ledger.weight, len(ledger)) == (9, 3)
+    assert ledger.may_win(2, 10, "x" * HEAD_CHARS)  # heavier though shorter: fetched
+    assert not ledger.may_win(5, 8, "x" * HEAD_CHARS)  # longer but lighter: not
+    assert ledger.may_win(4, 9) and not ledger.may_win(3, 9, head)  # as heavy: longer, or another head
+    assert ledger.may_win(3, 9, "x" * HEAD_CHARS)
+    assert ledger.may_win(4) and not ledger.may_win(3, None, head)  # a peer that says no weight: by height
+    for junk in (True, -1, "9", 1.5, None):
+        assert not ledger.may_win(junk, 10**9, "x" * HEAD_CHARS)
+    assert ledger.frames == frames  # nothing a peer says changes the ledger
 
 
 @given(a=chains, b=chains, c=chains)
-def test_fork_choice_is_one_total_order(a: list, b: list, c: list) -> None:
+def test_fork_choice_is_one_strict_total_order_by_weight_then_length(a: list, b: list, c: list) -> None:
     if [r.digest for r in a] != [r.digest for r in b]:
         assert prefer_chain(a, b) != prefer_chain(b, a)  # exactly one of two different chains wins
+        if chain_weight(a) != chain_weight(b):
+            assert prefer_chain(a, b) == (chain_weight(b) > chain_weight(a))  # the heavier
     else:
         assert not prefer_chain(a, b)
     if prefer_chain(a, b) and prefer_chain(b, c):

@@ -28,6 +28,29 @@ def test_private_coordinator_still_roots_the_tree() -> None:
     assert ordered[0] == "x" and build_tree(ordered, size, "x")["x"] is None
 
 
+@given(st.integers(2, 30), st.integers(0, 10), st.integers(0, 10), st.integers(2, 6))
+def test_slow_members_lead_no_group_while_enough_others_can(n_fast: int, n_slow: int, n_private: int,
+                                                             group_size: int) -> None:
+    fast = [f"fast{i}" for i in range(n_fast)]
+    slow = [f"slow{i}" for i in range(n_slow)]
+    private = [f"priv{i}" for i in range(n_private)]
+    me = fast[0]
+    members = [*sorted(fast[1:] + slow + private), me]
+    ordered, size = order_for_tree(me, members, set(private), group_size, set(slow))
+    assert sorted(ordered) == sorted(members) and ordered[0] == me
+    parent = build_tree(ordered, size, me)
+    receivers = {p for p in parent.values() if p is not None}
+    assert not receivers & set(private), "groups are widened before a private member leads one"
+    if -(-len(members) // size) <= n_fast:  # enough fast members to lead every group
+        assert receivers <= set(fast), f"slow or private leaders: {receivers - set(fast)}"
+
+
+def test_four_members_with_one_slow_put_it_under_a_fast_leader() -> None:
+    ordered, size = order_for_tree("a", ["a", "b", "c", "s"], set(), 2, {"s"})
+    parent = build_tree(ordered, size, "a")
+    assert parent["s"] in {"a", "b", "c"} and "s" not in parent.values()
+
+
 # -- secure-aggregation groups from public randomness; the per-network cap ----------------------
 
 
