@@ -76,8 +76,9 @@ def digits_spec(**overrides: object) -> dict:
 
 def light_spec(**overrides: object) -> dict:
     """The demo job with a small MLP in place of its CNN: for a test that needs rounds to
-    commit (a job that keeps running beside an attack, a ledger to compare), not a model worth
-    training. A round's local training then costs about a fifth of the CPU."""
+    commit (a ledger to compare after kills, a partition, a full disk), not a model worth
+    training. A step of local training then costs about a fifth of the CPU, so rounds are also
+    shorter: a test whose checks need a round still open at some moment keeps the CNN."""
     return digits_spec(**{"model": "mlp", **overrides})
 
 
