@@ -213,6 +213,13 @@ class InboundStreams:
             await node.handlers.dispatch(Inbound(env, None, remote, gossip=True))
         except Rejected as exc:
             log.info("ignored gossiped %s from %s: %s", env.kind, env.sender[-8:], exc)
+        except WireError as exc:
+            if remote == env.sender:
+                raise
+            # A relay forwards gossip before any layer has judged it, so a signed message that
+            # fails here is its signer's fault: penalising the relay would let a forger get
+            # honest peers ignored by sending them its forgeries to pass on.
+            self.reject(env.sender, exc, f"gossiped {env.kind} via {remote[-8:]}")
 
     async def handle_blob(self, stream: Any, remote: str) -> None:
         node = self.node

@@ -16,6 +16,7 @@ from mesh.node import MeshConfig, MeshNode
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 register_kind("echo", 4096)
+register_kind("claim", 4096)
 
 
 async def test_garbage_truncated_oversized_and_replayed_frames_are_rejected(tmp_path: Path) -> None:
@@ -73,4 +74,43 @@ async def test_garbage_truncated_oversized_and_replayed_frames_are_rejected(tmp_
                 assert reply == {"echo": {"y": 2}}
                 third.stop()
             hostile.stop()
+        target.stop()
+
+
+async def test_a_forgery_relayed_by_an_honest_peer_is_its_signers_fault(tmp_path: Path) -> None:
+    """The forger gossips a message the target's layer refuses to an honest relay only; the relay
+    passes it on unjudged. The target penalises the signer, not the relay."""
+    from mesh.codec import WireError
+    from mesh.framing import write_frame
+
+    def cfg(name: str, *boot: str) -> MeshConfig:
+        return MeshConfig(listen=["/ip4/127.0.0.1/tcp/0"], bootstrap=list(boot), data_dir=tmp_path / name)
+
+    refused: list[str] = []
+    async with MeshNode.start(Identity.generate(), cfg("target")) as target:
+        async def claim(msg: Inbound) -> None:
+            refused.append(msg.via)
+            raise WireError("round", "a claim no honest node would make")
+
+        target.handlers.register("claim", claim)
+        async with MeshNode.start(Identity.generate(), cfg("relay", *target.multiaddrs()[:1])) as relay, \
+                MeshNode.start(Identity.generate(), cfg("forger", *relay.multiaddrs()[:1])) as forger:
+            with trio.fail_after(20):
+                while target.peer_id not in relay.peers.alive():
+                    await trio.sleep(0.1)
+            stream = await forger._open(relay.peer_id, GOSSIP_PROTOCOL, 10)
+            frame = seal(forger.identity, "claim", {"x": 1})
+            await write_frame(stream, frame)
+            await stream.close()
+            with trio.fail_after(20):
+                while not refused:
+                    await trio.sleep(0.1)
+            assert refused == [relay.peer_id]  # it came through the relay
+            with trio.fail_after(5):
+                while target.peers.get(forger.peer_id) is None or target.peers.get(forger.peer_id).penalty < 0.5:
+                    await trio.sleep(0.1)
+            rec = target.peers.get(relay.peer_id)
+            assert rec is None or rec.penalty == 0, f"the honest relay was penalised: {rec.penalty}"
+            forger.stop()
+            relay.stop()
         target.stop()
