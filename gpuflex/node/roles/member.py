@@ -34,10 +34,11 @@ ModelLoader = Callable[[str, list[str]], Awaitable[tuple[np.ndarray, dict[str, n
 #: Under a compute budget, training stops at least this long before the training deadline,
 #: so the update still reaches its leader in time.
 SEND_MARGIN_S = 1.0
-#: The time it takes this member to get an update from the end of its training to its
-#: leader is taken off its budget, so that it arrives with the others'; at most this share
-#: of the budget (a one-off stall must not leave a member no time to train).
-MAX_SEND_SHARE = 0.25
+#: How late the plan reached this member, and how long its update takes from the end of its
+#: training to its leader, are taken off its budget, so that its update arrives with the
+#: others'; together at most this share of the budget (a one-off stall, or a clock that
+#: disagrees with the coordinator's, must not leave a member no time to train).
+MAX_EARLY_SHARE = 0.25
 #: A member's training never gets less than this: a zero limit would mean "no time limit".
 MIN_TRAIN_S = 0.001
 
@@ -113,12 +114,15 @@ class Member:
         trainer = self._trainer()
         steps, budget = local_work(plan, book.me)
         if budget:
-            # The budget runs from when the plan was taken up, less the time this member's
+            # The budget runs from when the coordinator issued the plan (its training deadline
+            # less the job's training time, on this node's clock), less the time this member's
             # update takes to reach its leader: every member's update then arrives about one
-            # budget after the plan, and the slowest does not hold the round. Never past the
-            # training deadline.
+            # budget after the plan, and a slow member that took the plan up late does not
+            # hold the round. Never past the training deadline.
             now = self.port.clock.now()
-            end = deadlines.received + budget - min(book.send_lag_s, MAX_SEND_SHARE * budget)
+            issued = deadlines.train - book.spec.train_budget(book.recent_durations())
+            early = min(max(0.0, deadlines.received - issued) + book.send_lag_s, MAX_EARLY_SHARE * budget)
+            end = deadlines.received + budget - early
             budget = max(MIN_TRAIN_S, min(end - now, deadlines.train - now - SEND_MARGIN_S))
         delta, metrics = await self.port.offload(trainer.train, params, steps, budget)
         self._trained_at = self.port.clock.now()

@@ -182,6 +182,7 @@ async def test_a_member_with_a_slow_uplink_stops_early_so_its_update_arrives_wit
     first = net.ranking(1)[0].peer_id
     laggard = next(n for n in net.nodes.values() if n.peer_id != first)
     speeds(net, slow=laggard.index)
+    laggard.rate = FAST / 5  # slow (a leaf), with steps short enough for its time stop to show
     plain_delay = net.delay
     net.delay = lambda a, b: plain_delay(a, b) + (1.0 if a is laggard else 0.0)  # type: ignore[method-assign]
     async with trio.open_nursery() as nursery:
@@ -224,3 +225,28 @@ async def test_a_member_that_has_not_published_its_throughput_is_not_planned(aut
             continue  # its own plan includes itself
         assert unmeasured.peer_id not in plan.members, f"round {res.round} planned a member with no throughput"
         assert len(res.contributors) == 3
+
+
+async def test_a_member_that_gets_the_plan_late_trains_that_much_less(autojump_clock, tmp_path) -> None:
+    """Every message to one (slow, so leaf) member takes a second: it takes each plan up a
+    second after the others. Its budget still ends one budget after the plan was issued, so
+    its update arrives with theirs from the first round on."""
+    net = FakeNet(tmp_path, 4, fast_spec(rounds=2, compute_budget_s=BUDGET_S, train_timeout_s=0.0))
+    first = net.ranking(1)[0].peer_id
+    late = next(n for n in net.nodes.values() if n.peer_id != first)
+    speeds(net, slow=late.index)
+    late.rate = FAST / 5  # slow (a leaf), with steps short enough for its time stop to show
+    plain_delay = net.delay
+    net.delay = lambda a, b: plain_delay(a, b) + (1.0 if b is late else 0.0)  # type: ignore[method-assign]
+    async with trio.open_nursery() as nursery:
+        await net.start(nursery)
+        await net.wait_rounds(2)
+        node = next(n for n in net.alive_nodes() if n is not late)
+        results = verify_chain(net.ledger(node), net.info.job_id)
+        lengths = round_lengths(node)
+        nursery.cancel_scope.cancel()
+    for res in results:
+        seconds = {c["peer"]: c["compute_s"] for c in res.contributors}
+        assert late.peer_id in seconds, f"round {res.round}: the late member counts"
+        assert seconds[late.peer_id] <= BUDGET_S - 0.9, f"round {res.round}: {seconds}"
+        assert lengths[res.round] <= BUDGET_S + 0.5, lengths
