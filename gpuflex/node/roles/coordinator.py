@@ -58,7 +58,8 @@ class Coordinator:
 
     def _passes(self, peer: str) -> bool:
         """Whether ``peer`` will not plan its attempt, as far as this node can tell: it is down
-        or unknown, it does not take part, or it is behind NAT while a reachable candidate is up."""
+        or unknown, it does not take part, it is behind NAT while a reachable candidate is up, or
+        (in a time-budgeted job) the last result records it as slow while a faster one is up."""
         book, port = self.book, self.port
         if peer == book.me:
             up = book.participates()
