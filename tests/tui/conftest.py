@@ -36,21 +36,28 @@ def make_app(source: DataSource | None = None, interval: float = 0.05) -> Dashbo
     )
 
 
+#: A whole scenario's bound. It takes 1-3 s on an idle machine, but textual waits for the app
+#: to be idle after every key, and with the suite's four workers and another process on the
+#: same two cores one scenario took over 30 s; a hung one still fails within this.
+SCENARIO_TIMEOUT_S = 120.0
+
+
 def drive(app: DashboardApp, scenario: Scenario, size: tuple[int, int] = (80, 24)) -> None:
     async def main() -> None:
         async with app.run_test(size=size) as pilot:
             await scenario(app, pilot)
 
-    asyncio.run(asyncio.wait_for(main(), 30))
+    asyncio.run(asyncio.wait_for(main(), SCENARIO_TIMEOUT_S))
 
 
 async def until(
     pilot: Pilot[None],
     predicate: Callable[[], object],
-    timeout: float = 5.0,
+    timeout: float = 20.0,
     what: str = "condition",
 ) -> None:
-    """Wait for the app to reach a state; polling keeps tests fast and free of fixed sleeps."""
+    """Wait for the app to reach a state; polling keeps tests fast and free of fixed sleeps.
+    The bound is generous for a loaded machine: a state that is reached returns at once."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     while not predicate():
