@@ -172,27 +172,36 @@ async def test_a_plan_whose_budget_or_step_counts_are_not_the_jobs_is_refused(au
         nursery.cancel_scope.cancel()
 
 
-async def test_a_member_with_a_slow_uplink_stops_early_so_its_update_arrives_with_the_others(
-        autojump_clock, tmp_path) -> None:
-    """Every message from one member takes a second. Round 1 waits for its late update; from
-    then on it knows its update takes a second to reach its leader, trains a second less, and
-    the round ends one budget after the plan again. (The member is also slow, so that it is a
-    leaf: a leader's late partial is the tree's latency, which no member's timing can hide.)"""
-    net = FakeNet(tmp_path, 4, fast_spec(rounds=3, compute_budget_s=BUDGET_S, train_timeout_s=0.0))
+async def run_with_a_lagging_leaf(tmp_path, rounds: int, outbound: bool) -> tuple[FakeNode, dict[int, dict[str, float]],
+                                                                               dict[int, float]]:
+    """A budgeted mesh where every message from (``outbound``) or to one member takes a second
+    more. The member is also slow, so that it is a leaf (a leader's late partial is the tree's
+    latency, which no member's timing can hide), with steps short enough for its time stop to
+    show. Returns it, each round's training seconds by peer, and each round's length."""
+    net = FakeNet(tmp_path, 4, fast_spec(rounds=rounds, compute_budget_s=BUDGET_S, train_timeout_s=0.0))
     first = net.ranking(1)[0].peer_id
-    laggard = next(n for n in net.nodes.values() if n.peer_id != first)
-    speeds(net, slow=laggard.index)
-    laggard.rate = FAST / 5  # slow (a leaf), with steps short enough for its time stop to show
+    lagging = next(n for n in net.nodes.values() if n.peer_id != first)
+    speeds(net, slow=lagging.index)
+    lagging.rate = FAST / 5
     plain_delay = net.delay
-    net.delay = lambda a, b: plain_delay(a, b) + (1.0 if a is laggard else 0.0)  # type: ignore[method-assign]
+    net.delay = lambda a, b: plain_delay(a, b) + (1.0 if (a if outbound else b) is lagging else 0.0)  # type: ignore[method-assign]
     async with trio.open_nursery() as nursery:
         await net.start(nursery)
-        await net.wait_rounds(3)
-        node = next(n for n in net.alive_nodes() if n is not laggard)
+        await net.wait_rounds(rounds)
+        node = next(n for n in net.alive_nodes() if n is not lagging)
         results = verify_chain(net.ledger(node), net.info.job_id)
         lengths = round_lengths(node)
         nursery.cancel_scope.cancel()
     seconds = {res.round: {c["peer"]: c["compute_s"] for c in res.contributors} for res in results}
+    return lagging, seconds, lengths
+
+
+async def test_a_member_with_a_slow_uplink_stops_early_so_its_update_arrives_with_the_others(
+        autojump_clock, tmp_path) -> None:
+    """Every message from one member takes a second. Round 1 waits for its late update; from
+    then on it knows its update takes a second to reach its leader, trains a second less, and
+    the round ends one budget after the plan again."""
+    laggard, seconds, lengths = await run_with_a_lagging_leaf(tmp_path, 3, outbound=True)
     assert all(laggard.peer_id in s for s in seconds.values()), "the laggard counts every round"
     assert seconds[1][laggard.peer_id] >= 0.9 * BUDGET_S  # it did not know yet
     for r in (2, 3):
@@ -228,25 +237,11 @@ async def test_a_member_that_has_not_published_its_throughput_is_not_planned(aut
 
 
 async def test_a_member_that_gets_the_plan_late_trains_that_much_less(autojump_clock, tmp_path) -> None:
-    """Every message to one (slow, so leaf) member takes a second: it takes each plan up a
-    second after the others. Its budget still ends one budget after the plan was issued, so
-    its update arrives with theirs from the first round on."""
-    net = FakeNet(tmp_path, 4, fast_spec(rounds=2, compute_budget_s=BUDGET_S, train_timeout_s=0.0))
-    first = net.ranking(1)[0].peer_id
-    late = next(n for n in net.nodes.values() if n.peer_id != first)
-    speeds(net, slow=late.index)
-    late.rate = FAST / 5  # slow (a leaf), with steps short enough for its time stop to show
-    plain_delay = net.delay
-    net.delay = lambda a, b: plain_delay(a, b) + (1.0 if b is late else 0.0)  # type: ignore[method-assign]
-    async with trio.open_nursery() as nursery:
-        await net.start(nursery)
-        await net.wait_rounds(2)
-        node = next(n for n in net.alive_nodes() if n is not late)
-        results = verify_chain(net.ledger(node), net.info.job_id)
-        lengths = round_lengths(node)
-        nursery.cancel_scope.cancel()
-    for res in results:
-        seconds = {c["peer"]: c["compute_s"] for c in res.contributors}
-        assert late.peer_id in seconds, f"round {res.round}: the late member counts"
-        assert seconds[late.peer_id] <= BUDGET_S - 0.9, f"round {res.round}: {seconds}"
-        assert lengths[res.round] <= BUDGET_S + 0.5, lengths
+    """Every message to one member takes a second: it takes each plan up a second after the
+    others. Its budget still ends one budget after the plan was issued, so its update arrives
+    with theirs from the first round on."""
+    late, seconds, lengths = await run_with_a_lagging_leaf(tmp_path, 2, outbound=False)
+    for r, by_peer in seconds.items():
+        assert late.peer_id in by_peer, f"round {r}: the late member counts"
+        assert by_peer[late.peer_id] <= BUDGET_S - 0.9, f"round {r}: {by_peer}"
+        assert lengths[r] <= BUDGET_S + 0.5, lengths
