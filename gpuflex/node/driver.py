@@ -35,11 +35,11 @@ from gpuflex.node.messages import (
     MessageKind,
     Plan,
 )
-from gpuflex.node.modelblob import model_parts
 from gpuflex.node.models import Models
 from gpuflex.node.pipeline import DeltaEncoder
 from gpuflex.node.policy import Reports
 from gpuflex.node.port import JobPort, Trainer, TrainerFactory
+from gpuflex.node.prepare import Preparation, load_trainer
 from gpuflex.node.roles.apply import ResultApplier
 from gpuflex.node.roles.coordinator import Coordinator
 from gpuflex.node.roles.leader import Leader
@@ -47,7 +47,6 @@ from gpuflex.node.roles.member import Member
 from gpuflex.node.roles.root import Root
 from gpuflex.node.state import JobBook, JobInfo, RoundDeadlines, RoundState
 from gpuflex.node.summary import ledger_rows, metric_rows, summarize
-from gpuflex.node.workfields import DEVICE_CHARS
 from gpuflex.node.workplan import valid_rate
 from gpuflex.privacy import STOP, WARN, budget_status
 from mesh.codec import WireError
@@ -67,23 +66,13 @@ MEMBERS_GONE_RECHECK_S = 60.0
 PAYLOAD_READY_WAIT_S = 10.0
 
 
-def load_trainer(spec: Any, index: int, parts: int, home: Path, data_hook: Callable[..., Any] | None,
-                 config: Any = None) -> Trainer:
-    """The real workload (torch), imported only when a job starts: a language model's or the
-    classic one, behind the same flat-vector surface. ``config``: the node's NodeConfig for
-    this run (its data locations), read from ``home`` when None."""
-    from gpuflex.ml.workload import open_workload
-
-    return open_workload(spec, index, parts, home, data_hook=data_hook, config=config)
-
-
 class JobDriver:
     def __init__(self, info: JobInfo, port: JobPort, jobs_dir: Path, *, faults: Faults = NO_FAULTS,
                  trainers: TrainerFactory = load_trainer) -> None:
-        self.port, self.faults, self._trainers = port, faults, trainers
+        self.port, self.faults = port, faults
         self.book = book = JobBook(info, port.identity.peer_id, jobs_dir / info.job_id)
         self.job_id, self.spec = info.job_id, info.spec
-        self._trainer: Trainer | None = None
+        self.preparation = Preparation(port, book, trainers, faults)
         self._members_gone = False  # waiting, at no cost, for any member to come back
         reports = Reports(port, book.status, info.job_id)
         self.models = Models(port, book)
@@ -103,12 +92,13 @@ class JobDriver:
     WITH_PAYLOAD: tuple[MessageKind, ...] = (UPDATE, PARTIAL)
 
     def _own_samples(self) -> int:
-        return self._trainer.num_samples if self._trainer is not None else 0
+        trainer = self.preparation.trainer
+        return trainer.num_samples if trainer is not None else 0
 
     def trainer(self) -> Trainer:
-        if self._trainer is None:
+        if self.preparation.trainer is None:
             raise RuntimeError("the job's workload is not prepared yet")
-        return self._trainer
+        return self.preparation.trainer
 
     async def handle(self, msg: Inbound) -> Any:
         """Route one of this job's messages to the role that handles its kind."""
@@ -124,7 +114,7 @@ class JobDriver:
         async with trio.open_nursery() as nursery:
             book.tasks.nursery = nursery
             try:
-                await self._prepare()
+                await self.preparation.run()
                 status.start()
                 while book.committed < self.spec.rounds and self._budget_allows():
                     await self._drive_round(book.current)
@@ -156,31 +146,6 @@ class JobDriver:
             self.port.emit(EventKind.PRIVACY_BUDGET, done, message=(
                 f"job {self.job_id}: privacy budget ε={spec.dp_epsilon_budget:g} exceeded"))
         return True
-
-    async def _prepare(self) -> None:
-        book, port = self.book, self.port
-        problems = book.ledger.load()
-        for problem in problems:
-            port.emit(EventKind.STATE_CORRUPT, message=f"ledger of job {self.job_id}: {problem}; recovering")
-        book.advance()
-        index, parts = book.info.part_for(book.me)
-        self._trainer = await port.offload(self._trainers, self.spec, index, parts, port.home,
-                                           self.faults.data_hook())
-        fitted = await port.offload(self._trainer.fitted)  # device, precision, measured throughput
-        book.device = str(fitted.get("device", ""))[:DEVICE_CHARS]
-        book.fit = {k: v for k, v in fitted.items() if isinstance(v, (int, float, str)) or v is None}
-        if (rate := valid_rate(fitted.get("samples_per_s"))) is not None:
-            book.rates[book.me] = rate
-            port.announce_soon()  # a time-budgeted job's coordinator plans only measured members
-        settings: dict[str, Any] = {k: v for k, v in book.fit.items() if v is not None and k not in ("peer", "message")}
-        port.emit(EventKind.DEVICE_FITTED, message=f"job {self.job_id}: training on {fitted.get('summary', book.device)}",
-                  **settings)
-        init = await port.offload(self._trainer.initial_params)
-        book.model_size = int(init.size)
-        book.init_hash = port.blobs.put_parts(model_parts(init, {}))
-        if problems or (book.ledger.results and not port.blobs.has(book.head_model)):
-            await port.catch_up()
-        book.ready.set()
 
     # -- one round -----------------------------------------------------------------------------------
 
@@ -335,11 +300,25 @@ class JobDriver:
         return self.book.ledger.weight
 
     def saw_presence(self, peer: str, last_round: object, head: object = None, rate: object = None,
-                     weight: object = None) -> bool:
-        """Record ``peer``'s presence (and its training throughput for this job, if it says);
-        True when its ledger, as it describes it, may win over ours (``may_win``)."""
-        self.book.saw_presence(peer, valid_rate(rate))
+                     weight: object = None, *, preparing: bool = False, passes: object = None) -> bool:
+        """Record ``peer``'s presence: its training throughput for this job, whether it is still
+        preparing the job, and the round whose coordinator turns it gives up, if it says. True
+        when its ledger, as it describes it, may win over ours (``may_win``)."""
+        gives_up = passes if isinstance(passes, int) and not isinstance(passes, bool) \
+            and 1 <= passes <= self.spec.rounds else None
+        self.book.saw_presence(peer, valid_rate(rate), preparing=preparing, passes=gives_up)
         return self.may_win(last_round, weight, head)
+
+    @property
+    def preparing(self) -> bool:
+        """Still loading this job's data and measuring the device: not yet able to take part."""
+        return not self.book.ready.is_set()
+
+    @property
+    def passes_round(self) -> int:
+        """The round whose coordinator turns this node gave up while preparing; 0 if none is current."""
+        book = self.book
+        return book.pass_round if book.pass_round == book.current.round else 0
 
     def may_win(self, height: object, weight: object = None, head: object = None) -> bool:
         """Whether a peer's ledger, as it describes it, is worth fetching (``ResultApplier.may_win``)."""

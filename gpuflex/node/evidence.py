@@ -4,7 +4,8 @@ result, whether the result arrived by gossip or inside a ledger from catch-up sy
 A result counts only if
   - its plan is signed by the one coordinator the ranking names for that plan's attempt
     (``expected_coordinator``: rendezvous ranking over the job's eligible members, which come
-    from the ledger itself, so every node and an offline audit compute the same name), and
+    from the ledger itself, so every node and an offline audit compute the same name; round
+    1's puts the job's owner ahead), and
     the plan extends the previous result (its hash, its model);
   - it counts at least ``min_nodes`` contributions, each a valid signed update made for that
     very plan (the update signs the plan's digest) by one of the plan's members, on its base;
@@ -55,12 +56,13 @@ class ChainRules:
     min_nodes: int = 1
     sample_cap_factor: float | None = None  # None: unknown (an audit without the job spec)
     max_samples: int = 0
+    owner: str | None = None  # who signed the job: round 1's first candidate if eligible
 
     @classmethod
-    def for_job(cls, job: str, spec: JobSpec, initial_members: Sequence[str]) -> ChainRules:
+    def for_job(cls, job: str, spec: JobSpec, initial_members: Sequence[str], owner: str | None = None) -> ChainRules:
         return cls(job=job, initial_members=tuple(sorted(initial_members)), allowlist=tuple(spec.allowlist),
                    min_nodes=spec.min_nodes, sample_cap_factor=spec.sample_cap_factor,
-                   max_samples=spec.max_samples)
+                   max_samples=spec.max_samples, owner=owner)
 
     def allowed(self, peer: str) -> bool:
         return not self.allowlist or peer in self.allowlist
@@ -76,7 +78,8 @@ class ChainRules:
         eligible. Each attempt rotates the ranking by one, so a backup takes over by taking
         the next attempt, and nobody can pick the attempt that names it."""
         ranked = coordinator_ranking(self.job, len(history) + 1, self.eligible(history),
-                                     [r.coordinator for r in history], attempt)
+                                     [r.coordinator for r in history], attempt,
+                                     first=None if history else self.owner)
         return ranked[0] if ranked else None
 
     def sample_cap(self, history: Sequence[Result]) -> int | None:

@@ -23,12 +23,13 @@ import trio
 from gpuflex.jobpolicy import JobPolicy
 from gpuflex.node.admission import Admission
 from gpuflex.node.control import ApiError
-from gpuflex.node.driver import JobDriver, load_trainer
+from gpuflex.node.driver import JobDriver
 from gpuflex.node.events import EventLog
 from gpuflex.node.faults import NO_FAULTS, Faults
 from gpuflex.node.kinds import EventKind, JobState
 from gpuflex.node.messages import JOB, PRESENCE, SYNC
 from gpuflex.node.nodeport import NodePort, NodeServices
+from gpuflex.node.prepare import load_trainer
 from gpuflex.node.state import JobInfo
 from gpuflex.node.summary import brief
 from gpuflex.node.sync import CatchUp
@@ -45,6 +46,8 @@ log = logging.getLogger("gpuflex.jobs")
 PRESENCE_EVERY_S = 3.0
 #: A new job is announced in a presence within this long: jobs arriving together share one.
 PRESENCE_SOON_S = 0.2
+#: Presence broadcasts in flight at once; beyond that the next waits for the one before.
+PRESENCE_SENDS_AT_ONCE = 3
 #: How often each job re-checks whether min_nodes members are reachable, to say so.
 QUORUM_CHECK_S = 1.0
 #: At start a node waits up to this many seconds (one try a second) for a first peer to sync from.
@@ -86,6 +89,7 @@ class JobManager:
         self._syncing: set[str] = set()  # jobs catching up from a peer that said it is ahead
         self._fruitless: dict[tuple[str, str], float] = {}  # (job, peer) -> when its ledger changed nothing
         self._nursery: trio.Nursery | None = None
+        self._presence_sends = 0  # presence broadcasts in flight (_presence_loop)
         self._presence_due = trio.Event()
         self.syncer = CatchUp(mesh, self.drivers, self._adopt)
         self._services = NodeServices(credit=self.credit, blobs_in_use=self.blobs_in_use,
@@ -207,19 +211,37 @@ class JobManager:
             # ledger is lighter, or as heavy on another head, learns from this to fetch ours.
             heads = {j: self.drivers[j].head() for j in active}
             weights = {j: self.drivers[j].weight for j in active}
+            # Jobs still being prepared here, and the round whose coordinator turns this node
+            # gave up meanwhile: peers skip those turns instead of waiting out a plan timeout.
+            preparing = [j for j in active if self.drivers[j].preparing]
+            passes = {j: r for j in active if (r := self.drivers[j].passes_round)}
             try:
                 await self.mesh.broadcast(seal(self.mesh.identity, PRESENCE, {
-                    "jobs": active, "heads": heads, "weights": weights, "rates": rates}))
+                    "jobs": active, "heads": heads, "weights": weights, "rates": rates,
+                    "preparing": preparing, "passes": passes}))
             except (WireError, ValueError) as exc:  # a map too large for its kind's limit
                 log.debug("presence broadcast failed: %s", exc)
 
     async def _presence_loop(self) -> None:
         while True:
-            await self.send_presence()
+            # A broadcast returns once every peer has the frame or its push timed out: one
+            # starved peer (a machine held to a tenth of a core) held each node's next presence,
+            # and with it a new member's throughput, for seconds. So a few go out side by side.
+            if self._presence_sends < PRESENCE_SENDS_AT_ONCE and self._nursery is not None:
+                self._nursery.start_soon(self._send_presence_counted)
+            else:
+                await self.send_presence()
             with trio.move_on_after(PRESENCE_EVERY_S):
                 await self._presence_due.wait()
                 await trio.sleep(PRESENCE_SOON_S)
             self._presence_due = trio.Event()
+
+    async def _send_presence_counted(self) -> None:
+        self._presence_sends += 1
+        try:
+            await self.send_presence()
+        finally:
+            self._presence_sends -= 1
 
     async def _on_presence(self, msg: Inbound) -> None:
         jobs = msg.envelope.body.get("jobs") if isinstance(msg.envelope.body, dict) else None
@@ -232,6 +254,10 @@ class JobManager:
         sender = msg.envelope.sender
         rates = msg.envelope.body.get("rates")
         rates = rates if isinstance(rates, dict) else {}
+        passes = msg.envelope.body.get("passes")
+        passes = passes if isinstance(passes, dict) else {}
+        preparing = msg.envelope.body.get("preparing")
+        preparing = {j for j in preparing if isinstance(j, str)} if isinstance(preparing, list) else set()
         unknown = False
         now = trio.current_time()
         for job, last_round in jobs.items():
@@ -239,7 +265,8 @@ class JobManager:
             if driver is None:
                 unknown = unknown or not (isinstance(job, str) and self.admission.refused(job) is not None)
                 continue
-            ahead = driver.saw_presence(sender, last_round, heads.get(job), rates.get(job), weights.get(job))
+            ahead = driver.saw_presence(sender, last_round, heads.get(job), rates.get(job), weights.get(job),
+                                        preparing=job in preparing, passes=passes.get(job))
             # A peer whose last ledger changed nothing here is not asked again for a while,
             # whatever it claims: a claim to be ahead costs the claimant, not this node.
             rested = now >= self._fruitless.get((job, sender), -FRUITLESS_SYNC_S) + FRUITLESS_SYNC_S

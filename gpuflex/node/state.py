@@ -10,6 +10,7 @@ on polling.
 from __future__ import annotations
 
 import hashlib
+import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -169,7 +170,8 @@ class JobBook:
         self.me = me
         self.dir = job_dir
         self.ledger = Ledger(job_dir / "ledger.msgpack", info.job_id,
-                             ChainRules.for_job(info.job_id, info.spec, info.initial_members))
+                             ChainRules.for_job(info.job_id, info.spec, info.initial_members,
+                                                info.submitted_by))
         self.current = RoundState(round=1)
         self.status = StatusRecord()
         self.changed = Notifier()
@@ -184,6 +186,14 @@ class JobBook:
         self.rates: dict[str, float] = {}
         self.send_lag_s = 0.0  # how long this node's update takes from its training's end to its leader
         self.device = ""
+        # Coordinator turns given up while preparing. A node still loading its data and
+        # measuring its device when a peer is ready says it plans no attempt of the round
+        # (``pass_round``): its turn would hold every member until it is ready. Peers that heard
+        # it skip its turns (``passing``: peer -> the round it gives up).
+        self.loaded = False  # the ledger is read from disk: the current round is known
+        self.pass_round = 0
+        self.passing: dict[str, int] = {}
+        self.ready_peers: set[str] = set()  # peers whose last presence says they have the job ready
         self.fit: dict[str, Any] = {}  # how the job fits this node's device (gpuflex.ml.fit)
         # A member's trained update per (round, base model): a retried attempt re-sends it.
         self.cached_updates: dict[tuple[int, str], tuple[bytes, bytes]] = {}
@@ -245,17 +255,53 @@ class JobBook:
 
     # -- membership -----------------------------------------------------------------------------
 
-    def saw_presence(self, peer: str, rate: float | None = None) -> None:
+    def saw_presence(self, peer: str, rate: float | None = None, *, preparing: bool = False,
+                     passes: int | None = None) -> None:
+        """Record ``peer``'s presence: its throughput, whether it has the job ready, and the
+        round whose coordinator turns it gave up (``passes``), as it says."""
         now = trio.current_time()
         self.presence.pop(peer, None)
         self.presence[peer] = now  # kept in order of last presence, oldest first
         while len(self.presence) > MAX_PRESENCE:
             del self.presence[next(iter(self.presence))]
-        if rate is not None and peer != self.me:
-            self.rates[peer] = rate
+        if peer != self.me:
+            if rate is not None:
+                self.rates[peer] = rate
+            if passes is not None:
+                self.passing[peer] = passes
+            else:
+                self.passing.pop(peer, None)
+            if preparing:
+                self.ready_peers.discard(peer)
+            else:
+                self.ready_peers.add(peer)
         for gone in [p for p in self.rates if p not in self.presence and p != self.me]:
             del self.rates[gone]  # bounded like presence: only peers still listed there
+        for gone in [p for p in self.passing if p not in self.presence]:
+            del self.passing[gone]
+        self.ready_peers &= set(self.presence)
         self.changed.notify()
+
+    def give_way(self) -> bool:
+        """While this node is still preparing the job: give up its coordinator turns in the
+        current round if an eligible peer with fresh presence has it ready. True when it does
+        so now (the caller announces it)."""
+        if not self.loaded or self.ready.is_set() or not self.participates() or self.pass_round == self.current.round:
+            return False
+        now = trio.current_time()
+        if not any(p in self.ready_peers and now - self.presence.get(p, -math.inf) <= PRESENCE_FRESH_S
+                   for p in self.eligible() if p != self.me):
+            return False
+        self.pass_round = self.current.round
+        return True
+
+    def passing_now(self) -> set[str]:
+        """Who said it plans no attempt of the current round (this node included)."""
+        r = self.current.round
+        out = {p for p, gives_up in self.passing.items() if gives_up == r}
+        if self.pass_round == r:
+            out.add(self.me)
+        return out
 
     def may_send_work(self, peer: str) -> bool:
         """Whether ``peer`` could be sending this node an update or partial of this job: a

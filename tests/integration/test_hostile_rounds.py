@@ -313,7 +313,7 @@ def test_a_finished_jobs_ledger_is_final_and_every_node_holds_the_same_one(arena
 
     results = verify_chain(after[0], job)
     rules = ChainRules.for_job(job, JobSpec.from_dict(digits_spec(rounds=ROUNDS, min_nodes=2, **TIMING)),
-                               results[0].plan.members)
+                               results[0].plan.members, owner=arena.ids[0])  # node 0 submitted it
     verify_chain(after[0], job, rules)  # every round with its evidence, as the nodes check it
     arena.no_hostile_round()
     assert results[-1].metrics["accuracy"] > 0.6

@@ -58,8 +58,11 @@ class Coordinator:
 
     def _passes(self, peer: str) -> bool:
         """Whether ``peer`` will not plan its attempt, as far as this node can tell: it is down
-        or unknown, it does not take part, it is behind NAT while a reachable candidate is up, or
-        (in a time-budgeted job) the last result records it as slow while a faster one is up."""
+        or unknown, it does not take part, it is behind NAT while a reachable candidate is up,
+        it said it gives up this round's turns (it was still preparing when a peer was ready)
+        while a candidate that did not is up, or (in a time-budgeted job) the last result
+        records it as slow while a faster one is up. Each of these is a fact every node learns
+        alike (health aside), so the node itself passes the same attempts its peers skip."""
         book, port = self.book, self.port
         if peer == book.me:
             up = book.participates()
@@ -69,11 +72,16 @@ class Coordinator:
             return True
         private = port.private_peers()
         slow = self._slow_by_ledger()
-        if peer not in private and peer not in slow:
+        passing = book.passing_now()
+        if peer not in private and peer not in slow and peer not in passing:
             return False
         # A private candidate gives way to any reachable one; a slow one to any reachable one
-        # that is not slow.
-        shunned = private | slow if peer in slow else private
+        # that is not slow; one that gave up its turns to any reachable one that did not.
+        shunned = set(private)
+        if peer in slow:
+            shunned |= slow
+        if peer in passing:
+            shunned |= passing
         others = [p for p in book.eligible() if p not in shunned
                   and (p == book.me or port.health(p) not in (None, PeerState.DOWN))]
         return bool(others)
@@ -174,14 +182,17 @@ class Coordinator:
         # A masked round needs a leader and secagg_min_group masking members in some group.
         need = max(spec.min_nodes, spec.secagg_min_group + 1 if spec.secure_aggregation else 1)
 
-        def members() -> list[str]:
+        def measured() -> list[str]:
             live = book.live_members(port.alive_peers())
             if spec.uses_budget:
                 # A member is planned once it has published its throughput: its step count
                 # comes from it. One still loading its data joins the next round; planned
                 # blind, it was given the slowest member's count and idled most of the budget.
                 live = [p for p in live if p == book.me or valid_rate(book.rates.get(p)) is not None]
-            kept, _ = cap_per_prefix(live, port.peer_ip, spec.max_per_prefix, {book.me, *book.eligible()})
+            return live
+
+        def members() -> list[str]:
+            kept, _ = cap_per_prefix(measured(), port.peer_ip, spec.max_per_prefix, {book.me, *book.eligible()})
             return kept
 
         def gave_way() -> bool:  # caught up, or a later attempt's plan came while members were missing
@@ -197,7 +208,11 @@ class Coordinator:
                 f"round {rs.round}: only {len(live)} of {need} members needed are reachable"
                 + (" and have published their throughput" if spec.uses_budget else "") + "; not planning"))
             return None
-        dropped = sorted(set(book.live_members(port.alive_peers())) - set(live))
+        unmeasured = sorted(set(book.live_members(port.alive_peers())) - set(measured()))
+        if unmeasured:
+            log.info("round %d: %d member(s) that have not published their throughput yet join a later round: %s",
+                     rs.round, len(unmeasured), ", ".join(p[-8:] for p in unmeasured[:8]))
+        dropped = sorted(set(measured()) - set(live))
         if dropped:
             log.warning("round %d: left out %d member(s) beyond max_per_prefix=%d per network: %s", rs.round,
                         len(dropped), spec.max_per_prefix, ", ".join(p[-8:] for p in dropped[:8]))

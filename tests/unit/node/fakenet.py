@@ -158,6 +158,7 @@ class FakeNode:
     train_s: float = 0.0  # mock seconds each local training takes
     rate: float = 0.0  # samples per mock second (time-budgeted rounds); 0: train_s decides
     train_delays: list[float] = field(default_factory=list)  # the next trainings' own durations
+    prepare_s: float = 0.0  # mock seconds fitting the job to its device takes (loading, probing)
     events: list[Event] = field(default_factory=list)
     penalties: dict[str, int] = field(default_factory=dict)
     credits: dict[str, int] = field(default_factory=dict)
@@ -261,6 +262,8 @@ class FakePort:
 
     async def offload(self, fn: Callable[..., T], *args: Any) -> T:
         result = fn(*args)
+        if getattr(fn, "__name__", "") == "fitted":
+            await trio.sleep(self.node.prepare_s)
         if getattr(fn, "__name__", "") == "train":
             node = self.node
             took = result[1]["seconds"]  # type: ignore[index]
@@ -468,7 +471,8 @@ class FakeNet:
                     if dst is src or not self.reachable(src, dst) or dst.driver is None or dst.nursery is None:
                         continue
                     if dst.driver.saw_presence(src.peer_id, src.driver.committed, src.driver.head(),
-                                               src.driver.throughput(), src.driver.weight):
+                                               src.driver.throughput(), src.driver.weight,
+                                               preparing=src.driver.preparing, passes=src.driver.passes_round):
                         dst.nursery.start_soon(self.sync, dst, [src.peer_id])
             with trio.move_on_after(PRESENCE_EVERY_S):  # or sooner, when a node asks (announce_soon)
                 await self._presence_due.wait()
@@ -494,7 +498,8 @@ class FakeNet:
 
     def ranking(self, round_: int = 1, attempt: int = 0) -> list[FakeNode]:
         """The coordinator ranking every node computes for ``round_``."""
-        ranked = coordinator_ranking(self.info.job_id, round_, self.info.initial_members, (), attempt)
+        ranked = coordinator_ranking(self.info.job_id, round_, self.info.initial_members, (), attempt,
+                                     first=self.info.submitted_by if round_ == 1 else None)
         return [self.nodes[p] for p in ranked]
 
     def first_tree(self) -> dict[str, str | None]:

@@ -71,6 +71,20 @@ def test_round_one_is_checked_against_the_jobs_members_and_an_audit_skips_only_t
     verify_chain([forged], JOB)
 
 
+def test_round_one_is_the_owners_first_and_each_later_attempt_the_next_ones() -> None:
+    _, ids = make_chain(1)
+    plain = rules_for(ids).expected_coordinator([], 0)
+    owner = next(i for i in ids if i.peer_id != plain)  # an owner the hash alone would not rank first
+    rules = rules_for(ids, owner=owner.peer_id)
+    assert [rules.expected_coordinator([], a) for a in range(len(ids))][0] == owner.peer_id
+    assert check([], next_round([], ids, rules=rules), ids, owner=owner.peer_id)
+    with pytest.raises(EvidenceError, match=f"attempt 0 belongs to {owner.peer_id[-8:]}"):
+        check([], next_round([], ids, coord=next(i for i in ids if i.peer_id == plain)), ids, owner=owner.peer_id)
+    # From round 2 on the owner is one member like the others.
+    frames, _ = make_chain(1)
+    assert rules.expected_coordinator(parsed(frames), 0) == rules_for(ids).expected_coordinator(parsed(frames), 0)
+
+
 def test_an_allowlisted_job_refuses_a_coordinator_or_member_off_the_list() -> None:
     frames, ids = make_chain(1)
     history = parsed(frames)

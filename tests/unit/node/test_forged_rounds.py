@@ -31,7 +31,7 @@ async def gossip(net: FakeNet, frame: bytes, sender: str) -> None:
 
 
 def rules(net: FakeNet) -> ChainRules:
-    return ChainRules.for_job(net.info.job_id, net.spec, net.info.initial_members)
+    return ChainRules.for_job(net.info.job_id, net.spec, net.info.initial_members, net.info.submitted_by)
 
 
 def rejected(node: FakeNode, text: str) -> bool:

@@ -55,3 +55,18 @@ def test_private_members_rank_last_in_every_attempt(attempt: int, round_: int, p
     assert ranking[: len(reach)] == reach  # every reachable member before any private one
     assert coordinator_ranking("job", round_, members, [], attempt) == \
         coordinator_ranking("job", round_, members, [], attempt, private=())
+
+
+@given(st.text(min_size=1, max_size=12), st.integers(0, 20), st.sampled_from(PEERS[:6]))
+def test_round_1_owner_leads_and_retries_rotate_through_everyone(job: str, attempt: int, owner: str) -> None:
+    members = PEERS[:6]
+    ranked = coordinator_ranking(job, 1, members, [], 0, first=owner)
+    assert ranked[0] == owner
+    assert ranked[1:] == [p for p in rendezvous_rank(job, 1, members) if p != owner]
+    # Each attempt still hands the turn to the next one, so a silent owner costs one attempt.
+    leads = {coordinator_ranking(job, 1, members, [], a, first=owner)[0] for a in range(attempt, attempt + 6)}
+    assert leads == set(members)
+
+
+def test_an_owner_that_is_no_member_changes_nothing() -> None:
+    assert coordinator_ranking("job", 1, PEERS[:5], first="stranger") == coordinator_ranking("job", 1, PEERS[:5])

@@ -1,0 +1,101 @@
+"""Preparing one job on this node: its ledger, its part of the data, the device it trains on.
+
+Preparing takes from a fraction of a second to many (a slow machine loading its data and
+measuring its throughput). Meanwhile the node can hold no coordinator turn: a peer whose turn
+comes would wait a plan timeout for its plan, and once ready it would root the round at its own
+pace. So a node still preparing after ``GIVE_WAY_AFTER_S``, when an eligible peer has the job
+ready, gives up its turns in the current round and says so in presence; its peers skip those
+turns on that word (``Coordinator._passes``), and it skips them too, so both agree.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from gpuflex.node.faults import Faults
+from gpuflex.node.kinds import EventKind
+from gpuflex.node.modelblob import model_parts
+from gpuflex.node.port import JobPort, Trainer, TrainerFactory
+from gpuflex.node.state import JobBook
+from gpuflex.node.workfields import DEVICE_CHARS
+from gpuflex.node.workplan import valid_rate
+
+log = logging.getLogger("gpuflex.rounds")
+#: A node still preparing a job this long after loading its ledger, while a peer has it ready,
+#: gives up its coordinator turns in the current round: nodes preparing side by side do not.
+GIVE_WAY_AFTER_S = 0.5
+
+
+def load_trainer(spec: Any, index: int, parts: int, home: Path, data_hook: Callable[..., Any] | None,
+                 config: Any = None) -> Trainer:
+    """The real workload (torch), imported only when a job starts: a language model's or the
+    classic one, behind the same flat-vector surface. ``config``: the node's NodeConfig for
+    this run (its data locations), read from ``home`` when None."""
+    from gpuflex.ml.workload import open_workload
+
+    return open_workload(spec, index, parts, home, data_hook=data_hook, config=config)
+
+
+class Preparation:
+    """Prepares the job once (``run``); ``trainer`` is its workload from when it is built."""
+
+    def __init__(self, port: JobPort, book: JobBook, trainers: TrainerFactory, faults: Faults) -> None:
+        self.port, self.book, self._trainers, self._faults = port, book, trainers, faults
+        self.trainer: Trainer | None = None
+
+    async def run(self) -> None:
+        book, port = self.book, self.port
+        problems = book.ledger.load()
+        for problem in problems:
+            port.emit(EventKind.STATE_CORRUPT, message=f"ledger of job {book.job_id}: {problem}; recovering")
+        book.advance()
+        book.loaded = True
+        giving_way = trio.CancelScope()
+        book.tasks.start_soon(self._give_way, giving_way)
+        try:
+            await self._fit_to_device()
+        finally:
+            giving_way.cancel()
+        if problems or (book.ledger.results and not port.blobs.has(book.head_model)):
+            await port.catch_up()
+        book.ready.set()
+        # Say so at once: a peer still preparing gives its turns in this round to a ready one,
+        # and a time-budgeted job's coordinator plans only members with a measured throughput.
+        port.announce_soon()
+
+    async def _fit_to_device(self) -> None:
+        """Load this node's part of the data, fit the job to the device, measure throughput."""
+        book, port = self.book, self.port
+        index, parts = book.info.part_for(book.me)
+        self.trainer = trainer = await port.offload(self._trainers, book.spec, index, parts, port.home,
+                                                    self._faults.data_hook())
+        fitted = await port.offload(trainer.fitted)  # device, precision, measured throughput
+        book.device = str(fitted.get("device", ""))[:DEVICE_CHARS]
+        book.fit = {k: v for k, v in fitted.items() if isinstance(v, (int, float, str)) or v is None}
+        if (rate := valid_rate(fitted.get("samples_per_s"))) is not None:
+            book.rates[book.me] = rate
+        settings: dict[str, Any] = {k: v for k, v in book.fit.items() if v is not None and k not in ("peer", "message")}
+        port.emit(EventKind.DEVICE_FITTED, message=f"job {book.job_id}: training on {fitted.get('summary', book.device)}",
+                  **settings)
+        init = await port.offload(trainer.initial_params)
+        book.model_size = int(init.size)
+        book.init_hash = port.blobs.put_parts(model_parts(init, {}))
+
+    async def _give_way(self, scope: trio.CancelScope) -> None:
+        """Give up this round's coordinator turns once ``GIVE_WAY_AFTER_S`` has passed and an
+        eligible peer has the job ready (``JobBook.give_way``); cancelled when ready."""
+        book = self.book
+        with scope:
+            await trio.sleep(GIVE_WAY_AFTER_S)
+            await book.changed.wait_for(book.give_way, math.inf)
+        if scope.cancelled_caught:
+            return
+        log.info("job %s: still preparing while a peer is ready: this node gives up its coordinator turns "
+                 "in round %d", book.job_id, book.pass_round)
+        self.port.announce_soon()
