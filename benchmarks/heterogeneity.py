@@ -17,6 +17,11 @@ on a fresh mesh:
 Every variant's job needs ``min_nodes`` = the fast nodes only, so a job starts as soon as they
 are ready; the slow node joins its rounds when it is.
 
+The fast nodes are each held to ``--fast-cores`` (0.6) of a core by their own quota, so the
+nodes' needs fit a 2-core machine (3 × 0.6 + 0.1): on separate machines the slow node takes no
+CPU from the fast ones, and here it otherwise did. ``--repeat N`` runs every variant N times,
+interleaved, and reports medians.
+
 For each it reports, from node 0's ledger (each contributor's signed training seconds and
 steps, each round's commit time and test accuracy):
 
@@ -87,21 +92,40 @@ class DutyCycle:
 
 
 @contextlib.contextmanager
-def throttled(pid: int) -> Iterator[str]:
-    """Hold ``pid`` to SLOW_CORES of one core until the block ends; yields how."""
+def throttled(pid: int, cores: float = SLOW_CORES, crude: bool = True) -> Iterator[str]:
+    """Hold ``pid`` to ``cores`` of one core until the block ends; yields how. Without a cgroup
+    quota, a duty cycle if ``crude`` (the slow node), else nothing (a fast node)."""
     try:
-        quota = CpuQuota(SLOW_CORES, name="gpuflex-bench")
+        quota = CpuQuota(cores, name="gpuflex-bench")
     except QuotaUnavailable as exc:
+        if not crude:
+            yield "no limit"
+            return
         log(f"no cgroup quota ({exc}); using a SIGSTOP/SIGCONT duty cycle")
-        cycle = DutyCycle(pid, SLOW_CORES)
+        cycle = DutyCycle(pid, cores)
         try:
-            yield f"duty cycle {SLOW_CORES:.0%}"
+            yield f"duty cycle {cores:.0%}"
         finally:
             cycle.close()
         return
     with quota:
         quota.add(pid)
-        yield f"cgroup v1 quota {SLOW_CORES:.0%} of a core"
+        yield f"cgroup v1 quota {cores:.0%} of a core"
+
+
+@contextlib.contextmanager
+def shares(pids: list[int], slow: int | None, fast_cores: float) -> Iterator[str]:
+    """Each node's share of the machine until the block ends: the slow node ``SLOW_CORES`` of a
+    core, the others ``fast_cores`` each (0: no limit). On one 2-core machine the fast nodes
+    would otherwise share the cores the slow node also takes, which separate machines do not:
+    the fast nodes ran up to a tenth slower with the slow node beside them."""
+    with contextlib.ExitStack() as stack:
+        how = [stack.enter_context(throttled(pids[slow]))] if slow is not None else ["none"]
+        if fast_cores > 0:
+            fast = [stack.enter_context(throttled(pid, fast_cores, crude=False))
+                    for i, pid in enumerate(pids) if i != slow]
+            how.append(f"fast nodes {fast[0]}" if fast else "")
+        yield "; ".join(h for h in how if h)
 
 
 SHARED_TEXT = Path(os.environ.get("GPUFLEX_SHARED_DATA", Path(__file__).resolve().parents[2] / "shared" / "data")
@@ -142,7 +166,7 @@ def run_variant(variant: str, args: argparse.Namespace, base: Path) -> dict[str,
         mesh.start(timeout=180)
         mesh.wait_connected(120)
         ids = [mesh.call(i, "status")["peer_id"] for i in range(nodes)]
-        with throttled(mesh.procs[slow].pid) if slow is not None else contextlib.nullcontext("none") as how:
+        with shares([mesh.procs[i].pid for i in range(nodes)], slow, args.fast_cores) as how:
             submitted = time.time()
             job = mesh.submit(job_spec(variant, args, fast_nodes))
             mesh.wait_job(job, list(range(nodes)), timeout=args.timeout)
@@ -279,6 +303,9 @@ def main() -> None:
                         help="node K trains on CUDA, the others on the CPU")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds each variant's job may take")
     parser.add_argument("--quick", action="store_true", help="3 nodes, 3 rounds, 1.5 s budget: a smoke test")
+    parser.add_argument("--fast-cores", type=float, default=0.6, metavar="C",
+                        help="hold each fast node to C cores by a cgroup quota, so the nodes' needs fit the machine "
+                             "(3 × 0.6 + 0.1 on 2 cores); 0: no limit")
     parser.add_argument("--repeat", type=int, default=1, metavar="N",
                         help="run every variant N times, interleaved, and report medians (a single run's time to "
                              "target varies by a round or two)")

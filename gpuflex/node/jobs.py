@@ -46,6 +46,9 @@ log = logging.getLogger("gpuflex.jobs")
 PRESENCE_EVERY_S = 3.0
 #: A new job is announced in a presence within this long: jobs arriving together share one.
 PRESENCE_SOON_S = 0.2
+#: Jobs a presence names as still preparing, or as giving up a round's turns: bounded, so many
+#: jobs arriving together do not push presence past its 8 KiB limit.
+PRESENCE_MARKS = 16
 #: Presence broadcasts in flight at once; beyond that the next waits for the one before.
 PRESENCE_SENDS_AT_ONCE = 3
 #: How often each job re-checks whether min_nodes members are reachable, to say so.
@@ -213,8 +216,8 @@ class JobManager:
             weights = {j: self.drivers[j].weight for j in active}
             # Jobs still being prepared here, and the round whose coordinator turns this node
             # gave up meanwhile: peers skip those turns instead of waiting out a plan timeout.
-            preparing = [j for j in active if self.drivers[j].preparing]
-            passes = {j: r for j in active if (r := self.drivers[j].passes_round)}
+            preparing = [j for j in active if self.drivers[j].preparing][:PRESENCE_MARKS]
+            passes = dict(list({j: r for j in active if (r := self.drivers[j].passes_round)}.items())[:PRESENCE_MARKS])
             try:
                 await self.mesh.broadcast(seal(self.mesh.identity, PRESENCE, {
                     "jobs": active, "heads": heads, "weights": weights, "rates": rates,

@@ -36,9 +36,9 @@ ModelLoader = Callable[[str, list[str]], Awaitable[tuple[np.ndarray, dict[str, n
 SEND_MARGIN_S = 1.0
 #: How late the plan reached this member, and how long its update takes from the end of its
 #: training to its leader, are taken off its budget, so that its update arrives with the
-#: others'; together at most this share of the budget (a one-off stall, or a clock that
-#: disagrees with the coordinator's, must not leave a member no time to train).
-MAX_EARLY_SHARE = 0.25
+#: others'; but it always trains at least this share of the budget (a one-off stall, or a
+#: clock that disagrees with the coordinator's, must not leave a member no time to train).
+MIN_TRAIN_SHARE = 0.25
 #: A member's training never gets less than this: a zero limit would mean "no time limit".
 MIN_TRAIN_S = 0.001
 
@@ -119,10 +119,13 @@ class Member:
             # update takes to reach its leader: every member's update then arrives about one
             # budget after the plan, and a slow member that took the plan up late does not
             # hold the round. Never past the training deadline.
+            # A lateness past the budget's other three quarters used to be taken off only up to
+            # a quarter: a slow node that took its first plan up 7 s late (applying its first
+            # result at a tenth of a core) then trained past the budget and held a 12 s round
+            # for 20 s.
             now = self.port.clock.now()
             issued = deadlines.train - book.spec.train_budget(book.recent_durations())
-            early = min(max(0.0, deadlines.received - issued) + book.send_lag_s, MAX_EARLY_SHARE * budget)
-            end = deadlines.received + budget - early
+            end = max(issued + budget - book.send_lag_s, deadlines.received + MIN_TRAIN_SHARE * budget)
             budget = max(MIN_TRAIN_S, min(end - now, deadlines.train - now - SEND_MARGIN_S))
         delta, metrics = await self.port.offload(trainer.train, params, steps, budget)
         self._trained_at = self.port.clock.now()

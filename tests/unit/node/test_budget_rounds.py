@@ -172,19 +172,19 @@ async def test_a_plan_whose_budget_or_step_counts_are_not_the_jobs_is_refused(au
         nursery.cancel_scope.cancel()
 
 
-async def run_with_a_lagging_leaf(tmp_path, rounds: int, outbound: bool) -> tuple[FakeNode, dict[int, dict[str, float]],
-                                                                               dict[int, float]]:
-    """A budgeted mesh where every message from (``outbound``) or to one member takes a second
-    more. The member is also slow, so that it is a leaf (a leader's late partial is the tree's
+async def run_with_a_lagging_leaf(tmp_path, rounds: int, outbound: bool, lag: float = 1.0, **spec: object
+                                  ) -> tuple[FakeNode, dict[int, dict[str, float]], dict[int, float]]:
+    """A budgeted mesh where every message from (``outbound``) or to one member takes ``lag``
+    seconds more. The member is also slow, so that it is a leaf (a leader's late partial is the tree's
     latency, which no member's timing can hide), with steps short enough for its time stop to
     show. Returns it, each round's training seconds by peer, and each round's length."""
-    net = FakeNet(tmp_path, 4, fast_spec(rounds=rounds, compute_budget_s=BUDGET_S, train_timeout_s=0.0))
+    net = FakeNet(tmp_path, 4, fast_spec(rounds=rounds, compute_budget_s=BUDGET_S, train_timeout_s=0.0, **spec))
     first = net.ranking(1)[0].peer_id
     lagging = next(n for n in net.nodes.values() if n.peer_id != first)
     speeds(net, slow=lagging.index)
     lagging.rate = FAST / 5
     plain_delay = net.delay
-    net.delay = lambda a, b: plain_delay(a, b) + (1.0 if (a if outbound else b) is lagging else 0.0)  # type: ignore[method-assign]
+    net.delay = lambda a, b: plain_delay(a, b) + (lag if (a if outbound else b) is lagging else 0.0)  # type: ignore[method-assign]
     async with trio.open_nursery() as nursery:
         await net.start(nursery)
         await net.wait_rounds(rounds)
@@ -244,4 +244,19 @@ async def test_a_member_that_gets_the_plan_late_trains_that_much_less(autojump_c
     for r, by_peer in seconds.items():
         assert late.peer_id in by_peer, f"round {r}: the late member counts"
         assert by_peer[late.peer_id] <= BUDGET_S - 0.9, f"round {r}: {by_peer}"
+        assert lengths[r] <= BUDGET_S + 0.5, lengths
+
+
+async def test_a_member_that_gets_the_plan_most_of_a_budget_late_still_does_not_hold_the_round(
+        autojump_clock, tmp_path) -> None:
+    """Every message to one member takes 6 s of a 10 s budget: from round 2 it trains the 4 s
+    left, and the round still ends about one budget after the plan (it used to train 7.5 s from taking the
+    plan up and hold every round 3.5 s)."""
+    # A plan timeout past the lag: the member waits for its peers' plans rather than running ahead.
+    late, seconds, lengths = await run_with_a_lagging_leaf(tmp_path, 3, outbound=False, lag=6.0, plan_timeout_s=12.0)
+    for r, by_peer in seconds.items():
+        if r == 1:
+            continue  # its peers' throughputs reach it 6 s late too: it may join at round 2
+        assert late.peer_id in by_peer, f"round {r}: the late member counts"
+        assert by_peer[late.peer_id] <= BUDGET_S - 5.9, f"round {r}: {by_peer}"
         assert lengths[r] <= BUDGET_S + 0.5, lengths

@@ -76,7 +76,8 @@ def test_round_one_is_the_owners_first_and_each_later_attempt_the_next_ones() ->
     plain = rules_for(ids).expected_coordinator([], 0)
     owner = next(i for i in ids if i.peer_id != plain)  # an owner the hash alone would not rank first
     rules = rules_for(ids, owner=owner.peer_id)
-    assert [rules.expected_coordinator([], a) for a in range(len(ids))][0] == owner.peer_id
+    owners = [rules.expected_coordinator([], a) for a in range(len(ids))]
+    assert owners[0] == owner.peer_id and sorted(owners) == sorted(i.peer_id for i in ids)
     assert check([], next_round([], ids, rules=rules), ids, owner=owner.peer_id)
     with pytest.raises(EvidenceError, match=f"attempt 0 belongs to {owner.peer_id[-8:]}"):
         check([], next_round([], ids, coord=next(i for i in ids if i.peer_id == plain)), ids, owner=owner.peer_id)
