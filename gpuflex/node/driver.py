@@ -317,8 +317,7 @@ class JobDriver:
     @property
     def passes_round(self) -> int:
         """The round whose coordinator turns this node gave up while preparing; 0 if none is current."""
-        book = self.book
-        return book.pass_round if book.pass_round == book.current.round else 0
+        return self.book.own_pass()
 
     def may_win(self, height: object, weight: object = None, head: object = None) -> bool:
         """Whether a peer's ledger, as it describes it, is worth fetching (``ResultApplier.may_win``)."""

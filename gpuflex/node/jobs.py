@@ -15,6 +15,7 @@ import time
 from collections import Counter
 from collections.abc import Sequence
 from functools import partial
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -216,8 +217,8 @@ class JobManager:
             weights = {j: self.drivers[j].weight for j in active}
             # Jobs still being prepared here, and the round whose coordinator turns this node
             # gave up meanwhile: peers skip those turns instead of waiting out a plan timeout.
-            preparing = [j for j in active if self.drivers[j].preparing][:PRESENCE_MARKS]
-            passes = dict(list({j: r for j in active if (r := self.drivers[j].passes_round)}.items())[:PRESENCE_MARKS])
+            preparing = list(islice((j for j in active if self.drivers[j].preparing), PRESENCE_MARKS))
+            passes = dict(islice(((j, r) for j in active if (r := self.drivers[j].passes_round)), PRESENCE_MARKS))
             try:
                 await self.mesh.broadcast(seal(self.mesh.identity, PRESENCE, {
                     "jobs": active, "heads": heads, "weights": weights, "rates": rates,

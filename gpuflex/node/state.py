@@ -263,7 +263,13 @@ class JobBook:
         self.presence.pop(peer, None)
         self.presence[peer] = now  # kept in order of last presence, oldest first
         while len(self.presence) > MAX_PRESENCE:
-            del self.presence[next(iter(self.presence))]
+            # What a peer said lives as long as its presence entry: bounded alike.
+            gone = next(iter(self.presence))
+            del self.presence[gone]
+            if gone != self.me:
+                self.rates.pop(gone, None)
+            self.passing.pop(gone, None)
+            self.ready_peers.discard(gone)
         if peer != self.me:
             if rate is not None:
                 self.rates[peer] = rate
@@ -275,11 +281,6 @@ class JobBook:
                 self.ready_peers.discard(peer)
             else:
                 self.ready_peers.add(peer)
-        for gone in [p for p in self.rates if p not in self.presence and p != self.me]:
-            del self.rates[gone]  # bounded like presence: only peers still listed there
-        for gone in [p for p in self.passing if p not in self.presence]:
-            del self.passing[gone]
-        self.ready_peers &= set(self.presence)
         self.changed.notify()
 
     def give_way(self) -> bool:
@@ -295,11 +296,16 @@ class JobBook:
         self.pass_round = self.current.round
         return True
 
+    def own_pass(self) -> int:
+        """The round whose coordinator turns this node gave up while preparing, if it is the
+        current one; else 0."""
+        return self.pass_round if self.pass_round == self.current.round else 0
+
     def passing_now(self) -> set[str]:
         """Who said it plans no attempt of the current round (this node included)."""
         r = self.current.round
         out = {p for p, gives_up in self.passing.items() if gives_up == r}
-        if self.pass_round == r:
+        if self.own_pass():
             out.add(self.me)
         return out
 

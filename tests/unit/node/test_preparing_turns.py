@@ -100,3 +100,18 @@ async def test_a_turn_given_up_for_no_round_of_the_job_is_ignored(autojump_clock
     assert here.driver.book.passing == {}
     here.driver.saw_presence(peer.peer_id, 0, passes=2)
     assert here.driver.book.passing == {peer.peer_id: 2}
+
+
+async def test_what_a_peer_said_is_forgotten_with_its_presence(autojump_clock, tmp_path, monkeypatch) -> None:
+    import gpuflex.node.state as state
+
+    monkeypatch.setattr(state, "MAX_PRESENCE", 2)
+    net = FakeNet(tmp_path, 4, fast_spec(rounds=2))
+    here = net.node(0)
+    net._make(here)
+    book = here.driver.book
+    for node in (net.node(1), net.node(2), net.node(3)):
+        here.driver.saw_presence(node.peer_id, 0, rate=10.0, passes=1)
+    kept = {net.node(2).peer_id, net.node(3).peer_id}
+    assert set(book.presence) == kept
+    assert set(book.rates) == set(book.passing) == book.ready_peers == kept
