@@ -57,6 +57,9 @@ FIRST_CONTACTS_PER_PERIOD, DOWN_PER_PERIOD = 8, 1
 #: A node announces itself alive this long after start, so a restarted node is up again
 #: everywhere without waiting for a probe.
 ANNOUNCE_AFTER_S = (2.0, 8.0, 20.0)
+#: py-libp2p's ping handler closes a stream that carries no ping for 10 s (its RESP_TIMEOUT);
+#: a watched peer may be probed less often, so an older kept stream is replaced.
+STREAM_IDLE_S = 8.0
 #: Peer ids in a rumour or ping request: base58 multihashes are under 64 characters.
 MAX_PEER_ID = 128
 
@@ -102,8 +105,9 @@ class Liveness:
         self.backoff = PeerBackoff()
         self._turn: list[str] = []  # watched peers still to probe this turn
         self._down_turn: list[str] = []
-        self._streams: dict[str, Any] = {}
+        self._streams: dict[str, tuple[Any, float]] = {}  # peer -> (ping stream, last used)
         self._redialling: set[str] = set()
+        self._pinging: dict[str, _Pending] = {}
         self._nursery: trio.Nursery | None = None
         node.handlers.register(RUMOUR, self._on_rumour)
         node.handlers.register(PING_REQ, self._on_ping_req)
@@ -179,8 +183,29 @@ class Liveness:
 
     async def ping(self, peer: str) -> bool:
         """One libp2p ping on a kept-open stream, so the RTT is the network's, not a handshake's;
-        a peer with no connection is redialled first (``redial``, with backoff)."""
-        stream = self._streams.get(peer)
+        a peer with no connection is redialled first (``redial``, with backoff). Pings of one
+        peer never overlap (a probe and a ``ping_req`` would interleave on the stream): a
+        second one waits for the first's answer."""
+        pending = self._pinging.get(peer)
+        if pending is not None:
+            await pending.done.wait()
+            return pending.ok
+        pending = self._pinging[peer] = _Pending()
+        try:
+            pending.ok = await self._ping(peer)
+        finally:
+            del self._pinging[peer]
+            pending.done.set()
+        return pending.ok
+
+    async def _ping(self, peer: str) -> bool:
+        kept = self._streams.get(peer)
+        if kept is not None and trio.current_time() - kept[1] > STREAM_IDLE_S:
+            del self._streams[peer]  # the peer's handler has given up on it by now
+            if self._nursery is not None:
+                self._nursery.start_soon(_reset, kept[0])
+            kept = None
+        stream = kept[0] if kept is not None else None
         if stream is None and peer not in self._redialling and self.backoff.ready(peer) \
                 and peer not in self.node.connected_ids() and self._nursery is not None:
             self._nursery.start_soon(self.redial, peer)
@@ -188,9 +213,9 @@ class Liveness:
             try:
                 if stream is None:
                     stream = await self.node.open(peer, PING_PROTOCOL, self.config.ping_timeout_s)
-                    self._streams[peer] = stream
                 payload = os.urandom(32)
                 t0 = trio.current_time()
+                self._streams[peer] = (stream, t0)
                 await stream.write(payload)
                 if await read_exactly(stream, 32) == payload:
                     self.node.peers.seen(peer, (trio.current_time() - t0) * 1000)
@@ -200,7 +225,7 @@ class Liveness:
                 log.debug("ping %s failed: %s", peer[-8:], exc)
         dropped = self._streams.pop(peer, None)
         if dropped is not None and self._nursery is not None:
-            self._nursery.start_soon(_reset, dropped)
+            self._nursery.start_soon(_reset, dropped[0])
         return False
 
     async def redial(self, peer: str) -> None:
@@ -242,6 +267,7 @@ class Liveness:
         rec = self.node.peers.get(peer)
         if rec is None or rec.state == DOWN or peer in self.suspects:
             return
+        log.info("peer %s did not answer this node or %d others: suspect", peer[-8:], INDIRECT_HELPERS)
         self.node.peers.set_state(peer, SUSPECT)
         self.suspects[peer] = trio.current_time() + self.suspicion_s
         await self._say(peer, Verdict.SUSPECT, self.known.get(peer, 0))
@@ -305,6 +331,14 @@ class Liveness:
         for peer in peers:
             self.known.pop(peer, None)
             self.suspects.pop(peer, None)
+
+
+class _Pending:
+    """One ping in flight, that others wait on."""
+
+    def __init__(self) -> None:
+        self.done = trio.Event()
+        self.ok = False
 
 
 async def _reset(stream: Any) -> None:
