@@ -493,6 +493,12 @@ class MeshNode:
         self.peers.seen(peer)
         return reply.get("reply")
 
+    async def send_direct(self, frame: bytes, peers: list[str]) -> int:
+        """Send a signed frame of a ``direct_only`` kind to ``peers`` alone, not relayed and not
+        delivered here: what a job's members tell each other (presence)."""
+        with trio.CancelScope(shield=True):
+            return await self.gossip.push_to(frame, peers)
+
     async def broadcast(self, frame: bytes) -> int:
         """Flood a signed frame to the mesh; also delivers it to this node's own handler."""
         env = open_envelope(frame)

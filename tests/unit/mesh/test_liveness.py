@@ -8,6 +8,7 @@ redial backoff, is the production code, timed by trio's clock.
 
 from __future__ import annotations
 
+from itertools import pairwise
 from typing import Any
 
 import trio
@@ -245,13 +246,13 @@ async def test_redials_of_an_unreachable_peer_back_off_to_the_cap(autojump_clock
         nursery.start_soon(live.run)
         await trio.sleep(300)
         nursery.cancel_scope.cancel()
-    gaps = [b - a for a, b in zip(host.redials, host.redials[1:])]
+    gaps = [b - a for a, b in pairwise(host.redials)]
     low, high = live.backoff.low, live.backoff.high
     assert len(host.redials) >= 5
     # Doubling from ``low`` (±10 % jitter, rounded up to the probe period), capped at ``high``.
     assert gaps[0] < low * 1.1 + CFG.ping_interval_s + 0.01
     assert all(g <= high * 1.1 + CFG.ping_interval_s + 0.01 for g in gaps)
     assert gaps[-1] >= high * 0.9
-    assert all(b >= a * 0.8 for a, b in zip(gaps, gaps[1:]))
+    assert all(b >= a * 0.8 for a, b in pairwise(gaps))
     # ... and the peer, dead, was declared so once, not over and over.
     assert [b["state"] for _, b in host.rumours if b["peer"] == ids[0]].count("down") <= 1
