@@ -1,9 +1,23 @@
 """MeshNode: one peer of the mesh, embeddable in any trio program.
 
-It owns the libp2p host and the Kademlia DHT, keeps the peer table healthy, publishes this
-node's signed NodeInfo, and exposes three verbs to the layers above: ``request`` (a direct,
-acknowledged message with an optional bulk payload), ``broadcast`` (flood gossip) and
-``fetch_blob`` (content-addressed download from whoever has it).
+It owns the libp2p host and the Kademlia DHT and is the façade of the mesh: the layers above
+use its verbs, ``request`` (a direct, acknowledged message with an optional bulk payload),
+``broadcast`` (gossip over the overlay), ``send_direct`` (one hop to chosen peers),
+``fetch_blob`` (content-addressed download from whoever has it) and ``watch`` (peers whose
+failure this node should see first-hand). The work is done beside it, each part declaring in
+a Protocol what it uses of the node: ``mesh.liveness`` (SWIM-style failure detection over a
+bounded set of peers), ``mesh.discovery`` (DHT walks, NodeInfo), ``mesh.gossip`` (overlay
+gossip, large messages pulled), ``mesh.overlay`` (which peers are neighbours), ``mesh.nat``,
+``mesh.pex`` and ``mesh.inbound``.
+
+The transport seam. Everything that moves bytes between peers goes through ``open(peer,
+protocol, timeout)`` (a new stream: ``write``, ``read``, ``close``, ``reset``) and the stream
+handlers set in ``run``; liveness, gossip and the verbs use nothing else of libp2p. A
+modelled transport replaces ``host`` and those two, and the DHT (``self.dht``: ``put_value``,
+``get_value``, ``provide``, ``find_providers``, ``refresh_routing_table``, ``routing_table``,
+``add_peer``), which discovery, NAT and blob lookups read. Still direct users of the libp2p
+host, outside that seam: ``mesh.dialer`` (joining and redialling), ``mesh.nat``/``mesh.relay``
+(circuits, dial-backs) and ``peer_ip``/``connected_ids``.
 
     async with MeshNode.start(identity, MeshConfig(listen=["/ip4/127.0.0.1/tcp/0"])) as node:
         print(node.multiaddrs())
