@@ -157,13 +157,14 @@ class Liveness:
             for peer in self.due():
                 sweep.start_soon(self.probe, peer)
         now = trio.current_time()
-        for peer, ends in list(self.suspects.items()):
-            if now >= ends:
-                del self.suspects[peer]
-                rec = self.node.peers.get(peer)
-                if rec is not None and rec.state == SUSPECT:
-                    self.node.peers.set_state(peer, DOWN)
-                    await self._say(peer, Verdict.DOWN, self.known.get(peer, 0))
+        for peer in [p for p, ends in self.suspects.items() if now >= ends]:
+            # Saying so yields: a rumour or an answer may have cleared the suspicion meanwhile.
+            if self.suspects.pop(peer, None) is None:
+                continue
+            rec = self.node.peers.get(peer)
+            if rec is not None and rec.state == SUSPECT:
+                self.node.peers.set_state(peer, DOWN)
+                await self._say(peer, Verdict.DOWN, self.known.get(peer, 0))
         self.node.peers.reevaluate(unseen_only=True)
 
     async def probe(self, peer: str) -> bool:
