@@ -8,6 +8,8 @@ redial backoff, is the production code, timed by trio's clock.
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from itertools import pairwise
 from typing import Any
 
@@ -107,15 +109,22 @@ async def wait_state(host: Host, peer: str, state: Any, limit: float) -> float:
     return trio.current_time() - start
 
 
-async def test_a_killed_peer_is_suspected_then_down_within_the_bound(autojump_clock) -> None:
-    net = Net()
-    ids = peer_ids(10)
+@asynccontextmanager
+async def running(n: int) -> AsyncIterator[tuple[Net, list[str], Host, Liveness]]:
+    """Liveness running over ``n`` peers, once it has reached every one of them."""
+    net, ids = Net(), peer_ids(n)
     host = Host(net, ids)
     live = Liveness(host, CFG)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(live.run)
         for p in ids:
             await wait_state(host, p, UP, 10)
+        yield net, ids, host, live
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_killed_peer_is_suspected_then_down_within_the_bound(autojump_clock) -> None:
+    async with running(10) as (net, ids, host, live):
         victim = ids[3]
         net.dead.add(victim)
         # Worst case: the victim was probed just before it died, so it waits a whole turn of
@@ -127,24 +136,15 @@ async def test_a_killed_peer_is_suspected_then_down_within_the_bound(autojump_cl
         assert (victim, "suspect") in said and (victim, "down") in said
         assert said.index((victim, "suspect")) < said.index((victim, "down"))
         assert all(host.peers.get(p).state == UP for p in ids if p != victim)  # type: ignore[union-attr]
-        nursery.cancel_scope.cancel()
 
 
 async def test_an_indirect_probe_keeps_up_a_peer_only_this_node_cannot_reach(autojump_clock) -> None:
-    net = Net()
-    ids = peer_ids(4)
-    host = Host(net, ids)
-    live = Liveness(host, CFG)
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(live.run)
-        for p in ids:
-            await wait_state(host, p, UP, 10)
+    async with running(4) as (net, ids, host, live):
         net.unreachable_from_here.add(ids[0])
         live._streams.clear()  # the kept stream went with the link
         await trio.sleep(60)
         assert host.peers.get(ids[0]).state == UP  # type: ignore[union-attr]
         assert not [b for _, b in host.rumours if b["peer"] == ids[0]]
-        nursery.cancel_scope.cancel()
 
 
 async def test_each_period_probes_a_bounded_number_of_peers(autojump_clock) -> None:
