@@ -128,6 +128,12 @@ class PeerTable:
         now = self.clock()
         return [p.peer_id for p in self._peers.values() if p.state == UP and p.ignored_until <= now]
 
+    def members(self) -> list[str]:
+        """Peers still in the mesh as far as this node knows: not down, not ignored. A suspect
+        is a member: it must hear that it is suspected, to refute it (``mesh.liveness``)."""
+        now = self.clock()
+        return [p.peer_id for p in self._peers.values() if p.state != DOWN and p.ignored_until <= now]
+
     def counts(self) -> dict[str, int]:
         out: dict[str, int] = {str(s): 0 for s in PeerState}
         for p in self._peers.values():

@@ -312,8 +312,8 @@ class MeshNode:
     # -- the bounded set of peers this node talks to and watches ------------------------------
 
     def neighbours(self) -> list[str]:
-        """This node's overlay neighbours among the peers it believes up (``mesh.overlay``)."""
-        return neighbours(self.peer_id, self.peers.alive())
+        """This node's overlay neighbours among the mesh's members (``mesh.overlay``)."""
+        return neighbours(self.peer_id, self.peers.members())
 
     def watch(self, peers: Iterable[str], for_s: float) -> None:
         """Watch ``peers`` (the members of a round this node is in) for ``for_s`` seconds,

@@ -65,6 +65,7 @@ class Host:
         self.net, self.ids = net, peers
         self.rumours: list[tuple[float, dict[str, Any]]] = []
         self.redials: list[float] = []
+        self.direct: list[tuple[dict[str, Any], list[str]]] = []
         self.redial_ok = redial_ok
         self.connected: set[str] = set(peers)
         for p in peers:  # learnt, as discovery would, not yet reached
@@ -91,6 +92,10 @@ class Host:
         env = open_envelope(frame, expect_kind=RUMOUR)
         self.rumours.append((trio.current_time(), env.body))
         return 1
+
+    async def send_direct(self, frame: bytes, peers: list[str]) -> int:
+        self.direct.append((open_envelope(frame).body, peers))
+        return len(peers)
 
     async def redial(self, peer: str) -> bool:
         self.redials.append(trio.current_time())
@@ -135,6 +140,8 @@ async def test_a_killed_peer_is_suspected_then_down_within_the_bound(autojump_cl
         said = [(b["peer"], b["state"]) for _, b in host.rumours]
         assert (victim, "suspect") in said and (victim, "down") in said
         assert said.index((victim, "suspect")) < said.index((victim, "down"))
+        # Each also went to the victim itself, whom the overlay stops reaching: so a live one can refute it.
+        assert {b["state"] for b, to in host.direct if to == [victim]} == {"suspect", "down"}
         assert all(host.peers.get(p).state == UP for p in ids if p != victim)  # type: ignore[union-attr]
 
 
