@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import argparse
 import time
+from contextlib import suppress
+from itertools import pairwise
 from typing import Any
 
 import trio
@@ -52,7 +54,7 @@ async def run(hosts_n: int, sizes_kib: list[int], wait_s: float) -> list[dict[st
             await pubsub.wait_until_ready()
             hosts.append(host)
             pubsubs.append(pubsub)
-        for a, b in zip(hosts, hosts[1:], strict=False):
+        for a, b in pairwise(hosts):
             addr = f"{b.get_addrs()[0]}"
             addr = addr if "/p2p/" in addr else f"{addr}/p2p/{b.get_id()}"
             await a.connect(info_from_p2p_addr(Multiaddr(addr)))
@@ -74,10 +76,8 @@ async def run(hosts_n: int, sizes_kib: list[int], wait_s: float) -> list[dict[st
         for cm in reversed(stack):
             with trio.move_on_after(2) as scope:
                 scope.shield = True
-                try:
+                with suppress(Exception):  # teardown of a benchmark: nothing left to measure
                     await cm.__aexit__(None, None, None)
-                except Exception:  # teardown of a benchmark: nothing left to measure
-                    pass
     return rows
 
 

@@ -34,7 +34,7 @@ def ring_key(peer: str) -> bytes:
 def strides(n: int) -> list[int]:
     """The ring distances a node links to, in a ring of ``n`` members."""
     out = [1, 2, 3, round(n ** (1 / 3)), round(n ** (2 / 3))]
-    return sorted({d for d in out if 0 < d})
+    return sorted({d for d in out if d > 0})
 
 
 def neighbours(self_id: str, members: Iterable[str], degree: int = DEGREE) -> list[str]:

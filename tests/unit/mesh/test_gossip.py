@@ -109,7 +109,7 @@ async def spread(n: int, size: int) -> tuple[list[Node], bytes]:
 
 
 async def test_a_message_reaches_every_node_with_at_most_degree_copies_each() -> None:
-    nodes, frame = await spread(60, 100)
+    nodes, _ = await spread(60, 100)
     rest = nodes[1:]
     assert all(n.received for n in rest)
     assert max(len(n.received) for n in rest) <= DEGREE
