@@ -52,6 +52,8 @@ register_kind(PING_REQ, 512)
 PROBES_PER_PERIOD = 2
 #: Peers asked to probe a peer that did not answer this node.
 INDIRECT_HELPERS = 2
+#: Direct-then-indirect rounds, half a period apart, before a peer is suspected.
+PROBE_ROUNDS = 2
 #: Newly learnt peers checked per period, and down peers looked at per period.
 FIRST_CONTACTS_PER_PERIOD, DOWN_PER_PERIOD = 8, 1
 #: A node announces itself alive this long after start, so a restarted node is up again
@@ -110,6 +112,7 @@ class Liveness:
         self._streams: dict[str, tuple[Any, float]] = {}  # peer -> (ping stream, last used)
         self._redialling: set[str] = set()
         self._pinging: dict[str, _Pending] = {}
+        self._probing: set[str] = set()
         self._nursery: trio.Nursery | None = None
         node.handlers.register(RUMOUR, self._on_rumour)
         node.handlers.register(PING_REQ, self._on_ping_req)
@@ -124,7 +127,12 @@ class Liveness:
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             while True:
-                await self.sweep()
+                # Probes run beside the loop: a slow one never holds up the next period's, nor
+                # the suspicions that are due.
+                for peer in self.due():
+                    if peer not in self._probing:
+                        nursery.start_soon(self.probe, peer)
+                self.expire()
                 if announce and trio.current_time() - started >= announce[0] and self.node.peers.alive():
                     announce.pop(0)
                     await self._say(self.node.peer_id, Verdict.ALIVE, self.incarnation)
@@ -155,34 +163,51 @@ class Liveness:
         return out
 
     async def sweep(self) -> None:
+        """One period, waiting for its probes and for the deaths it announces."""
         async with trio.open_nursery() as sweep:
             for peer in self.due():
                 sweep.start_soon(self.probe, peer)
+        for peer in self.expire():
+            await self._say(peer, Verdict.DOWN, self.known.get(peer, 0))
+
+    def expire(self) -> list[str]:
+        """Suspects whose time is up are down; returns them (announced in the background
+        when running). Peers never reached age by silence (``PeerTable.reevaluate``)."""
         now = trio.current_time()
+        dead = []
         for peer in [p for p, ends in self.suspects.items() if now >= ends]:
-            # Saying so yields: a rumour or an answer may have cleared the suspicion meanwhile.
-            if self.suspects.pop(peer, None) is None:
-                continue
+            del self.suspects[peer]
             rec = self.node.peers.get(peer)
             if rec is not None and rec.state == SUSPECT:
                 self.node.peers.set_state(peer, DOWN)
-                await self._say(peer, Verdict.DOWN, self.known.get(peer, 0))
+                dead.append(peer)
+                if self._nursery is not None:
+                    self._nursery.start_soon(self._say, peer, Verdict.DOWN, self.known.get(peer, 0))
         self.node.peers.reevaluate(unseen_only=True)
+        return [] if self._nursery is not None else dead
 
     async def probe(self, peer: str) -> bool:
-        """Direct, then indirect; suspicion (and a rumour) if neither reached ``peer``."""
-        rec = self.node.peers.get(peer)
-        if rec is None:
+        """Direct, then indirect, twice ``RETRY_S`` apart; suspicion (and a rumour) if nobody
+        reached ``peer`` either time: one slow moment of a loaded machine condemns nobody."""
+        self._probing.add(peer)
+        try:
+            for attempt in range(PROBE_ROUNDS):
+                rec = self.node.peers.get(peer)
+                if rec is None:
+                    return False
+                if await self.ping(peer):
+                    return True
+                if rec.last_seen is None or rec.state == DOWN:
+                    return False  # never reached, or already dead: silence ages it (PeerTable)
+                if await self._ask_others(peer):
+                    self.node.peers.seen(peer)
+                    return True
+                if attempt + 1 < PROBE_ROUNDS:
+                    await trio.sleep(self.config.ping_interval_s / 2)
+            await self.suspect(peer)
             return False
-        if await self.ping(peer):
-            return True
-        if rec.last_seen is None or rec.state == DOWN:
-            return False  # never reached, or already dead: silence ages it (PeerTable)
-        if await self._ask_others(peer):
-            self.node.peers.seen(peer)
-            return True
-        await self.suspect(peer)
-        return False
+        finally:
+            self._probing.discard(peer)
 
     async def ping(self, peer: str) -> bool:
         """One libp2p ping on a kept-open stream, so the RTT is the network's, not a handshake's;
