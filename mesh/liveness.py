@@ -27,6 +27,7 @@ and only the peer itself can say it is alive.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import time
 from collections.abc import Iterable
@@ -48,12 +49,17 @@ RUMOUR = "liveness"
 PING_REQ = "ping_req"
 register_kind(RUMOUR, 512)
 register_kind(PING_REQ, 512)
-#: Watched peers probed each period (``HealthConfig.ping_interval_s``).
-PROBES_PER_PERIOD = 2
+#: Watched peers probed each period (``HealthConfig.ping_interval_s``): at least this many,
+#: and enough that each is probed every ``KEEP_FRESH_S`` (its ping stream stays open, and a
+#: new stream's handshakes are what a loaded machine is slowest at), up to the most.
+PROBES_PER_PERIOD, MAX_PROBES_PER_PERIOD, KEEP_FRESH_S = 2, 8, 6.0
 #: Peers asked to probe a peer that did not answer this node.
 INDIRECT_HELPERS = 2
 #: Direct-then-indirect rounds, half a period apart, before a peer is suspected.
 PROBE_ROUNDS = 2
+#: A loop that wakes this late is on a starved machine; for a while after, its failed
+#: probes say more about itself than about its peers, and suspect nobody (Lifeguard's idea).
+LAGGING_S, LAGGING_HOLD_S = 1.0, 10.0
 #: Newly learnt peers checked per period, and down peers looked at per period.
 FIRST_CONTACTS_PER_PERIOD, DOWN_PER_PERIOD = 8, 1
 #: A node announces itself alive this long after start, so a restarted node is up again
@@ -113,6 +119,8 @@ class Liveness:
         self._redialling: set[str] = set()
         self._pinging: dict[str, _Pending] = {}
         self._probing: set[str] = set()
+        self._due_at = math.inf  # when the loop should wake next
+        self._lagging_until = -math.inf
         self._nursery: trio.Nursery | None = None
         node.handlers.register(RUMOUR, self._on_rumour)
         node.handlers.register(PING_REQ, self._on_ping_req)
@@ -127,6 +135,10 @@ class Liveness:
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             while True:
+                woke = trio.current_time()
+                if woke - self._due_at > LAGGING_S:  # this node is the slow one: trust no verdict
+                    self._lagging_until = woke + LAGGING_HOLD_S
+                self._due_at = woke + self.config.ping_interval_s
                 # Probes run beside the loop: a slow one never holds up the next period's, nor
                 # the suspicions that are due.
                 for peer in self.due():
@@ -148,7 +160,9 @@ class Liveness:
         live = [p for p in watched if peers.get(p).state != DOWN]  # type: ignore[union-attr]
         self._turn = [p for p in self._turn if p in live]
         out: list[str] = []
-        while len(out) < min(self.probes, len(live)):
+        count = min(MAX_PROBES_PER_PERIOD, max(self.probes, math.ceil(
+            len(live) * self.config.ping_interval_s / KEEP_FRESH_S)))
+        while len(out) < min(count, len(live)):
             if not self._turn:
                 self._turn = [p for p in live if p not in out]
                 if not self._turn:
@@ -204,6 +218,9 @@ class Liveness:
                     return True
                 if attempt + 1 < PROBE_ROUNDS:
                     await trio.sleep(self.config.ping_interval_s / 2)
+            if trio.current_time() < self._lagging_until:
+                log.info("not suspecting %s: this node itself is running late", peer[-8:])
+                return False
             await self.suspect(peer)
             return False
         finally:
@@ -237,7 +254,8 @@ class Liveness:
         if stream is None and peer not in self._redialling and self.backoff.ready(peer) \
                 and peer not in self.node.connected_ids() and self._nursery is not None:
             self._nursery.start_soon(self.redial, peer)
-        with trio.move_on_after(self.config.ping_timeout_s):
+        # A new stream costs a few round trips more than a ping: it gets its own allowance.
+        with trio.move_on_after(self.config.ping_timeout_s * (2 if stream is None else 1)):
             try:
                 if stream is None:
                     stream = await self.node.open(peer, PING_PROTOCOL, self.config.ping_timeout_s)
