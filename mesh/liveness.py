@@ -55,7 +55,7 @@ register_kind(PING_REQ, 512)
 PROBES_PER_PERIOD, MAX_PROBES_PER_PERIOD, KEEP_FRESH_S = 2, 8, 6.0
 #: Peers asked to probe a peer that did not answer this node.
 INDIRECT_HELPERS = 2
-#: Direct-then-indirect rounds, half a period apart, before a peer is suspected.
+#: Direct-then-indirect rounds, a period apart, before a peer is suspected.
 PROBE_ROUNDS = 2
 #: A loop that wakes this late is on a starved machine; for a while after, its failed
 #: probes say more about itself than about its peers, and suspect nobody (Lifeguard's idea).
@@ -201,7 +201,7 @@ class Liveness:
         return [] if self._nursery is not None else dead
 
     async def probe(self, peer: str) -> bool:
-        """Direct, then indirect, twice ``RETRY_S`` apart; suspicion (and a rumour) if nobody
+        """Direct, then indirect, twice a period apart; suspicion (and a rumour) if nobody
         reached ``peer`` either time: one slow moment of a loaded machine condemns nobody."""
         self._probing.add(peer)
         try:
@@ -217,7 +217,9 @@ class Liveness:
                     self.node.peers.seen(peer)
                     return True
                 if attempt + 1 < PROBE_ROUNDS:
-                    await trio.sleep(self.config.ping_interval_s / 2)
+                    await trio.sleep(self.config.ping_interval_s)
+            if self.heard_lately(peer):
+                return False  # it spoke (a message, another's ping request) while we probed
             if trio.current_time() < self._lagging_until:
                 log.info("not suspecting %s: this node itself is running late", peer[-8:])
                 return False
