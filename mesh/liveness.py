@@ -61,7 +61,7 @@ PROBE_ROUNDS = 2
 #: probes say more about itself than about its peers, and suspect nobody (Lifeguard's idea).
 LAGGING_S, LAGGING_HOLD_S = 1.0, 10.0
 #: Newly learnt peers checked per period, and down peers looked at per period.
-FIRST_CONTACTS_PER_PERIOD, DOWN_PER_PERIOD = 8, 1
+FIRST_CONTACTS_PER_PERIOD, DOWN_PER_PERIOD = 8, 2
 #: A node announces itself alive this long after start, so a restarted node is up again
 #: everywhere without waiting for a probe.
 ANNOUNCE_AFTER_S = (2.0, 8.0, 20.0)
@@ -209,7 +209,11 @@ class Liveness:
                 rec = self.node.peers.get(peer)
                 if rec is None:
                     return False
+                was_down = rec.state == DOWN and rec.last_seen is not None
                 if await self.ping(peer):
+                    if was_down and self._nursery is not None:
+                        # Alive, though taken for dead: tell it, so that it refutes everywhere.
+                        self._nursery.start_soon(self._tell, peer)
                     return True
                 if rec.last_seen is None or rec.state == DOWN:
                     return False  # never reached, or already dead: silence ages it (PeerTable)
@@ -328,6 +332,12 @@ class Liveness:
             await self.node.broadcast(frame)
             if peer != self.node.peer_id:
                 await self.node.send_direct(frame, [peer])
+
+    async def _tell(self, peer: str) -> None:
+        frame = seal(self.node.identity, RUMOUR, {"peer": peer, "state": str(Verdict.DOWN),
+                                                  "inc": self.known.get(peer, 0)})
+        with trio.move_on_after(self.config.ping_timeout_s * 5):
+            await self.node.send_direct(frame, [peer])
 
     def heard_lately(self, peer: str) -> bool:
         rec = self.node.peers.get(peer)

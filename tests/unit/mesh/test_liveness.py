@@ -261,6 +261,7 @@ async def test_redials_of_an_unreachable_peer_back_off_to_the_cap(autojump_clock
         await trio.sleep(300)
         nursery.cancel_scope.cancel()
     gaps = [b - a for a, b in pairwise(host.redials)]
+    assert not host.direct or all(to == ids for _, to in host.direct)
     low, high = live.backoff.low, live.backoff.high
     assert len(host.redials) >= 5
     # Doubling from ``low`` (±10 % jitter, rounded up to the probe period), capped at ``high``.
@@ -288,3 +289,11 @@ async def test_only_suspicions_still_standing_at_their_time_are_declared_dead(au
     assert live.expire() == [a]
     assert live.expire() == []  # each death once
     assert [str(host.peers.get(p).state) for p in (a, b)] == ["down", "up"]  # type: ignore[union-attr]
+
+
+async def test_a_peer_taken_for_dead_that_answers_is_told_so_it_can_refute(autojump_clock) -> None:
+    async with running(3) as (_, ids, host, _live):
+        host.peers.set_state(ids[0], DOWN)  # a rumour, say, while it was only slow
+        await trio.sleep(3 * CFG.ping_interval_s)
+        assert host.peers.get(ids[0]).state == UP  # type: ignore[union-attr]
+        assert ({"peer": ids[0], "state": "down", "inc": 0}, [ids[0]]) in host.direct
