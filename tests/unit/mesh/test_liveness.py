@@ -268,7 +268,7 @@ async def test_redials_of_an_unreachable_peer_back_off_to_the_cap(autojump_clock
     assert gaps[0] < low * 1.1 + CFG.ping_interval_s + 0.01
     assert all(g <= high * 1.1 + CFG.ping_interval_s + 0.01 for g in gaps)
     assert gaps[-1] >= high * 0.9
-    assert all(b >= a * 0.8 for a, b in pairwise(gaps))
+    assert all(b >= a * 0.8 - CFG.ping_interval_s for a, b in pairwise(gaps))  # growing, give or take a period
     # ... and the peer, dead, was declared so once, not over and over.
     assert [b["state"] for _, b in host.rumours if b["peer"] == ids[0]].count("down") <= 1
 
