@@ -259,6 +259,7 @@ class Liveness:
         stream = kept[0] if kept is not None else None
         if stream is None and peer not in self._redialling and self.backoff.ready(peer) \
                 and peer not in self.node.connected_ids() and self._nursery is not None:
+            self._redialling.add(peer)  # now, not when the task starts: one redial at a time
             self._nursery.start_soon(self.redial, peer)
         # A new stream costs a few round trips more than a ping: it gets its own allowance.
         with trio.move_on_after(self.config.ping_timeout_s * (2 if stream is None else 1)):
@@ -373,12 +374,29 @@ class Liveness:
         if inc < self.known.get(peer, 0) or self.heard_lately(peer) or rec.state == DOWN:
             return  # about an older life, contradicted by what this node heard itself, or moot
         self.known[peer] = max(inc, self.known.get(peer, 0))
+        if peer in self.node.connected_ids() and self._nursery is not None:
+            # Still connected to it (a killed process's connections close at once): see for
+            # ourselves first, so one slow moment somewhere does not take it out everywhere.
+            if peer not in self._probing:
+                self._nursery.start_soon(self._verify, peer, verdict)
+            return
+        self._believe(peer, verdict)
+
+    def _believe(self, peer: str, verdict: Verdict) -> None:
         if verdict == Verdict.DOWN:
             self.suspects.pop(peer, None)
             self.node.peers.set_state(peer, DOWN)
         elif peer not in self.suspects:
             self.node.peers.set_state(peer, SUSPECT)
             self.suspects[peer] = trio.current_time() + self.suspicion_s
+
+    async def _verify(self, peer: str, verdict: Verdict) -> None:
+        self._probing.add(peer)
+        try:
+            if not await self.ping(peer) and not self.heard_lately(peer):
+                self._believe(peer, verdict)
+        finally:
+            self._probing.discard(peer)
 
     async def _on_ping_req(self, msg: Inbound) -> dict[str, bool]:
         body = msg.envelope.body
