@@ -309,3 +309,14 @@ async def test_a_rumour_about_a_peer_still_connected_is_checked_first(autojump_c
             await host.handlers.dispatch(rumour_from(reporter, p, Verdict.DOWN, 0))
         await wait_state(host, dead, DOWN, 3 * CFG.ping_interval_s + live.suspicion_s + 1)
         assert host.peers.get(slow).state == UP  # type: ignore[union-attr]
+
+
+def test_a_ping_waits_longer_for_a_peer_whose_round_trips_are_long() -> None:
+    host = Host(Net(), [])
+    live = Liveness(host, CFG)
+    host.peers.seen("fast", rtt_ms=5.0)
+    host.peers.seen("slow", rtt_ms=1500.0)
+    host.peers.seen("stuck", rtt_ms=60_000.0)
+    assert live.timeout("fast") == CFG.ping_timeout_s
+    assert live.timeout("slow") == 6.0
+    assert live.timeout("stuck") == 4 * CFG.ping_timeout_s
