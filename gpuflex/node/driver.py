@@ -36,7 +36,7 @@ from gpuflex.node.messages import (
     Plan,
 )
 from gpuflex.node.models import Models
-from gpuflex.node.pipeline import DeltaEncoder
+from gpuflex.node.pipeline import RESIDUAL_FILE, DeltaEncoder
 from gpuflex.node.policy import Reports
 from gpuflex.node.port import JobPort, Trainer, TrainerFactory
 from gpuflex.node.prepare import Preparation, load_trainer
@@ -77,7 +77,7 @@ class JobDriver:
         reports = Reports(port, book.status, info.job_id)
         self.models = Models(port, book)
         self.coordinator = Coordinator(port, book, own_samples=self._own_samples, start_roles=self._start_roles)
-        self.member = Member(port, book, DeltaEncoder(info.spec), faults, self.models.load, self.trainer)
+        self.member = Member(port, book, DeltaEncoder(info.spec, residual_path=book.dir / RESIDUAL_FILE), faults, self.models.load, self.trainer)
         self.leader = Leader(port, book, reports)
         self.root = Root(port, book, self.models.load, self.trainer)
         self.applier = ResultApplier(port, book, self.models, reports)

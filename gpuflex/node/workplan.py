@@ -31,6 +31,7 @@ import numpy as np
 
 from aggregation.errors import AggregationError
 from aggregation.fednova import effective_norm, normalise, step_norm
+from aggregation.sparse import SparseVector
 from gpuflex.node.messages import Plan, Update
 from gpuflex.node.workfields import MAX_PLANNED_STEPS
 from mesh.codec import WireError
@@ -163,7 +164,10 @@ def fold_vector(spec: JobSpec, plan: Plan, up: Update, vector: np.ndarray) -> np
     """What a leader folds for ``up``: its delta, divided by its step norm under FedNova."""
     if not spec.uses_fednova:
         return vector
-    return normalise(vector, norm_of(spec, checked_steps(spec, plan, up)))
+    norm = norm_of(spec, checked_steps(spec, plan, up))
+    if isinstance(vector, SparseVector):
+        return SparseVector(vector.size, vector.index, normalise(vector.values, norm))  # type: ignore[return-value]
+    return normalise(vector, norm)
 
 
 def effective_steps_norm(spec: JobSpec, plan: Plan, updates: Sequence[Update]) -> float:
