@@ -11,8 +11,21 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from aggregation import AggregationError, EncodedDelta, ErrorFeedback, WeightedAccumulator, decode_delta
-from aggregation.sparse import SPARSE_BITS, SparseCodec, _pack, decode_sparse, encode_nonzero, to_sparse
+from aggregation import (
+    AggregationError,
+    EncodedDelta,
+    ErrorFeedback,
+    WeightedAccumulator,
+    decode_delta,
+)
+from aggregation.sparse import (
+    SPARSE_BITS,
+    SparseCodec,
+    _pack,
+    decode_sparse,
+    encode_nonzero,
+    to_sparse,
+)
 
 _finite32 = st.floats(-1e3, 1e3, allow_nan=False, width=32)
 _vectors = hnp.arrays(np.float32, st.integers(1, 2000), elements=_finite32)
