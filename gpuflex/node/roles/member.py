@@ -153,7 +153,8 @@ class Member:
         frame = seal(self.port.identity, UPDATE, {
             "job": book.job_id, "round": r, "peer": book.me, "base_hash": plan.base_hash, "plan": plan.digest,
             "samples": samples, "delta_hash": blob_hash(payload), "delta_size": int(np.asarray(delta).size),
-            "metrics": {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))},
+            "metrics": {**{k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))},
+                        "update_bytes": float(len(payload))},
             **({"device": book.device} if book.device else {}),
         })
         book.cached_updates = {k: v for k, v in book.cached_updates.items() if k[0] >= r}
