@@ -99,7 +99,8 @@ def variant_jobs(task: Task, args: argparse.Namespace) -> dict[str, tuple[dict[s
     diloco = {"strategy": "diloco", "optimizer": "adamw", "lr": args.inner_lr or task.inner_lr,
               "weight_decay": args.weight_decay, "local_steps": args.local_steps or task.local_steps,
               "local_epochs": 0, "server_lr": args.outer_lr, "server_momentum": args.outer_momentum}
-    sparse = {**diloco, "codec": "sparse", "server_lr": args.sparse_outer_lr, "server_momentum": 0.0,
+    sparse = {**diloco, "local_steps": args.sparse_local_steps or diloco["local_steps"], "codec": "sparse",
+              "server_lr": args.sparse_outer_lr, "server_momentum": 0.0,
               "sparse_density": args.density, "sparse_bits": args.bits, "sparse_step_bits": args.step_bits}
     return {
         "sync": (task.sync, False),
@@ -190,7 +191,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         elif name == "sync":
             rounds, every = round(budget), task.sync_eval_every
         else:
-            rounds, every = math.ceil(budget / h), 1
+            rounds, every = math.ceil(budget / overrides.get("local_steps", h)), 1
         log(f"{name}: {rounds} rounds on {args.workers} workers")
         start = time.perf_counter()
         try:
@@ -257,6 +258,8 @@ def main() -> None:
     parser.add_argument("--bits", type=int, default=2, help="sparse: bits per value sent")
     parser.add_argument("--step-bits", type=int, default=8, help="sparse: bits per value of the step")
     parser.add_argument("--sparse-outer-lr", type=float, default=1.0, help="sparse: outer SGD lr")
+    parser.add_argument("--sparse-local-steps", type=int, default=0,
+                        help="sparse, sparseloco, demo: H, inner steps per round (default: DiLoCo's)")
     parser.add_argument("--data", type=Path, default=SHAKESPEARE, help="tinyshakespeare.txt")
     add_json_flag(parser)
     args = parser.parse_args()
