@@ -95,7 +95,8 @@ def format_status(js: dict[str, Any]) -> str:
                 isinstance(d, (int, float)) and isinstance(c, (int, float)) for d, c in downs):
             lines.append(f"bytes        {number(_mb(sum(ups)), '.3f')} MB of updates up, "  # type: ignore[arg-type]
                          f"{number(_mb(sum(d * c for d, c in downs)), '.3f')} MB down "  # type: ignore[operator]
-                         "(up MB: all members' updates; down MB: each member's step or model)")
+                         "to the contributors (up MB: all members' updates; down MB: what each member "
+                         "downloads, the step or the model)")
     return "\n".join(lines)
 
 
