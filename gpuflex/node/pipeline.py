@@ -374,13 +374,17 @@ def outer_step(spec: JobSpec, params: np.ndarray, state: dict[str, np.ndarray],
 
 def replay_step(spec: JobSpec, params: np.ndarray, state: dict[str, np.ndarray],
                 step: bytes) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-    """A member's side of ``outer_step``: the new model from the previous one and the step."""
+    """A member's side of ``outer_step``: the new model from the previous one and the step.
+
+    The step's size is checked against the model before it is decoded: a sparse step names
+    its size, and a dense vector of a size it merely claims must never be allocated."""
     try:
-        avg = decode_delta(step)
+        enc = EncodedDelta.from_bytes(step)
+        if enc.size != params.size:
+            raise WireError("garbled", f"committed step has {enc.size} values, the model {params.size}")
+        avg = decode_delta(enc)
     except AggregationError as exc:
         raise WireError("garbled", f"committed step could not be decoded: {exc}") from None
-    if avg.size != params.size:
-        raise WireError("garbled", f"committed step has {avg.size} values, the model {params.size}")
     return server_optimizer(spec).step(params, avg, state)
 
 

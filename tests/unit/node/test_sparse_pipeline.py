@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from aggregation.encoded import EncodedDelta
 from aggregation.sparse import SparseVector
 from gpuflex.jobspec import JobSpec, JobSpecError
 from gpuflex.node.modelblob import pack_model, unpack_model
@@ -98,6 +99,18 @@ def test_the_residual_survives_a_restart(tmp_path: Path) -> None:
     assert restarted.encode(second) == steady.encode(second)
     fresh = DeltaEncoder(SPARSE)  # what a member that lost its residual would send
     assert fresh.encode(second) != restarted.encode(second)
+
+
+def test_a_step_claiming_a_huge_size_is_refused_before_anything_that_size_is_allocated() -> None:
+    params = np.ones(100, np.float32)
+    chunk = 32768
+    claimed = 2**38  # 1 TB as float32: the counts for it fit in 17 MB, a dense copy never would
+    counts = np.zeros(-(-claimed // chunk), "<u2")
+    step = EncodedDelta("sparse", claimed, b"", {"cfg": np.array([chunk, 8, 0], "<i8"), "count": counts,
+                                                 "offset": np.zeros(0, np.uint8),
+                                                 "scale": np.zeros(counts.size, "<f4")}).to_bytes()
+    with pytest.raises(WireError, match="values, the model 100"):
+        replay_step(SPARSE, params, {}, step)
 
 
 def test_a_damaged_residual_file_is_ignored(tmp_path: Path) -> None:
