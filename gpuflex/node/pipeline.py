@@ -328,7 +328,13 @@ def decode_payload(spec: JobSpec, payload: bytes, size: int) -> np.ndarray:
     if spec.codec == "sparse":
         return decode_sparse_payload(spec, payload, size)  # type: ignore[return-value]
     try:
-        vec = decode_delta(payload)
+        enc = EncodedDelta.from_bytes(payload)
+        # The job's codec and the model's size, checked before decoding: a codec that names
+        # its size (top-k, sparse) must not make a leader allocate whatever size it claims.
+        if enc.codec != spec.codec or enc.size != size:
+            raise WireError("garbled", f"delta is {enc.codec!r} of {enc.size} values; the job needs "
+                            f"{spec.codec!r} of {size}")
+        vec = decode_delta(enc)
     except AggregationError as exc:
         raise WireError("garbled", f"delta could not be decoded: {exc}") from None
     if vec.size != size or not np.all(np.isfinite(vec)):

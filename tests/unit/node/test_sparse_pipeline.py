@@ -113,6 +113,17 @@ def test_a_step_claiming_a_huge_size_is_refused_before_anything_that_size_is_all
         replay_step(SPARSE, params, {}, step)
 
 
+def test_an_update_in_another_codec_or_claiming_another_size_is_refused_before_decoding() -> None:
+    int8 = dataclasses.replace(SPARSE, codec="int8")
+    huge = dataclasses.replace(SPARSE, codec="topk")
+    claimed = EncodedDelta("topk", 2**38, b"", {"index": np.zeros(0, "<i8")}).to_bytes()  # 1 TB dense
+    with pytest.raises(WireError, match="the job needs 'topk' of 100"):
+        decode_payload(huge, claimed, 100)
+    sparse = DeltaEncoder(SPARSE).encode(np.ones(100, np.float32))
+    with pytest.raises(WireError, match="the job needs 'int8' of 100"):
+        decode_payload(int8, sparse, 100)
+
+
 def test_a_damaged_residual_file_is_ignored(tmp_path: Path) -> None:
     path = tmp_path / "residual.f32"
     path.write_bytes(b"abc")
