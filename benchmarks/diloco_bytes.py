@@ -14,9 +14,9 @@ rounds with its usual local work, and the others spend the same number of steps.
   node's default for a lossy codec); the root's averaged step also travels in int8 and every
   member replays the outer step itself.
 * ``diloco-int8-no-ef``: int8 without error feedback.
-* ``sparse``: ``codec = "sparse"`` as the job file's defaults set it (top-k 1/64 per chunk of
-  4096, 2-bit values, error feedback, the step back at 8 bits), with the outer step plain SGD
-  at lr 1 (SparseLoCo's: the error-feedback residual takes the place of outer momentum).
+* ``sparse``: ``codec = "sparse"`` with top-k 1/64 per chunk of 4096, 2-bit values, all of
+  the residual kept (decay 1.0), the step back at 8 bits, and the outer step plain SGD at lr
+  1 (SparseLoCo's: the error-feedback residual takes the place of outer momentum).
 * ``sparseloco``: SparseLoCo's published settings (arXiv 2508.15706): the same top-k and
   2 bits, error feedback decayed by 0.95 each round.
 * ``demo``: DeMo's (arXiv 2411.19870) transform: a DCT per chunk of 64, top-k of the
@@ -108,7 +108,7 @@ def variant_jobs(task: Task, args: argparse.Namespace) -> dict[str, tuple[dict[s
         "diloco": (diloco, False),
         "diloco-int8": ({**diloco, "codec": "int8"}, True),
         "diloco-int8-no-ef": ({**diloco, "codec": "int8"}, False),
-        "sparse": (sparse, True),
+        "sparse": ({**sparse, "sparse_feedback_decay": 1.0}, True),
         "sparseloco": ({**sparse, "sparse_density": 64 / 4096, "sparse_bits": 2, "sparse_feedback_decay": 0.95},
                        True),
         "demo": ({**sparse, "sparse_density": 1 / 64, "sparse_chunk": 64, "sparse_transform": "dct",
@@ -211,7 +211,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "model": base["model"], "data": base["data"], "partition": base["partition"],
             "local_steps": h, "outer_lr": args.outer_lr, "outer_momentum": args.outer_momentum,
             "inner_lr": jobs["diloco"][0]["lr"], "weight_decay": args.weight_decay,
-            "sync_eval_every": task.sync_eval_every, "steps_budget": budget, "rows": rows, "reach": reach,
+            "sync_eval_every": task.sync_eval_every, "steps_budget": budget,
+            "sparse_local_steps": args.sparse_local_steps or h, "sparse_outer_lr": args.sparse_outer_lr,
+            "density": args.density, "bits": args.bits, "step_bits": args.step_bits, "rows": rows, "reach": reach,
             "curves": {k: [{key: v[key] for key in ("round", "loss", "accuracy", "upload_bytes", "download_bytes")}
                            for v in hist] for k, hist in histories.items()}}
 
@@ -224,6 +226,8 @@ def render(r: dict[str, Any]) -> str:
             f"DiLoCo: AdamW lr {r['inner_lr']:g} (weight decay {r['weight_decay']:g}) for H = {r['local_steps']} "
             f"steps, outer Nesterov lr {r['outer_lr']:g} momentum {r['outer_momentum']:g}. "
             f"MB = 10^6 bytes, uploads plus downloads (model or int8 step) of all workers.\n"
+            f"sparse, sparseloco, demo: H = {r['sparse_local_steps']}, outer SGD lr {r['sparse_outer_lr']:g}, "
+            f"density {r['density']:g}, {r['bits']} bits up, {r['step_bits']} bits down (demo: its own).\n"
             f"\"x sync\" / \"x fedavg\": that reference's bytes divided by this strategy's (higher = fewer bytes)."
             + (f"\nsync is evaluated every {every} steps, so its bytes to a target may be overstated by up to "
                f"{every - 1} steps' worth." if every > 1 else ""))
