@@ -154,7 +154,7 @@ class JobDriver:
         on something (a plan, a commit, a change, or at least ``ATTEMPT_MIN_S``), so a round
         that cannot progress costs no CPU and the node keeps serving."""
         book, status, clock = self.book, self.book.status, self.port.clock
-        rs.attempt = rs.plan.attempt if rs.plan is not None else 0
+        rs.begin_attempt(rs.plan.attempt if rs.plan is not None else 0)
         while not book.round_over(rs):
             began = clock.now()
             status.set_phase(Phase.PLAN)
@@ -166,7 +166,7 @@ class JobDriver:
                 plan = None  # only the failed attempt's plan is in force: nobody planned this one
             if plan is None:
                 if self.anyone_to_plan():
-                    rs.attempt += 1
+                    rs.begin_attempt(rs.attempt + 1)
                 else:
                     await self._wait_for_members(rs)
             else:
@@ -174,7 +174,7 @@ class JobDriver:
                 if reason is None:
                     return
                 latest = rs.plan
-                rs.attempt = max(plan.attempt, latest.attempt if latest else 0) + 1
+                rs.begin_attempt(max(plan.attempt, latest.attempt if latest else 0) + 1)
                 self.port.emit(EventKind.ROUND_RETRIED, rs.round, message=(
                     f"round {rs.round} attempt {plan.attempt} did not commit ({reason}); "
                     f"retrying as attempt {rs.attempt}"))
@@ -182,7 +182,7 @@ class JobDriver:
 
     def _moved_on(self, rs: RoundState) -> bool:
         """The round committed, or a plan for the attempt now due arrived."""
-        return self.book.round_over(rs) or (rs.plan is not None and rs.plan.attempt >= rs.attempt)
+        return self.book.round_over(rs) or rs.has_plan()
 
     def anyone_to_plan(self) -> bool:
         """Whether any member could plan a round now: this node, if it takes part and is a

@@ -113,43 +113,39 @@ class Coordinator:
         one the attempt's peer sends within a plan timeout. None: the driver moves on."""
         book, clock, spec = self.book, self.port.clock, self.book.spec
 
-        def have_plan() -> bool:
-            return rs.plan is not None and rs.plan.attempt >= rs.attempt
-
         def settled() -> bool:
-            return have_plan() or book.round_over(rs) or self._activate_held(rs)
+            return rs.has_plan() or book.round_over(rs) or self._activate_held(rs)
 
         if settled():
-            return rs.plan if have_plan() else None
+            return rs.plan if rs.has_plan() else None
         turn = self._next_turn(rs.attempt)
         if turn is None:
             # Nobody to wait for (every candidate is down, or this node, back from a restart,
             # was not in the last plan): give the mesh one plan timeout to change. Retrying at
             # once instead spun the driver at full CPU.
             await book.changed.wait_for(settled, clock.now() + spec.plan_timeout)
-            return rs.plan if have_plan() else None
-        rs.attempt = turn
+            return rs.plan if rs.has_plan() else None
+        rs.begin_attempt(turn)
         if settled():
-            return rs.plan if have_plan() else None
+            return rs.plan if rs.has_plan() else None
         cand = book.expected_coordinator(turn)
         assert cand is not None  # _next_turn found one
         if cand == book.me:
             return await self.coordinate(rs)
         await book.changed.wait_for(lambda: settled() or self._passes(cand), clock.now() + spec.plan_timeout)
-        return rs.plan if have_plan() else None
+        return rs.plan if rs.has_plan() else None
 
     def _take_up_behind(self, rs: RoundState) -> bool:
         """Put in force a plan for an earlier attempt that came while this node was busy."""
-        plan, rs.behind = rs.behind, None
+        plan = rs.take_behind()
         if plan is None or plan.round != rs.round or plan.attempt >= rs.attempt or plan.attempt in rs.aborted \
-                or self.book.committed >= plan.round or (rs.plan is not None and rs.plan.attempt >= rs.attempt):
+                or self.book.committed >= plan.round or rs.has_plan():
             return False
         try:
             deadlines = self._deadlines(plan)
         except WireError:  # its deadline passed meanwhile
             return False
-        rs.attempt = plan.attempt
-        self._in_force(rs, plan, deadlines)
+        self._in_force(rs, plan, deadlines, take_up=True)
         self._start_roles(plan, deadlines)
         return True
 
@@ -157,9 +153,7 @@ class Coordinator:
         """Put in force a plan held for the attempt this node has now reached."""
         if self._take_up_behind(rs):
             return True
-        plan = rs.held.pop(rs.attempt, None)
-        for attempt in [a for a in rs.held if a < rs.attempt]:
-            del rs.held[attempt]
+        plan = rs.take_held()
         if plan is None or self.book.committed >= plan.round or plan.round != rs.round or plan.attempt in rs.aborted:
             return False
         if rs.plan is not None and rs.plan.attempt >= plan.attempt:
@@ -311,13 +305,11 @@ class Coordinator:
         if plan.attempt < reached:
             waiting = current is None or current.attempt < rs.attempt  # no plan in force here
             if plan.attempt in rs.aborted or not waiting:
-                if plan.attempt not in rs.aborted and (rs.behind is None or rs.behind.attempt < plan.attempt):
-                    rs.behind = plan
+                rs.keep_behind(plan)  # unless its attempt was aborted, or a later one is kept
                 raise Rejected(f"plan for attempt {plan.attempt}; this node is at attempt {reached}")
             # This node passed that attempt waiting for its plan, and has none in force now: its
             # peers are in that attempt, so take it up rather than run ahead of them alone.
-            rs.attempt = plan.attempt
-            self._in_force(rs, plan, deadlines)
+            self._in_force(rs, plan, deadlines, take_up=True)
             return plan, deadlines
         live = current is not None and current.attempt >= rs.attempt  # not an attempt given up here
         if live or any(not self._attempt_passes(a) for a in
@@ -329,8 +321,12 @@ class Coordinator:
         self._in_force(rs, plan, deadlines)
         return plan, deadlines
 
-    def _in_force(self, rs: RoundState, plan: Plan, deadlines: RoundDeadlines) -> None:
-        rs.plan, rs.deadlines = plan, deadlines
+    def _in_force(self, rs: RoundState, plan: Plan, deadlines: RoundDeadlines, *, take_up: bool = False) -> None:
+        """Record ``plan`` in force (``take_up``: going back to its attempt) and say so."""
+        if take_up:
+            rs.take_up(plan, deadlines)
+        else:
+            rs.put_in_force(plan, deadlines)
         self.port.emit(EventKind.PLAN_RECEIVED, rs.round, plan.coordinator, message=(
             f"round {rs.round}: plan from {plan.coordinator[-8:]} for attempt {plan.attempt} "
             f"with {len(plan.members)} members"))

@@ -50,7 +50,7 @@ class Leader:
         height = subtree_height(plan.parent, book.me)
         col = Collector(plan, book.me, make_reducer(book.spec, is_root, plan=plan, me=book.me),
                         deadline=deadlines.reduce_by(height), on_done=book.changed.notify)
-        book.current.collectors[plan.attempt] = col
+        book.current.open_collector(plan.attempt, col)
         return col
 
     # -- inbound ---------------------------------------------------------------------------------

@@ -87,7 +87,7 @@ class Root:
         """Too little to commit: abort this attempt, saying why, so every node retries."""
         book, spec = self.book, self.book.spec
         if book.current.round == plan.round:
-            book.current.aborted.add(plan.attempt)
+            book.current.abort(plan.attempt)
         why = "".join(f"; secure aggregation failed in the group of {r['leader'][-8:]}: {r['reason']}"
                       for r in reports if not r["recovered"])
         why += "".join(f"; missing {p[-8:]}: {self.port.why_unreachable(p) or 'no update arrived'}"
