@@ -49,6 +49,7 @@ from gpuflex.node.state import JobBook, JobInfo, RoundDeadlines, RoundState
 from gpuflex.node.summary import ledger_rows, metric_rows, summarize
 from gpuflex.node.workplan import valid_rate
 from gpuflex.privacy import STOP, WARN, budget_status
+from gpuflex.safetext import printable
 from mesh.codec import WireError
 from mesh.health import PeerState
 from mesh.messaging import Inbound, Rejected, SendError
@@ -64,6 +65,8 @@ ATTEMPT_MIN_S = 1.0
 MEMBERS_GONE_RECHECK_S = 60.0
 #: An update or partial that arrives before this node has prepared the job waits this long.
 PAYLOAD_READY_WAIT_S = 10.0
+#: Why a job failed on a peer, as its presence says: at most this many characters are kept.
+FAILED_REASON_CHARS = 200
 
 
 class JobDriver:
@@ -159,7 +162,11 @@ class JobDriver:
             began = clock.now()
             status.set_phase(Phase.PLAN)
             status.set_role(Role.IDLE)
-            plan = await self.coordinator.obtain_plan(rs)
+            try:
+                plan = await self.coordinator.obtain_plan(rs)
+            except (WireError, Rejected, SendError) as exc:  # a message or race ends one attempt, not the job
+                log.warning("job %s round %d attempt %d: %s", self.job_id, rs.round, rs.attempt, exc)
+                plan = None
             if book.round_over(rs):
                 return
             if plan is not None and plan.attempt < rs.attempt:
@@ -270,6 +277,12 @@ class JobDriver:
         return self.book.status.state
 
     @property
+    def failure(self) -> str:
+        """Why this job failed here ("" unless it did): presence tells its peers."""
+        status = self.book.status
+        return (status.error or "failed")[:FAILED_REASON_CHARS] if status.state == JobState.FAILED else ""
+
+    @property
     def committed(self) -> int:
         return self.book.committed
 
@@ -300,13 +313,15 @@ class JobDriver:
         return self.book.ledger.weight
 
     def saw_presence(self, peer: str, last_round: object, head: object = None, rate: object = None,
-                     weight: object = None, *, preparing: bool = False, passes: object = None) -> bool:
+                     weight: object = None, *, preparing: bool = False, passes: object = None,
+                     failed: object = None) -> bool:
         """Record ``peer``'s presence: its training throughput for this job, whether it is still
-        preparing the job, and the round whose coordinator turns it gives up, if it says. True
-        when its ledger, as it describes it, may win over ours (``may_win``)."""
+        preparing the job, the round whose coordinator turns it gives up, and why the job failed
+        there, if it says. True when its ledger, as it describes it, may win over ours."""
         gives_up = passes if isinstance(passes, int) and not isinstance(passes, bool) \
             and 1 <= passes <= self.spec.rounds else None
-        self.book.saw_presence(peer, valid_rate(rate), preparing=preparing, passes=gives_up)
+        why = printable(failed, FAILED_REASON_CHARS) if isinstance(failed, str) and failed else ""
+        self.book.saw_presence(peer, valid_rate(rate), preparing=preparing, passes=gives_up, failed=why)
         return self.may_win(last_round, weight, head)
 
     @property
@@ -371,7 +386,8 @@ class JobDriver:
         book, allow = self.book, set(self.spec.allowlist)
         missing = sorted(p for p in set(book.info.initial_members) | set(book.eligible())
                          if p not in live and (not allow or p in allow))
-        return "".join(f"; {peer[-8:]} {self.port.why_unreachable(peer)}" for peer in missing[:8])
+        return "".join(f"; {peer[-8:]} " + (f"is gone: the job failed there ({book.left[peer]})" if peer in book.left
+                                            else self.port.why_unreachable(peer)) for peer in missing[:8])
 
     def recent_blobs(self) -> set[str]:
         return self.models.recent()

@@ -94,14 +94,11 @@ class RoundDeadlines:
 
 class RoundState:
     """The round this node works on: its number, the attempt, the plan in force and its
-    deadlines, the attempts its coordinators aborted, the plans kept for later, and this
-    node's collectors.
+    deadlines, the attempts aborted, the plans kept for later, and this node's collectors.
 
-    Everything that changes the round's state happens here, through the transitions below;
-    the fields are private. The roles decide (is this plan valid, whose turn is it, is a kept
-    plan still usable); the state records what they decided and keeps its own invariant:
-    every kept plan (held, or behind) is for a live attempt of this round, never for one its
-    coordinator aborted (``kept_plans_live``, checked after every transition).
+    Everything that changes it happens through the transitions below; the fields are private.
+    The roles decide (is a plan valid, whose turn is it); the state records, and keeps its
+    invariant: every kept plan is for a live attempt of this round (``kept_plans_live``).
     """
 
     def __init__(self, round: int) -> None:
@@ -156,7 +153,7 @@ class RoundState:
         return len(self._held) <= MAX_HELD_PLANS and all(
             p.round == self._round and p.attempt == a and a not in self._aborted for a, p in kept)
 
-    def _done(self) -> None:
+    def _done(self) -> None:  # every transition's postcondition
         assert self.kept_plans_live(), f"round {self._round}: a kept plan is not live"
 
     # -- transitions --------------------------------------------------------------------------
@@ -174,8 +171,7 @@ class RoundState:
         self._done()
 
     def take_up(self, plan: Plan, deadlines: RoundDeadlines) -> None:
-        """Go back to ``plan``'s attempt, which this node passed while its peers are in it, and
-        put it in force."""
+        """Go back to ``plan``'s attempt (passed here, its peers are in it) and put it in force."""
         self.begin_attempt(plan.attempt)
         self.put_in_force(plan, deadlines)
 
@@ -191,7 +187,7 @@ class RoundState:
         return plan.attempt in self._held
 
     def keep_behind(self, plan: Plan) -> bool:
-        """Keep ``plan``, for an attempt this node passed, to take up when it next waits; only
+        """Keep ``plan`` (for an attempt passed here) to take up when this node next waits; only
         the latest such plan is kept. False if it is not kept."""
         if plan.attempt in self._aborted or plan.round != self._round \
                 or (self._behind is not None and self._behind.attempt >= plan.attempt):
@@ -207,8 +203,7 @@ class RoundState:
         return plan
 
     def take_held(self) -> Plan | None:
-        """The plan held for the current attempt, if any, no longer held; plans held for
-        earlier attempts are dropped (this node is past them)."""
+        """The plan held for the current attempt, no longer held; those of earlier ones are dropped."""
         plan = self._held.pop(self._attempt, None)
         for attempt in [a for a in self._held if a < self._attempt]:
             del self._held[attempt]
@@ -274,6 +269,7 @@ class JobBook:
         self.loaded = False  # the ledger is read from disk: the current round is known
         self.pass_round = 0
         self.passing: dict[str, int] = {}
+        self.left: dict[str, str] = {}  # peer -> why the job failed there, as its presence says
         self.ready_peers: set[str] = set()  # peers whose last presence says they have the job ready
         self.fit: dict[str, Any] = {}  # how the job fits this node's device (gpuflex.ml.fit)
         # A member's trained update per (round, base model): a retried attempt re-sends it.
@@ -337,9 +333,9 @@ class JobBook:
     # -- membership -----------------------------------------------------------------------------
 
     def saw_presence(self, peer: str, rate: float | None = None, *, preparing: bool = False,
-                     passes: int | None = None) -> None:
-        """Record ``peer``'s presence: its throughput, whether it has the job ready, and the
-        round whose coordinator turns it gave up (``passes``), as it says."""
+                     passes: int | None = None, failed: str = "") -> None:
+        """Record ``peer``'s presence: its throughput, whether it has the job ready, the round
+        whose coordinator turns it gave up (``passes``), and why the job failed there, as it says."""
         now = trio.current_time()
         self.presence.pop(peer, None)
         self.presence[peer] = now  # kept in order of last presence, oldest first
@@ -350,6 +346,7 @@ class JobBook:
             if gone != self.me:
                 self.rates.pop(gone, None)
             self.passing.pop(gone, None)
+            self.left.pop(gone, None)
             self.ready_peers.discard(gone)
         if peer != self.me:
             if rate is not None:
@@ -358,7 +355,11 @@ class JobBook:
                 self.passing[peer] = passes
             else:
                 self.passing.pop(peer, None)
-            if preparing:
+            if failed:
+                self.left[peer] = failed
+            else:
+                self.left.pop(peer, None)
+            if preparing or failed:
                 self.ready_peers.discard(peer)
             else:
                 self.ready_peers.add(peer)
@@ -409,7 +410,7 @@ class JobBook:
         fresh = {p for p, t in self.presence.items() if now - t <= PRESENCE_FRESH_S and p in up}
         # Members of the job so far are known to hold it; being up is enough for them.
         known = (set(self.info.initial_members) | set(self.eligible())) & up
-        members = {self.me} | fresh | known
+        members = ({self.me} | fresh | known) - set(self.left)  # not those that said the job failed there
         if self.spec.allowlist:
             members &= set(self.spec.allowlist)
         return sorted(members)

@@ -66,8 +66,8 @@ class Coordinator:
         book, port = self.book, self.port
         if peer == book.me:
             up = book.participates()
-        else:
-            up = port.health(peer) not in (None, PeerState.DOWN)
+        else:  # a peer whose job failed plans nothing, whatever its health
+            up = port.health(peer) not in (None, PeerState.DOWN) and peer not in book.left
         if not up:
             return True
         private = port.private_peers()
@@ -131,7 +131,8 @@ class Coordinator:
         cand = book.expected_coordinator(turn)
         assert cand is not None  # _next_turn found one
         if cand == book.me:
-            return await self.coordinate(rs)
+            await self.coordinate(rs)
+            return rs.plan if rs.has_plan() else None
         await book.changed.wait_for(lambda: settled() or self._passes(cand), clock.now() + spec.plan_timeout)
         return rs.plan if rs.has_plan() else None
 
@@ -169,9 +170,12 @@ class Coordinator:
     # -- making a plan -----------------------------------------------------------------------
 
     async def coordinate(self, rs: RoundState) -> Plan | None:
-        """Make and gossip the plan for ``rs``: wait (bounded) for enough live members."""
+        """Make and gossip the plan for ``rs``'s attempt, this node's turn: wait (bounded) for
+        enough live members. The turn is given way if, meanwhile, this node went back to an
+        earlier attempt its peers are in (their plan reached it): its peers may disagree about
+        who passes a turn, and the plan in force settles it."""
         book, port = self.book, self.port
-        spec = book.spec
+        spec, attempt = book.spec, rs.attempt
         until = port.clock.now() + MIN_NODES_WAIT_S
         # A masked round needs a leader and secagg_min_group masking members in some group.
         need = max(spec.min_nodes, spec.secagg_min_group + 1 if spec.secure_aggregation else 1)
@@ -189,8 +193,8 @@ class Coordinator:
             kept, _ = cap_per_prefix(measured(), port.peer_ip, spec.max_per_prefix, {book.me, *book.eligible()})
             return kept
 
-        def gave_way() -> bool:  # caught up, or a later attempt's plan came while members were missing
-            return book.round_over(rs) or any(a > rs.attempt for a in rs.held)
+        def gave_way() -> bool:  # caught up, another attempt's plan is in force or came while members were missing
+            return book.round_over(rs) or rs.attempt != attempt or rs.has_plan() or any(a > attempt for a in rs.held)
 
         book.status.set_phase(Phase.PLAN)
         await book.changed.wait_for(lambda: len(members()) >= need or gave_way(), until)
@@ -198,9 +202,10 @@ class Coordinator:
             return None
         live = members()
         if len(live) < need:
+            gone = "".join(f"; the job failed on {p[-8:]}: {why}" for p, why in sorted(book.left.items())[:4])
             port.emit(EventKind.ROUND_WAITING, rs.round, message=(
                 f"round {rs.round}: only {len(live)} of {need} members needed are reachable"
-                + (" and have published their throughput" if spec.uses_budget else "") + "; not planning"))
+                + (" and have published their throughput" if spec.uses_budget else "") + f"; not planning{gone}"))
             return None
         unmeasured = sorted(set(book.live_members(port.alive_peers())) - set(measured()))
         if unmeasured:
@@ -221,13 +226,17 @@ class Coordinator:
             work = {"budget_s": spec.compute_budget_s,
                     "steps": keep_earlier(counts, [p for p in earlier if p.round == rs.round], book.head_model)}
         frame = make_plan(
-            port.identity, job=book.job_id, round=rs.round, attempt=rs.attempt, coordinator=book.me,
+            port.identity, job=book.job_id, round=rs.round, attempt=attempt, coordinator=book.me,
             base_hash=book.head_model, prev_result=book.ledger.head, members=list(parent), parent=parent,
             train_deadline=port.clock.to_wire(train_by), reduce_slack_s=spec.reduce_slack,
             sample_cap=cap if cap is not None else cap_from(spec.sample_cap_factor, [self._own_samples()]),
             private=private, **work,
         )
-        await port.broadcast(frame)  # applied here first: it is in force unless a better one is
+        try:
+            await port.broadcast(frame)  # applied here first: it is in force unless a better one is
+        except WireError as exc:  # refused by this node's own check: it never leaves this node
+            log.warning("round %d: this node's own plan for attempt %d was not applied: %s", rs.round, attempt, exc)
+            return None
         return rs.plan
 
     def _tree(self, live: list[str], private: list[str]) -> dict[str, str | None]:

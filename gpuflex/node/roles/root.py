@@ -90,7 +90,8 @@ class Root:
             book.current.abort(plan.attempt)
         why = "".join(f"; secure aggregation failed in the group of {r['leader'][-8:]}: {r['reason']}"
                       for r in reports if not r["recovered"])
-        why += "".join(f"; missing {p[-8:]}: {self.port.why_unreachable(p) or 'no update arrived'}"
+        why += "".join(f"; missing {p[-8:]}: " + (f"the job failed there ({book.left[p]})" if p in book.left
+                                                   else self.port.why_unreachable(p) or "no update arrived")
                        for p in sorted(set(plan.members) - present)[:MISSING_LISTED])
         body: dict[str, Any] = {
             "job": book.job_id, "round": plan.round, "attempt": plan.attempt,
