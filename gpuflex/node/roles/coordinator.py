@@ -196,16 +196,23 @@ class Coordinator:
         def gave_way() -> bool:  # caught up, another attempt's plan is in force or came while members were missing
             return book.round_over(rs) or rs.attempt != attempt or rs.has_plan() or any(a > attempt for a in rs.held)
 
+        def enough(live: list[str]) -> bool:  # min_nodes, and (open jobs) most of the last round's contributors
+            kept, needed = book.ledger.rules.continuing(book.ledger.results, live)
+            return len(live) >= need and kept >= needed
+
         book.status.set_phase(Phase.PLAN)
-        await book.changed.wait_for(lambda: len(members()) >= need or gave_way(), until)
+        await book.changed.wait_for(lambda: enough(members()) or gave_way(), until)
         if gave_way():
             return None
         live = members()
-        if len(live) < need:
+        if not enough(live):
+            kept, needed = book.ledger.rules.continuing(book.ledger.results, live)
             gone = "".join(f"; the job failed on {p[-8:]}: {why}" for p, why in sorted(book.left.items())[:4])
             port.emit(EventKind.ROUND_WAITING, rs.round, message=(
                 f"round {rs.round}: only {len(live)} of {need} members needed are reachable"
-                + (" and have published their throughput" if spec.uses_budget else "") + f"; not planning{gone}"))
+                + (" and have published their throughput" if spec.uses_budget else "")
+                + (f", {kept} of the {needed} of the last round's contributors an open job needs" if kept < needed else "")
+                + f"; not planning{gone}"))
             return None
         unmeasured = sorted(set(book.live_members(port.alive_peers())) - set(measured()))
         if unmeasured:

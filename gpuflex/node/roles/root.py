@@ -43,7 +43,8 @@ class Root:
         book.status.set_phase(Phase.COMMIT)
         contributions = walk_contributions(reduced.updates, reduced.partials, book.job_id, plan.round, plan)
         reports = reduced.reports
-        if len(contributions) < spec.min_nodes or reduced.avg is None:
+        kept, need = book.ledger.rules.continuing(book.ledger.results, {u.peer for u in contributions})
+        if len(contributions) < spec.min_nodes or reduced.avg is None or kept < need:
             await self._abort(plan, {u.peer for u in contributions}, reports)
             return
         avg = reduced.avg
@@ -93,9 +94,11 @@ class Root:
         why += "".join(f"; missing {p[-8:]}: " + (f"the job failed there ({book.left[p]})" if p in book.left
                                                    else self.port.why_unreachable(p) or "no update arrived")
                        for p in sorted(set(plan.members) - present)[:MISSING_LISTED])
+        kept, need = book.ledger.rules.continuing(book.ledger.results, present)
+        short = f"{len(present)} contributions < min_nodes={spec.min_nodes}" if kept >= need else (
+            f"{kept} of the previous round's contributors contributed; an open job needs {need}")
         body: dict[str, Any] = {
-            "job": book.job_id, "round": plan.round, "attempt": plan.attempt,
-            "reason": f"{len(present)} contributions < min_nodes={spec.min_nodes}{why}"}
+            "job": book.job_id, "round": plan.round, "attempt": plan.attempt, "reason": f"{short}{why}"}
         if reports:
             body["secagg"] = reports
         await self.port.broadcast(seal(self.port.identity, ABORT, body))
