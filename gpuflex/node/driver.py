@@ -369,6 +369,10 @@ class JobDriver:
         live = book.live_members(self.port.alive_peers())
         reachable = len(live)
         note = f"only {reachable} of min_nodes={need} members reachable; not committing" if reachable < need else ""
+        kept, needed = book.ledger.rules.continuing(book.ledger.results, live)
+        if not note and kept < needed:
+            note = (f"only {kept} of the {needed} recent contributors an open job needs are reachable; "
+                    "not committing")
         if note:
             note += self._missing_members(live)
         if not status.set_waiting(note):

@@ -5,7 +5,7 @@ its own key) into an open job. They are present and send updates, so honest plan
 them, and once one of those plans commits they hold turns to coordinate. Then they stop
 sending updates (the honest round waits for them until its deadline) and commit that round
 alone, on an attempt one of them owns, with a model of zeros. A round of an open job counts
-only with most of the previous round's contributors, so every honest node refuses it, keeps
+only with most of the recent rounds' contributors, so every honest node refuses it, keeps
 its own ledger and finishes the job.
 """
 

@@ -211,7 +211,7 @@ class Coordinator:
             port.emit(EventKind.ROUND_WAITING, rs.round, message=(
                 f"round {rs.round}: only {len(live)} of {need} members needed are reachable"
                 + (" and have published their throughput" if spec.uses_budget else "")
-                + (f", {kept} of the {needed} of the last round's contributors an open job needs" if kept < needed else "")
+                + (f", {kept} of the {needed} recent contributors an open job needs" if kept < needed else "")
                 + f"; not planning{gone}"))
             return None
         unmeasured = sorted(set(book.live_members(port.alive_peers())) - set(measured()))

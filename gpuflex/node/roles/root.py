@@ -96,7 +96,7 @@ class Root:
                        for p in sorted(set(plan.members) - present)[:MISSING_LISTED])
         kept, need = book.ledger.rules.continuing(book.ledger.results, present)
         short = f"{len(present)} contributions < min_nodes={spec.min_nodes}" if kept >= need else (
-            f"{kept} of the previous round's contributors contributed; an open job needs {need}")
+            f"{kept} of the recent rounds' contributors contributed; an open job needs {need}")
         body: dict[str, Any] = {
             "job": book.job_id, "round": plan.round, "attempt": plan.attempt, "reason": f"{short}{why}"}
         if reports:

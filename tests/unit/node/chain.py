@@ -121,14 +121,12 @@ def next_round(frames: list[bytes], ids: list[Identity], *, attempt: int = 0, jo
 
 
 def private_branch(frames: list[bytes], ids: list[Identity], keys: list[Identity], upto: int, *, fork: int = 1,
-                   job: str = JOB, rules: ChainRules | None = None, head_model: str | None = None,
-                   then: list[Identity] | None = None) -> list[bytes]:
+                   job: str = JOB, rules: ChainRules | None = None, head_model: str | None = None) -> list[bytes]:
     """``frames[:fork]``, then rounds up to ``upto`` that count only ``keys``' updates: what one
     party holding those keys, members of round ``fork``'s plan, can commit alone in an open
     job. Its first round is on an attempt one of its keys owns; from then on only its keys are
     eligible. Every round passes every evidence check. ``head_model``: a model blob peers can
-    fetch, committed by its last round, so that nothing but fork choice keeps it out. ``then``:
-    the keys whose updates count from its second round on (``keys`` by default)."""
+    fetch, committed by its last round, so that nothing but fork choice keeps it out."""
     rules = rules or rules_for(ids)
     branch = list(frames[:fork])
     mine = {k.peer_id for k in keys}
@@ -136,7 +134,6 @@ def private_branch(frames: list[bytes], ids: list[Identity], keys: list[Identity
     while len(branch) < upto:
         last = len(branch) + 1 == upto
         branch.append(next_round(branch, ids, attempt=owned if len(branch) == fork else 0, job=job, rules=rules,
-                                 signers=keys if len(branch) == fork else (then or keys),
-                                 model=f"private{len(branch) + 1}",
+                                 signers=keys, model=f"private{len(branch) + 1}",
                                  model_hash=head_model if last else None))
     return branch
