@@ -80,8 +80,9 @@ class JobDriver:
         reports = Reports(port, book.status, info.job_id)
         self.models = Models(port, book)
         self.coordinator = Coordinator(port, book, own_samples=self._own_samples, start_roles=self._start_roles)
-        self.member = Member(port, book, DeltaEncoder(info.spec), faults, self.models.load, self.trainer)
         self.leader = Leader(port, book, reports)
+        self.member = Member(port, book, DeltaEncoder(info.spec), faults, self.models.load, self.trainer,
+                             fold_own=self.leader.fold_own)
         self.root = Root(port, book, self.models.load, self.trainer)
         self.applier = ResultApplier(port, book, self.models, reports)
         self._handlers: dict[str, Callable[[Inbound], Awaitable[Any]]] = {

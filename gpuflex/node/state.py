@@ -29,7 +29,6 @@ from gpuflex.node.status import StatusRecord
 if TYPE_CHECKING:
     from gpuflex.jobspec import JobSpec
     from gpuflex.node.collector import Collector
-    from gpuflex.node.secure import SecAggMember
 
 #: A peer whose presence is older than this is no longer counted as taking part.
 PRESENCE_FRESH_S = 10.0
@@ -260,7 +259,6 @@ class JobBook:
         # Time-budgeted rounds: each member's training throughput for this job (samples per
         # second, as it publishes it; this node's own as it measures it), and this node's device.
         self.rates: dict[str, float] = {}
-        self.send_lag_s = 0.0  # how long this node's update takes from its training's end to its leader
         self.device = ""
         # Coordinator turns given up while preparing. A node still loading its data and
         # measuring its device when a peer is ready says it plans no attempt of the round
@@ -272,15 +270,8 @@ class JobBook:
         self.left: dict[str, str] = {}  # peer -> why the job failed there, as its presence says
         self.ready_peers: set[str] = set()  # peers whose last presence says they have the job ready
         self.fit: dict[str, Any] = {}  # how the job fits this node's device (gpuflex.ml.fit)
-        # A member's trained update per (round, base model): a retried attempt re-sends it.
-        self.cached_updates: dict[tuple[int, str], tuple[bytes, bytes]] = {}
-        # Set when the training for a (round, base model) ends: a retried attempt that arrives
-        # mid-training waits for that update instead of training a second one.
-        self.training: dict[tuple[int, str], trio.Event] = {}
-        # Secure aggregation: this node's masking side per (round, attempt, leader), kept to
-        # answer its leader's recovery request (two coordinators may plan the same attempt,
-        # with other leaders), and the group reports of attempts that were aborted.
-        self.secagg_sides: dict[tuple[int, int, str], SecAggMember] = {}
+        # Secure aggregation: the group reports of attempts that were aborted (the next
+        # coordinator's result records why they failed).
         self.secagg_history: dict[int, list[dict[str, Any]]] = {}
 
     # -- the ledger and the round ----------------------------------------------------------------

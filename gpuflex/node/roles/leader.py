@@ -17,7 +17,14 @@ import numpy as np
 from aggregation.secagg import SecAggError
 from gpuflex.node.collector import Collector, Reduced, subtree_height
 from gpuflex.node.kinds import EventKind
-from gpuflex.node.messages import PARTIAL, Plan, parse_partial, parse_update, walk_contributions
+from gpuflex.node.messages import (
+    PARTIAL,
+    Plan,
+    TrainedUpdate,
+    parse_partial,
+    parse_update,
+    walk_contributions,
+)
 from gpuflex.node.modelblob import pack_delta, unpack_delta
 from gpuflex.node.pipeline import decode_payload, make_reducer
 from gpuflex.node.policy import Reports
@@ -52,6 +59,17 @@ class Leader:
                         deadline=deadlines.reduce_by(height), on_done=book.changed.notify)
         book.current.open_collector(plan.attempt, col)
         return col
+
+    def fold_own(self, plan: Plan, trained: TrainedUpdate) -> bool:
+        """Fold this node's own update into the collector it runs for ``plan``, typed as it was
+        made (nothing parsed or verified again); False if it runs none (it sends it up)."""
+        rs = self.book.current
+        col = rs.collectors.get(plan.attempt) if rs.round == plan.round else None
+        if col is None or col.plan.env.digest != plan.env.digest:  # none, or a replaced plan's
+            return False
+        spec, up = self.book.spec, trained.update
+        col.add_update(up, fold_vector(spec, plan, up, decode_payload(spec, trained.payload, up.delta_size)))
+        return True
 
     # -- inbound ---------------------------------------------------------------------------------
 

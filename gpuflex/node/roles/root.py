@@ -9,7 +9,7 @@ partials), the previous result's hash and the new model's hash.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -19,7 +19,7 @@ from gpuflex.node.kinds import Phase
 from gpuflex.node.messages import ABORT, RESULT, Plan, walk_contributions
 from gpuflex.node.modelblob import model_parts
 from gpuflex.node.pipeline import describe_rule, outer_step
-from gpuflex.node.port import JobPort, Trainer
+from gpuflex.node.port import JobPort, ModelLoader, Trainer
 from gpuflex.node.state import JobBook
 from gpuflex.node.workplan import effective_steps_norm, member_work
 from gpuflex.privacy import epsilon_spent
@@ -29,7 +29,6 @@ from mesh.codec import seal
 log = logging.getLogger("gpuflex.root")
 #: An abort names at most this many missing members (and why each is missing).
 MISSING_LISTED = 8
-ModelLoader = Callable[[str, list[str]], Awaitable[tuple[np.ndarray, dict[str, np.ndarray]]]]
 
 
 class Root:
