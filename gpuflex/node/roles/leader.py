@@ -116,7 +116,7 @@ class Leader:
             raise WireError("round", f"partial from {part.leader[-8:]} covers the wrong contributions")
         if any(u.base_hash != col.plan.base_hash for u in ups):
             raise WireError("round", "partial mixes updates from another base model")
-        col.add_partial(part, unpack_delta(msg.payload, len(msg.payload) // 4), covers)
+        col.add_partial(part, unpack_delta(msg.payload, len(msg.payload) // 4), ups)
         self.port.emit(EventKind.PARTIAL_VERIFIED, part.round, part.leader, message=(
             f"round {part.round}: partial from {part.leader[-8:]} verified ({len(ups)} updates)"))
 
@@ -158,7 +158,7 @@ class Leader:
                 avg = col.acc.plain_result()
         else:
             avg = col.acc.result()
-        return Reduced(avg, [u.env.raw for u in updates], [p.env.raw for p in col.partials], samples, reports)
+        return Reduced(avg, updates, col.partials, samples, reports, col.within)
 
     async def send_partial(self, plan: Plan, deadlines: RoundDeadlines, reduced: Reduced) -> None:
         """Sign the group's partial and deliver it up the tree."""
@@ -169,8 +169,8 @@ class Leader:
         payload = pack_delta(reduced.avg)
         body: dict[str, Any] = {
             "job": self.book.job_id, "round": plan.round, "attempt": plan.attempt, "leader": self.book.me,
-            "samples": reduced.samples, "delta_hash": blob_hash(payload), "updates": reduced.updates,
-            "partials": reduced.partials,
+            "samples": reduced.samples, "delta_hash": blob_hash(payload),
+            "updates": [u.env.raw for u in reduced.updates], "partials": [p.env.raw for p in reduced.partials],
         }
         if self.book.spec.secure_aggregation:
             body["secagg"] = reduced.reports

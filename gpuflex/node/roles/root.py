@@ -16,7 +16,7 @@ import numpy as np
 
 from gpuflex.node.collector import Reduced
 from gpuflex.node.kinds import Phase
-from gpuflex.node.messages import ABORT, RESULT, Plan, walk_contributions
+from gpuflex.node.messages import ABORT, RESULT, Plan
 from gpuflex.node.modelblob import model_parts
 from gpuflex.node.pipeline import describe_rule, outer_step
 from gpuflex.node.port import JobPort, ModelLoader, Trainer
@@ -40,7 +40,7 @@ class Root:
     async def commit(self, plan: Plan, reduced: Reduced) -> None:
         book, port, spec = self.book, self.port, self.book.spec
         book.status.set_phase(Phase.COMMIT)
-        contributions = walk_contributions(reduced.updates, reduced.partials, book.job_id, plan.round, plan)
+        contributions = reduced.contributions
         reports = reduced.reports
         kept, need = book.ledger.rules.continuing(book.ledger.results, {u.peer for u in contributions})
         if len(contributions) < spec.min_nodes or reduced.avg is None or kept < need:
@@ -73,7 +73,8 @@ class Root:
         frame = seal(port.identity, RESULT, {
             "job": book.job_id, "round": plan.round, "attempt": plan.attempt, "coordinator": book.me,
             "prev_result": book.ledger.head, "base_hash": plan.base_hash, "model_hash": model_hash,
-            "plan": plan.env.raw, "updates": reduced.updates, "partials": reduced.partials,
+            "plan": plan.env.raw, "updates": [u.env.raw for u in reduced.updates],
+            "partials": [p.env.raw for p in reduced.partials],
             "contributors": [{"peer": u.peer, "samples": u.samples, "delta_hash": u.delta_hash, **work[u.peer]}
                              for u in contributions],
             "absent": sorted(set(plan.members) - present), "metrics": metrics, "strategy": spec.strategy,
