@@ -77,7 +77,9 @@ def test_min_nodes_sybil_keys_in_a_committed_plan_cannot_commit_an_open_job_alon
         ledger.load()
         return ledger.frames
 
-    job = mesh.submit(light_spec(rounds=ROUNDS, min_nodes=2, **TIMING))  # an open job: no allowlist
+    # An open job (no allowlist). Groups of eight: every member is a leaf of the root, so a key's
+    # update reaches the root whatever place the plan gives it (a key never leads a group).
+    job = mesh.submit(light_spec(rounds=ROUNDS, min_nodes=2, group_size=8, **TIMING))
     honest = [mesh.call(i, "status")["peer_id"] for i in range(3)]
     bootstrap = mesh.call(0, "status")["addrs"][0]
     keys = [HostilePeer(tmp_path / f"sybil{k}", bootstrap).start() for k in range(2)]
