@@ -358,8 +358,9 @@ class JobDriver:
         return book.payload_limit() if book.may_send_work(sender) else 0
 
     def check_quorum(self) -> None:
-        """Say so while fewer than min_nodes members are reachable: this side of a partition
-        will not commit until more return, and must not look merely slow."""
+        """Say so while fewer than min_nodes members (or, in an open job, than most of the recent
+        contributors) are reachable: this side of a partition will not commit until more
+        return, and must not look merely slow."""
         book, status = self.book, self.book.status
         if status.state != JobState.RUNNING:
             status.set_waiting("")
