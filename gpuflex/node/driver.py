@@ -45,6 +45,7 @@ from gpuflex.node.roles.coordinator import Coordinator
 from gpuflex.node.roles.leader import Leader
 from gpuflex.node.roles.member import Member
 from gpuflex.node.roles.root import Root
+from gpuflex.node.selection import best_result
 from gpuflex.node.state import JobBook, JobInfo, RoundDeadlines, RoundState
 from gpuflex.node.summary import ledger_rows, metric_rows, summarize
 from gpuflex.node.workplan import valid_rate
@@ -386,9 +387,13 @@ class JobDriver:
         """What ``export_results`` writes, taken now (it runs in a worker thread)."""
         book = self.book
         head, blobs = book.head_model, self.port.blobs
+        best = best_result(book.ledger.results)
+        best_hash = best.model_hash if best is not None and blobs.has(best.model_hash) else ""
         return JobExport(job_id=self.job_id, spec=self.spec, model_hash=head,
                          read_model=lambda: blobs.read(head), trainer=self.trainer(),
-                         metrics=metric_rows(book), ledger=ledger_rows(book), ledger_path=book.ledger.path)
+                         metrics=metric_rows(book), ledger=ledger_rows(book), ledger_path=book.ledger.path,
+                         best_hash=best_hash, best_round=best.round if best is not None else 0,
+                         read_best=lambda: blobs.read(best_hash))
 
 
 def members_gone_note(count: int) -> str:
