@@ -43,6 +43,8 @@ STRATEGIES: dict[str, dict[str, Any]] = {
     "fedavg": {"strategy": "fedavg", "server_lr": 1.0, "drift_correction": "none"},
     "fedavgm-0.7": {"strategy": "fedavgm", "server_lr": 0.7, "server_momentum": 0.7},
     "fedavgm-1.0": {"strategy": "fedavgm", "server_lr": 1.0, "server_momentum": 0.7},
+    "fedavgm-1.0-0.8": {"strategy": "fedavgm", "server_lr": 1.0, "server_momentum": 0.8},
+    "fedavgm-1.5": {"strategy": "fedavgm", "server_lr": 1.5, "server_momentum": 0.7},
     "fedprox": {"strategy": "fedavg", "server_lr": 1.0, "drift_correction": "fedprox", "prox_mu": 0.1},
     "fedavgm+fedprox": {"strategy": "fedavgm", "server_lr": 1.0, "server_momentum": 0.7,
                         "drift_correction": "fedprox", "prox_mu": 0.01},
