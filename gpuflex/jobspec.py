@@ -31,6 +31,7 @@ except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib  # type: ignore[no-redef]
 
 from gpuflex.budgetspec import budget_cross_checks
+from gpuflex.driftspec import drift_cross_checks
 from gpuflex.llmspec import LLM_MODELS, llm_cross_checks
 from gpuflex.plugins import is_plugin_path, plugin_path_problem
 
@@ -50,6 +51,8 @@ AggregationMode = Literal["tree", "flat-robust"]
 NormBoundMode = Literal["clip", "reject"]
 OnBudget = Literal["stop", "warn"]
 Normalization = Literal["auto", "none", "fednova"]
+DriftCorrectionName = Literal["none", "fedprox", "scaffold"]
+FinalModel = Literal["best", "last"]
 PARTITIONS: tuple[Partition, ...] = get_args(Partition)
 OPTIMIZERS: tuple[Optimizer, ...] = get_args(Optimizer)
 STRATEGIES: tuple[Strategy, ...] = get_args(Strategy)
@@ -67,6 +70,8 @@ MIN_SPARSE_CHUNK, MAX_SPARSE_CHUNK, MAX_DCT_CHUNK = 16, 32_768, 1_024
 MIN_SPARSE_DENSITY, MAX_SPARSE_DENSITY = 1 / 4096, 0.5
 SPARSE_FIELDS = ("sparse_density", "sparse_bits", "sparse_chunk", "sparse_transform", "sparse_step_bits",
                  "sparse_feedback_decay")
+DRIFT_CORRECTIONS: tuple[DriftCorrectionName, ...] = get_args(DriftCorrectionName)
+FINAL_MODELS: tuple[FinalModel, ...] = get_args(FinalModel)
 
 #: What 0 means for the three timeouts of a job (see ``JobSpec.plan_timeout``, ...).
 #: A backup coordinator waits this long per better-ranked live candidate before planning.
@@ -156,6 +161,13 @@ class JobSpec:
     #: The residual is scaled by this before each update joins it (1: all of it is kept).
     #: SparseLoCo's 0.95 reached a lower loss than 1.0 on Shakespeare (BENCHMARKS.md).
     sparse_feedback_decay: float = 0.95
+    #: Client drift correction under skewed data: FedProx's proximal term (``prox_mu``) or
+    #: SCAFFOLD's control variates (twice the bytes per update); see gpuflex/ml/drift.py.
+    drift_correction: DriftCorrectionName = "none"
+    prox_mu: float = 0.01
+    #: Which committed model ``model.pt`` is: the round the root scored best on the held-out
+    #: split ("best"), or the last round's ("last"). Both are written either way.
+    final_model: FinalModel = "best"
     group_size: int = 4
     min_nodes: int = 2
     seed: int = 0
@@ -525,6 +537,9 @@ _CHECKS: dict[str, Callable[[Any], Any]] = {
     "sparse_transform": _choice(SPARSE_TRANSFORMS),
     "sparse_step_bits": _int_choice(SPARSE_STEP_BITS),
     "sparse_feedback_decay": _float(0.0, strict=True, maximum=1.0, closed=True),
+    "drift_correction": _choice(DRIFT_CORRECTIONS),
+    "prox_mu": _float(0.0, strict=False, maximum=100.0),
+    "final_model": _choice(FINAL_MODELS),
     "group_size": _int(2, MAX_GROUP_SIZE),
     "min_nodes": _int(1, MAX_MEMBERS),
     "seed": _int(0),
@@ -583,6 +598,7 @@ def _cross_checks(values: dict[str, Any], failed: set[str]) -> list[tuple[str, s
     errors.extend(_sparse_checks(values))
     errors.extend(budget_cross_checks(values))
     errors.extend(llm_cross_checks(values, failed))
+    errors.extend(drift_cross_checks(values))
     return errors
 
 
@@ -604,6 +620,9 @@ def _sparse_checks(values: dict[str, Any]) -> list[tuple[str, str]]:
     if values.get("secure_aggregation"):
         errors.append(("codec", "'sparse' cannot be combined with secure_aggregation: masking hides which "
                        "coordinates a member sends, so a masked update is the whole model's size"))
+    if values.get("drift_correction") == "scaffold":
+        errors.append(("codec", "'sparse' cannot be combined with drift_correction = 'scaffold': its control "
+                       "variates must reach the root whole, and top-k would keep a different 1/64 of them"))
     return errors
 
 

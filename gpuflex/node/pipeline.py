@@ -22,6 +22,7 @@ from aggregation.dp import add_gaussian_noise, clip_to_norm
 from aggregation.encoded import EncodedDelta
 from aggregation.errors import AggregationError
 from aggregation.robust import Rule, make_rule
+from aggregation.scaffold import Scaffold
 from aggregation.secagg import default_threshold
 from aggregation.server_opt import ServerOptimizer, make_server_optimizer
 from aggregation.sparse import SparseVector, Transform, decode_sparse, encode_nonzero
@@ -386,7 +387,7 @@ def replay_step(spec: JobSpec, params: np.ndarray, state: dict[str, np.ndarray],
     its size, and a dense vector of a size it merely claims must never be allocated."""
     try:
         enc = EncodedDelta.from_bytes(step)
-        if enc.size != params.size:
+        if enc.size != update_size(spec, params.size):
             raise WireError("garbled", f"committed step has {enc.size} values, the model {params.size}")
         avg = decode_delta(enc)
     except AggregationError as exc:
@@ -394,9 +395,15 @@ def replay_step(spec: JobSpec, params: np.ndarray, state: dict[str, np.ndarray],
     return server_optimizer(spec).step(params, avg, state)
 
 
+def update_size(spec: JobSpec, model_size: int) -> int:
+    """Values in one update or step: the model's, twice over with SCAFFOLD (model and control)."""
+    return 2 * model_size if spec.drift_correction == "scaffold" else model_size
+
+
 def server_optimizer(spec: JobSpec) -> ServerOptimizer:
     """The root's optimizer with the job's server_lr (and server_momentum where it has one)."""
     params: dict[str, float] = {"lr": spec.server_lr}
     if spec.strategy in ("fedavgm", "diloco"):
         params["momentum"] = spec.server_momentum
-    return make_server_optimizer(spec.strategy, **params)
+    inner = make_server_optimizer(spec.strategy, **params)
+    return Scaffold(inner) if spec.drift_correction == "scaffold" else inner

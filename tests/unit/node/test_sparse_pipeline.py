@@ -133,6 +133,7 @@ def test_a_damaged_residual_file_is_ignored(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("fields, field, reason", [
     ({"secure_aggregation": True}, "codec", "masking hides which coordinates"),
+    ({"drift_correction": "scaffold", "normalization": "none"}, "codec", "control variates"),
     ({"rule": "median"}, "rule", "step vanishes"),
     ({"rule": "trimmed-mean", "rule_params": {"beta": 0.1}}, "rule", "step vanishes"),
     ({"sparse_transform": "dct", "sparse_chunk": 4096}, "sparse_chunk", "at most 1024"),
