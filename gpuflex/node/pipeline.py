@@ -218,8 +218,8 @@ class DeltaEncoder:
         self.codec = job_codec(spec)
         # What a lossy codec drops (top-k most of all) is sent in a later round instead of
         # lost; the residual stays on this node and follows the DP noise, never the raw delta.
-        self.feedback = (ErrorFeedback(self.codec, spec.sparse_feedback_decay)
-                         if self.codec is not None and spec.error_feedback else None)
+        decay = spec.sparse_feedback_decay if spec.codec == "sparse" else 1.0
+        self.feedback = ErrorFeedback(self.codec, decay) if self.codec is not None and spec.error_feedback else None
         # Saved after every update, atomically, so a restarted member still sends what it
         # held back (a sparse codec holds back most of each update).
         self.residual_path = residual_path if self.feedback is not None else None
