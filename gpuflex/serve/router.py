@@ -2,7 +2,7 @@
 
 A request goes to the best server the directory names (this node itself, or a peer over a
 streamed mesh request on the connections rounds use, relayed ones included). If that server
-fails before it sends anything, the request is tried on the next (at most ``MAX_TRIES``
+fails before it sends any text, the request is tried on the next (at most ``MAX_TRIES``
 servers): no text reached the caller, so nothing is lost or repeated. Once text has gone
 out, a failure ends the request with an error naming the server, since a second server
 would not continue the same sampled text.
@@ -64,6 +64,7 @@ class Router:
         """The request's items from the best server; fails over before its first item."""
         tried: set[str] = set(exclude)
         reasons: list[str] = []
+        busy = 0  # servers that refused only because their queue was full
         for _ in range(MAX_TRIES):
             choice = self.directory.choose(req.model, self.servers.rtts(), tried, model_hash)
             if not choice:
@@ -78,7 +79,8 @@ class Router:
                 async for item in self._source(peer, req):
                     if "error" in item:
                         raise error_of(item)
-                    got += 1
+                    if item.get("text"):
+                        got += 1  # text reached the caller: a retry would repeat or change it
                     yield item
                 return
             except (SendError, Overloaded) as exc:
@@ -87,7 +89,9 @@ class Router:
                                      502) from None
                 log.info("server %s failed before answering (%s); trying another", peer[-8:], exc)
                 reasons.append(f"{peer[-8:]}: {exc}")
-                if not isinstance(exc, Overloaded):
+                if isinstance(exc, Overloaded):
+                    busy += 1
+                else:
                     self.directory.failed(peer)
             except ServeError as exc:
                 if got or exc.status in (400, 404) or peer == self.own_id:
@@ -99,4 +103,6 @@ class Router:
         if not reasons:
             known = ", ".join(sorted(self.directory.models())) or "none"
             raise UnknownModel(f"no node serves model {req.model!r} (served now: {known})")
+        if busy == len(reasons):
+            raise Overloaded(f"every server of {req.model!r} is busy; try again shortly")
         raise ServeError(f"every server of {req.model!r} failed before answering: {'; '.join(reasons)}", 503)
