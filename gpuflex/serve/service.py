@@ -4,7 +4,10 @@ through (from the HTTP API or from a peer)."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import random
+from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import aclosing
 from dataclasses import dataclass
@@ -14,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from gpuflex.serve import ServeError, UnknownModel
+from gpuflex.serve.check import Answer, Checker
 from gpuflex.serve.directory import Directory, parse_announcement
 from gpuflex.serve.loader import LoadedModel, describe, load_directory, load_exported
 from gpuflex.serve.request import GenRequest, parse_request
@@ -53,6 +57,8 @@ class ServeService:
         self.directory = Directory(mesh.peer_id)
         self.router = Router(mesh.peer_id, self.directory, self.generate_local, self)
         self.routed = ServeStats()  # requests this node took in (HTTP), wherever they ran
+        self.served_tokens: Counter[str] = Counter()  # server -> tokens it made for this node's callers
+        self.checker = Checker(self.router.generate, self.penalise)
         self.http_url: str | None = None
         self._nursery: trio.Nursery | None = None
 
@@ -162,7 +168,8 @@ class ServeService:
         return {rec.peer_id: rec.rtt_ms for rec in self.mesh.peers.all()}
 
     def penalise(self, peer: str) -> None:
-        self.mesh.peers.penalise(peer, 1.0)
+        if peer != self.mesh.peer_id:
+            self.mesh.peers.penalise(peer, 1.0)
 
     async def _serve_peer(self, msg: Inbound, send: Send) -> None:
         """A peer's streamed request for one of this node's models."""
@@ -174,17 +181,39 @@ class ServeService:
         except ServeError as exc:
             await send({"error": str(exc), "status": exc.status})
 
+    def _checked(self, req: GenRequest) -> GenRequest | None:
+        """``req`` as run when it is to be checked on a second server (``redundancy = 2``):
+        with log-probabilities, and a seed if it samples; None when it is not checked."""
+        if self.settings.redundancy < 2 or random.random() >= self.settings.check_fraction:
+            return None
+        seed = req.seed if req.seed is not None or req.greedy else random.randrange(2**62)
+        return dataclasses.replace(req, logprobs=True, seed=seed)
+
     async def generate(self, req: GenRequest) -> AsyncIterator[dict[str, Any]]:
         """A request from this node's API, answered wherever the model is served."""
+        checked = self._checked(req)
+        server: list[str] = []
+
+        async def note(peer: str) -> None:
+            server.append(peer)
+
+        answer: Answer = []
         try:
-            async with aclosing(self.router.generate(req)) as items:
+            async with aclosing(self.router.generate(checked or req, on_server=note)) as items:
                 async for item in items:
+                    if "n" in item:
+                        self.served_tokens[server[-1]] += 1
+                    if checked is not None and "token" in item:
+                        answer.append((int(item["token"]), float(item["logprob"])))
                     if "finish" in item:
                         self.routed.finished(0.0)
                     yield item
         except ServeError:
             self.routed.failed()
             raise
+        info = self.directory.servers.get(server[-1]) if server else None
+        if checked is not None and info is not None and self._nursery is not None:
+            self._nursery.start_soon(self.checker.check, checked, info.models.get(req.model, ""), server[-1], answer)
 
     def model_list(self) -> list[dict[str, Any]]:
         """``/v1/models``: every model some fresh server announces, this node's included."""
@@ -200,4 +229,6 @@ class ServeService:
             "failed": dict(self.failed),
             "mesh_models": self.directory.models(),
             "taken_in": self.routed.row(),
+            "served_tokens": dict(self.served_tokens),
+            "redundancy": {"level": self.settings.redundancy, **self.checker.row()},
         }

@@ -9,13 +9,13 @@ import pytest
 import trio
 
 pytest.importorskip("transformers")
-import torch  # noqa: E402
-from transformers import AutoModelForCausalLM, GPT2Config, LlamaConfig, PreTrainedTokenizerFast  # noqa: E402
+import torch
+from transformers import AutoModelForCausalLM, GPT2Config, LlamaConfig, PreTrainedTokenizerFast
 
-from gpuflex.ml.llm.tokenizer import EOS, byte_tokenizer  # noqa: E402
-from gpuflex.serve import BadRequest, Overloaded  # noqa: E402
-from gpuflex.serve.request import GenRequest  # noqa: E402
-from gpuflex.serve.scheduler import Scheduler  # noqa: E402
+from gpuflex.ml.llm.tokenizer import EOS, byte_tokenizer
+from gpuflex.serve import BadRequest, Overloaded
+from gpuflex.serve.request import GenRequest
+from gpuflex.serve.scheduler import Scheduler
 
 PROMPTS = ["ROMEO:\n", "Hi", "To be or not to be", "x" * 40, "abc", "é∂ unicode"]
 
