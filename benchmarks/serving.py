@@ -165,13 +165,17 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=16)
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--samples", type=int, default=30)
+    parser.add_argument("--only", choices=["batching", "routing"], default=None)
     add_json_flag(parser)
     args = parser.parse_args()
     requests, samples = (8, 5) if args.quick else (args.requests, args.samples)
-    log("batching: plain generate one at a time, then 8 concurrent clients on the scheduler")
-    result: dict[str, Any] = {"batching": batching(requests, 8, args.new_tokens, 256, 4)}
-    log("routing: time to first token direct and through another node")
-    result["routing"] = routing(samples)
+    result: dict[str, Any] = {"batching": {}, "routing": {}}
+    if args.only != "routing":
+        log("batching: plain generate one at a time, then 8 concurrent clients on the scheduler")
+        result["batching"] = batching(requests, 8, args.new_tokens, 256, 4)
+    if args.only != "batching":
+        log("routing: time to first token direct and through another node")
+        result["routing"] = routing(samples)
     emit(result, args.json, render)
     if args.json:
         return

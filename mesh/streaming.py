@@ -26,7 +26,7 @@ from mesh.messaging import Inbound, Rejected, SendError
 
 STREAM_PROTOCOL = "/gpuflex/stream/1.0.0"
 #: One item's encoded size, and items per stream: a reply is many small pieces, not a blob.
-MAX_ITEM = 64 * 1024
+MAX_ITEM = 1 << 20
 MAX_ITEMS = 1_000_000
 
 log = logging.getLogger("mesh.streaming")

@@ -133,7 +133,8 @@ class NodeRuntime:
         )
         self.jobs = JobManager(self.mesh, self.events, self.home, self._faults(options), self.config)
         try:
-            self.serving = NodeServing(self.mesh, self.jobs, self.home, serve_settings(self.config, self.home))
+            self.serving = NodeServing(self.mesh, self.jobs, self.home, serve_settings(self.config, self.home),
+                                       self.config)
         except ServeError as exc:
             raise NodeStartError(f"{self.config.source or 'node.toml'}: {exc}") from None
         self._stop = trio.Event()
@@ -205,6 +206,8 @@ class NodeRuntime:
             "clock": self.api_clock,
             "serve_add": self.serving.api_add,
             "serve_status": self.serving.api_status,
+            "infer_submit": self.serving.api_infer_submit,
+            "infer_results": self.serving.api_infer_results,
         }
 
     async def api_clock(self, params: dict[str, Any]) -> dict[str, Any]:

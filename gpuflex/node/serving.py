@@ -18,6 +18,7 @@ from gpuflex.node.jobs import JobManager
 from gpuflex.node.kinds import JobState
 from gpuflex.nodeconfig import NodeConfig
 from gpuflex.serve import ServeError
+from gpuflex.serve.batchrun import parse_inference_spec
 from gpuflex.serve.service import ServeService
 from gpuflex.serve.settings import ServeSettings, model_entry, parse_serve
 from mesh.node import MeshNode
@@ -29,8 +30,9 @@ def serve_settings(config: NodeConfig, home: Path) -> ServeSettings:
 
 
 class NodeServing:
-    def __init__(self, mesh: MeshNode, jobs: JobManager, home: Path, settings: ServeSettings) -> None:
-        self.jobs, self.home = jobs, home
+    def __init__(self, mesh: MeshNode, jobs: JobManager, home: Path, settings: ServeSettings,
+                 config: NodeConfig) -> None:
+        self.jobs, self.home, self.config = jobs, home, config
         self.service = ServeService(mesh, home, settings, self.export_job)
 
     async def export_job(self, job_id: str, out: Path) -> str:
@@ -61,3 +63,22 @@ class NodeServing:
 
     async def api_status(self, params: dict[str, Any]) -> dict[str, Any]:
         return self.service.status()
+
+    async def api_infer_submit(self, params: dict[str, Any]) -> dict[str, Any]:
+        """Start (or resume) a batch inference run; its id is the hash of its settings."""
+        try:
+            spec = await trio.to_thread.run_sync(parse_inference_spec, params.get("spec"), self.config.data_path)
+        except (ServeError, OSError, UnicodeDecodeError) as exc:
+            raise ApiError(f"not a valid inference job: {exc}") from None
+        return self.service.start_run(spec)
+
+    async def api_infer_results(self, params: dict[str, Any]) -> dict[str, Any]:
+        out = params.get("out")
+        if not isinstance(out, str) or not out:
+            raise ApiError("results need an output path ('out')")
+        try:
+            run = self.service.run_of(str(params.get("job", "")))
+            path = await trio.to_thread.run_sync(run.write_results, Path(out))
+        except (ServeError, OSError) as exc:
+            raise ApiError(str(exc)) from None
+        return {"files": [str(path)], **run.status()}

@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from gpuflex.serve import ServeError, UnknownModel
+from gpuflex.serve import BadRequest, ServeError, UnknownModel
+from gpuflex.serve.batchrun import RUNS_DIR, BatchRun, InferenceSpec, request_digest
 from gpuflex.serve.check import Answer, Checker
 from gpuflex.serve.directory import Directory, parse_announcement
 from gpuflex.serve.loader import LoadedModel, describe, load_directory, load_exported
@@ -24,7 +25,7 @@ from gpuflex.serve.request import GenRequest, parse_request
 from gpuflex.serve.router import ITEM_S, OPEN_S, Router
 from gpuflex.serve.settings import ModelEntry, ServeSettings, SourceKind
 from gpuflex.serve.stats import ServeStats
-from gpuflex.serve.wire import INFER, SERVE_LOAD
+from gpuflex.serve.wire import INFER, SERVE_LOAD, SERVE_OUTPUT
 from mesh.codec import seal
 from mesh.messaging import Inbound, Rejected
 from mesh.node import MeshNode
@@ -60,6 +61,7 @@ class ServeService:
         self.served_tokens: Counter[str] = Counter()  # server -> tokens it made for this node's callers
         self.checker = Checker(self.router.generate, self.penalise)
         self.http_url: str | None = None
+        self.runs: dict[str, BatchRun] = {}
         self._nursery: trio.Nursery | None = None
 
     async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
@@ -76,6 +78,7 @@ class ServeService:
                 self.http_url = await nursery.start(serve_http, self, host, port)
                 log.info("OpenAI-compatible API on %s/v1", self.http_url)
             task_status.started()
+            nursery.start_soon(self._resume_runs)
             for entry in self.settings.models:
                 try:
                     await self.add(entry)
@@ -148,9 +151,14 @@ class ServeService:
         served = self.served.get(req.model)
         if served is None:
             raise UnknownModel(f"this node does not serve {req.model!r}")
+        text = ""
         try:
             async with aclosing(served.scheduler.generate(req)) as items:
                 async for item in items:
+                    text += item.get("text", "")
+                    if "finish" in item:  # this node's signed record of its answer
+                        item["signed"] = seal(self.mesh.identity, SERVE_OUTPUT, {
+                            "request": request_digest(req), "text": text, "model_hash": served.loaded.model_hash})
                     yield item
         except ServeError:
             served.stats.failed()
@@ -215,6 +223,56 @@ class ServeService:
         if checked is not None and info is not None and self._nursery is not None:
             self._nursery.start_soon(self.checker.check, checked, info.models.get(req.model, ""), server[-1], answer)
 
+    # -- batch inference runs ----------------------------------------------------------------------
+
+    async def ask(self, req: GenRequest) -> tuple[str, str, bytes]:
+        """One prompt of a batch run: (server, text, its signed record)."""
+        server: list[str] = []
+
+        async def note(peer: str) -> None:
+            server.append(peer)
+
+        text, frame = "", b""
+        async with aclosing(self.router.generate(req, on_server=note)) as items:
+            async for item in items:
+                text += item.get("text", "")
+                if isinstance(item.get("signed"), bytes):
+                    frame = item["signed"]
+        return server[-1], text, frame
+
+    def start_run(self, spec: InferenceSpec) -> dict[str, Any]:
+        run = self.runs.get(spec.run_id)
+        if run is None or (run.finished.is_set() and run.error):
+            run = self.runs[spec.run_id] = BatchRun(self.home, spec)
+            assert self._nursery is not None
+            self._nursery.start_soon(self._run, run)
+        return run.status()
+
+    async def _run(self, run: BatchRun) -> None:
+        with trio.move_on_after(60):  # at start, until some server of the model has spoken
+            while not self.directory.choose(run.spec.model, {}):
+                await trio.sleep(0.5)
+        await run.run(self.ask)
+
+    async def _resume_runs(self) -> None:
+        import json
+
+        for path in sorted((self.home / RUNS_DIR).glob("*/spec.json")):
+            try:
+                raw = json.loads(path.read_text())
+                spec = InferenceSpec(**{**raw, "prompts": tuple(raw["prompts"])})
+            except (OSError, ValueError, TypeError, KeyError) as exc:
+                log.error("cannot resume the inference run in %s: %s", path.parent, exc)
+                continue
+            if spec.run_id == path.parent.name:
+                self.start_run(spec)
+
+    def run_of(self, run_id: str) -> BatchRun:
+        matches = [r for r in self.runs.values() if r.spec.run_id.startswith(run_id)] if run_id else []
+        if len(matches) != 1:
+            raise BadRequest(f"no single inference run matches {run_id[:32]!r}")
+        return matches[0]
+
     def model_list(self) -> list[dict[str, Any]]:
         """``/v1/models``: every model some fresh server announces, this node's included."""
         return [{"id": name, "object": "model", "created": 0, "owned_by": "gpuflex", "hash": row["hashes"][0],
@@ -230,5 +288,6 @@ class ServeService:
             "mesh_models": self.directory.models(),
             "taken_in": self.routed.row(),
             "served_tokens": dict(self.served_tokens),
+            "runs": [r.status() for r in self.runs.values()],
             "redundancy": {"level": self.settings.redundancy, **self.checker.row()},
         }

@@ -10,3 +10,6 @@ INFER = "serve_infer"
 SERVE_LOAD = "serve_load"
 register_kind(INFER, 1 << 20)
 register_kind(SERVE_LOAD, 8 * 1024)
+#: A server's signed record of one answer: the request's digest, the text, the model hash.
+SERVE_OUTPUT = "serve_output"
+register_kind(SERVE_OUTPUT, 1 << 20)

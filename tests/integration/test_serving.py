@@ -116,14 +116,7 @@ def test_a_trained_adapter_is_served_on_two_nodes_and_streamed_through_a_third_w
 
 def test_bad_requests_get_clear_errors_while_the_node_keeps_serving_and_training(
         mesh_factory: Any, tmp_path: Path) -> None:
-    from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
-
-    from gpuflex.ml.llm.tokenizer import EOS, byte_tokenizer
-
-    model_dir = tmp_path / "tiny-gpt2"
-    GPT2LMHeadModel(GPT2Config(vocab_size=257, n_embd=32, n_layer=2, n_head=2, n_positions=128,
-                               bos_token_id=256, eos_token_id=256)).save_pretrained(model_dir)
-    PreTrainedTokenizerFast(tokenizer_object=byte_tokenizer(), eos_token=EOS).save_pretrained(model_dir)
+    model_dir = tiny_model_dir(tmp_path)
     mesh = mesh_factory(2)
     for i in range(2):
         mesh.home(i).mkdir(parents=True, exist_ok=True)
@@ -169,3 +162,67 @@ def test_bad_requests_get_clear_errors_while_the_node_keeps_serving_and_training
     ok = post({"model": "tiny", "prompt": "still there?", "max_tokens": 5, "temperature": 0})
     assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] <= 5
     mesh.wait_job(job, [0, 1], timeout=240)  # training went on meanwhile
+
+
+def tiny_model_dir(tmp_path: Path) -> Path:
+    from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
+
+    from gpuflex.ml.llm.tokenizer import EOS, byte_tokenizer
+
+    model_dir = tmp_path / "tiny-gpt2"
+    GPT2LMHeadModel(GPT2Config(vocab_size=257, n_embd=32, n_layer=2, n_head=2, n_positions=128,
+                               bos_token_id=256, eos_token_id=256)).save_pretrained(model_dir)
+    PreTrainedTokenizerFast(tokenizer_object=byte_tokenizer(), eos_token=EOS).save_pretrained(model_dir)
+    return model_dir
+
+
+def test_a_batch_inference_job_spreads_over_the_servers_resumes_after_a_kill_and_matches_one_node(
+        mesh_factory: Any, tmp_path: Path) -> None:
+    import base64
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from gpuflex.serve.wire import SERVE_OUTPUT
+    from mesh.codec import open_envelope
+
+    model_dir = tiny_model_dir(tmp_path)
+    mesh = mesh_factory(3)
+    for i in range(3):
+        mesh.home(i).mkdir(parents=True, exist_ok=True)
+        models = f'[serve.models]\ntiny = "{model_dir}"\n' if i < 2 else ""
+        (mesh.home(i) / "node.toml").write_text(SERVE.format(batch=2) + models)
+    mesh.start(timeout=120)
+    mesh.wait_connected(60)
+    url = api_url(mesh, 2)
+    mesh.wait_until(lambda: servers_of(url, "tiny") == 2, timeout=60)
+    prompts = [f"line {k}: " for k in range(24)]
+    job_file = tmp_path / "infer.toml"
+    job_file.write_text('kind = "inference"\nname = "batch"\nmodel = "tiny"\nmax_tokens = 24\nconcurrency = 4\n'
+                        f"prompts = {json.dumps(prompts)}\n")
+    from gpuflex.cli.job_cmd import inference_file
+
+    run = mesh.call(2, "infer_submit", {"spec": inference_file(job_file)})["run_id"]
+
+    def done_count() -> int:
+        rows = mesh.call(2, "serve_status")["runs"]
+        return rows[0]["done"] if rows else 0
+
+    mesh.wait_until(lambda: done_count() >= 3, timeout=120, interval=0.05)
+    mesh.kill(2)
+    lines_before = (mesh.home(2) / "inference" / run / "outputs.jsonl").read_text().splitlines()
+    assert 3 <= len(lines_before) < 24  # killed midway
+    mesh.start_node(2)  # the run resumes with the node
+    mesh.wait_until(lambda: done_count() == 24, timeout=240)
+    out = tmp_path / "answers.jsonl"
+    mesh.call(2, "infer_results", {"job": run, "out": str(out)})
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["index"] for r in rows] == list(range(24))
+    assert {r["server"] for r in rows} == {mesh.call(0, "status")["peer_id"], mesh.call(1, "status")["peer_id"]}
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    for r in rows:
+        env = open_envelope(base64.b64decode(r["signed"]), expect_kind=SERVE_OUTPUT)  # signed by the server that answered
+        assert env.sender == r["server"] and env.body["text"] == r["text"]
+        ids = tok(r["prompt"], return_tensors="pt").input_ids
+        ref = model.generate(input_ids=ids, max_new_tokens=24, do_sample=False, pad_token_id=256)
+        assert r["text"] == tok.decode(ref[0, ids.shape[1]:], skip_special_tokens=True)  # as one node alone
