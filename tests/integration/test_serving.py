@@ -120,8 +120,9 @@ def test_bad_requests_get_clear_errors_while_the_node_keeps_serving_and_training
     mesh = mesh_factory(2)
     for i in range(2):
         mesh.home(i).mkdir(parents=True, exist_ok=True)
+        checks = "redundancy = 2\ncheck_fraction = 1.0\n" if i == 1 else ""  # node 1 checks what it takes in
         (mesh.home(i) / "node.toml").write_text(
-            SERVE.format(batch=4).replace("queue = 16", "queue = 4") + f'[serve.models]\ntiny = "{model_dir}"\n')
+            SERVE.format(batch=4).replace("queue = 16", "queue = 4") + checks + f'[serve.models]\ntiny = "{model_dir}"\n')
     mesh.start(timeout=120)
     mesh.wait_connected(60)
     job = mesh.submit(light_spec(rounds=3, min_nodes=2))
@@ -162,6 +163,11 @@ def test_bad_requests_get_clear_errors_while_the_node_keeps_serving_and_training
     ok = post({"model": "tiny", "prompt": "still there?", "max_tokens": 5, "temperature": 0})
     assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] <= 5
     mesh.wait_job(job, [0, 1], timeout=240)  # training went on meanwhile
+    # Every answer node 1 took in was run again on the other server: two honest servers agree.
+    checks = mesh.call(1, "status")["serve"]["redundancy"]
+    assert checks["level"] == 2 and checks["checked"] >= 1 and checks["mismatches"] == {}, checks
+    served = mesh.call(1, "status")["serve"]["served_tokens"]
+    assert sum(served.values()) > 0
 
 
 def tiny_model_dir(tmp_path: Path) -> Path:
