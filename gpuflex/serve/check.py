@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
 from gpuflex.serve import ServeError
@@ -52,7 +52,7 @@ def compare(a: Answer, b: Answer, greedy: bool) -> str | None:
     return None if len(a) == len(b) else "the answers have different lengths"
 
 
-async def collect(items: AsyncIterator[dict[str, Any]]) -> Answer:
+async def collect(items: AsyncGenerator[dict[str, Any], None]) -> Answer:
     answer: Answer = []
     async for item in items:
         if "token" in item and isinstance(item.get("logprob"), float):
@@ -60,7 +60,7 @@ async def collect(items: AsyncIterator[dict[str, Any]]) -> Answer:
     return answer
 
 
-Generate = Callable[..., AsyncIterator[dict[str, Any]]]
+Generate = Callable[..., AsyncGenerator[dict[str, Any], None]]
 
 
 class Checker:

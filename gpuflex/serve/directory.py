@@ -27,6 +27,9 @@ FAILED_S = 10.0
 MAX_ANNOUNCED = 8
 _HASH_RE = re.compile(r"^[0-9a-f]{16,128}$")
 RTT_WEIGHT_MS = 100.0
+#: Requests this node keeps in flight to one peer: below the mesh's streams per peer (16), so
+#: a burst here is queued or refused as busy, never reset by the server's stream limit.
+IN_FLIGHT_PER_PEER = 12
 
 
 @dataclass
@@ -53,7 +56,8 @@ def parse_announcement(body: Any) -> tuple[dict[str, str], int, int]:
     for value in (capacity, load):
         if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= 1_000_000:
             raise ValueError("capacity and load must be small non-negative integers")
-    return dict(models), max(1, int(capacity)), int(load)
+    assert isinstance(capacity, int) and isinstance(load, int)
+    return dict(models), max(1, capacity), load
 
 
 @dataclass
@@ -97,11 +101,17 @@ class Directory:
         for peer, info in self.fresh().items():
             if peer in exclude or model not in info.models or now - info.failed_at < FAILED_S:
                 continue
+            if peer != self.own_id and info.sent >= IN_FLIGHT_PER_PEER:
+                continue
             if model_hash is not None and info.models[model] != model_hash:
                 continue
             rtt = 0.0 if peer == self.own_id else (rtt_ms.get(peer) or RTT_WEIGHT_MS / 2)
             scored.append((max(info.load, info.sent) / info.capacity + rtt / RTT_WEIGHT_MS, peer))
         return [peer for _, peer in sorted(scored)]
+
+    def serves(self, model: str) -> bool:
+        """Whether any fresh server announces ``model`` (busy or not)."""
+        return any(model in info.models for info in self.fresh().values())
 
     def routed(self, peer: str) -> None:
         info = self.servers.get(peer)

@@ -48,16 +48,17 @@ class Seq:
 
 def kv_bytes_per_token(config: Any) -> int:
     """Cache bytes one token of one sequence holds (keys and values, every layer, float32)."""
-    layers = getattr(config, "num_hidden_layers", None) or getattr(config, "n_layer", 1)
-    heads = getattr(config, "num_attention_heads", None) or getattr(config, "n_head", 1)
-    kv_heads = getattr(config, "num_key_value_heads", None) or heads
-    hidden = getattr(config, "hidden_size", None) or getattr(config, "n_embd", 1)
-    head_dim = getattr(config, "head_dim", None) or hidden // heads
-    return int(2 * layers * kv_heads * head_dim * 4)
+    def first(*names: str) -> int:
+        return int(next((v for v in (getattr(config, n, None) for n in names) if v), 1))
+
+    heads = first("num_attention_heads", "n_head")
+    kv_heads = first("num_key_value_heads", "num_attention_heads", "n_head")
+    head_dim = first("head_dim") if getattr(config, "head_dim", None) else first("hidden_size", "n_embd") // heads
+    return 2 * first("num_hidden_layers", "n_layer") * kv_heads * head_dim * 4
 
 
 def max_positions(config: Any) -> int:
-    return int(getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", 1024))
+    return int(getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None) or 1024)
 
 
 def _pad_left(t: torch.Tensor, length: int) -> torch.Tensor:

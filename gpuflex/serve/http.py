@@ -17,7 +17,7 @@ import json
 import logging
 import secrets
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
 from typing import Any, Protocol
 
@@ -42,7 +42,7 @@ MAX_MESSAGES = 256
 class Service(Protocol):
     home: Any
 
-    def generate(self, req: GenRequest) -> AsyncIterator[dict[str, Any]]: ...
+    def generate(self, req: GenRequest) -> AsyncGenerator[dict[str, Any], None]: ...
 
     def model_list(self) -> list[dict[str, Any]]: ...
 
@@ -153,7 +153,8 @@ class Api:
             return StreamingResponse(self._sse(ident, req, chat, first, items), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})
         try:
-            text, finish, usage = first.get("text", ""), "stop", {}
+            text, finish = first.get("text", ""), "stop"
+            usage: dict[str, Any] = {}
             async with aclosing(items):
                 async for item in items:
                     text += item.get("text", "")
@@ -173,7 +174,7 @@ class Api:
                              "created": int(time.time()), "model": req.model, "choices": [choice], "usage": usage})
 
     async def _sse(self, ident: str, req: GenRequest, chat: bool, first: dict[str, Any],
-                   items: AsyncIterator[dict[str, Any]]) -> AsyncIterator[str]:
+                   items: AsyncGenerator[dict[str, Any], None]) -> AsyncIterator[str]:
         created = int(time.time())
 
         def event(piece: str | None, finish: str | None, usage: Any = None, role: bool = False) -> str:
@@ -210,7 +211,7 @@ class Api:
             self.in_flight -= 1
 
 
-async def _first(items: AsyncIterator[dict[str, Any]]) -> dict[str, Any]:
+async def _first(items: AsyncGenerator[dict[str, Any], None]) -> dict[str, Any]:
     try:
         return await anext(items)
     except StopAsyncIteration:
@@ -243,5 +244,5 @@ async def serve_http(service: Service, host: str, port: int, *, task_status: Any
     cfg.include_server_header = False
     cfg.graceful_timeout = 1.0
     async with trio.open_nursery() as nursery:
-        urls = await nursery.start(hypercorn_serve, build_app(service, token), cfg)  # type: ignore[arg-type]
+        urls = await nursery.start(hypercorn_serve, build_app(service, token), cfg)
         task_status.started(urls[0].rstrip("/") if urls else f"http://{cfg.bind[0]}")

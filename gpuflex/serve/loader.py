@@ -61,7 +61,7 @@ def load_directory(name: str, directory: Path, source: str, model_hash: str | No
     except LLMError as exc:
         raise ServeError(f"model {name!r}: {exc}") from None
     tok = load_tokenizer(directory)
-    model.config.use_cache = True
+    model.config.use_cache = True  # type: ignore[union-attr]
     return LoadedModel(name, model_hash or base_hash(model), source, model.eval(), tok, _eos(tok, model))
 
 

@@ -11,7 +11,7 @@ would not continue the same sampled text.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Any, Protocol
 
 from gpuflex.serve import BadRequest, Overloaded, ServeError, UnknownModel
@@ -25,13 +25,13 @@ MAX_TRIES = 3
 #: batch's prefill on a slow CPU fits well inside it).
 OPEN_S, ITEM_S = 10.0, 120.0
 
-Local = Callable[[GenRequest], AsyncIterator[dict[str, Any]]]
+Local = Callable[[GenRequest], AsyncGenerator[dict[str, Any], None]]
 
 
 class RemoteServers(Protocol):
     """How the router reaches a peer that serves (``service.ServeService``)."""
 
-    def remote(self, peer: str, req: GenRequest) -> AsyncIterator[dict[str, Any]]: ...
+    def remote(self, peer: str, req: GenRequest) -> AsyncGenerator[dict[str, Any], None]: ...
 
     def rtts(self) -> dict[str, float | None]: ...
 
@@ -55,12 +55,12 @@ class Router:
     def __init__(self, own_id: str, directory: Directory, local: Local, servers: RemoteServers) -> None:
         self.own_id, self.directory, self.local, self.servers = own_id, directory, local, servers
 
-    def _source(self, peer: str, req: GenRequest) -> AsyncIterator[dict[str, Any]]:
+    def _source(self, peer: str, req: GenRequest) -> AsyncGenerator[dict[str, Any], None]:
         return self.local(req) if peer == self.own_id else self.servers.remote(peer, req)
 
     async def generate(self, req: GenRequest, model_hash: str | None = None,
                        exclude: frozenset[str] = frozenset(), on_server: Callable[[str], Awaitable[None]] | None = None,
-                       ) -> AsyncIterator[dict[str, Any]]:
+                       ) -> AsyncGenerator[dict[str, Any], None]:
         """The request's items from the best server; fails over before its first item."""
         tried: set[str] = set(exclude)
         reasons: list[str] = []
@@ -100,6 +100,8 @@ class Router:
                 self.directory.failed(peer)
             finally:
                 self.directory.returned(peer)
+        if not reasons and self.directory.serves(req.model):
+            raise Overloaded(f"every server of {req.model!r} has as many of this node's requests as it takes")
         if not reasons:
             known = ", ".join(sorted(self.directory.models())) or "none"
             raise UnknownModel(f"no node serves model {req.model!r} (served now: {known})")

@@ -17,7 +17,7 @@ import itertools
 import logging
 import time
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -71,14 +71,14 @@ class Scheduler:
     def load(self) -> int:
         return len(self.active) + len(self.waiting)
 
-    def _decode(self, ids: list[int]) -> str:
+    def _decode(self, ids: Sequence[int]) -> str:
         return str(self.tokenizer.decode(ids, skip_special_tokens=True))
 
     def _encode(self, text: str) -> list[int]:
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"]) or (
             [self.eos_id] if self.eos_id is not None else [0])
 
-    async def generate(self, req: GenRequest) -> AsyncIterator[dict[str, Any]]:
+    async def generate(self, req: GenRequest) -> AsyncGenerator[dict[str, Any], None]:
         """Items ``{"text": piece}`` as the completion grows, then ``{"finish", "usage"}``."""
         if len(self.waiting) >= self.queue_limit:
             raise Overloaded(f"model {self.name!r} has {len(self.waiting)} requests waiting; try again shortly")

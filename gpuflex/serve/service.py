@@ -8,7 +8,7 @@ import dataclasses
 import logging
 import random
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from contextlib import aclosing
 from dataclasses import dataclass
 from pathlib import Path
@@ -147,7 +147,7 @@ class ServeService:
 
     # -- generation ------------------------------------------------------------------------------
 
-    async def generate_local(self, req: GenRequest) -> AsyncIterator[dict[str, Any]]:
+    async def generate_local(self, req: GenRequest) -> AsyncGenerator[dict[str, Any], None]:
         served = self.served.get(req.model)
         if served is None:
             raise UnknownModel(f"this node does not serve {req.model!r}")
@@ -164,7 +164,7 @@ class ServeService:
             served.stats.failed()
             raise
 
-    async def remote(self, peer: str, req: GenRequest) -> AsyncIterator[dict[str, Any]]:
+    async def remote(self, peer: str, req: GenRequest) -> AsyncGenerator[dict[str, Any], None]:
         frame = seal(self.mesh.identity, INFER, req.to_wire())
         async with self.mesh.request_stream(peer, frame, open_timeout=OPEN_S, item_timeout=ITEM_S) as items:
             async for item in items:
@@ -197,7 +197,7 @@ class ServeService:
         seed = req.seed if req.seed is not None or req.greedy else random.randrange(2**62)
         return dataclasses.replace(req, logprobs=True, seed=seed)
 
-    async def generate(self, req: GenRequest) -> AsyncIterator[dict[str, Any]]:
+    async def generate(self, req: GenRequest) -> AsyncGenerator[dict[str, Any], None]:
         """A request from this node's API, answered wherever the model is served."""
         checked = self._checked(req)
         server: list[str] = []

@@ -17,7 +17,7 @@ import pytest
 
 from gpuflex.nodeconfig import dump_node_config
 from tests.integration.conftest import light_spec
-from tests.integration.test_llm import shakespeare_file
+from tests.integration.test_llm import shakespeare_file, tiny_lora_spec
 
 pytest.importorskip("peft", reason="needs the llm extra: pip install 'gpuflex[llm]'")
 openai = pytest.importorskip("openai", reason="the openai client is in the dev extra")
@@ -25,6 +25,17 @@ httpx = pytest.importorskip("httpx")
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
 SERVE = '\n[serve]\nhttp = "127.0.0.1:0"\nmax_batch = {batch}\nmax_prompt_tokens = 256\nmax_new_tokens = 200\nqueue = 16\n'
+
+
+def serving_mesh(mesh_factory: Any, size: int, toml: Any) -> Any:
+    """A started, connected mesh whose node ``i`` runs with ``toml(i)`` as its node.toml."""
+    mesh = mesh_factory(size)
+    for i in range(size):
+        mesh.home(i).mkdir(parents=True, exist_ok=True)
+        (mesh.home(i) / "node.toml").write_text(toml(i))
+    mesh.start(timeout=120)
+    mesh.wait_connected(60)
+    return mesh
 
 
 def api_url(mesh: Any, i: int) -> str:
@@ -40,20 +51,9 @@ def servers_of(url: str, model: str) -> int:
 
 def train_job(mesh_factory: Any, tmp_path: Path, batch: int) -> tuple[Any, str]:
     text = shakespeare_file(tmp_path)
-    mesh = mesh_factory(3)
-    for i in range(3):
-        mesh.home(i).mkdir(parents=True, exist_ok=True)
-        (mesh.home(i) / "node.toml").write_text(dump_node_config({"data": {"shakespeare": str(text)}})
-                                                + SERVE.format(batch=batch))
-    mesh.start(timeout=120)
-    mesh.wait_connected(60)
-    job = mesh.submit({
-        "name": "serve-test", "model": "llama", "data": "shakespeare", "partition": "groups", "rounds": 2,
-        "local_epochs": 0, "local_steps": 4, "batch_size": 8, "optimizer": "adamw", "lr": 1e-2,
-        "strategy": "diloco", "server_lr": 0.8, "codec": "int8", "min_nodes": 3, "test_fraction": 0.1,
-        "plan_timeout_s": 20.0,
-        "llm": {"size": "tiny", "adapter": "lora", "lora_rank": 4, "seq_len": 64, "eval_sequences": 16},
-    })
+    mesh = serving_mesh(mesh_factory, 3, lambda i: dump_node_config({"data": {"shakespeare": str(text)}})
+                        + SERVE.format(batch=batch))
+    job = mesh.submit(tiny_lora_spec(name="serve-test", rounds=2, local_steps=4, eval_sequences=16))
     mesh.wait_job(job, [0, 1, 2], timeout=240)
     return mesh, job
 
@@ -117,14 +117,9 @@ def test_a_trained_adapter_is_served_on_two_nodes_and_streamed_through_a_third_w
 def test_bad_requests_get_clear_errors_while_the_node_keeps_serving_and_training(
         mesh_factory: Any, tmp_path: Path) -> None:
     model_dir = tiny_model_dir(tmp_path)
-    mesh = mesh_factory(2)
-    for i in range(2):
-        mesh.home(i).mkdir(parents=True, exist_ok=True)
-        checks = "redundancy = 2\ncheck_fraction = 1.0\n" if i == 1 else ""  # node 1 checks what it takes in
-        (mesh.home(i) / "node.toml").write_text(
-            SERVE.format(batch=4).replace("queue = 16", "queue = 4") + checks + f'[serve.models]\ntiny = "{model_dir}"\n')
-    mesh.start(timeout=120)
-    mesh.wait_connected(60)
+    checks = "redundancy = 2\ncheck_fraction = 1.0\n"  # node 1 checks what it takes in
+    mesh = serving_mesh(mesh_factory, 2, lambda i: SERVE.format(batch=4).replace("queue = 16", "queue = 4")
+                        + (checks if i == 1 else "") + f'[serve.models]\ntiny = "{model_dir}"\n')
     job = mesh.submit(light_spec(rounds=3, min_nodes=2))
     url = api_url(mesh, 1)
     mesh.wait_until(lambda: servers_of(url, "tiny") == 2, timeout=60)
@@ -192,13 +187,8 @@ def test_a_batch_inference_job_spreads_over_the_servers_resumes_after_a_kill_and
     from mesh.codec import open_envelope
 
     model_dir = tiny_model_dir(tmp_path)
-    mesh = mesh_factory(3)
-    for i in range(3):
-        mesh.home(i).mkdir(parents=True, exist_ok=True)
-        models = f'[serve.models]\ntiny = "{model_dir}"\n' if i < 2 else ""
-        (mesh.home(i) / "node.toml").write_text(SERVE.format(batch=2) + models)
-    mesh.start(timeout=120)
-    mesh.wait_connected(60)
+    mesh = serving_mesh(mesh_factory, 3, lambda i: SERVE.format(batch=2)
+                        + (f'[serve.models]\ntiny = "{model_dir}"\n' if i < 2 else ""))
     url = api_url(mesh, 2)
     mesh.wait_until(lambda: servers_of(url, "tiny") == 2, timeout=60)
     prompts = [f"line {k}: " for k in range(24)]
