@@ -10,7 +10,7 @@ what a job can do to its node.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
@@ -167,3 +167,5 @@ class Trainer(Protocol):
 
 #: Builds a job's Trainer: (spec, part index, number of parts, home, data hook).
 TrainerFactory = Callable[[Any, int, int, Path, Callable[..., Any] | None], Trainer]
+#: Loads a model blob by hash from these providers: (parameters, optimizer state).
+ModelLoader = Callable[[str, list[str]], Awaitable[tuple[np.ndarray, dict[str, np.ndarray]]]]
