@@ -62,9 +62,13 @@ def test_a_trained_adapter_is_served_on_two_nodes_and_streamed_through_a_third_w
         mesh_factory: Any, tmp_path: Path) -> None:
     mesh, job = train_job(mesh_factory, tmp_path, batch=2)
     model_hash = mesh.job(0, job)["model_hash"]
-    for i in (0, 1):  # what `gpuflex serve JOB --name bard` asks of a running node
-        row = mesh.call(i, "serve_add", {"name": "bard", "job": job}, timeout=180)
-        assert row["hash"] == model_hash  # the ledger's hash, checked on the exported bytes
+    from tests.integration.test_cli import gpuflex
+
+    row = mesh.call(0, "serve_add", {"name": "bard", "job": job}, timeout=180)  # what the CLI asks
+    assert row["hash"] == model_hash  # the ledger's hash, checked on the exported bytes
+    served = gpuflex("serve", job, "--name", "bard", "--home", str(mesh.home(1)), "--json", timeout=180)
+    assert served.returncode == 0, served.stderr
+    assert json.loads(served.stdout)["hash"] == model_hash
     url = api_url(mesh, 2)
     mesh.wait_until(lambda: servers_of(url, "bard") == 2, timeout=30)
 
@@ -195,9 +199,11 @@ def test_a_batch_inference_job_spreads_over_the_servers_resumes_after_a_kill_and
     job_file = tmp_path / "infer.toml"
     job_file.write_text('kind = "inference"\nname = "batch"\nmodel = "tiny"\nmax_tokens = 24\nconcurrency = 4\n'
                         f"prompts = {json.dumps(prompts)}\n")
-    from gpuflex.cli.job_cmd import inference_file
+    from tests.integration.test_cli import gpuflex
 
-    run = mesh.call(2, "infer_submit", {"spec": inference_file(job_file)})["run_id"]
+    submitted = gpuflex("job", "submit", str(job_file), "--node", str(mesh.home(2)))
+    assert submitted.returncode == 0, submitted.stderr
+    run = submitted.stdout.strip()
 
     def done_count() -> int:
         rows = mesh.call(2, "serve_status")["runs"]
@@ -210,7 +216,8 @@ def test_a_batch_inference_job_spreads_over_the_servers_resumes_after_a_kill_and
     mesh.start_node(2)  # the run resumes with the node
     mesh.wait_until(lambda: done_count() == 24, timeout=240)
     out = tmp_path / "answers.jsonl"
-    mesh.call(2, "infer_results", {"job": run, "out": str(out)})
+    written = gpuflex("job", "results", run[:8], "--out", str(out), "--node", str(mesh.home(2)))
+    assert written.returncode == 0 and written.stdout.strip() == str(out), written.stderr
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert [r["index"] for r in rows] == list(range(24))
     assert {r["server"] for r in rows} == {mesh.call(0, "status")["peer_id"], mesh.call(1, "status")["peer_id"]}
