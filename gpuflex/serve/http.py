@@ -233,9 +233,16 @@ def build_app(service: Service, token: str | None) -> Starlette:
 
 
 async def serve_http(service: Service, host: str, port: int, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+    import socket
+
     from hypercorn.config import Config
     from hypercorn.trio import serve as hypercorn_serve
 
+    if port:  # a taken port fails here with a plain OSError, not inside Hypercorn's task group
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind((host, port))
     token = None if is_loopback(host) else load_or_create_token(service.home)
     cfg = Config()
     cfg.bind = [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]

@@ -75,8 +75,12 @@ class ServeService:
                 from gpuflex.serve.http import serve_http
 
                 host, port = self.settings.http_address()
-                self.http_url = await nursery.start(serve_http, self, host, port)
-                log.info("OpenAI-compatible API on %s/v1", self.http_url)
+                try:
+                    self.http_url = await nursery.start(serve_http, self, host, port)
+                    log.info("OpenAI-compatible API on %s/v1", self.http_url)
+                except OSError as exc:  # the port is taken: the node trains and routes without its API
+                    log.error("cannot serve the API on %s: %s; set [serve] http to a free address",
+                              self.settings.http, exc.strerror or exc)
             task_status.started()
             nursery.start_soon(self._resume_runs)
             for entry in self.settings.models:
