@@ -7,6 +7,7 @@ jobs, exporting a finished job's model (the ledger's hash, the bytes that hash n
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -47,9 +48,12 @@ class NodeServing:
             raise ServeError(f"job {job_id} committed no model", 400)
         try:
             await trio.to_thread.run_sync(export_results, export, out)
-        except OSError as exc:
+            written = json.loads((out / "job.json").read_text())
+        except (OSError, ValueError) as exc:
             raise ServeError(f"could not export job {job_id} to {out}: {exc}") from None
-        return export.model_hash
+        # The job's final_model picks the last or the best-scored round's model: both are
+        # committed in the ledger, and the exported blob must hash to the one picked.
+        return str(written["best"]["model_hash"]) if written.get("model_pt") == "best" else export.model_hash
 
     async def api_add(self, params: dict[str, Any]) -> dict[str, Any]:
         name, source = params.get("name"), params.get("job") or params.get("path")
