@@ -61,14 +61,14 @@ def train_job(mesh_factory: Any, tmp_path: Path, batch: int) -> tuple[Any, str]:
 def test_a_trained_adapter_is_served_on_two_nodes_and_streamed_through_a_third_with_the_openai_client(
         mesh_factory: Any, tmp_path: Path) -> None:
     mesh, job = train_job(mesh_factory, tmp_path, batch=2)
-    model_hash = mesh.job(0, job)["model_hash"]
+    committed = {r["model_hash"] for r in mesh.call(0, "ledger", {"job": job})}
     from tests.integration.test_cli import gpuflex
 
     row = mesh.call(0, "serve_add", {"name": "bard", "job": job}, timeout=180)  # what the CLI asks
-    assert row["hash"] == model_hash  # the ledger's hash, checked on the exported bytes
+    assert row["hash"] in committed  # a ledger hash (the round final_model picks), checked on the bytes
     served = gpuflex("serve", job, "--name", "bard", "--home", str(mesh.home(1)), "--json", timeout=180)
     assert served.returncode == 0, served.stderr
-    assert json.loads(served.stdout)["hash"] == model_hash
+    assert json.loads(served.stdout)["hash"] == row["hash"]
     url = api_url(mesh, 2)
     mesh.wait_until(lambda: servers_of(url, "bard") == 2, timeout=30)
 
