@@ -58,6 +58,10 @@ INDIRECT_HELPERS = 2
 #: A ping waits this many smoothed round trips (at least ``ping_timeout_s``, at most
 #: ``MAX_TIMEOUT_FACTOR`` times it).
 RTT_FACTOR, MAX_TIMEOUT_FACTOR = 4.0, 4.0
+#: A loop that wakes this late is on a starved machine: for a while after, its failed probes
+#: say more about itself than about a peer still connected (Lifeguard's idea); a killed
+#: process's connections close at once, so it is still suspected.
+LAGGING_S, LAGGING_HOLD_S = 1.0, 10.0
 #: Direct-then-indirect rounds, a period apart, before a peer is suspected.
 PROBE_ROUNDS = 2
 #: Newly learnt peers checked per period, and down peers looked at per period.
@@ -119,6 +123,8 @@ class Liveness:
         self._redialling: set[str] = set()
         self._pinging: dict[str, _Pending] = {}
         self._probing: set[str] = set()
+        self._due_at = math.inf  # when the loop should wake next
+        self._lagging_until = -math.inf
         self._nursery: trio.Nursery | None = None
         node.handlers.register(RUMOUR, self._on_rumour)
         node.handlers.register(PING_REQ, self._on_ping_req)
@@ -133,6 +139,10 @@ class Liveness:
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             while True:
+                woke = trio.current_time()
+                if woke - self._due_at > LAGGING_S:
+                    self._lagging_until = woke + LAGGING_HOLD_S
+                self._due_at = woke + self.config.ping_interval_s
                 # Probes run beside the loop: a slow one never holds up the next period's, nor
                 # the suspicions that are due.
                 for peer in self.due():
@@ -218,6 +228,8 @@ class Liveness:
                     await trio.sleep(self.config.ping_interval_s)
             if self.heard_lately(peer):
                 return False  # it spoke (a message, another's ping request) while we probed
+            if trio.current_time() < self._lagging_until and peer in self.node.connected_ids():
+                return False  # this node runs late, and the peer's connection is open: slow, not gone
             await self.suspect(peer)
             return False
         finally:
