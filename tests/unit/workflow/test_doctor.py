@@ -133,5 +133,8 @@ def test_doctor_fits_a_job_to_each_device(tmp_path) -> None:
 
     bad = tmp_path / "bad.toml"
     bad.write_text("rounds = 'many'\n")
-    (finding,) = check_job_fit(bad, tmp_path / "home")
-    assert finding.status == doctor.FAIL and "bad.toml" in finding.message
+    head, *fields = check_job_fit(bad, tmp_path / "home")
+    assert head.status == doctor.FAIL and "bad.toml" in head.message
+    # every error, as ``job submit`` lists them: both required fields and the bad one
+    assert {f.message.split(":")[0].strip() for f in fields} == {"model", "data", "rounds"}
+    assert head.data["errors"] == [f.message.strip() for f in fields]
