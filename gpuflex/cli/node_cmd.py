@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import typer
 
 from gpuflex.cli.common import HomeOpt, emit_json, fail
@@ -136,18 +138,53 @@ def start(
                                           config=config,
                                           limits=PeerLimits(read_timeout_s=read_timeout, gossip_origin_rate=gossip_rate,
                                                             gossip_origin_burst=gossip_burst)))
-        trio.run(runtime.serve)
-    except KeyboardInterrupt:
-        typer.echo("stopped", err=True)
+        code = trio.run(serve_until_signalled, runtime)
     except BaseException as exc:
+        if first_error(exc, (KeyboardInterrupt,)) is not None:  # Ctrl-C before the node took signals over
+            typer.echo("stopped (interrupted)", err=True)
+            exit_without_teardown(INTERRUPTED)
         known = first_error(exc, (NodeStartError, HostError, BootstrapError, ValueError, OSError))
         if known is None:
             raise
         fail(str(known))
-    exit_without_teardown()
+    exit_without_teardown(code)
 
 
-def exit_without_teardown() -> None:
+#: The shell's exit status for a program stopped by Ctrl-C (128 + SIGINT).
+INTERRUPTED = 130
+
+
+async def serve_until_signalled(runtime: Any) -> int:
+    """Run the node until it stops, or until Ctrl-C or SIGTERM asks it to: one log line says
+    which, the node stops as ``gpuflex shutdown`` would, and a second signal ends it at once.
+    The exit status is 130 after Ctrl-C and 0 otherwise (a service manager's stop is normal)."""
+    import logging
+    import signal
+
+    import trio
+
+    log = logging.getLogger("gpuflex.node")
+    got: list[int] = []
+
+    async def watch(receiver: Any) -> None:
+        async for signum in receiver:
+            if got:
+                log.warning("second %s: exiting now", signal.Signals(signum).name)
+                exit_without_teardown(INTERRUPTED if signum == signal.SIGINT else 0)
+            got.append(signum)
+            log.info("%s received: stopping the node", "Ctrl-C" if signum == signal.SIGINT else "SIGTERM")
+            runtime.stop()
+
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as receiver:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(watch, receiver)
+            await runtime.serve()
+            nursery.cancel_scope.cancel()
+    log.info("node stopped")
+    return INTERRUPTED if got and got[0] == signal.SIGINT else 0
+
+
+def exit_without_teardown(code: int = 0) -> None:
     """Once the node has stopped its state is on disk (every write is atomic), so the
     interpreter's own teardown of torch and libp2p, a second or more of CPU, buys nothing and
     only delays whoever restarts or replaces the node."""
@@ -158,7 +195,7 @@ def exit_without_teardown() -> None:
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(0)
+    os._exit(code)
 
 
 def first_error(exc: BaseException, kinds: tuple[type[BaseException], ...]) -> BaseException | None:

@@ -162,8 +162,7 @@ class NodeRuntime:
                                 port=self.options.control_port)
         async with trio.open_nursery() as nursery:
             await nursery.start(self.mesh.run)
-            for addr in self.mesh.multiaddrs():
-                log.info("gpuflex node %s listening on %s", self.identity.peer_id, addr)
+            # The mesh logs its "listening on" line (peer id included) when it starts.
             # Abandoned on stop: a node stopped while torch still imports must not wait for it.
             nursery.start_soon(partial(trio.to_thread.run_sync, warm_up_torch,  # type: ignore[call-arg]
                                        abandon_on_cancel=True))  # (mypy misreads trio's TypeVarTuple signature)
