@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import typer
 
-from gpuflex.cli.common import JsonOpt, call_node, emit_json, fail, number, short, text
+from gpuflex.cli.common import JsonOpt, call_node, emit_json, fail, human_bytes, number, short, text
 
 job_app = typer.Typer(help="Create, submit and follow training jobs.", no_args_is_help=True)
 NodeOpt = typer.Option(None, "--node", "--home", help="Home of the node to talk to.")
@@ -82,12 +83,22 @@ def format_status(js: dict[str, Any]) -> str:
     if js.get("work"):
         lines.extend(format_work(js["work"], js["round"]))
     if js["metrics"]:
-        lines.append(f"{'round':>7} {'loss':>8} {'accuracy':>9} {'train loss':>11} {'nodes':>6} {'time':>7}")
-        for m in js["metrics"]:
-            lines.append(f"{number(m['round'], '>7')} {number(m['loss'], '>8.4f')} {number(m['accuracy'], '>9.4f')} "
-                         f"{number(m['train_loss'], '>11.4f')} {number(m['contributors'], '>6')} "
-                         f"{number(m['duration_s'], '>6.1f')}s")
+        lines.extend(format_metrics(js["metrics"]))
     return "\n".join(lines)
+
+
+def format_metrics(rows: list[dict[str, Any]]) -> list[str]:
+    """The per-round table: loss, accuracy, a language model's perplexity (when the rounds
+    have one), the train loss, contributors, the bytes their updates weighed, and the time."""
+    ppl = any(isinstance(m.get("perplexity"), (int, float)) for m in rows)
+    lines = [f"{'round':>7} {'loss':>8} {'accuracy':>9}{' perplexity' if ppl else ''} {'train loss':>11} "
+             f"{'nodes':>6} {'sent':>9} {'time':>7}"]
+    for m in rows:
+        lines.append(f"{number(m['round'], '>7')} {number(m['loss'], '>8.4f')} {number(m['accuracy'], '>9.4f')}"
+                     f"{' ' + number(m.get('perplexity'), '>10.2f') if ppl else ''} "
+                     f"{number(m['train_loss'], '>11.4f')} {number(m['contributors'], '>6')} "
+                     f"{human_bytes(m.get('sent_bytes') if isinstance(m.get('sent_bytes'), int) else None):>9} {number(m['duration_s'], '>6.1f')}s")
+    return lines
 
 
 def format_work(rows: list[dict[str, Any]], round_: int) -> list[str]:
@@ -116,10 +127,22 @@ def format_spec(js: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def format_row(js: dict[str, Any]) -> str:
-    """One line per job for ``gpuflex job list``."""
-    return (f"{text(js['job_id'], 16):16}  {text(js['state'], 8):8}  "
-            f"{number(js['round'], '>5')}/{number(js['rounds'], '<5')}  {text(js['phase'], 7):7}  {text(js['name'], 60)}")
+def format_rows(jobs: list[dict[str, Any]]) -> list[str]:
+    """``gpuflex job list``'s table, a header and one line per job, each column as wide as
+    its widest cell (a peer's job name is clipped, control characters escaped)."""
+    header = ("JOB", "STATE", "ROUND", "PHASE", "NAME")
+    rows = [(text(js.get("job_id"), 16), text(js.get("state"), 8),
+             f"{number(js.get('round'), 'd')}/{number(js.get('rounds'), 'd')}", text(js.get("phase"), 8),
+             text(js.get("name"), 60)) for js in jobs]
+    widths = [max(len(r[i]) for r in (header, *rows)) for i in range(len(header))]
+    right = {2}  # rounds line up on their slash-free right edge
+
+    def line(cells: tuple[str, ...]) -> str:
+        out = [c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths))]
+        out[-1] = cells[-1]  # no padding after the last column
+        return "  ".join(out)
+
+    return [line(header), *(line(r) for r in rows)]
 
 
 @job_app.command("list")
@@ -132,9 +155,8 @@ def list_jobs(node: str | None = NodeOpt, json_out: bool = JsonOpt) -> None:
     if not jobs:
         typer.echo("no jobs yet")
         return
-    typer.echo(f"{'JOB':16}  {'STATE':8}  {'ROUND':>11}  {'PHASE':7}  NAME")
-    for js in jobs:
-        typer.echo(format_row(js))
+    for row in format_rows(jobs):
+        typer.echo(row)
 
 
 @job_app.command("status")
@@ -146,18 +168,41 @@ def status(job: str | None = typer.Argument(None, help="Job id or prefix (defaul
     """Round, phase, coordinator, members, each member's work in the last round (device, local
     steps, samples per second, share of the compute), and loss and accuracy so far (``--json``
     includes the job's spec and publisher)."""
+    show = Snapshots(sys.stdout.isatty()) if watch and not json_out else None
     while True:
         js = call_node("job_status", {"job": job} if job else {}, home=node)
         if json_out:
             emit_json(js)
         else:
-            typer.echo(format_status(js))
-            if spec:
-                typer.echo(format_spec(js))
+            view = format_status(js) + ("\n" + format_spec(js) if spec else "")
+            typer.echo(show.next(view) if show is not None else view, nl=False if show is not None else True)
         if not watch or js["state"] in ("done", "failed"):
             return
         time.sleep(1.0)
-        typer.echo("")
+        if json_out:
+            typer.echo("")
+
+
+class Snapshots:
+    """``job status --watch`` output: on a terminal each refresh redraws the screen in place;
+    otherwise (a pipe, a log file) the first snapshot is printed whole and then only its lines
+    that changed, so a 400-round job's log grows by a line a round, not a snapshot a second."""
+
+    CLEAR = "\x1b[H\x1b[2J"
+
+    def __init__(self, tty: bool) -> None:
+        self.tty = tty
+        self.shown: list[str] = []
+
+    def next(self, view: str) -> str:
+        lines = view.splitlines()
+        if self.tty:
+            out = self.CLEAR + view + "\n"
+        else:
+            seen = set(self.shown)
+            out = "".join(line + "\n" for line in lines if line not in seen)
+        self.shown = lines
+        return out
 
 
 @job_app.command("results")

@@ -16,7 +16,8 @@ from gpuflex.node.modelblob import unpack_model
 from gpuflex.plot import plot_metrics
 from mesh.fsutil import atomic_write, atomic_write_text
 
-METRIC_COLUMNS = ("round", "loss", "accuracy", "train_loss", "contributors", "duration_s")
+METRIC_COLUMNS = ("round", "loss", "accuracy", "perplexity", "train_loss", "contributors", "duration_s",
+                  "update_bytes", "sent_bytes")
 
 
 class ModelWriter(Protocol):

@@ -11,6 +11,7 @@ saved, and the node keeps relaying its frame like any gossip (relaying runs noth
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -78,6 +79,15 @@ def job_id_of(env: Envelope) -> str:
     return env.digest[:16]
 
 
+def created_at(env: Envelope) -> float:
+    """When the publisher says it made the job (its signed ``created``), for ordering only;
+    anything but a finite number counts as oldest."""
+    value = env.body.get("created") if isinstance(env.body, dict) else None
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+        return float(value)
+    return 0.0
+
+
 class JobManager:
     def __init__(self, mesh: MeshNode, events: EventLog, home: Path, faults: Faults = NO_FAULTS,
                  config: NodeConfig | None = None) -> None:
@@ -114,11 +124,19 @@ class JobManager:
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             self.syncer.run_in(nursery)
+            saved = []
             for path in sorted(self.jobs_dir.glob("*/job.frame")):
                 try:
-                    self._adopt(open_envelope(path.read_bytes(), expect_kind=JOB), resumed=True)
+                    saved.append(open_envelope(path.read_bytes(), expect_kind=JOB))
                 except (WireError, Rejected, OSError) as exc:
                     self.events.emit(EventKind.STATE_CORRUPT, message=f"job file {path} is unreadable: {exc}")
+            # Oldest first, as they arrived, so "newest first" (job list, a bare job status)
+            # still holds after a restart; a job id alone says nothing about age.
+            for env in sorted(saved, key=created_at):
+                try:
+                    self._adopt(env, resumed=True)
+                except (WireError, Rejected) as exc:
+                    self.events.emit(EventKind.STATE_CORRUPT, message=f"job {job_id_of(env)} is unreadable: {exc}")
             task_status.started()
             nursery.start_soon(self._presence_loop)
             nursery.start_soon(self._quorum_loop)
