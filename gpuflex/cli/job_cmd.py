@@ -138,7 +138,7 @@ def format_rows(jobs: list[dict[str, Any]]) -> list[str]:
     right = {2}  # rounds line up on their slash-free right edge
 
     def line(cells: tuple[str, ...]) -> str:
-        out = [c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths))]
+        out = [c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths, strict=True))]
         out[-1] = cells[-1]  # no padding after the last column
         return "  ".join(out)
 
@@ -175,7 +175,7 @@ def status(job: str | None = typer.Argument(None, help="Job id or prefix (defaul
             emit_json(js)
         else:
             view = format_status(js) + ("\n" + format_spec(js) if spec else "")
-            typer.echo(show.next(view) if show is not None else view, nl=False if show is not None else True)
+            typer.echo(show.next(view) if show is not None else view, nl=show is None)
         if not watch or js["state"] in ("done", "failed"):
             return
         time.sleep(1.0)

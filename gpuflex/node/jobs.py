@@ -11,7 +11,6 @@ saved, and the node keeps relaying its frame like any gossip (relaying runs noth
 from __future__ import annotations
 
 import logging
-import math
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -29,7 +28,7 @@ from gpuflex.node.driver import JobDriver
 from gpuflex.node.events import EventLog
 from gpuflex.node.faults import NO_FAULTS, Faults
 from gpuflex.node.kinds import EventKind, JobState
-from gpuflex.node.messages import JOB, PRESENCE, SYNC
+from gpuflex.node.messages import JOB, PRESENCE, SYNC, created_at
 from gpuflex.node.nodeport import NodePort, NodeServices
 from gpuflex.node.prepare import load_trainer
 from gpuflex.node.state import JobInfo
@@ -77,15 +76,6 @@ def pin_spec(spec: Any, home: Path, config: NodeConfig | None = None) -> Any:
 
 def job_id_of(env: Envelope) -> str:
     return env.digest[:16]
-
-
-def created_at(env: Envelope) -> float:
-    """When the publisher says it made the job (its signed ``created``), for ordering only;
-    anything but a finite number counts as oldest."""
-    value = env.body.get("created") if isinstance(env.body, dict) else None
-    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
-        return float(value)
-    return 0.0
 
 
 class JobManager:

@@ -11,7 +11,6 @@ import select
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
@@ -78,8 +77,7 @@ def test_watch_list_and_round_bytes(mesh_factory) -> None:
     for m in status["metrics"]:
         assert m["update_bytes"] > 0 and m["sent_bytes"] == m["update_bytes"] * m["contributors"]
         assert m["perplexity"] is None  # a classifier has none
-    assert " sent " in out.splitlines()[[i for i, line in enumerate(out.splitlines())
-                                          if "train loss" in line][0]]
+    assert " sent " in next(line for line in out.splitlines() if "train loss" in line)
 
     # Newest first, after a restart as well (job ids say nothing about age).
     for restarted in (False, True):
