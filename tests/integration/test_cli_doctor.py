@@ -51,3 +51,19 @@ def test_doctor_lists_every_error_of_a_bad_job_like_submit(tmp_path: Path) -> No
     assert len(fields) == 3, submit.stderr
     for field in fields:
         assert f"  {field}:" in doctor.stdout, doctor.stdout
+
+
+def test_doctor_checks_the_running_nodes_own_address_and_sees_loopback(mesh_factory) -> None:
+    mesh = mesh_factory(1)
+    mesh.start(timeout=120)
+    status = mesh.call(0, "status")
+    port = status["addrs"][0].split("/tcp/")[1].split("/")[0]
+    proc = gpuflex("doctor", "--home", str(mesh.home(0)), "--json", timeout=200)
+    findings = {f["check"]: f for f in json.loads(proc.stdout)["findings"]}
+    # the node's own port, not 4001 (which may be free, or someone else's)
+    assert findings["port"]["status"] == "OK" and f"/ip4/127.0.0.1/tcp/{port}" in findings["port"]["message"]
+    assert "4001" not in findings["port"]["message"]
+    # a node on loopback serves nobody else, whatever its peers said
+    reach = findings["reachability"]
+    assert reach["status"] == "WARN" and "loopback only" in reach["message"], reach
+    assert f"--listen /ip4/0.0.0.0/tcp/{port}" in reach["fix"]
