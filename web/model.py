@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
 from gpuflex.cli.common import human_bytes as cli_bytes
+from gpuflex.safetext import SHORT_ID_CHARS
 
 MAX_TEXT = 160
 """The longest peer-supplied string the portal shows; longer ones are cut with an ellipsis."""
@@ -50,7 +51,7 @@ def text(value: Any, limit: int = MAX_TEXT) -> str:
     return value if len(value) <= limit else value[: limit - 1] + "…"
 
 
-def short(peer: str, n: int = 8) -> str:
+def short(peer: str, n: int = SHORT_ID_CHARS) -> str:
     return "—" if not peer else (peer if len(peer) <= n + 1 else f"…{peer[-n:]}")
 
 

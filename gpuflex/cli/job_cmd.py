@@ -12,7 +12,8 @@ import typer
 
 from gpuflex.cli.common import JsonOpt, call_node, emit_json, fail, human_bytes, number, short, text
 
-job_app = typer.Typer(help="Create, submit and follow training jobs.", no_args_is_help=True)
+job_app = typer.Typer(help="Create, submit and follow training jobs.", no_args_is_help=True,
+                    rich_markup_mode=None)
 NodeOpt = typer.Option(None, "--node", "--home", help="Home of the node to talk to.")
 
 
@@ -105,10 +106,10 @@ def format_work(rows: list[dict[str, Any]], round_: int) -> list[str]:
     """Round ``round_``'s work per member: its device, local steps, samples per second and
     share of the round's compute (each member's training seconds over everyone's)."""
     lines = [f"work         round {round_}",
-             f"  {'member':<10} {'device':<28} {'samples':>8} {'steps':>6} {'samples/s':>10} {'train s':>8} {'share':>6}"]
+             f"  {'member':<11} {'device':<28} {'samples':>8} {'steps':>6} {'samples/s':>10} {'train s':>8} {'share':>6}"]
     for row in rows:
         share = row.get("compute_share")
-        lines.append(f"  {short(text(row.get('peer', '?'), 80)):<10} {text(row.get('device') or '-', 28):<28} "
+        lines.append(f"  {short(text(row.get('peer', '?'), 80)):<11} {text(row.get('device') or '-', 28):<28} "
                      f"{number(row.get('samples'), '>8')} {number(row.get('steps'), '>6')} "
                      f"{number(row.get('samples_per_s'), '>10.1f')} {number(row.get('compute_s'), '>8.2f')} "
                      f"{number(share, '>6.0%')}")
@@ -121,7 +122,7 @@ def format_spec(js: dict[str, Any]) -> str:
     spec = js.get("spec")
     if not isinstance(spec, dict):
         return "spec         (this node does not report it)"
-    lines = [f"spec         from {short(js.get('publisher'), 16)}"]
+    lines = [f"spec         from {short(js.get('publisher'))}"]
     lines += [f"  {text(key, 40):<20} = {text(json.dumps(value, ensure_ascii=False), 500)}"
               for key, value in sorted(spec.items())]
     return "\n".join(lines)

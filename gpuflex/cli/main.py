@@ -12,7 +12,8 @@ from gpuflex.cli import audit_cmd, doctor_cmd, job_cmd, node_cmd, query, web_cmd
 from gpuflex.cli.common import HomeOpt
 
 app = typer.Typer(help="GPUFlex: federated training on a peer-to-peer mesh of the GPUs people own.",
-                  no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
+                  no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
+                  rich_markup_mode=None)  # plain click help: it wraps, rich's table truncates names
 app.command("keygen")(node_cmd.keygen)
 app.add_typer(node_cmd.node_app, name="node")
 app.command("peers")(query.peers)

@@ -8,7 +8,8 @@ import typer
 
 from gpuflex.cli.common import HomeOpt, emit_json, fail
 
-node_app = typer.Typer(help="Run a mesh node.", no_args_is_help=True)
+node_app = typer.Typer(help="Run a mesh node.", no_args_is_help=True,
+                    rich_markup_mode=None)
 
 
 def keygen(home: str | None = HomeOpt, force: bool = typer.Option(False, help="Replace an existing key."),

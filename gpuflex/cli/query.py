@@ -14,6 +14,7 @@ from gpuflex.cli.common import (
     short,
     text,
 )
+from gpuflex.safetext import plural
 
 
 def peers(home: str | None = HomeOpt, json_out: bool = JsonOpt) -> None:
@@ -45,7 +46,7 @@ def status(home: str | None = HomeOpt, json_out: bool = JsonOpt) -> None:
     for addr in st["addrs"]:
         typer.echo(f"address  {addr}")
     typer.echo(f"hardware {hardware_summary(st['node_info'])}")
-    typer.echo(f"mesh     {m['peers']} peers: {m['up']} up, {m['suspect']} suspect, {m['down']} down")
+    typer.echo(f"mesh     {plural(m['peers'], 'peer')}: {m['up']} up, {m['suspect']} suspect, {m['down']} down")
     if "nat" in st:
         typer.echo(f"reach    {reach_line(st['nat'])}")
     if "join" in st:
@@ -58,7 +59,7 @@ def status(home: str | None = HomeOpt, json_out: bool = JsonOpt) -> None:
 
 def join_summary(join: dict) -> str:  # type: ignore[type-arg]
     """One line on how this node stands with the mesh: connected, or waiting and retrying."""
-    book = f"{join.get('known_peers', 0)} peers in the address book"
+    book = f"{plural(join.get('known_peers', 0), 'peer')} in the address book"
     state = join.get("state")
     if state == "waiting":
         retry = join.get("next_retry_s")
@@ -74,7 +75,7 @@ def reach_line(nat: dict) -> str:  # type: ignore[type-arg]
     """One line on whether others can reach this node, and how."""
     text = f"{nat['reachability']} (DHT {nat.get('dht_mode', '?')} mode)"
     if nat.get("reservations"):
-        text += f", relayed by {', '.join(short(r, 8) for r in nat['reservations'])}"
+        text += f", relayed by {', '.join(short(r) for r in nat['reservations'])}"
     if nat.get("relay_service"):
         load = nat.get("relay_load", {})
         text += f", relay service on ({load.get('reservations', 0)} reservations, {load.get('circuits_now', 0)} circuits)"
