@@ -34,7 +34,7 @@ demo *ARGS: setup
 # Run the whole test suite. Four workers, a test file each at a time: the real-process tests
 # spend most of their time waiting on deadlines and the network, not on the CPU.
 test *ARGS: setup
-    .venv/bin/python -m pytest -q -n 4 --dist loadfile {{ARGS}}
+    .venv/bin/python -m pytest -q -rs -n 4 --dist loadfile {{ARGS}}
 
 # Lint: ruff, the import contracts (pyproject.toml [tool.importlinter]) and mypy on mesh/, aggregation/, gpuflex/node/.
 lint: setup
