@@ -35,7 +35,7 @@ from starlette.staticfiles import StaticFiles
 
 from web import filters
 from web.credit import compute_credit, credit_csv
-from web.exports import DOWNLOADS, Exporter, ExportError, Verdict
+from web.exports import FILES, Exporter, ExportError, MissingFile, Verdict, downloads_for
 from web.hub import Hub, Snapshot
 from web.security import COOKIE, Guard, safe_next, session_value
 from web.source import NodeUnavailable, Source
@@ -112,12 +112,17 @@ class Portal:
         snap = await self.hub.fresh()
         job = snap.job(job_id)
         if job is None:
+            if snap.connected is False:  # not "no such job": the node cannot say
+                return self.render(PAGES["job"], snap, {"job": job_id}, live="", status_code=503,
+                                   title="Node not answering")
             return self.render(PAGES["job"], snap, {"job": job_id}, live="", status_code=404,
                                title="No such job")
         if job.spec is None and self.exporter.cached_spec(job.job_id) is None and snap.connected:
             self._fetch_spec(job.job_id, job.round)
-        return self.render(PAGES["job"], snap, {"job": job_id}, live="/live/job?" + urlencode({"job": job.job_id}),
-                           title=f"Job {job.label}", downloads=DOWNLOADS, verdict=verdict)
+        params = {"job": job_id, **({"page": request.query_params["page"]} if "page" in request.query_params else {})}
+        spec, _ = self._spec_of(job)
+        return self.render(PAGES["job"], snap, params, live="/live/job?" + urlencode({**params, "job": job.job_id}),
+                           title=f"Job {job.label}", downloads=downloads_for(job, spec), verdict=verdict)
 
     def _fetch_spec(self, job_id: str, round_: int) -> None:
         """Ask the node for the job's spec in the background (``job_status``; an older node
@@ -153,10 +158,12 @@ class Portal:
     async def download(self, request: Request) -> Response:
         job_id, name = request.path_params["job_id"], request.path_params["name"]
         job = (await self.hub.fresh()).job(job_id)
-        if job is None or name not in DOWNLOADS:
+        if job is None or name not in FILES:
             return PlainTextResponse("no such job or file", status_code=404)
         try:
             path = await self.exporter.file(job.job_id, job.round, name)
+        except MissingFile as exc:  # the job has no such file (a language model has no model.pt)
+            return PlainTextResponse(str(exc), status_code=404)
         except (ExportError, NodeUnavailable) as exc:
             return PlainTextResponse(f"could not fetch {name} from the node: {exc}", status_code=502)
         return FileResponse(path, filename=f"{job.job_id}-{name}",
