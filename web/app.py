@@ -83,13 +83,17 @@ class Portal:
     def _context(self, page: Page, snap: Snapshot, params: Mapping[str, str]) -> dict[str, Any]:
         return {**page.view(snap, params), "snap": snap, "now": self.wall_clock(), "page": page.name,
                 "params": params, "logged_in": self.token is not None, "version": self.version,
-                "spec_of": self._spec_of}
+                "spec_of": self._spec_of, "downloads_of": self._downloads_of}
 
     def _spec_of(self, job: Any) -> tuple[Mapping[str, Any] | None, str]:
         """(spec, why not) for the job page: from the summary when the node sends it, else
         from the exported files once they are here."""
         spec = job.spec or self.exporter.cached_spec(job.job_id)
         return spec, "" if spec else self.exporter.spec_errors.get(job.job_id, "")
+
+    def _downloads_of(self, job: Any) -> dict[str, str]:
+        """The files the job page offers, labelled for this job (its spec says which model file)."""
+        return downloads_for(job, self._spec_of(job)[0])
 
     def render(self, page: Page, snap: Snapshot, params: Mapping[str, str], live: str,
                status_code: int = 200, **extra: Any) -> HTMLResponse:
@@ -120,9 +124,8 @@ class Portal:
         if job.spec is None and self.exporter.cached_spec(job.job_id) is None and snap.connected:
             self._fetch_spec(job.job_id, job.round)
         params = {"job": job_id, **({"page": request.query_params["page"]} if "page" in request.query_params else {})}
-        spec, _ = self._spec_of(job)
         return self.render(PAGES["job"], snap, params, live="/live/job?" + urlencode({**params, "job": job.job_id}),
-                           title=f"Job {job.label}", downloads=downloads_for(job, spec), verdict=verdict)
+                           title=f"Job {job.label}", verdict=verdict)
 
     def _fetch_spec(self, job_id: str, round_: int) -> None:
         """Ask the node for the job's spec in the background (``job_status``; an older node

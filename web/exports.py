@@ -55,7 +55,9 @@ def downloads_for(job: Any, spec: Mapping[str, Any] | None) -> dict[str, str]:
     still = "" if done else " (the job is still running: this is not its final model)"
     files = {"ledger.msgpack": "the signed ledger, for gpuflex audit verify"}
     llm = spec.get("llm") if isinstance(spec, Mapping) else None
-    if isinstance(spec, Mapping) and spec.get("model") in LLM_MODELS:
+    if not isinstance(spec, Mapping):
+        pass  # which model file this job writes is known with its spec (a moment after the page)
+    elif spec.get("model") in LLM_MODELS:
         if not isinstance(llm, Mapping) or llm.get("adapter", "lora") != "none":
             files["adapter.zip"] = (f"the LoRA adapter ({when}) with its tokenizer, and base/ when the base was "
                                     f"built from a config: for PeftModel.from_pretrained{still}")

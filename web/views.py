@@ -180,7 +180,7 @@ PAGES: dict[str, Page] = {p.name: p for p in (
     Page("overview", "Overview", "overview.html", ("status", "jobs", "events"), overview_view),
     Page("peers", "Peers", "peers.html", ("peers",), peers_view),
     Page("jobs", "Jobs", "jobs.html", ("jobs",), jobs_view),
-    Page("job", "Job", "job.html", ("job", "ledger", "spec"), job_view),
+    Page("job", "Job", "job.html", ("job", "spec", "files", "ledger"), job_view),
     Page("contributions", "Contributions", "contributions.html", ("credit",), contributions_view),
     Page("join", "Join", "join.html", ("join",), join_view),
 )}
