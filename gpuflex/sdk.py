@@ -57,6 +57,29 @@ class JobFailed(GpuflexError, RuntimeError):
     """The job ended in the ``failed`` state; the message is the node's error."""
 
 
+class ModelUnavailable(GpuflexError, LookupError):
+    """The model asked for is not among the job's results; the message says which is."""
+
+
+#: Where a job's results hold the best round's model, when they hold it: a folder laid out
+#: like the results themselves (model.pt, or a language model's folders).
+BEST_DIR = "best"
+#: Held-out metrics by which a round can be best, and whether higher is better.
+BEST_BY = {"loss": False, "perplexity": False, "accuracy": True}
+
+
+def best_round(metrics: list[dict[str, Any]], metric: str = "loss") -> dict[str, Any]:
+    """The committed round whose held-out ``metric`` was best (lowest loss or perplexity,
+    highest accuracy); the earliest such round on a tie."""
+    if metric not in BEST_BY:
+        raise ValueError(f"metric must be one of {', '.join(BEST_BY)}, not {metric!r}")
+    rows = [m for m in metrics if isinstance(m.get(metric), (int, float)) and not isinstance(m[metric], bool)]
+    if not rows:
+        raise ModelUnavailable(f"no committed round has a {metric} yet")
+    sign = -1.0 if BEST_BY[metric] else 1.0
+    return dict(min(rows, key=lambda m: (sign * float(m[metric]), m["round"])))
+
+
 # --- callables to plug-in paths ---------------------------------------------------------------
 
 
@@ -195,12 +218,28 @@ class JobHandle:
         reply = self._call("job_results", {"job": self.job_id, "out": str(Path(out).resolve())}, timeout=120)
         return [Path(f) for f in reply["files"]]
 
-    def state_dict(self) -> dict[str, Any]:
-        """The latest committed model as a CPU torch ``state_dict`` (after ``wait()``: the final one).
+    def state_dict(self, which: str = "last", metric: str = "loss") -> dict[str, Any]:
+        """A committed model as a CPU torch ``state_dict``: ``which="last"``, the latest round's
+        (after ``wait()``: the final one), or ``"best"``, the round with the best held-out
+        ``metric`` (see :meth:`best_round`). The best round's model comes from the results
+        when they hold it; when the best round is the last, that is the last round's model;
+        otherwise :class:`ModelUnavailable` names the round, as the node keeps only the last.
 
         For a language model: its weights, or under LoRA the adapter's tensors alone (as
         peft names them); ``results(out)`` writes the directories transformers and peft load.
         """
+        if which not in ("last", "best"):
+            raise ValueError(f"which must be 'last' or 'best', not {which!r}")
+        if which == "best":
+            best = self.best_round(metric)
+            with tempfile.TemporaryDirectory(prefix="gpuflex-model-") as tmp:
+                self.results(tmp)
+                if (Path(tmp) / BEST_DIR).is_dir():
+                    return load_exported_state(Path(tmp) / BEST_DIR)
+            if best["round"] != self.status()["round"]:
+                raise ModelUnavailable(
+                    f"round {best['round']} scored best ({metric} {best[metric]:.4g}), but the job's results "
+                    f"hold only the model of its last round, {self.status()['round']}")
         if self._state is None or self.status()["state"] not in FINISHED:
             with tempfile.TemporaryDirectory(prefix="gpuflex-model-") as tmp:
                 self.results(tmp)
@@ -209,6 +248,30 @@ class JobHandle:
                 return state
             self._state = state
         return self._state
+
+    def best_round(self, metric: str = "loss") -> dict[str, Any]:
+        """The metrics row of the committed round with the best held-out ``metric`` ("loss",
+        "perplexity": lowest; "accuracy": highest), to compare with the last round's."""
+        return best_round(self.metrics(), metric)
+
+    def baseline(self) -> dict[str, Any]:
+        """The job's central baseline: its model trained on all of the training data in this
+        process, with the same seed, optimizer, test split and sequential budget (rounds ×
+        local epochs or steps), scored on the same test split. What federation costs is the
+        gap to the job's rounds: ``{"accuracy", "loss", "train_loss", "steps", "seconds"}``.
+        Classic models only; a language model's central counterpart is benchmarks/llm.py's."""
+        from gpuflex.home import resolve_home
+        from gpuflex.jobspec import JobSpec
+        from gpuflex.llmspec import is_llm
+        from gpuflex.ml.baseline import central_baseline
+        from gpuflex.nodeconfig import load_node_config
+
+        spec = JobSpec.from_dict(self.status()["spec"])
+        if is_llm(spec.model):
+            raise ModelUnavailable("the SDK's central baseline is for the classic models; for a language "
+                                   "model, benchmarks/llm.py trains the central counterpart")
+        # The node's node.toml says where named data sets live.
+        return central_baseline(spec, config=load_node_config(resolve_home(self.home)))
 
     def export_mlflow(self, tracking_uri: str, experiment: str = "gpuflex") -> str:
         """Log params, per-round metrics and the final model to MLflow; returns the run id."""
@@ -419,5 +482,5 @@ def run_local(model_fn: Ref, data_fn: Ref, *, nodes: int = 3, workdir: str | os.
     return LocalJobHandle(job_id, cluster, owned, refs)
 
 
-__all__ = ["JobFailed", "JobHandle", "LocalCluster", "LocalJobHandle", "build_spec", "importable_path",
-           "run_local", "submit"]
+__all__ = ["JobFailed", "JobHandle", "LocalCluster", "LocalJobHandle", "ModelUnavailable", "best_round",
+           "build_spec", "importable_path", "run_local", "submit"]

@@ -65,3 +65,20 @@ def test_readme_sdk_example_runs(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=150, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert [line.split()[0] for line in proc.stdout.splitlines()] == ["1", "2", "3"]
+
+
+def test_the_sdk_gives_a_central_baseline_and_the_best_rounds_model(tmp_path: Path) -> None:
+    handle = sdk.run_local(fx.make_model, fx.make_data, nodes=2, rounds=3, local_steps=5, batch_size=16, lr=0.1,
+                           workdir=tmp_path / "mesh")
+    with handle:
+        final = handle.wait(timeout=150)
+        central = handle.baseline()
+        assert 0.0 <= central["accuracy"] <= 1.0 and central["steps"] == 3 * 5  # the same sequential budget
+        best = handle.best_round("accuracy")
+        assert best["accuracy"] == max(m["accuracy"] for m in final["metrics"])
+        last = handle.state_dict()
+        if best["round"] == final["round"]:
+            assert handle.state_dict("best").keys() == last.keys()
+        else:  # the results hold only the last round's model, and say which round was best
+            with pytest.raises(sdk.ModelUnavailable, match=f"round {best['round']} scored best"):
+                handle.state_dict("best", metric="accuracy")
