@@ -46,5 +46,5 @@ def test_the_best_rounds_model_comes_from_the_results_when_they_hold_it(tmp_path
 
     assert DoneJob(with_best).state_dict("best")["w"].item() == 2.0
     assert DoneJob(with_best).state_dict()["w"].item() == 4.0
-    with pytest.raises(sdk.ModelUnavailable, match="round 2 scored best .* only the model of its last round, 4"):
+    with pytest.raises(sdk.ModelUnavailable, match=r"round 2 scored best .* only the model of its last round, 4"):
         DoneJob(last_only).state_dict("best")
