@@ -89,7 +89,7 @@ class Preparation:
             created = created_at(open_envelope(self.book.info.frame, expect_kind=JOB))
         except WireError:
             return False
-        return time.time() - created > CATCH_UP_FIRST_AFTER_S
+        return created > 0 and time.time() - created > CATCH_UP_FIRST_AFTER_S  # 0: no time was signed
 
     async def _fit_to_device(self) -> None:
         """Load this node's part of the data, fit the job to the device, measure throughput."""
