@@ -12,6 +12,7 @@ import pytest
 import trio
 
 from tests.tui.fake_source import NOW
+from tests.web.browser import ensure_chromium
 from tests.web.fake_api import FakeApi
 from web.app import Portal
 from web.exports import Exporter
@@ -33,6 +34,15 @@ async def start(nursery: trio.Nursery, tmp_path: Path, token: str | None = None)
     url = await nursery.start(serve, portal, "127.0.0.1", 0)
     client = httpx.AsyncClient(base_url=url, timeout=10, headers={"accept": "text/html"})
     return Served(url, api, portal, client)
+
+
+@pytest.fixture(scope="module")
+def chromium() -> tuple[str, str]:
+    """Headless Chromium and its driver, installed from Debian's packages when root."""
+    found = ensure_chromium()
+    if isinstance(found, str):
+        pytest.skip(found)
+    return found
 
 
 @pytest.fixture

@@ -29,7 +29,7 @@ from typer.testing import CliRunner
 from gpuflex.cli.main import app as cli
 from gpuflex.localmesh import LocalMesh
 from tests.integration.conftest import digits_spec
-from tests.web.browser import ensure_chromium, make_driver, png_size, set_viewport, wait_for
+from tests.web.browser import make_driver, png_size, set_viewport, wait_for
 from tests.web.fake_api import HOSTILE_NAME
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(300)]
@@ -40,14 +40,6 @@ SIZES = ((1920, 1080), (375, 812))
 DOCS_SHOT = os.environ.get("GPUFLEX_WEB_DOCS_SHOT")
 """Set to a path to also write the overview at 1920 px there, made small (the README's copy):
 GPUFLEX_WEB_DOCS_SHOT=docs/web-portal.png just test tests/web/test_browser.py"""
-
-
-@pytest.fixture(scope="module")
-def chromium() -> tuple[str, str]:
-    found = ensure_chromium()
-    if isinstance(found, str):
-        pytest.skip(found)
-    return found
 
 
 @pytest.fixture(scope="module")

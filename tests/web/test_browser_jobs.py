@@ -12,20 +12,12 @@ from typing import Any
 import pytest
 import trio
 
-from tests.web.browser import ensure_chromium, make_driver, png_size, set_viewport, wait_for
+from tests.web.browser import make_driver, png_size, set_viewport, wait_for
 from tests.web.conftest import start
 from tests.web.fake_api import LLM_JOB, LONG_JOB
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 SIZES = ((1920, 1080), (375, 812))
-
-
-@pytest.fixture(scope="module")
-def chromium() -> tuple[str, str]:
-    found = ensure_chromium()
-    if isinstance(found, str):
-        pytest.skip(found)
-    return found
 
 
 def fits(drv: Any, name: str, width: int) -> None:
