@@ -28,6 +28,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import itertools
+import json
 import os
 import shutil
 import tempfile
@@ -61,9 +62,9 @@ class ModelUnavailable(GpuflexError, LookupError):
     """The model asked for is not among the job's results; the message says which is."""
 
 
-#: Where a job's results hold the best round's model, when they hold it: a folder laid out
-#: like the results themselves (model.pt, or a language model's folders).
-BEST_DIR = "best"
+#: Where a job's results hold the model its ``model.pt`` is not (the best-scored round's or
+#: the last round's), laid out like the results themselves (gpuflex/node/export.py).
+OTHER_DIRS = {"best": "best", "last": "last"}
 #: Held-out metrics by which a round can be best, and whether higher is better.
 BEST_BY = {"loss": False, "perplexity": False, "accuracy": True}
 
@@ -218,37 +219,27 @@ class JobHandle:
         reply = self._call("job_results", {"job": self.job_id, "out": str(Path(out).resolve())}, timeout=120)
         return [Path(f) for f in reply["files"]]
 
-    def state_dict(self, which: str = "last", metric: str = "loss") -> dict[str, Any]:
-        """A committed model as a CPU torch ``state_dict``: ``which="last"``, the latest round's
-        (after ``wait()``: the final one), or ``"best"``, the round with the best held-out
-        ``metric`` (see :meth:`best_round`). The best round's model comes from the results
-        when they hold it; when the best round is the last, that is the last round's model;
-        otherwise :class:`ModelUnavailable` names the round, as the node keeps only the last.
+    def state_dict(self, which: str = "final") -> dict[str, Any]:
+        """A committed model as a CPU torch ``state_dict``: ``"final"``, the one the job hands
+        its user (its ``final_model``: the best-scored round's by default; after ``wait()``);
+        ``"best"``, the best-scored round's; ``"last"``, the last round's. The job's results
+        hold the final one and, for a classic model, the other one as well (``best/`` or
+        ``last/``); one they do not hold raises :class:`ModelUnavailable`, naming its round.
 
         For a language model: its weights, or under LoRA the adapter's tensors alone (as
         peft names them); ``results(out)`` writes the directories transformers and peft load.
         """
-        if which not in ("last", "best"):
-            raise ValueError(f"which must be 'last' or 'best', not {which!r}")
-        if which == "best":
-            best = self.best_round(metric)
-            with tempfile.TemporaryDirectory(prefix="gpuflex-model-") as tmp:
-                self.results(tmp)
-                if (Path(tmp) / BEST_DIR).is_dir():
-                    return load_exported_state(Path(tmp) / BEST_DIR)
-            if best["round"] != self.status()["round"]:
-                raise ModelUnavailable(
-                    f"round {best['round']} scored best ({metric} {best[metric]:.4g}), but the job's results "
-                    f"hold only the model of its last round, {self.status()['round']}")
-        if self._state is None or self.status()["state"] not in FINISHED:
-            with tempfile.TemporaryDirectory(prefix="gpuflex-model-") as tmp:
-                self.results(tmp)
-                state = load_exported_state(Path(tmp))
-            if self.status()["state"] not in FINISHED:
-                return state
+        if which not in ("final", "best", "last"):
+            raise ValueError(f"which must be 'final', 'best' or 'last', not {which!r}")
+        if which == "final" and self._state is not None and self.status()["state"] in FINISHED:
+            return self._state
+        with tempfile.TemporaryDirectory(prefix="gpuflex-model-") as tmp:
+            self.results(tmp)
+            folder = Path(tmp) / model_folder(Path(tmp), which)
+            state = load_exported_state(folder)
+        if which == "final" and self.status()["state"] in FINISHED:
             self._state = state
-        return self._state
-
+        return state
     def best_round(self, metric: str = "loss") -> dict[str, Any]:
         """The metrics row of the committed round with the best held-out ``metric`` ("loss",
         "perplexity": lowest; "accuracy": highest), to compare with the last round's."""
@@ -289,6 +280,25 @@ class JobHandle:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def model_folder(results: Path, which: str) -> str:
+    """Where under ``results`` (what ``job results`` wrote) the ``which`` model is: "" for
+    the top level, which holds the job's final model; ``best/`` or ``last/`` for the other."""
+    try:
+        info = json.loads((results / "job.json").read_text())
+    except (OSError, ValueError):
+        info = {}
+    top = info.get("model_pt", "last") if isinstance(info, dict) else "last"
+    if which in ("final", top):
+        return ""
+    if (results / OTHER_DIRS[which]).is_dir():
+        return OTHER_DIRS[which]
+    best = info.get("best") if isinstance(info, dict) else None
+    if isinstance(best, dict) and best.get("model_hash") == info.get("model_hash"):
+        return ""  # the best round is the last one: one model
+    raise ModelUnavailable(f"the job's results hold no {which} model (their model.pt is the {top} round's"
+                           + (f"; the best is round {best.get('round')})" if isinstance(best, dict) else ")"))
 
 
 def load_exported_state(folder: Path) -> dict[str, Any]:

@@ -1,7 +1,8 @@
-"""Which round was best, and the best round's model when a job's results hold it."""
+"""Which round was best, and each of a job's models (final, best, last) from its results."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -35,16 +36,27 @@ class DoneJob(sdk.JobHandle):
         return sorted(Path(out).rglob("*"))
 
 
-def test_the_best_rounds_model_comes_from_the_results_when_they_hold_it(tmp_path: Path) -> None:
-    def with_best(out: Path) -> None:
-        torch.save({"w": torch.tensor([4.0])}, out / "model.pt")
-        (out / sdk.BEST_DIR).mkdir()
-        torch.save({"w": torch.tensor([2.0])}, out / sdk.BEST_DIR / "model.pt")
+def results(model_pt: str, other: str | None, same: bool = False):  # type: ignore[no-untyped-def]
+    """What ``job results`` writes (gpuflex/node/export.py): model.pt is the job's final
+    model, ``other`` (best/ or last/) the other one when it differs; 2.0 is round 2's, 4.0 round 4's."""
+    def write(out: Path) -> None:
+        top, rest = (2.0, 4.0) if model_pt == "best" else (4.0, 2.0)
+        torch.save({"w": torch.tensor([top])}, out / "model.pt")
+        if other:
+            (out / other).mkdir()
+            torch.save({"w": torch.tensor([rest])}, out / other / "model.pt")
+        best_hash = "h4" if same else "h2"
+        (out / "job.json").write_text(json.dumps({"model_hash": "h4", "model_pt": model_pt,
+                                                  "best": {"round": 4 if same else 2, "model_hash": best_hash}}))
+    return write
 
-    def last_only(out: Path) -> None:
-        torch.save({"w": torch.tensor([4.0])}, out / "model.pt")
 
-    assert DoneJob(with_best).state_dict("best")["w"].item() == 2.0
-    assert DoneJob(with_best).state_dict()["w"].item() == 4.0
-    with pytest.raises(sdk.ModelUnavailable, match=r"round 2 scored best .* only the model of its last round, 4"):
-        DoneJob(last_only).state_dict("best")
+def test_each_model_comes_from_where_the_results_put_it() -> None:
+    job = DoneJob(results("best", "last"))
+    assert job.state_dict()["w"].item() == 2.0 and job.state_dict("best")["w"].item() == 2.0
+    assert job.state_dict("last")["w"].item() == 4.0
+    job = DoneJob(results("last", "best"))
+    assert job.state_dict()["w"].item() == 4.0 and job.state_dict("best")["w"].item() == 2.0
+    assert DoneJob(results("last", None, same=True)).state_dict("best")["w"].item() == 4.0  # one model
+    with pytest.raises(sdk.ModelUnavailable, match=r"no last model .* the best is round 2"):
+        DoneJob(results("best", None)).state_dict("last")  # a language model's: the final one alone
