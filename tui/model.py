@@ -136,7 +136,7 @@ class RoundMetrics:
     contributors: int | None = None
     duration_s: float | None = None
     perplexity: float | None = None  # a language model's rounds
-    sent_bytes: float | None = None  # what the round's updates weighed, all contributors
+    sent_bytes: float | None = None  # what the round's updates weighed, all members (``update_bytes``)
 
     @classmethod
     def parse(cls, raw: Any) -> RoundMetrics:
@@ -149,7 +149,7 @@ class RoundMetrics:
             _int(contributors) if contributors is not None else None,
             _float(d.get("duration_s")),
             _float(d.get("perplexity")),
-            _float(d.get("sent_bytes")),
+            _float(d.get("update_bytes")),
         )
 
 

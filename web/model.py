@@ -149,13 +149,13 @@ class Point:
     loss: float | None = None
     accuracy: float | None = None
     perplexity: float | None = None  # a language model's rounds
-    sent_bytes: float | None = None  # what the round's updates weighed, all contributors
+    sent_bytes: float | None = None  # what the round's updates weighed, all members (``update_bytes``)
 
     @classmethod
     def parse(cls, raw: Any) -> Point:
         m = as_map(raw)
         return cls(count(m.get("round")), num(m.get("loss")), num(m.get("accuracy")), num(m.get("perplexity")),
-                   num(m.get("sent_bytes")))
+                   num(m.get("update_bytes")))
 
 
 @dataclass(frozen=True)

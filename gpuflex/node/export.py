@@ -19,7 +19,7 @@ from gpuflex.plot import plot_metrics
 from mesh.fsutil import atomic_write, atomic_write_text
 
 METRIC_COLUMNS = ("round", "loss", "accuracy", "perplexity", "train_loss", "contributors", "duration_s",
-                  "update_bytes", "sent_bytes")
+                  "update_bytes", "down_bytes")
 
 
 class ModelWriter(Protocol):

@@ -3,54 +3,26 @@ and its state, never from the roles' internals."""
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from typing import Any
 
 from gpuflex.node.kinds import JobState, Phase
 from gpuflex.node.ledger import result_row
-from gpuflex.node.messages import Result, walk_contributions
 from gpuflex.node.state import JobBook
 from gpuflex.privacy import epsilon_spent
-from gpuflex.updatebytes import update_nbytes
-from mesh.codec import WireError
 
 #: The per-round metrics the summary lists (and exports write as columns); a language
 #: model's rounds also have a perplexity (None for the others).
-METRIC_KEYS = ("loss", "accuracy", "perplexity", "train_loss", "contributors", "duration_s")
-#: Rounds whose update length is remembered (parsed once from the round's signed updates).
-_DELTA_SIZES: OrderedDict[str, int] = OrderedDict()
-_MAX_REMEMBERED = 8192
+METRIC_KEYS = ("loss", "accuracy", "perplexity", "train_loss", "contributors", "duration_s", "update_bytes",
+               "down_bytes")
 #: Members a summary lists by id (``member_count`` says how many there are): a job's member
 #: list comes from its publisher, and a status line must stay small however long it is.
 LISTED_MEMBERS = 64
 
 
 def metric_rows(book: JobBook) -> list[dict[str, Any]]:
-    """One row per committed round: who coordinated, the round's metrics, and the bytes its
-    updates weighed (``update_bytes`` one member's, ``sent_bytes`` all contributors')."""
-    rows = []
-    for x in book.ledger.results:
-        row = {"round": x.round, "coordinator": x.coordinator, **{k: x.metrics.get(k) for k in METRIC_KEYS}}
-        per = None if book.spec.secure_aggregation else update_nbytes(book.spec.codec, delta_size(x))
-        contributors = x.metrics.get("contributors")
-        row["update_bytes"] = per
-        row["sent_bytes"] = per * int(contributors) if per is not None and isinstance(contributors, int) else None
-        rows.append(row)
-    return rows
-
-
-def delta_size(res: Result) -> int:
-    """The length of the round's update vectors, from its first signed update (-1 if none
-    can be read); every update of a round has the same length."""
-    if res.digest not in _DELTA_SIZES:
-        try:
-            size = next(iter(walk_contributions(res.updates, res.partials, res.job, res.round))).delta_size
-        except (StopIteration, WireError, ValueError):
-            size = -1
-        _DELTA_SIZES[res.digest] = size
-        while len(_DELTA_SIZES) > _MAX_REMEMBERED:
-            _DELTA_SIZES.popitem(last=False)
-    return _DELTA_SIZES[res.digest]
+    """One row per committed round: who coordinated and the round's metrics."""
+    return [{"round": x.round, "coordinator": x.coordinator, **{k: x.metrics.get(k) for k in METRIC_KEYS}}
+            for x in book.ledger.results]
 
 
 def summarize(book: JobBook, now: float) -> dict[str, Any]:

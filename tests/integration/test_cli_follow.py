@@ -75,9 +75,9 @@ def test_watch_list_and_round_bytes(mesh_factory) -> None:
     # Every round says what its updates weighed: the MLP's delta, float32 (codec none).
     status = mesh.job(0, newer)
     for m in status["metrics"]:
-        assert m["update_bytes"] > 0 and m["sent_bytes"] == m["update_bytes"] * m["contributors"]
+        assert m["update_bytes"] > 0 and m["down_bytes"] > 0
         assert m["perplexity"] is None  # a classifier has none
-    assert " sent " in next(line for line in out.splitlines() if "train loss" in line)
+    assert "up MB" in next(line for line in out.splitlines() if "train loss" in line)
 
     # Newest first, after a restart as well (job ids say nothing about age).
     for restarted in (False, True):

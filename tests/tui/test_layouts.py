@@ -21,7 +21,7 @@ def run_to(source: FakeSource, round_: int) -> None:
     row = job_row(6)
     row.update(round=round_, rounds=100, metrics=[
         {"round": r, "loss": loss, "accuracy": acc, "train_loss": loss, "contributors": 4, "duration_s": 1.0,
-         "perplexity": None, "sent_bytes": 4 * 10_000} for r, loss, acc in source.metrics[:round_]])
+         "perplexity": None, "update_bytes": 4 * 10_000} for r, loss, acc in source.metrics[:round_]])
     source.job_list[0] = row
 
 

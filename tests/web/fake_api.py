@@ -60,7 +60,7 @@ def metric_row(r: int, rounds: int, llm: bool) -> dict[str, Any]:
     loss = 2.2 + 3.4 / (1 + r) if llm else 0.2 + 2.0 / (1 + r / 20)
     row = {"round": r, "loss": loss, "accuracy": min(0.99, 0.1 + 0.9 * r / (r + 5 if not llm else r + 20)),
            "train_loss": loss * 1.05, "contributors": 3, "duration_s": 2.5,
-           "update_bytes": 49372 if llm else 10_000, "sent_bytes": 3 * (49372 if llm else 10_000)}
+           "update_bytes": 3 * (49372 if llm else 10_000), "down_bytes": 49372 if llm else 10_000}
     if llm:
         import math
 
@@ -80,7 +80,7 @@ def synthetic_ledger(rounds: int, llm: bool) -> list[dict[str, Any]]:
             "contributors": [{"peer": peer_id(k), "samples": 1000 + k, "device": f"CPU ×{2 + k} (cpu)",
                               "steps": 30, "samples_per_s": 1234.5678 * (k + 1), "compute_s": 1.5 + k,
                               "compute_share": (1.5 + k) / 7.5} for k in range(3)],
-            "absent": [], "metrics": {k: v for k, v in m.items() if k not in ("round", "update_bytes", "sent_bytes")},
+            "absent": [], "metrics": {k: v for k, v in m.items() if k != "round"},
             "strategy": "diloco", "base_hash": f"{r - 1:064x}", "model_hash": f"{r:064x}",
             "prev_result_hash": f"{r + 999:064x}", "result_hash": f"{r + 1000:064x}", "ts": 1_700_000_000.0 + r})
     return rows
