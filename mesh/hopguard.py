@@ -28,15 +28,12 @@ import weakref
 from collections import Counter
 from collections.abc import Callable
 from contextlib import suppress
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import trio
 
 from mesh.netprefix import network_prefix
 from mesh.reachability import direct_ips
-
-if TYPE_CHECKING:
-    from mesh.relay import RelayLimitsConfig
 
 log = logging.getLogger("mesh.relay")
 
@@ -61,9 +58,9 @@ async def _read_exactly(stream: Any, n: int) -> bytes:
 class HopGuard:
     """Installs this node's relay budgets on a ``CircuitV2Protocol`` (see the module doc)."""
 
-    def __init__(self, protocol: Any, limits: RelayLimitsConfig,
-                 member: Callable[[str], bool] | None = None) -> None:
-        """``member(peer_id)``: whether ``peer_id`` is a peer of this mesh (None: any peer)."""
+    def __init__(self, protocol: Any, limits: Any, member: Callable[[str], bool] | None = None) -> None:
+        """``limits``: the node's ``mesh.relay.RelayLimitsConfig``; ``member(peer_id)``: whether
+        ``peer_id`` is a peer of this mesh (None: any peer)."""
         self.protocol, self.limits = protocol, limits
         self.host = protocol.host
         self._member = member

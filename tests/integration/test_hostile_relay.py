@@ -91,8 +91,14 @@ async def hop_stream(node: MeshNode, relay_id: str) -> Any:
     from libp2p.peer.id import ID
     from libp2p.relay.circuit_v2.protocol import PROTOCOL_ID
 
-    with trio.fail_after(15):
-        return await node.host.new_stream(ID.from_base58(relay_id), [PROTOCOL_ID])
+    for attempt in range(3):  # protocol negotiation times out at 10 s, which a loaded machine can take
+        try:
+            with trio.fail_after(20):
+                return await node.host.new_stream(ID.from_base58(relay_id), [PROTOCOL_ID])
+        except Exception:
+            if attempt == 2:
+                raise
+    raise AssertionError("unreachable")
 
 
 async def ask(stream: Any, msg: Any) -> Any:
@@ -208,7 +214,7 @@ async def test_one_source_cannot_take_every_circuit_of_a_reserved_peer(relay: Re
                 nursery.start_soon(squat)
         print(f"one source asked for 8 circuits to a reserved peer and holds {len(held)}")
         assert len(held) <= 2
-        stream, status = await connect(prober, relay.ids[0], accomplice.peer_id)
+        _second, status = await connect(prober, relay.ids[0], accomplice.peer_id)
         assert status == OK, f"a second source was refused ({status}) while the first held {len(held)} circuits"
 
 
