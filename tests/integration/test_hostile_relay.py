@@ -119,18 +119,20 @@ def reserve_msg(for_peer: bytes | None = None) -> Any:
     return msg
 
 
-async def connect(node: MeshNode, relay_id: str, dst: str) -> tuple[Any, int]:
+async def connect(node: MeshNode, relay_id: str, dst: str, tries: int = 3) -> tuple[Any, int]:
     """A circuit from ``node`` to ``dst`` through ``relay_id``: (stream, status code)."""
     from libp2p.peer.id import ID
     from libp2p.relay.circuit_v2.pb.circuit_pb2 import HopMessage
 
-    stream = await hop_stream(node, relay_id)
     msg = HopMessage(type=HopMessage.CONNECT)
     msg.peer.id = ID.from_base58(dst).to_bytes()
-    try:
-        return stream, int((await ask(stream, msg)).status)
-    except Exception:  # refused with a reset before or after the status
-        return stream, -1
+    for _ in range(tries):  # a loaded machine may time the exchange out: that is no refusal
+        stream = await hop_stream(node, relay_id)
+        try:
+            return stream, int((await ask(stream, msg)).status)
+        except Exception as exc:  # a reset with no status, or a timeout
+            print(f"CONNECT through the relay got no status: {exc!r}")
+    return stream, -1
 
 
 def accept_circuits(node: MeshNode, received: list[int]) -> None:
@@ -204,7 +206,7 @@ async def test_one_source_cannot_take_every_circuit_of_a_reserved_peer(relay: Re
         held = []
 
         async def squat() -> None:
-            stream, status = await connect(flooder, relay.ids[0], accomplice.peer_id)
+            stream, status = await connect(flooder, relay.ids[0], accomplice.peer_id, tries=1)
             if status == OK:
                 await stream.write(NOISE_OPENING)
                 held.append(stream)
