@@ -70,7 +70,8 @@ def start(
     reachability: str = typer.Option("auto", help="auto (ask peers to dial back), public or private."),
     allow_plugin: list[str] = typer.Option(
         [], "--allow-plugin", metavar="PATTERN",
-        help="Run jobs' plug-ins matching module:function PATTERN ('*' matches anything, e.g. 'mylab.models:*'); "
+        help="Run jobs' plug-ins matching module:function PATTERN ('*' matches any module part, or one function "
+             "name, e.g. 'mylab.models:*'); "
              "adds to node.toml [jobs] allow_plugins. Only built-in components run otherwise."),
     data: list[str] = typer.Option([], "--data", metavar="NAME=PATH",
                                    help="Where data set NAME lives here (adds to node.toml [data]); "
