@@ -22,7 +22,6 @@ import trio
 from gpuflex.client import ControlClient
 from gpuflex.home import CONTROL_FILE
 from gpuflex.localmesh import LocalMesh
-from gpuflex.node.ledger import Ledger, verify_chain
 from mesh import bulk
 from mesh.blob import BLOB_PROTOCOL, blob_hash
 from mesh.codec import WireError
@@ -30,6 +29,8 @@ from mesh.framing import read_obj, write_obj
 from mesh.identity import Identity
 from mesh.node import MeshConfig, MeshNode
 from tests.integration.conftest import digits_spec
+from tests.integration.honest_job import assert_one_ledger, committed, keeps_committing
+from tests.integration.test_hostile_resources import open_fds, rss_mib
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 FAST = {"local_epochs": 1, "plan_timeout_s": 3.0, "train_timeout_s": 12.0, "reduce_timeout_s": 2.0}
@@ -43,11 +44,10 @@ class Local:
         self.job = ""
 
     def rounds(self) -> int:
-        return min(self.mesh.job(i, self.job)["round"] for i in (0, 1))
+        return committed(self.mesh, self.job)
 
     def keeps_training(self, since: int) -> None:
-        self.mesh.wait_until(lambda: self.rounds() > since, 120, interval=0.5,
-                             what=f"the honest job committing past round {since}")
+        keeps_committing(self.mesh, self.job, since)
 
 
 @pytest.fixture(scope="module")
@@ -63,15 +63,6 @@ def local(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Local]:
         yield world
     finally:
         mesh.close()
-
-
-def rss_mib(pid: int) -> float:
-    with open(f"/proc/{pid}/status") as fh:
-        return next(int(line.split()[1]) for line in fh if line.startswith("VmRSS:")) / 1024
-
-
-def open_fds(pid: int) -> int:
-    return len(os.listdir(f"/proc/{pid}/fd"))
 
 
 def closed_by_peer(sock: socket.socket) -> bool:
@@ -188,14 +179,4 @@ async def fetch_past_strangers(mesh: LocalMesh, job: str, hostile: MeshNode, tar
 
 
 def test_the_honest_job_kept_one_ledger(local: Local) -> None:
-    mesh, job = local.mesh, local.job
-    assert all(mesh.alive(i) for i in range(2)), f"a node died: see {mesh.base}"
-    frames = []
-    for i in range(2):
-        ledger = Ledger(mesh.home(i) / "jobs" / job / "ledger.msgpack", job)
-        assert ledger.load() == []
-        frames.append(ledger.frames)
-    common = min(map(len, frames))
-    assert common >= 2
-    assert frames[0][:common] == frames[1][:common]
-    assert [r.round for r in verify_chain(frames[0], job)] == list(range(1, len(frames[0]) + 1))
+    assert_one_ledger(local.mesh, local.job, (0, 1), at_least=2)

@@ -17,8 +17,8 @@ import pytest
 
 from gpuflex.client import ControlError
 from gpuflex.localmesh import LocalMesh
-from gpuflex.node.ledger import Ledger, verify_chain
 from tests.integration.conftest import digits_spec, light_spec
+from tests.integration.honest_job import assert_one_ledger, keeps_committing
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 LAB = "tests.integration.plugin_lab"
@@ -35,15 +35,10 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalMesh, s
         mesh.start(timeout=120)
         mesh.wait_connected(60)
         job = mesh.submit(light_spec(rounds=1000, min_nodes=2, **FAST))
-        mesh.wait_until(lambda: min(mesh.job(i, job)["round"] for i in (0, 1)) >= 1, 120,
-                        what="the honest job committing a round")
+        keeps_committing(mesh, job, 0)
         yield mesh, job
     finally:
         mesh.close()
-
-
-def rounds(mesh: LocalMesh, job: str) -> int:
-    return min(mesh.job(i, job)["round"] for i in (0, 1))
 
 
 def test_a_pattern_does_not_reach_what_the_module_imports(lab: tuple[LocalMesh, str]) -> None:
@@ -74,19 +69,9 @@ def test_a_job_that_killed_its_node_is_not_resumed_at_restart(lab: tuple[LocalMe
         time.sleep(0.5)
     log = mesh.log_path(1).read_text(errors="replace")
     assert "not resumed (delete" in log and "plugin_running" in log, log[-2000:]
-    mesh.wait_until(lambda: rounds(mesh, honest) > since, 120, interval=0.5,
-                    what="the honest job committing after node 1's restart")
+    keeps_committing(mesh, honest, since)
 
 
 def test_the_honest_job_kept_one_ledger(lab: tuple[LocalMesh, str]) -> None:
     mesh, job = lab
-    assert all(mesh.alive(i) for i in range(2)), f"a node died: see {mesh.base}"
-    frames = []
-    for i in range(2):
-        ledger = Ledger(mesh.home(i) / "jobs" / job / "ledger.msgpack", job)
-        assert ledger.load() == []
-        frames.append(ledger.frames)
-    common = min(map(len, frames))
-    assert common >= 2
-    assert frames[0][:common] == frames[1][:common]
-    assert [r.round for r in verify_chain(frames[0], job)] == list(range(1, len(frames[0]) + 1))
+    assert_one_ledger(mesh, job, (0, 1), at_least=2)

@@ -20,10 +20,10 @@ import pytest
 import trio
 
 from gpuflex.localmesh import LocalMesh
-from gpuflex.node.ledger import Ledger, verify_chain
 from mesh.identity import Identity
 from mesh.node import MeshConfig, MeshNode
 from tests.integration.conftest import light_spec
+from tests.integration.honest_job import assert_one_ledger, committed, keeps_committing
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 CIRCUIT_S = 15  # node 0's --relay-max-duration
@@ -42,11 +42,10 @@ class Relay:
         return dict(self.mesh.call(i, "status")["nat"])
 
     def rounds(self) -> int:
-        return min(self.mesh.job(i, self.job)["round"] for i in (0, 1))
+        return committed(self.mesh, self.job)
 
     def keeps_training(self, since: int) -> None:
-        self.mesh.wait_until(lambda: self.rounds() > since, 120, interval=0.5,
-                             what=f"the honest job committing past round {since}")
+        keeps_committing(self.mesh, self.job, since)
 
 
 @pytest.fixture(scope="module")
@@ -273,14 +272,4 @@ async def test_a_relay_carries_only_the_mesh_connections(relay: Relay, tmp_path:
 
 def test_the_honest_job_kept_one_ledger(relay: Relay) -> None:
     """Through every attack: one chain of committed rounds, the same on both nodes."""
-    mesh, job = relay.mesh, relay.job
-    assert all(mesh.alive(i) for i in range(2)), f"a node died: see {mesh.base}"
-    frames = []
-    for i in range(2):
-        ledger = Ledger(mesh.home(i) / "jobs" / job / "ledger.msgpack", job)
-        assert ledger.load() == []
-        frames.append(ledger.frames)
-    common = min(map(len, frames))
-    assert common >= 3, f"only {common} rounds committed through the attacks"
-    assert frames[0][:common] == frames[1][:common]
-    assert [r.round for r in verify_chain(frames[0], job)] == list(range(1, len(frames[0]) + 1))
+    assert_one_ledger(relay.mesh, relay.job, (0, 1), at_least=3)

@@ -19,7 +19,6 @@ import pytest
 
 from aggregation.tree import build_tree
 from gpuflex.localmesh import LocalMesh
-from gpuflex.node.ledger import Ledger, verify_chain
 from gpuflex.node.messages import JOB, make_plan
 from gpuflex.node.placement import group_seed, masked_tree, order_for_tree
 from gpuflex.node.ranking import coordinator_ranking
@@ -27,6 +26,7 @@ from gpuflex.node.secure import mask_group
 from mesh.codec import open_envelope, seal
 from mesh.identity import Identity
 from tests.integration.conftest import digits_spec, load_factor
+from tests.integration.honest_job import assert_one_ledger
 from tests.integration.hostile_peer import HostilePeer
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
@@ -119,13 +119,4 @@ def test_a_coordinator_cannot_steer_masked_groups_through_the_private_list(world
 
 def test_the_honest_job_kept_one_ledger(world) -> None:
     mesh, _, _, job = world
-    assert all(mesh.alive(i) for i in range(3)), f"a node died: see {mesh.base}"
-    frames = []
-    for i in range(3):
-        ledger = Ledger(mesh.home(i) / "jobs" / job / "ledger.msgpack", job)
-        assert ledger.load() == []
-        frames.append(ledger.frames)
-    common = min(map(len, frames))
-    assert common >= 1
-    assert frames[0][:common] == frames[1][:common] == frames[2][:common]
-    assert [r.round for r in verify_chain(frames[0], job)] == list(range(1, len(frames[0]) + 1))
+    assert_one_ledger(mesh, job, (0, 1, 2), at_least=1)
