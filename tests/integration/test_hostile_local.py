@@ -88,6 +88,7 @@ def test_control_connections_without_a_token_are_closed_and_capped(local: Local)
         sock = socket.create_connection(("127.0.0.1", port), timeout=5)
         if i % 2:
             sock.sendall(b'{"method": "status", "params": {"x": "' + b"a" * 1000)  # and never a newline
+        sock.setblocking(False)  # checked below without waiting on each
         socks.append(sock)
     try:
         start = time.perf_counter()
