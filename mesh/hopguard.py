@@ -43,6 +43,8 @@ log = logging.getLogger("mesh.relay")
 NOISE_OPENING = (b"\x13/multistream/1.0.0\n", b"\x07/noise\n")
 #: How long a new circuit's source has to send that opening.
 OPENING_TIMEOUT_S = 10.0
+#: Refusals of one kind are logged at most this often (with a count); all are in ``relay_load``.
+LOG_EVERY_S = 30.0
 
 
 async def _read_exactly(stream: Any, n: int) -> bytes:
@@ -67,6 +69,7 @@ class HopGuard:
         self._circuits: Counter[tuple[bytes, bytes]] = Counter()  # (source, destination) -> open
         self._sources: weakref.WeakSet[Any] = weakref.WeakSet()  # the source side of each circuit
         self.refused: Counter[str] = Counter()  # requests refused, by kind, for the report
+        self._logged: dict[str, tuple[float, int]] = {}  # kind -> (when last logged, count then)
         self._wrap()
 
     # -- what a request may have --------------------------------------------------------------
@@ -83,6 +86,16 @@ class HopGuard:
         for peer in list(rm._reservations):
             if not rm._is_peer_connected(peer):
                 del rm._reservations[peer]
+
+    def note(self, kind: str, message: str) -> None:
+        """Count a refusal; log it, with how many were held back, at most every ``LOG_EVERY_S``."""
+        self.refused[kind] += 1
+        now = trio.current_time()
+        last, count = self._logged.get(kind, (-math.inf, 0))
+        if now - last >= LOG_EVERY_S:
+            held = self.refused[kind] - count - 1
+            log.info("relay: %s%s", message, f" ({held} more like it since the last report)" if held else "")
+            self._logged[kind] = (now, self.refused[kind])
 
     def reserve_refusal(self, peer: Any) -> str | None:
         """Why ``peer`` (the connected peer) gets no reservation here, or None."""
@@ -111,8 +124,7 @@ class HopGuard:
             from libp2p.relay.circuit_v2.protocol_buffer import to_proto_status
             from libp2p.relay.circuit_v2.utils import write_delimited_msg
 
-            self.refused[kind] += 1
-            log.info("relay request from %s refused: %s", str(peer)[-8:], why)
+            self.note(kind, f"request from {str(peer)[-8:]} refused: {why}")
             with trio.move_on_after(5), suppress(Exception):
                 await write_delimited_msg(stream, HopMessage(type=HopMessage.STATUS, status=to_proto_status(code)))
 
@@ -151,13 +163,12 @@ class HopGuard:
             cap = self.limits.max_circuit_duration_s
             with trio.move_on_after(cap if cap > 0 else math.inf) as scope:
                 if src in self._sources and not self.limits.carry_any and not await self._opens_noise(src, dst):
-                    self.refused["not noise"] += 1
-                    log.info("circuit from %s closed: it does not open a Noise connection", str(peer_id)[-8:])
+                    self.note("not noise", f"circuit from {str(peer_id)[-8:]} closed: it does not open a Noise connection")
                     await self._reset(src, dst)
                     return
                 await relay_data(src, dst, peer_id, *args)
             if scope.cancelled_caught:
-                log.info("circuit of %s closed at its %d s time cap", str(peer_id)[-8:], cap)
+                self.note("time cap", f"circuit of {str(peer_id)[-8:]} closed at its {cap} s time cap")
                 await self._reset(src, dst)
 
         protocol._handle_reserve = guarded_reserve
