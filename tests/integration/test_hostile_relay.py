@@ -90,13 +90,16 @@ async def hop_stream(node: MeshNode, relay_id: str) -> Any:
     from libp2p.peer.id import ID
     from libp2p.relay.circuit_v2.protocol import PROTOCOL_ID
 
-    for attempt in range(3):  # protocol negotiation times out at 10 s, which a loaded machine can take
+    pid = ID.from_base58(relay_id)
+    for attempt in range(3):  # negotiation times out at 10 s, which a loaded machine can take
         try:
             with trio.fail_after(20):
-                return await node.host.new_stream(ID.from_base58(relay_id), [PROTOCOL_ID])
+                return await node.host.new_stream(pid, [PROTOCOL_ID])
         except Exception:
             if attempt == 2:
                 raise
+            with trio.move_on_after(5), suppress(Exception):  # a dead connection: dial afresh
+                await node.host.disconnect(pid)
     raise AssertionError("unreachable")
 
 
@@ -161,6 +164,22 @@ async def ended_within(stream: Any, seconds: float) -> bool:
     return False
 
 
+async def reserved_circuit(relay_id: str, accomplice: MeshNode, source: MeshNode) -> Any:
+    """``accomplice`` reserves a slot and ``source`` opens a circuit to it: the circuit's stream.
+    Both are asked again (three times at most) where a loaded machine drops a connection or
+    times a step out; what the relay refuses on purpose is not asked again."""
+    status = -1
+    for _ in range(3):
+        if (await ask(await hop_stream(accomplice, relay_id), reserve_msg())).status != OK:
+            continue
+        stream, status = await connect(source, relay_id, accomplice.peer_id)
+        if status == OK:
+            return stream
+        if status not in (-1, 203, 204):  # 203, 204: the relay could not reach the accomplice in time
+            break
+    raise AssertionError(f"no circuit through the relay: status {status}")
+
+
 NOISE_OPENING = b"\x13/multistream/1.0.0\n\x07/noise\n"
 OK, REFUSED = 100, 200
 
@@ -207,26 +226,19 @@ async def test_one_source_cannot_take_every_circuit_of_a_reserved_peer(relay: Re
         prober = await stack.enter_async_context(hostile(relay, tmp_path, "prober"))
         accept_circuits(accomplice, [0])
         assert (await ask(await hop_stream(accomplice, relay.ids[0]), reserve_msg())).status == OK
-        held = []
-
-        async def squat() -> None:
-            for _ in range(3):  # asked again while a loaded machine gives no answer; a refusal is final
-                try:
-                    stream, status = await connect(flooder, relay.ids[0], accomplice.peer_id, tries=1)
-                except Exception as exc:  # the stream itself was not opened
-                    print(f"a circuit request found no stream: {exc!r}")
-                    continue
-                if status == OK:
-                    await stream.write(NOISE_OPENING)
-                    held.append(stream)
-                if status != -1:
-                    return
-
-        async with trio.open_nursery() as nursery:  # at once, all well within the circuits' time cap
-            for _ in range(8):
-                nursery.start_soon(squat)
-        print(f"one source asked for 8 circuits to a reserved peer and holds {len(held)}")
-        assert len(held) <= 2
+        held, statuses = [], []
+        for _ in range(8):  # one after another, each asked again while a loaded machine gives no answer
+            stream, status = await connect(flooder, relay.ids[0], accomplice.peer_id)
+            statuses.append(status)
+            if status == OK:
+                await stream.write(NOISE_OPENING)
+                held.append(stream)
+            elif status != -1:
+                break  # refused: this source has what it may have
+        open_now = [s for s in held if not await ended_within(s, 0.5)]
+        print(f"one source asked for 8 circuits to a reserved peer and holds {len(open_now)} "
+              f"(answers {statuses})")
+        assert 1 <= len(open_now) <= 2, "the source should hold some circuits, and no more than its share"
         _second, status = await connect(prober, relay.ids[0], accomplice.peer_id)
         assert status == OK, f"a second source was refused ({status}) while the first held {len(held)} circuits"
 
@@ -237,9 +249,7 @@ async def test_an_idle_circuit_ends_at_its_time_cap(relay: Relay, tmp_path: Path
         accomplice = await stack.enter_async_context(hostile(relay, tmp_path, "accomplice"))
         prober = await stack.enter_async_context(hostile(relay, tmp_path, "prober"))
         accept_circuits(accomplice, [0])
-        assert (await ask(await hop_stream(accomplice, relay.ids[0]), reserve_msg())).status == OK
-        stream, status = await connect(prober, relay.ids[0], accomplice.peer_id)
-        assert status == OK
+        stream = await reserved_circuit(relay.ids[0], accomplice, prober)
         await stream.write(NOISE_OPENING)
         start = trio.current_time()
         assert await ended_within(stream, CIRCUIT_S + 12), f"an idle circuit outlived its {CIRCUIT_S} s cap by 12 s"
@@ -260,9 +270,7 @@ async def test_a_relay_carries_only_the_mesh_connections(relay: Relay, tmp_path:
         prober = await stack.enter_async_context(hostile(relay, tmp_path, "prober"))
         received = [0]
         accept_circuits(accomplice, received)
-        assert (await ask(await hop_stream(accomplice, relay.ids[0]), reserve_msg())).status == OK
-        stream, status = await connect(prober, relay.ids[0], accomplice.peer_id)
-        assert status == OK
+        stream = await reserved_circuit(relay.ids[0], accomplice, prober)
         junk = os.urandom(1 << 20)
         with trio.move_on_after(20), suppress(Exception):
             for _ in range(4):
@@ -277,9 +285,13 @@ async def test_a_relay_carries_only_the_mesh_connections(relay: Relay, tmp_path:
         accomplice.host.set_stream_handler(STOP_PROTOCOL_ID, accomplice.nat.relay.protocol._handle_stop_stream)
         base = next(a for a in relay.mesh.call(0, "status")["addrs"] if "/ip4/127.0.0.1/" in a).split("/p2p/")[0]
         circuit = f"{base}/p2p/{relay.ids[0]}/p2p-circuit/p2p/{accomplice.peer_id}"
-        with trio.fail_after(30):
-            conn = await prober.nat.relay.transport.dial(Multiaddr(circuit))
-        assert conn is not None
+        conn = None
+        for _ in range(3):  # a loaded machine may time the connection's negotiation out
+            with trio.move_on_after(30), suppress(Exception):
+                conn = await prober.nat.relay.transport.dial(Multiaddr(circuit))
+            if conn is not None:
+                break
+        assert conn is not None, "a real libp2p connection did not go through the relay"
         conns = prober.host.get_network().connections.get(ID.from_base58(accomplice.peer_id), [])
         assert any("/p2p-circuit" in str(a) for c in conns for a in c.get_transport_addresses())
 
