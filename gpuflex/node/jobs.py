@@ -221,7 +221,9 @@ class JobManager:
         active = {j: d.committed for j, d in self.drivers.items() if d.state != JobState.FAILED and d.participates()}
         # Each job's training throughput here: coordinators of time-budgeted rounds plan by it.
         rates = {j: round(r, 3) for j in active if (r := self.drivers[j].throughput()) > 0}
-        if active:
+        # Jobs that failed here, and why: peers leave this node out of their plans and say why.
+        failed = dict(islice(((j, why) for j, d in self.drivers.items() if (why := d.failure)), PRESENCE_MARKS))
+        if active or failed:
             # Each job's ledger head and weight (its verified contributions): a peer whose own
             # ledger is lighter, or as heavy on another head, learns from this to fetch ours.
             heads = {j: self.drivers[j].head() for j in active}
@@ -233,7 +235,7 @@ class JobManager:
             try:
                 await self.mesh.broadcast(seal(self.mesh.identity, PRESENCE, {
                     "jobs": active, "heads": heads, "weights": weights, "rates": rates,
-                    "preparing": preparing, "passes": passes}))
+                    "preparing": preparing, "passes": passes, **({"failed": failed} if failed else {})}))
             except (WireError, ValueError) as exc:  # a map too large for its kind's limit
                 log.debug("presence broadcast failed: %s", exc)
 
@@ -273,6 +275,11 @@ class JobManager:
         passes = passes if isinstance(passes, dict) else {}
         preparing = msg.envelope.body.get("preparing")
         preparing = {j for j in preparing if isinstance(j, str)} if isinstance(preparing, list) else set()
+        failed = msg.envelope.body.get("failed")
+        for job, why in islice(failed.items() if isinstance(failed, dict) else (), PRESENCE_MARKS):
+            driver = self.drivers.get(job) if isinstance(job, str) and job not in jobs else None
+            if driver is not None:
+                driver.saw_presence(sender, None, failed=why)
         unknown = False
         now = trio.current_time()
         for job, last_round in jobs.items():
