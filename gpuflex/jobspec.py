@@ -28,7 +28,7 @@ from gpuflex.errors import GpuflexError
 try:
     import tomllib
 except ModuleNotFoundError:  # Python 3.10
-    import tomli as tomllib  # type: ignore[no-redef]
+    import tomli as tomllib
 
 from gpuflex.budgetspec import budget_cross_checks
 from gpuflex.driftspec import drift_cross_checks

@@ -191,8 +191,8 @@ def llm_cross_checks(values: dict[str, Any], failed: set[str]) -> list[tuple[str
     model, data = values.get("model"), values.get("data")
     if "model" in failed:
         return []
+    errors: list[tuple[str, str]] = []
     if not is_llm(model):
-        errors = []
         if values.get("llm"):
             errors.append(("llm", f"is only for the language models ({', '.join(LLM_MODELS)}), not {model!r}"))
         if data == "text":
@@ -202,7 +202,6 @@ def llm_cross_checks(values: dict[str, Any], failed: set[str]) -> list[tuple[str
         values["llm"] = normalize_llm(values.get("llm", {}), str(model))
     except ValueError as exc:
         return [("llm", str(exc))]
-    errors: list[tuple[str, str]] = []
     settings = values["llm"]
     partition = values.get("partition", "iid")
     if "data" not in failed and data not in TEXT_DATA:

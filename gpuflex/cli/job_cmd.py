@@ -123,8 +123,8 @@ def format_status(js: dict[str, Any]) -> str:
         downs = [(m.get("down_bytes"), m.get("contributors")) for m in js["metrics"]]
         if all(isinstance(u, (int, float)) for u in ups) and all(
                 isinstance(d, (int, float)) and isinstance(c, (int, float)) for d, c in downs):
-            lines.append(f"bytes        {number(_mb(sum(ups)), '.3f')} MB of updates up, "  # type: ignore[arg-type]
-                         f"{number(_mb(sum(d * c for d, c in downs)), '.3f')} MB down "  # type: ignore[operator]
+            lines.append(f"bytes        {number(_mb(sum(ups)), '.3f')} MB of updates up, "
+                         f"{number(_mb(sum(d * c for d, c in downs)), '.3f')} MB down "
                          "to the contributors (up MB: all members' updates; down MB: what each member "
                          "downloads, the step or the model)")
     return "\n".join(lines)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import typer
 
 from gpuflex.cli.common import (
@@ -59,7 +61,7 @@ def status(home: str | None = HomeOpt, json_out: bool = JsonOpt) -> None:
         typer.echo(line)
 
 
-def serve_lines(serve: dict) -> list[str]:  # type: ignore[type-arg]
+def serve_lines(serve: dict[str, Any]) -> list[str]:
     """What this node serves (rate, tokens/s, latency) and the models it can route to."""
     lines = [f"api      {text(serve['http'])}/v1"] if serve.get("http") else []
     for m in serve.get("models", []):
@@ -75,7 +77,7 @@ def serve_lines(serve: dict) -> list[str]:  # type: ignore[type-arg]
     return lines
 
 
-def join_summary(join: dict) -> str:  # type: ignore[type-arg]
+def join_summary(join: dict[str, Any]) -> str:
     """One line on how this node stands with the mesh: connected, or waiting and retrying."""
     book = f"{plural(join.get('known_peers', 0), 'peer')} in the address book"
     state = join.get("state")
@@ -89,7 +91,7 @@ def join_summary(join: dict) -> str:  # type: ignore[type-arg]
     return f"{state}; {book}"
 
 
-def reach_line(nat: dict) -> str:  # type: ignore[type-arg]
+def reach_line(nat: dict[str, Any]) -> str:
     """One line on whether others can reach this node, and how."""
     text = f"{nat['reachability']} (DHT {nat.get('dht_mode', '?')} mode)"
     if nat.get("reservations"):
