@@ -61,6 +61,8 @@ INITIAL_SYNC_PEERS, CATCH_UP_PEERS = 2, 4
 #: A peer whose ledger changed nothing here is not asked for it again, on its presence, for
 #: this long; at most this many such (job, peer) pairs are remembered.
 FRUITLESS_SYNC_S, MAX_FRUITLESS = 30.0, 4096
+#: Peers whose verified contributions are counted (``credit``): the most credited are kept.
+MAX_CREDITED = 4096
 
 
 def pin_spec(spec: Any, home: Path, config: NodeConfig | None = None) -> Any:
@@ -321,7 +323,10 @@ class JobManager:
     # -- credit --------------------------------------------------------------------------------
 
     def credit(self, peer: str) -> None:
+        """Count a verified contribution; past ``MAX_CREDITED`` peers the least credited goes."""
         self.contributed[peer] = self.contributed.get(peer, 0) + 1
+        if len(self.contributed) > MAX_CREDITED:
+            del self.contributed[min(self.contributed, key=self.contributed.__getitem__)]
 
     def rounds_contributed(self, peer: str) -> int:
         return self.contributed.get(peer, 0)

@@ -63,8 +63,8 @@ class NodePort:
         return await self._mesh.broadcast(frame)
 
     async def fetch_blob(self, digest: str, providers: Sequence[str] = (),
-                         timeout: float = FETCH_TIMEOUT_S) -> object:
-        return await self._mesh.fetch_blob(digest, providers, timeout=timeout)
+                         timeout: float = FETCH_TIMEOUT_S, max_size: int | None = None) -> object:
+        return await self._mesh.fetch_blob(digest, providers, timeout=timeout, max_size=max_size)
 
     async def announce_blob(self, digest: str) -> None:
         await self._mesh.announce_blob(digest)
