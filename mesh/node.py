@@ -713,7 +713,10 @@ class MeshNode:
                 self.inbound.reject(peer, WireError("hash", str(exc)), "blob")
                 errors.append(str(exc))
                 integrity.append(exc)
-            except (BlobError, WireError) as exc:
+            except WireError as exc:  # an announced size over the limit, a stalled transfer
+                self.inbound.reject(peer, exc, "blob")
+                errors.append(str(exc))
+            except BlobError as exc:
                 errors.append(str(exc))
             except Exception as exc:  # one provider's failure, of any kind, moves on to the next
                 errors.append(f"{peer[-8:]}: {exc.__class__.__name__}: {exc}")

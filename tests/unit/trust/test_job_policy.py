@@ -170,5 +170,5 @@ def test_the_model_budget_is_read_from_node_toml(tmp_path: Path) -> None:
     (tmp_path / "node.toml").write_text("[jobs]\nmax_model_params = 5000000\n")
     assert load_node_config(tmp_path).max_model_params == 5_000_000
     (tmp_path / "node.toml").write_text("[jobs]\nmax_model_params = true\n")
-    with pytest.raises(NodeConfigError, match="jobs.max_model_params"):
+    with pytest.raises(NodeConfigError, match=r"jobs\.max_model_params"):
         load_node_config(tmp_path)
