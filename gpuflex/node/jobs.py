@@ -303,14 +303,14 @@ class JobManager:
             await trio.sleep(1.0)
 
     async def _catch_up(self, job: str, peer: str) -> None:
+        """Fetch the ledger ``peer``'s presence claims may win; one it does not make this job
+        adopt (the claim was false, or stale) is fruitless: not asked again for a while."""
         self._syncing.add(job)
-        driver = self.drivers[job]
-        before = (driver.committed, driver.head())
         try:
-            await self.syncer.sync_from_peer(peer)
+            adopted = await self.syncer.sync_job(peer, job)
         finally:
             self._syncing.discard(job)
-        if (driver.committed, driver.head()) == before:
+        if not adopted:
             self._fruitless[(job, peer)] = trio.current_time()
             while len(self._fruitless) > MAX_FRUITLESS:
                 del self._fruitless[next(iter(self._fruitless))]

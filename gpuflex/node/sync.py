@@ -189,6 +189,18 @@ class CatchUp:
         finally:
             self._running.discard(peer)
 
+    async def sync_job(self, peer: str, job_id: str) -> bool:
+        """Fetch ``peer``'s ledger of ``job_id`` (its presence says it may win here) and offer
+        it; True only if the job adopted it (a claim that changed nothing is fruitless)."""
+        job = self.jobs.get(job_id)
+        if job is None or peer in self._running:
+            return False
+        self._running.add(peer)
+        try:
+            return await self._catch_up(peer, job_id, job)
+        finally:
+            self._running.discard(peer)
+
     async def _learn_jobs(self, peer: str) -> dict[str, tuple[object, object, object]] | None:
         """Every job ``peer`` names, adopted where this node takes it on, and per job what the
         peer says of its ledger: (height, weight, head), unchecked (``may_win`` checks)."""
@@ -216,7 +228,7 @@ class CatchUp:
             after = more
         return claims
 
-    async def _catch_up(self, peer: str, job_id: str, job: SyncedJob) -> None:
+    async def _catch_up(self, peer: str, job_id: str, job: SyncedJob) -> bool:
         """Fetch ``peer``'s ledger of ``job`` in pages, checking each frame as it arrives
         (``ChainCheck``), and offer what verified to the job. A frame that does not verify ends
         the fetch and penalises the peer; so does the ``LEDGER_SYNC_BYTES`` budget of frames
@@ -242,5 +254,4 @@ class CatchUp:
         if check.held >= LEDGER_SYNC_BYTES:
             log.info("sync of job %s from %s: stopped at round %d, the %d MiB budget of new ledger frames",
                      job_id, peer[-8:], len(frames), LEDGER_SYNC_BYTES >> 20)
-        if frames:
-            await job.offer_ledger(frames, peer)
+        return bool(frames) and await job.offer_ledger(frames, peer)

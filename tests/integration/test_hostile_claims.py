@@ -153,8 +153,10 @@ async def ignore(msg: Inbound) -> None:
 
 
 @asynccontextmanager
-async def claimant(scene: Scene, base: Path, bootstrap: str | None = None) -> AsyncIterator[Claimant]:
-    cfg = MeshConfig(listen=["/ip4/127.0.0.1/tcp/0"], bootstrap=[bootstrap or str(scene.mesh.bootstrap)],
+async def claimant(scene: Scene, base: Path, hosts: int = 1) -> AsyncIterator[Claimant]:
+    """The hostile peer, listening on ``hosts`` loopback addresses (127.0.0.1, .2, ...)."""
+    listen = [f"/ip4/127.0.0.{i + 1}/tcp/0" for i in range(hosts)]
+    cfg = MeshConfig(listen=listen, bootstrap=[str(scene.mesh.bootstrap)],
                      data_dir=base / f"hostile-{time.monotonic_ns()}", mdns=False, reachability="public")
     async with MeshNode.start(Identity.generate(), cfg) as node:
         for kind in (PRESENCE, JOB, PLAN, RESULT, ABORT):  # heard, and left alone
@@ -276,14 +278,14 @@ async def test_passed_on_peers_never_push_verified_ones_out_of_the_address_book(
     address book holds 16): the verified peer stays in the book, ahead of every hint, so node 0
     dials it first when it starts again."""
     me = scene.ids[0]
-    async with claimant(scene, tmp_path) as friend:
+    async with claimant(scene, tmp_path, hosts=3) as friend:  # each redial then fails three times
         gone = friend.node.peer_id
-        await trio.to_thread.run_sync(wait, scene, lambda: book_entry(scene, gone)[1] is not None, 30,
-                                      "node 0 keeping the peer in its book")
+        await trio.to_thread.run_sync(wait, scene, lambda: getattr(book_entry(scene, gone)[1], "verified", False),
+                                      30, "node 0 keeping the peer in its book as verified")
 
     def failed_or_gone() -> bool:
         entry = book_entry(scene, gone)[1]
-        return entry is None or entry.failures >= 3
+        return entry is None or entry.failures >= 2
 
     await trio.to_thread.run_sync(wait, scene, failed_or_gone, 60, "node 0 failing to dial the peer")
     async with claimant(scene, tmp_path) as hostile:
@@ -318,7 +320,8 @@ async def test_a_model_server_announcing_a_huge_size_reserves_no_disk(scene: Sce
         hostile.serves.update(frame=(mesh.home(0) / "jobs" / job / "job.frame").read_bytes(), frames=ledger.frames)
         hostile.node.handlers.register(SYNC, hostile.honest_sync)
         hostile.node.host.set_stream_handler(BLOB_PROTOCOL, hostile.huge_blob)
-        mesh.node_args = lambda i: ["--bootstrap", hostile.node.multiaddrs()[0]] if i == 2 else []
+        victim, through = mesh.node_args, hostile.node.multiaddrs()[0]
+        mesh.node_args = lambda i: ["--bootstrap", through] if i == 2 else list(victim(i) if victim else [])
         await trio.to_thread.run_sync(lambda: mesh.start_node(2, bootstrap=False, timeout=120))
         biggest = 0
         deadline = trio.current_time() + 60 * load_factor()
