@@ -26,7 +26,7 @@ import trio
 
 from gpuflex.localmesh import LocalMesh
 from gpuflex.node.jobs import job_id_of
-from gpuflex.node.ledger import Ledger, verify_chain
+from gpuflex.node.ledger import Ledger
 from gpuflex.node.messages import ABORT, JOB, PLAN, PRESENCE, RESULT, SYNC
 from gpuflex.node.modelblob import model_blob_limit
 from mesh.addressbook import AddressBook
@@ -40,7 +40,7 @@ from mesh.node import MeshConfig, MeshNode
 from mesh.peertable import hint_quota
 from mesh.pex import PEERS_REQUEST
 from tests.integration.conftest import light_spec, load_factor
-from tests.integration.test_hostile_resources import rss_mib
+from tests.integration.test_hostile_resources import assert_one_ledger, rss_mib
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 #: Node 0's caps: small, so a flood from this process fills them at once.
@@ -344,16 +344,6 @@ async def test_a_model_server_announcing_a_huge_size_reserves_no_disk(scene: Sce
 
 
 def test_the_honest_job_kept_one_ledger_on_every_node(scene: Scene) -> None:
-    mesh, job = scene.mesh, scene.job
-    assert all(mesh.alive(i) for i in range(3)), f"a node died: see {mesh.base}"
-    mesh.wait_until(lambda: mesh.job(2, job)["round"] >= scene.rounds() - 1, 120, interval=0.5,
-                    what="node 2 catching up on the honest job")
-    frames = []
-    for i in range(3):
-        ledger = Ledger(mesh.home(i) / "jobs" / job / "ledger.msgpack", job)
-        assert ledger.load() == []
-        frames.append(ledger.frames)
-    common = min(map(len, frames))
-    assert common >= 3
-    assert frames[0][:common] == frames[1][:common] == frames[2][:common]
-    assert [r.round for r in verify_chain(frames[0], job)] == list(range(1, len(frames[0]) + 1))
+    """Through every claim: one chain of committed rounds, the same on all three nodes (node 2
+    caught up on it through an honest node), as far as each has got."""
+    assert_one_ledger(scene.mesh, scene.job, scene.rounds(), 3)
