@@ -247,7 +247,8 @@ class CatchUp:
                 for frame in page[: job.rounds - len(frames)]:
                     frames.append(check.extend(frame))
             except LedgerError as exc:
-                self.mesh.inbound.reject(peer, WireError("evidence", f"ledger of job {job_id}: {exc}"), "sync page")
+                self.mesh.inbound.reject(peer, WireError("evidence", f"ledger from {peer[-8:]}: {exc}"),
+                                         f"sync page of job {job_id}")
                 break
             if not reply or not reply.get("more"):
                 break
