@@ -214,7 +214,7 @@ class FakePort:
             other = self.net.nodes.get(peer)
             if other is not None and other is not self.node and self.net.reachable(self.node, other) \
                     and other.blobs.has(digest):
-                if max_size is not None and other.blobs.size(digest) > max_size:
+                if max_size is not None and len(other.blobs.read(digest)) > max_size:
                     continue  # as the mesh refuses a blob announced over what the job expects
                 await trio.sleep(self.net.delay(self.node, other))
                 self.node.blobs.put(other.blobs.read(digest))
