@@ -105,19 +105,25 @@ class PeerTable:
     def get(self, peer_id: str) -> PeerRecord | None:
         return self._peers.get(peer_id)
 
-    def add(self, peer_id: str, addrs: list[str] | None = None) -> PeerRecord:
+    def add(self, peer_id: str, addrs: list[str] | None = None, *, displace: bool = True) -> PeerRecord:
         """The entry of a peer this node was told of (with addresses, or to look up). In a
-        full table of live peers a new one is not kept: the record returned is detached."""
-        rec = self._peers.get(peer_id) or self._admit(peer_id, heard=False)
+        full table of live peers a new one is not kept: the record returned is detached; nor
+        is it, without ``displace``, once the hints fill their quota (a name looked up only
+        while there is room, so names that come and go do not churn the table)."""
+        rec = self._peers.get(peer_id) or self._admit(peer_id, heard=False, displace=displace)
         if addrs:
             rec.addrs = sorted(set(addrs))
         return rec
 
-    def _admit(self, peer_id: str, heard: bool) -> PeerRecord:
+    def _admit(self, peer_id: str, heard: bool, displace: bool = True) -> PeerRecord:
         """A new entry, in place of the one worth least (``peertable.victim``) when full."""
         rec = self._marks.pop(peer_id) or PeerRecord(peer_id=peer_id, first_seen=self.clock())
         hints = [] if heard else [r for r in self._peers.values() if not heard_from(r)]
         if len(hints) >= hint_quota(self.config.max_peers):
+            if not displace:
+                if rec.penalty > 0:
+                    self._marks.put(rec)
+                return rec
             self._evict(min(hints, key=keep_rank))
         elif len(self._peers) >= self.config.max_peers:
             out = victim(self._peers.values(), newcomer_heard=heard)

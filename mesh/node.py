@@ -558,8 +558,11 @@ class MeshNode:
             self._nursery.start_soon(reset, dropped)  # type: ignore[union-attr]
 
     def _forget(self, peer: str) -> None:
-        """``peer`` left the full peer table (``mesh.peertable``): drop what is kept for it."""
-        self._info_tried.pop(peer, None)
+        """``peer`` left the full peer table (``mesh.peertable``): drop what is kept for it. When
+        it was looked up is kept a while longer (bounded), so a key that comes and goes (a job's
+        absent member, named again every second) is not looked up again each time it returns."""
+        while len(self._info_tried) > 4 * self.config.health.max_peers:
+            del self._info_tried[next(iter(self._info_tried))]
         self.pex.frames.pop(peer, None)
         stream = self._ping_streams.pop(peer, None)
         if stream is not None and self._nursery is not None:

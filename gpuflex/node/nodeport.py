@@ -84,7 +84,7 @@ class NodePort:
         return out
 
     def why_unreachable(self, peer: str) -> str:
-        self._mesh.peers.add(peer)  # so the mesh looks up its NodeInfo in the DHT
+        self._mesh.peers.add(peer, displace=False)  # so the mesh looks up its NodeInfo, while there is room
         return str(self._mesh.nat.why_unreachable(peer) or "")
 
     def peer_ip(self, peer: str) -> str | None:
