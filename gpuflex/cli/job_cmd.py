@@ -50,10 +50,35 @@ def load_job_file(path: Path) -> dict[str, Any]:
     return spec.to_dict()
 
 
+def inference_file(path: Path) -> dict[str, Any] | None:
+    """The job file's table when it is an inference job, else None."""
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib
+
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+        return None  # load_job_file reports it
+    return raw if raw.get("kind") == "inference" else None
+
+
 @job_app.command("submit")
 def submit(job_file: Path = typer.Argument(..., help="The job's TOML file."), node: str | None = NodeOpt,
            json_out: bool = JsonOpt) -> None:
-    """Validate the job file, then sign and publish it to the mesh; prints the job id."""
+    """Validate the job file, then sign and publish it to the mesh; prints the job id.
+
+    A file with ``kind = "inference"`` is a batch inference job: this node sends its prompts to
+    the nodes serving its model and collects the signed answers (docs/serving.md)."""
+    raw = inference_file(job_file)
+    if raw is not None:
+        reply = call_node("infer_submit", {"spec": raw}, home=node, timeout=60)
+        if json_out:
+            emit_json(reply)
+        else:
+            typer.echo(reply["run_id"])
+        return
     spec = load_job_file(job_file)
     reply = call_node("job_submit", {"spec": spec}, home=node, timeout=30)
     if json_out:
@@ -82,25 +107,40 @@ def format_status(js: dict[str, Any]) -> str:
     if js.get("work"):
         lines.extend(format_work(js["work"], js["round"]))
     if js["metrics"]:
-        lines.append(f"{'round':>7} {'loss':>8} {'accuracy':>9} {'train loss':>11} {'nodes':>6} {'time':>7}")
+        lines.append(f"{'round':>7} {'loss':>8} {'accuracy':>9} {'train loss':>11} {'nodes':>6} {'time':>7} "
+                     f"{'up MB':>9} {'down MB':>8}")
         for m in js["metrics"]:
             lines.append(f"{number(m['round'], '>7')} {number(m['loss'], '>8.4f')} {number(m['accuracy'], '>9.4f')} "
                          f"{number(m['train_loss'], '>11.4f')} {number(m['contributors'], '>6')} "
-                         f"{number(m['duration_s'], '>6.1f')}s")
+                         f"{number(m['duration_s'], '>6.1f')}s {number(_mb(m.get('update_bytes')), '>9.3f')} "
+                         f"{number(_mb(m.get('down_bytes')), '>8.3f')}")
+        ups = [m.get("update_bytes") for m in js["metrics"]]
+        downs = [(m.get("down_bytes"), m.get("contributors")) for m in js["metrics"]]
+        if all(isinstance(u, (int, float)) for u in ups) and all(
+                isinstance(d, (int, float)) and isinstance(c, (int, float)) for d, c in downs):
+            lines.append(f"bytes        {number(_mb(sum(ups)), '.3f')} MB of updates up, "  # type: ignore[arg-type]
+                         f"{number(_mb(sum(d * c for d, c in downs)), '.3f')} MB down "  # type: ignore[operator]
+                         "to the contributors (up MB: all members' updates; down MB: what each member "
+                         "downloads, the step or the model)")
     return "\n".join(lines)
+
+
+def _mb(value: object) -> float | None:
+    return value / 1e6 if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
 def format_work(rows: list[dict[str, Any]], round_: int) -> list[str]:
     """Round ``round_``'s work per member: its device, local steps, samples per second and
     share of the round's compute (each member's training seconds over everyone's)."""
     lines = [f"work         round {round_}",
-             f"  {'member':<10} {'device':<28} {'samples':>8} {'steps':>6} {'samples/s':>10} {'train s':>8} {'share':>6}"]
+             f"  {'member':<10} {'device':<28} {'samples':>8} {'steps':>6} {'samples/s':>10} {'train s':>8} {'share':>6} "
+             f"{'sent MB':>8}"]
     for row in rows:
         share = row.get("compute_share")
         lines.append(f"  {short(text(row.get('peer', '?'), 80)):<10} {text(row.get('device') or '-', 28):<28} "
                      f"{number(row.get('samples'), '>8')} {number(row.get('steps'), '>6')} "
                      f"{number(row.get('samples_per_s'), '>10.1f')} {number(row.get('compute_s'), '>8.2f')} "
-                     f"{number(share, '>6.0%')}")
+                     f"{number(share, '>6.0%')} {number(_mb(row.get('update_bytes')), '>8.3f')}")
     return lines
 
 
@@ -168,8 +208,13 @@ def results(job: str = typer.Argument(..., help="Job id or prefix."),
                                               help="Also log the job to MLflow (pip install 'gpuflex[mlflow]').")
             ) -> None:
     """Write the final model (a torch state_dict; for a language model a Hugging Face model or
-    LoRA adapter directory in safetensors, with its tokenizer), metrics, a plot and the ledger."""
-    reply = call_node("job_results", {"job": job, "out": str(out.resolve())}, home=node, timeout=120)
+    LoRA adapter directory in safetensors, with its tokenizer), metrics, a plot and the ledger;
+    for a batch inference job, its signed answers as JSONL (into --out, or --out FILE.jsonl)."""
+    runs = call_node("serve_status", home=node).get("runs", [])
+    if any(r["run_id"].startswith(job) for r in runs):  # a batch inference job: its answers as JSONL
+        reply = call_node("infer_results", {"job": job, "out": str(out.resolve())}, home=node, timeout=120)
+    else:
+        reply = call_node("job_results", {"job": job, "out": str(out.resolve())}, home=node, timeout=120)
     if mlflow:
         from gpuflex.tracking import TrackingError, export_mlflow
 

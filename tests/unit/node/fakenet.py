@@ -132,6 +132,9 @@ class MemBlobs:
     def has(self, digest: str) -> bool:
         return digest in self.data
 
+    def size(self, digest: str) -> int:
+        return len(self.read(digest))
+
     def discard(self, digest: str) -> bool:
         return self.data.pop(digest, None) is not None
 
@@ -475,7 +478,8 @@ class FakeNet:
                         continue
                     if dst.driver.saw_presence(src.peer_id, src.driver.committed, src.driver.head(),
                                                src.driver.throughput(), src.driver.weight,
-                                               preparing=src.driver.preparing, passes=src.driver.passes_round):
+                                               preparing=src.driver.preparing, passes=src.driver.passes_round,
+                                               failed=src.driver.failure):
                         dst.nursery.start_soon(self.sync, dst, [src.peer_id])
             with trio.move_on_after(PRESENCE_EVERY_S):  # or sooner, when a node asks (announce_soon)
                 await self._presence_due.wait()
