@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from gpuflex.jobspec import DATA_PATH_KIND, JobSpec
-from gpuflex.llmspec import is_llm
+from gpuflex.llmspec import is_llm, spec_params
 from gpuflex.nodeconfig import NodeConfig
 from gpuflex.plugins import is_plugin_path
 from mesh.compat import StrEnum
@@ -38,6 +38,7 @@ class RefusalKind(StrEnum):
     PLUGIN = "plugin"
     DATA = "data"
     CAP = "cap"
+    SIZE = "size"  # a model larger than this operator's budget
     CRASHED = "crashed"  # its plug-in code was running when this node stopped without shutting down
 
 
@@ -101,7 +102,23 @@ class JobPolicy:
                 return Refusal(RefusalKind.PLUGIN, (
                     f"{name} {value!r} is a plug-in this node does not allow (allowed: {allowed}); "
                     "an operator who trusts it adds --allow-plugin PATTERN or node.toml [jobs] allow_plugins"))
-        return self._data_refusal(spec)
+        return self._data_refusal(spec) or self.size_refusal(spec)
+
+    def size_refusal(self, spec: JobSpec) -> Refusal | None:
+        """A language model larger than this operator's budget, counted from the spec's
+        arithmetic (``llmspec.spec_params``): refused before anything of it is built."""
+        if not is_llm(spec.model) or not isinstance(spec.llm, Mapping):
+            return None
+        try:
+            params = spec_params(spec.model, spec.llm)
+        except (KeyError, TypeError):  # not a normalised table: the spec check refuses it
+            return None
+        budget = self.config.max_model_params
+        if params is None or params <= budget:
+            return None
+        return Refusal(RefusalKind.SIZE, (
+            f"its model would have about {params / 1e6:,.0f}M parameters, more than this node's budget of "
+            f"{budget / 1e6:,.0f}M (--max-model-params / node.toml [jobs] max_model_params)"))
 
     def _data_refusal(self, spec: JobSpec) -> Refusal | None:
         config = self.config

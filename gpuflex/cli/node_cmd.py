@@ -86,10 +86,18 @@ def start(
     max_jobs_per_publisher: int | None = typer.Option(
         None, "--max-jobs-per-publisher", min=1,
         help="Unfinished jobs held at once from one publisher (default: node.toml, else 4)."),
+    max_model_params: int | None = typer.Option(
+        None, "--max-model-params", min=1,
+        help="Largest language model a job may make this node build, in parameters "
+             "(default: node.toml, else 200000000)."),
     read_timeout: float = typer.Option(10.0, min=0.1, help="Seconds a peer may leave a message, gossip or blob "
                                                             "stream without a byte before it is dropped."),
     gossip_rate: float = typer.Option(10.0, min=0.01, help="New gossip messages a second relayed for one origin "
                                                             "(the signer); the excess is dropped."),
+    max_peers: int = typer.Option(1024, min=8, help="Peers kept in the peer table (probed, looked up, listed); "
+                                                     "the one worth least makes room for a new one."),
+    address_book_size: int = typer.Option(256, min=8, help="Peers kept across restarts in the address book "
+                                                             "(those this node verified itself go first)."),
     gossip_burst: float = typer.Option(100.0, min=1.0, help="... and how many one origin may send at once."),
 ) -> None:
     """Start a node; it joins the mesh through --bootstrap and the peers it met before (its address
@@ -107,7 +115,8 @@ def start(
     root = resolve_home(home)
     try:
         config = with_flags(load_node_config(root), allow_plugins=allow_plugin, data=data, accept=accept_jobs,
-                            max_jobs=max_jobs, max_jobs_per_publisher=max_jobs_per_publisher)
+                            max_jobs=max_jobs, max_jobs_per_publisher=max_jobs_per_publisher,
+                            max_model_params=max_model_params)
     except NodeConfigError as exc:
         fail(str(exc))
     if log_format not in ("text", "json"):
@@ -138,13 +147,13 @@ def start(
                               max_reservations_per_network=relay_per_network, max_circuits_per_source=relay_per_source,
                               carry_any=relay_any)
     try:
-        health = HealthConfig(suspect_after_s=suspect_after, down_after_s=down_after)
+        health = HealthConfig(suspect_after_s=suspect_after, down_after_s=down_after, max_peers=max_peers)
         runtime = NodeRuntime(NodeOptions(home=root, listen=listen, announce=announce, bootstrap=bootstrap,
                                           client_mode=client, control_port=control_port, health=health, bulk_channel=bulk,
                                           bootstrap_timeout_s=bootstrap_timeout,
                                           adversary=adversary, metrics=metrics, relay=relay, mdns=mdns,
                                           reachability=None if reachability == "auto" else reachability,
-                                          config=config,
+                                          config=config, address_book_size=address_book_size,
                                           limits=PeerLimits(read_timeout_s=read_timeout, gossip_origin_rate=gossip_rate,
                                                             gossip_origin_burst=gossip_burst)))
         code = trio.run(serve_until_signalled, runtime)

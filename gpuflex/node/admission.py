@@ -43,7 +43,8 @@ CAP_RETRY_S = 60.0
 #: Penalty points (mesh.health) per refusal, by why; the ignore threshold is 10, and points
 #: decay at 0.05 a second.
 PENALTY: dict[RefusalKind, float] = {RefusalKind.SPEC: 1.0, RefusalKind.PLUGIN: 1.0, RefusalKind.CAP: 1.0,
-                                     RefusalKind.DATA: 0.0, RefusalKind.PUBLISHER: 0.0, RefusalKind.CRASHED: 0.0}
+                                     RefusalKind.DATA: 0.0, RefusalKind.PUBLISHER: 0.0, RefusalKind.SIZE: 0.0,
+                                     RefusalKind.CRASHED: 0.0}
 
 
 class Admission:

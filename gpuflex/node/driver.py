@@ -24,7 +24,7 @@ from gpuflex.node.collector import Collector
 from gpuflex.node.export import JobExport, job_export
 from gpuflex.node.faults import NO_FAULTS, Faults
 from gpuflex.node.kinds import EventKind, JobState, Phase, Role
-from gpuflex.node.ledger import HEAD_CHARS
+from gpuflex.node.ledger import HEAD_CHARS, ChainCheck
 from gpuflex.node.messages import (
     ABORT,
     PARTIAL,
@@ -296,6 +296,9 @@ class JobDriver:
 
     def ledger_frames(self) -> list[bytes]:
         return self.book.ledger.frames
+
+    def chain_check(self) -> ChainCheck:
+        return ChainCheck(self.book.ledger)
 
     def participates(self) -> bool:
         return self.book.participates()

@@ -63,6 +63,8 @@ INITIAL_SYNC_PEERS, CATCH_UP_PEERS = 2, 4
 #: A peer whose ledger changed nothing here is not asked for it again, on its presence, for
 #: this long; at most this many such (job, peer) pairs are remembered.
 FRUITLESS_SYNC_S, MAX_FRUITLESS = 30.0, 4096
+#: Peers whose verified contributions are counted (``credit``): the most credited are kept.
+MAX_CREDITED = 4096
 
 
 def pin_spec(spec: Any, home: Path, config: NodeConfig | None = None) -> Any:
@@ -327,14 +329,14 @@ class JobManager:
             await trio.sleep(1.0)
 
     async def _catch_up(self, job: str, peer: str) -> None:
+        """Fetch the ledger ``peer``'s presence claims may win; one it does not make this job
+        adopt (the claim was false, or stale) is fruitless: not asked again for a while."""
         self._syncing.add(job)
-        driver = self.drivers[job]
-        before = (driver.committed, driver.head())
         try:
-            await self.syncer.sync_from_peer(peer)
+            adopted = await self.syncer.sync_job(peer, job)
         finally:
             self._syncing.discard(job)
-        if (driver.committed, driver.head()) == before:
+        if not adopted:
             self._fruitless[(job, peer)] = trio.current_time()
             while len(self._fruitless) > MAX_FRUITLESS:
                 del self._fruitless[next(iter(self._fruitless))]
@@ -347,7 +349,10 @@ class JobManager:
     # -- credit --------------------------------------------------------------------------------
 
     def credit(self, peer: str) -> None:
+        """Count a verified contribution; past ``MAX_CREDITED`` peers the least credited goes."""
         self.contributed[peer] = self.contributed.get(peer, 0) + 1
+        if len(self.contributed) > MAX_CREDITED:
+            del self.contributed[min(self.contributed, key=self.contributed.__getitem__)]
 
     def rounds_contributed(self, peer: str) -> int:
         return self.contributed.get(peer, 0)

@@ -66,8 +66,8 @@ class NodePort:
         return await self._mesh.broadcast(frame)
 
     async def fetch_blob(self, digest: str, providers: Sequence[str] = (),
-                         timeout: float = FETCH_TIMEOUT_S) -> object:
-        return await self._mesh.fetch_blob(digest, providers, timeout=timeout)
+                         timeout: float = FETCH_TIMEOUT_S, max_size: int | None = None) -> object:
+        return await self._mesh.fetch_blob(digest, providers, timeout=timeout, max_size=max_size)
 
     async def announce_blob(self, digest: str) -> None:
         await self._mesh.announce_blob(digest)
@@ -87,7 +87,7 @@ class NodePort:
         return out
 
     def why_unreachable(self, peer: str) -> str:
-        self._mesh.peers.add(peer)  # so the mesh looks up its NodeInfo in the DHT
+        self._mesh.peers.add(peer, displace=False)  # so the mesh looks up its NodeInfo, while there is room
         return str(self._mesh.nat.why_unreachable(peer) or "")
 
     def peer_ip(self, peer: str) -> str | None:

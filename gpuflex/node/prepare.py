@@ -113,6 +113,7 @@ class Preparation:
                   **settings)
         init = await port.offload(trainer.initial_params)
         book.model_size = int(init.size)
+        book.sized.set()
         book.init_hash = port.blobs.put_parts(model_parts(init, {}))
 
     async def _give_way(self, scope: trio.CancelScope) -> None:
