@@ -45,7 +45,7 @@ def check_job_fit(job_file: Path, home: str | os.PathLike[str] | None = None) ->
     from gpuflex.jobspec import JobSpec, JobSpecError
 
     try:
-        spec = JobSpec.from_toml(Path(job_file))
+        spec = JobSpec.from_file(Path(job_file))
     except (OSError, JobSpecError, ValueError) as exc:
         yield Finding("job-fit", FAIL, f"{job_file}: {exc}".splitlines()[0], fix="fix the job file")
         return

@@ -42,7 +42,7 @@ def load_job_file(path: Path) -> dict[str, Any]:
     if not path.exists():
         fail(f"job file {path} does not exist")
     try:
-        spec = JobSpec.from_toml(path)
+        spec = JobSpec.from_file(path)
     except JobSpecError as exc:
         fail(f"{path} is not a valid job:\n{exc}")
     except ValueError as exc:
@@ -51,7 +51,7 @@ def load_job_file(path: Path) -> dict[str, Any]:
 
 
 @job_app.command("submit")
-def submit(job_file: Path = typer.Argument(..., help="The job's TOML file."), node: str | None = NodeOpt,
+def submit(job_file: Path = typer.Argument(..., help="The job file (TOML, or YAML when it ends in .yaml or .yml)."), node: str | None = NodeOpt,
            json_out: bool = JsonOpt) -> None:
     """Validate the job file, then sign and publish it to the mesh; prints the job id."""
     spec = load_job_file(job_file)

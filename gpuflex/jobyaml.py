@@ -1,0 +1,87 @@
+"""Job files in YAML: the same keys and values as the TOML job file, read into the same dict.
+
+Many ML tools keep their configs in YAML, so a job file may be YAML too. It is parsed with a
+restricted safe loader and then validated by ``JobSpec.from_dict`` exactly like TOML, so a YAML
+and a TOML file that say the same thing give the same canonical spec and the same job id.
+
+The loader is stricter than ``yaml.safe_load`` where YAML differs from TOML in ways that would
+surprise or hurt: no aliases (``&a``/``*a`` can expand a small file into a huge value), no
+tags beyond plain scalars, lists and mappings (no dates, sets or binary), string keys only, and
+``1e-3`` is a float as in TOML and JSON (YAML 1.1 reads it as a string). The text is bounded
+before it is parsed.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+#: A job file is a page of settings; anything larger is a mistake, not a job.
+MAX_JOB_FILE_BYTES = 256 * 1024
+#: File name endings read as YAML; everything else is TOML.
+YAML_SUFFIXES = (".yaml", ".yml")
+
+_FLOAT_RE = re.compile(r"""^[-+]?(?:
+    (?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
+  | \.[0-9_]+(?:[eE][-+]?[0-9]+)?
+  | [0-9][0-9_]*[eE][-+]?[0-9]+
+  | \.(?:inf|Inf|INF)
+  | \.(?:nan|NaN|NAN))$""", re.X)
+_ALLOWED_TAGS = frozenset({
+    "tag:yaml.org,2002:null", "tag:yaml.org,2002:bool", "tag:yaml.org,2002:int",
+    "tag:yaml.org,2002:float", "tag:yaml.org,2002:str", "tag:yaml.org,2002:seq",
+    "tag:yaml.org,2002:map",
+})
+
+
+class YamlJobError(ValueError):
+    """The text is not a YAML job file this reader accepts; the message says why in one line."""
+
+
+def _loader() -> type:
+    import yaml
+
+    class JobLoader(yaml.SafeLoader):
+        """SafeLoader without aliases or rich tags, with TOML's float syntax."""
+
+        def compose_node(self, parent: Any, index: Any) -> Any:
+            if self.check_event(yaml.AliasEvent):
+                mark = self.peek_event().start_mark
+                raise YamlJobError(f"line {mark.line + 1}: aliases (*name) are not allowed in a job file")
+            node = super().compose_node(parent, index)
+            if node is not None and node.tag not in _ALLOWED_TAGS:
+                raise YamlJobError(f"line {node.start_mark.line + 1}: the tag {node.tag!r} is not allowed "
+                                   "in a job file (plain numbers, strings, booleans, lists and tables only)")
+            return node
+
+        def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+            for key_node, _ in node.value:
+                if key_node.tag != "tag:yaml.org,2002:str":
+                    raise YamlJobError(f"line {key_node.start_mark.line + 1}: keys must be strings, "
+                                       f"got {key_node.value!r}")
+            return super().construct_mapping(node, deep=deep)
+
+    # The resolver table is per class: copy it before replacing the float rule.
+    JobLoader.yaml_implicit_resolvers = {
+        k: [(tag, rx) for tag, rx in v if tag != "tag:yaml.org,2002:float"]
+        for k, v in yaml.SafeLoader.yaml_implicit_resolvers.items()
+    }
+    JobLoader.add_implicit_resolver("tag:yaml.org,2002:float", _FLOAT_RE, list("-+0123456789."))
+    # Timestamps resolve implicitly in YAML 1.1; here a date-like value stays a string.
+    for key, rules in JobLoader.yaml_implicit_resolvers.items():
+        JobLoader.yaml_implicit_resolvers[key] = [(t, rx) for t, rx in rules if t != "tag:yaml.org,2002:timestamp"]
+    return JobLoader
+
+
+def load_yaml_job(text: str) -> Any:
+    """Parse ``text`` into plain data (dict, list, str, int, float, bool, None)."""
+    if len(text.encode("utf-8", errors="replace")) > MAX_JOB_FILE_BYTES:
+        raise YamlJobError(f"is larger than {MAX_JOB_FILE_BYTES // 1024} KiB")
+    import yaml
+
+    try:
+        return yaml.load(text, Loader=_loader())  # a SafeLoader subclass: plain data only
+    except YamlJobError:
+        raise
+    except yaml.YAMLError as exc:
+        raise YamlJobError(" ".join(str(exc).split())[:300]) from None
