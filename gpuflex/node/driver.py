@@ -21,7 +21,7 @@ import trio
 
 from aggregation.tree import children
 from gpuflex.node.collector import Collector
-from gpuflex.node.export import JobExport
+from gpuflex.node.export import JobExport, job_export
 from gpuflex.node.faults import NO_FAULTS, Faults
 from gpuflex.node.kinds import EventKind, JobState, Phase, Role
 from gpuflex.node.ledger import HEAD_CHARS
@@ -407,10 +407,8 @@ class JobDriver:
     def export(self) -> JobExport:
         """What ``export_results`` writes, taken now (it runs in a worker thread)."""
         book = self.book
-        head, blobs = book.head_model, self.port.blobs
-        return JobExport(job_id=self.job_id, spec=self.spec, model_hash=head,
-                         read_model=lambda: blobs.read(head), trainer=self.trainer(),
-                         metrics=metric_rows(book), ledger=ledger_rows(book), ledger_path=book.ledger.path)
+        return job_export(self.job_id, self.spec, book.head_model, book.ledger.results, self.port.blobs,
+                          self.trainer(), metric_rows(book), ledger_rows(book), book.ledger.path)
 
 
 def members_gone_note(count: int) -> str:

@@ -7,12 +7,14 @@ accepted work is not lost and, under DP, no fresh noise can be averaged across a
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable
 
 import numpy as np
 import trio
 
+from aggregation.scaffold import CONTROL_KEY
 from gpuflex.node.faults import Faults
 from gpuflex.node.kinds import EventKind, Phase
 from gpuflex.node.messages import Plan, TrainedUpdate, capped, parse_recovery_request, seal_update
@@ -116,7 +118,11 @@ class Member:
         book.status.set_phase(Phase.TRAIN, deadlines.train)
         # A copy of the parameters alone: the blob they are read from (which also holds
         # the server optimizer's state) is freed before training starts.
-        params = (await self._load_model(plan.base_hash, [plan.coordinator]))[0].copy()
+        params, state = await self._load_model(plan.base_hash, [plan.coordinator])
+        params = params.copy()
+        # SCAFFOLD's control variate travels in the server state; nothing else of it is needed.
+        control = {k: v.copy() for k, v in state.items() if k == CONTROL_KEY}
+        del state
         trainer = self._trainer()
         steps, budget = local_work(plan, book.me)
         if budget:
@@ -133,7 +139,8 @@ class Member:
             issued = deadlines.train - book.spec.train_budget(book.recent_durations())
             end = max(issued + budget - self.send_lag_s, deadlines.received + MIN_TRAIN_SHARE * budget)
             budget = max(MIN_TRAIN_S, min(end - now, deadlines.train - now - SEND_MARGIN_S))
-        delta, metrics = await self.port.offload(trainer.train, params, steps, budget)
+        train = functools.partial(trainer.train, server_state=control) if control else trainer.train
+        delta, metrics = await self.port.offload(train, params, steps, budget)
         self._trained_at = self.port.clock.now()
         delta = self.faults.tamper(delta)
         if metrics.get("oom_retries"):
