@@ -110,3 +110,18 @@ def test_job_submit_validates_a_yaml_file_without_a_node(tmp_path: Path):
     assert proc.returncode == 1
     assert "is not a valid job" in proc.stderr and "model" in proc.stderr and "rounds" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.slow
+def test_doctor_job_reads_yaml_like_toml(tmp_path: Path):
+    from gpuflex.doctor import FAIL, OK
+    from gpuflex.doctor_fit import check_job_fit
+
+    good = tmp_path / "job.yaml"
+    good.write_text("model: digits-cnn\ndata: sklearn-digits\nrounds: 2\n", encoding="utf-8")
+    findings = list(check_job_fit(good, home=tmp_path / "home"))
+    assert findings and all(f.status == OK for f in findings), findings
+    bad = tmp_path / "bad.yml"
+    bad.write_text("model: [unclosed\n", encoding="utf-8")
+    (finding,) = check_job_fit(bad, home=tmp_path / "home")
+    assert finding.status == FAIL and "not a valid YAML job" in finding.message
