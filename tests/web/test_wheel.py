@@ -85,3 +85,36 @@ async def test_the_wheel_is_behind_the_login_like_every_page(nursery: trio.Nurse
 def test_the_portal_looks_in_the_source_dist_then_the_home(tmp_path: Path) -> None:
     src, home = wheel_dirs(tmp_path)
     assert src == Path(__file__).resolve().parents[2] / "dist" and home == tmp_path / "dist"
+
+
+async def test_the_join_page_with_a_wheel_fits_a_phone_and_a_desktop(nursery: trio.Nursery, tmp_path: Path) -> None:
+    import pytest
+
+    from tests.web.browser import ensure_chromium, make_driver, set_viewport
+
+    found = ensure_chromium()
+    if isinstance(found, str):
+        pytest.skip(found)
+    put_wheel(tmp_path / "dist", b"wheel")
+    async with await portal(nursery, tmp_path, [tmp_path / "dist"]) as client:
+        url = str(client.base_url).rstrip("/") + "/join"
+
+        def check() -> list[tuple[int, int, str]]:
+            from selenium.webdriver.common.by import By
+
+            drv = make_driver(*found, tmp_path / "profile")
+            try:
+                drv.get(url)
+                seen = []
+                for width, height in ((375, 812), (1920, 1080)):
+                    set_viewport(drv, width, height)
+                    overflow = drv.execute_script("return document.documentElement.scrollWidth - window.innerWidth")
+                    link = drv.find_element(By.CSS_SELECTOR, f'a[href="/dist/{NAME}"]')
+                    seen.append((width, int(overflow), str(link.text)))
+                return seen
+            finally:
+                drv.quit()
+
+        seen = await trio.to_thread.run_sync(check)
+    assert seen == [(375, seen[0][1], NAME), (1920, seen[1][1], NAME)]
+    assert all(overflow <= 0 for _, overflow, _ in seen), seen
