@@ -8,6 +8,7 @@ base image already present, because this machine reaches no container registry.
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -70,6 +71,38 @@ def test_the_node_script_is_valid_shell_and_bounded() -> None:
     subprocess.run(["sh", "-n", str(script)], check=True, timeout=30)
     text = script.read_text(encoding="utf-8")
     assert '-gt 120' in text and "exit 1" in text  # the wait for the seed's address ends
+
+
+def _compose_tool() -> list[str] | str:
+    """A compose implementation (``docker compose``, ``docker-compose``, ``podman-compose``),
+    installing Debian's docker-compose when the test runs as root; else why not."""
+    docker = shutil.which("docker")
+    if docker and subprocess.run([docker, "compose", "version"], capture_output=True, timeout=60).returncode == 0:
+        return [docker, "compose"]
+    for tool in ("docker-compose", "podman-compose"):
+        if shutil.which(tool):
+            return [tool]
+    if os.geteuid() != 0 or shutil.which("apt-get") is None:
+        return "no compose tool is installed, and installing Debian's docker-compose needs root and apt-get"
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    for cmd in (["apt-get", "-o", "DPkg::Lock::Timeout=300", "update", "-q"],
+                ["apt-get", "-o", "DPkg::Lock::Timeout=300", "install", "-y", "-q", "--no-install-recommends",
+                 "docker-compose"]):
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
+        if proc.returncode != 0:
+            return f"`{' '.join(cmd)}` failed: {(proc.stderr or proc.stdout).strip()[-200:]}"
+    return ["docker-compose"] if shutil.which("docker-compose") else "apt-get installed no docker-compose"
+
+
+@pytest.mark.timeout(1200)
+def test_a_compose_tool_accepts_the_file() -> None:
+    tool = _compose_tool()
+    if isinstance(tool, str):
+        pytest.skip(tool)
+    # `config` validates the file against the compose schema and needs no daemon.
+    proc = subprocess.run([*tool, "-f", str(ROOT / "compose.yaml"), "config", "-q"], capture_output=True,
+                          text=True, timeout=120, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-2000:] + proc.stdout[-2000:]
 
 
 def _engine() -> tuple[str, str]:
