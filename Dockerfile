@@ -22,7 +22,10 @@ ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_
 RUN pip install --index-url "${TORCH_INDEX}" "${TORCH_SPEC}" \
     && echo "${TORCH_SPEC}" > /tmp/torch-constraint.txt
 COPY . /src
-RUN pip install -c /tmp/torch-constraint.txt "/src[${EXTRAS}]" \
+# GPUFlex is installed from its own wheel, kept in /opt/gpuflex/dist: the portal's Join page finds
+# it there (pip records where it came from) and offers it, so friends install this exact version.
+RUN pip wheel --no-deps --wheel-dir /opt/gpuflex/dist /src \
+    && pip install -c /tmp/torch-constraint.txt "$(ls /opt/gpuflex/dist/gpuflex-*.whl)[${EXTRAS}]" \
     && install -m 0755 /src/docker/node.sh /usr/local/bin/gpuflex-node \
     && rm -rf /src /tmp/torch-constraint.txt \
     && useradd --system --create-home --home-dir /var/lib/gpuflex --shell /usr/sbin/nologin gpuflex \

@@ -1,19 +1,24 @@
 """The node's own wheel, offered on the Join page so that a friend installs the same version.
 
 The portal never takes a path from a request: it looks for exactly one file name,
-``gpuflex-<version>-py3-none-any.whl`` for the version it runs, in a fixed list of folders (the
-``dist/`` that ``just dist`` fills in the source copy this portal runs from, and ``<home>/dist``
-where an operator can put it), and serves that file read-only, with its SHA-256 so the friend
-can check what arrived.
+``gpuflex-<version>-py3-none-any.whl`` for the version it runs, in a fixed list of folders, and
+serves that file read-only, with its SHA-256 so the friend can check what arrived. The folders:
+the ``dist/`` that ``just dist`` fills in the source copy this portal runs from; next to the
+install, the folder of the wheel pip installed GPUFlex from (or the ``dist/`` of an editable
+install's source), as pip's ``direct_url.json`` records it; and ``<home>/dist``, where an
+operator can put it.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlparse
+from urllib.request import url2pathname
 
 #: The source copy the portal runs from: its dist/ is where `just dist` writes the wheel.
 SOURCE_DIST = Path(__file__).resolve().parents[1] / "dist"
@@ -34,7 +39,25 @@ def wheel_name(version: str) -> str:
 
 def wheel_dirs(home: Path) -> tuple[Path, ...]:
     """Where a node's wheel may be, first match wins."""
-    return (SOURCE_DIST, home / "dist")
+    return tuple(dict.fromkeys((SOURCE_DIST, *install_dirs(), home / "dist")))
+
+
+def install_dirs() -> tuple[Path, ...]:
+    """The folder pip's record of this install points at: the local wheel it was installed from,
+    or an editable install's source ``dist/``; none for an install from an index."""
+    from importlib.metadata import PackageNotFoundError, distribution
+
+    try:
+        record = json.loads(distribution("gpuflex").read_text("direct_url.json") or "{}")
+    except (PackageNotFoundError, OSError, ValueError):
+        return ()
+    url = urlparse(str(record.get("url", ""))) if isinstance(record, dict) else None
+    if url is None or url.scheme != "file" or url.netloc not in ("", "localhost"):
+        return ()
+    where = Path(url2pathname(url.path))
+    if "archive_info" in record:
+        return (where.parent,)
+    return (where / "dist",) if "dir_info" in record else ()
 
 
 class WheelFinder:

@@ -60,6 +60,9 @@ def test_dockerfile_pins_the_setup_torch_and_takes_an_index() -> None:
     assert "ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu" in dockerfile
     assert '--index-url "${TORCH_INDEX}" "${TORCH_SPEC}"' in dockerfile
     assert "-c /tmp/torch-constraint.txt" in dockerfile  # no extra may replace that torch
+    # Installed from a wheel kept in the image, which the portal's Join page then offers.
+    assert "pip wheel --no-deps --wheel-dir /opt/gpuflex/dist /src" in dockerfile
+    assert '"$(ls /opt/gpuflex/dist/gpuflex-*.whl)[${EXTRAS}]"' in dockerfile
     assert "USER gpuflex" in dockerfile and 'ENTRYPOINT ["gpuflex"]' in dockerfile
     ignored = (ROOT / ".dockerignore").read_text(encoding="utf-8").split()
     assert {".git", ".venv", "dist"} <= set(ignored)

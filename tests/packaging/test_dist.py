@@ -6,6 +6,7 @@ fresh clone would, so a stale build/ or egg-info folder cannot hide a missing pa
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import subprocess
@@ -84,6 +85,13 @@ def test_the_wheel_installs_alone_and_runs(built: tuple[Path, list[str]], tmp_pa
                            env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert where.returncode == 0, where.stderr[-3000:]
     assert Path(where.stdout.strip()).is_relative_to(target)
+    # The portal finds the wheel it was installed from (pip's direct_url.json) for the Join page.
+    found = subprocess.run([sys.executable, "-c", "from pathlib import Path; from gpuflex import __version__; "
+                            "from web.wheel import WheelFinder, wheel_dirs; "
+                            "w = WheelFinder(__version__, wheel_dirs(Path('no-home'))).find(); print(w.path, w.sha256)"],
+                           env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert found.returncode == 0, found.stderr[-3000:]
+    assert found.stdout.split() == [str(wheel), hashlib.sha256(wheel.read_bytes()).hexdigest()]
     script = target / "bin" / "gpuflex"
     version = subprocess.run([str(script), "--version"], env=env, capture_output=True, text=True,
                              timeout=120, cwd=tmp_path)
