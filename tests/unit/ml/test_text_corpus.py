@@ -7,6 +7,8 @@ import json
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gpuflex.jobpolicy import JobPolicy
 from gpuflex.jobspec import JobSpec
@@ -31,6 +33,18 @@ def test_jsonl_records_become_one_document_per_file(tmp_path: Path) -> None:
     plain.write_text("plain text", encoding="utf-8")
     docs = corpus_documents((a, b, plain))
     assert docs == {"0:a.jsonl": "\n\n".join(ROWS), "1:b.json": "array one\n\narray two", "2:c.txt": "plain text"}
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.text(max_size=40), min_size=1, max_size=20), st.booleans())
+def test_any_records_read_back_as_written(tmp_path_factory: pytest.TempPathFactory, rows: list[str],
+                                          as_array: bool) -> None:
+    path = tmp_path_factory.mktemp("jsonl") / ("x.json" if as_array else "x.jsonl")
+    if as_array:
+        path.write_text(json.dumps([{"text": t} for t in rows]), encoding="utf-8")
+    else:
+        write_jsonl(path, rows)
+    assert read_document(path) == "\n\n".join(rows)
 
 
 @pytest.mark.parametrize(("content", "why"), [
