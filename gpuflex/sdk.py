@@ -431,4 +431,4 @@ def run_local(model_fn: Ref, data_fn: Ref, *, nodes: int = 3, workdir: str | os.
 
 
 __all__ = ["JobFailed", "JobHandle", "LocalCluster", "LocalJobHandle", "build_spec", "importable_path",
-           "run_local", "submit", "submit_file"]
+           "run_local", "submit"]

@@ -13,20 +13,6 @@ from gpuflex.cli.common import HomeOpt
 
 app = typer.Typer(help="GPUFlex: federated training on a peer-to-peer mesh of the GPUs people own.",
                   no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
-
-
-def _print_version(value: bool) -> None:
-    if value:
-        query.version(json_out=False)
-        raise typer.Exit()
-
-
-@app.callback()
-def _main(version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
-                                       help="Print the version and exit.")) -> None:
-    pass
-
-
 app.command("keygen")(node_cmd.keygen)
 app.add_typer(node_cmd.node_app, name="node")
 app.command("peers")(query.peers)
@@ -56,6 +42,18 @@ def dashboard(home: str | None = HomeOpt) -> None:
     from tui.app import run_dashboard
 
     run_dashboard(home=home)
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        query.version(json_out=False)
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
+                                       help="Print the version and exit.")) -> None:
+    pass
 
 
 def run() -> None:
