@@ -131,7 +131,7 @@ def _records(path: Path) -> Iterator[tuple[int, Any]]:
 
 
 def _json_texts(path: Path) -> list[str]:
-    texts = []
+    texts: list[str] = []
     for number, record in _records(path):
         if len(texts) >= MAX_RECORDS:
             raise LLMError(f"{path} holds more than {MAX_RECORDS} records")
