@@ -20,11 +20,13 @@ def init(path: Path = typer.Argument(Path("job.toml"), help="Where to write the 
          force: bool = typer.Option(False, help="Overwrite an existing file."),
          template: str = typer.Option("job", "--template", help="'job' (the digits demo) or 'lora' "
                                       "(LoRA fine-tuning of a language model).")) -> None:
-    """Write a commented example job file (the digits demo job, or --template lora)."""
+    """Write a commented example job file (the digits demo job, or --template lora); YAML when
+    PATH ends in .yaml or .yml."""
     from gpuflex.jobspec import example_job_toml
+    from gpuflex.jobyaml import YAML_SUFFIXES, example_job_yaml
 
     try:
-        text = example_job_toml(template)
+        text = (example_job_yaml if path.suffix.lower() in YAML_SUFFIXES else example_job_toml)(template)
     except ValueError as exc:
         fail(str(exc))
     if str(path) == "-":

@@ -31,6 +31,19 @@ def test_each_template_as_yaml_gives_the_same_canonical_spec(tmp_path: Path, tem
     assert from_yaml.canonical_bytes() == from_toml.canonical_bytes()
 
 
+@pytest.mark.parametrize("template", TEMPLATES)
+def test_job_init_writes_a_yaml_template_that_validates_like_the_toml(tmp_path: Path, template: str):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    for name in ("job.yaml", "job.toml"):
+        proc = subprocess.run([sys.executable, "-m", "gpuflex", "job", "init", "--template", template,
+                               str(tmp_path / name)], env=env, capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr
+    text = (tmp_path / "job.yaml").read_text(encoding="utf-8")
+    assert text.startswith("# The ") and "\nmodel: " in text and " = " not in text  # YAML, not TOML
+    yaml_spec, toml_spec = JobSpec.from_file(tmp_path / "job.yaml"), JobSpec.from_file(tmp_path / "job.toml")
+    assert yaml_spec.canonical_bytes() == toml_spec.canonical_bytes()
+
+
 def test_yml_suffix_is_yaml_and_floats_read_as_in_toml(tmp_path: Path):
     path = tmp_path / "job.yml"
     path.write_text("model: digits-cnn\ndata: sklearn-digits\nlr: 1e-3\nrounds: 3\n", encoding="utf-8")
