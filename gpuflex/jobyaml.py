@@ -7,7 +7,9 @@ and a TOML file that say the same thing give the same canonical spec and the sam
 The loader is stricter than ``yaml.safe_load`` where YAML differs from TOML in ways that would
 surprise or hurt: no aliases (``&a``/``*a`` can expand a small file into a huge value), no
 tags beyond plain scalars, lists and mappings (no dates, sets or binary), string keys only, and
-``1e-3`` is a float as in TOML and JSON (YAML 1.1 reads it as a string). The text is bounded
+scalars read as YAML 1.2 and TOML read them: ``1e-3`` is a float (YAML 1.1 reads a string),
+``010`` and ``1:30`` are strings (not octal 8 and sexagesimal 90), only ``true``/``false`` are
+booleans (not ``yes``, ``no``, ``on``, ``off``). The text is bounded
 before it is parsed.
 """
 
@@ -27,6 +29,8 @@ _FLOAT_RE = re.compile(r"""^[-+]?(?:
   | [0-9][0-9_]*[eE][-+]?[0-9]+
   | \.(?:inf|Inf|INF)
   | \.(?:nan|NaN|NAN))$""", re.X)
+_INT_RE = re.compile(r"^(?:[-+]?(?:0|[1-9][0-9_]*)|0x[0-9a-fA-F_]+|0o[0-7_]+)$")
+_BOOL_RE = re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$")
 _ALLOWED_TAGS = frozenset({
     "tag:yaml.org,2002:null", "tag:yaml.org,2002:bool", "tag:yaml.org,2002:int",
     "tag:yaml.org,2002:float", "tag:yaml.org,2002:str", "tag:yaml.org,2002:seq",
@@ -61,15 +65,16 @@ def _loader() -> type:
                                        f"got {key_node.value!r}")
             return super().construct_mapping(node, deep=deep)
 
-    # The resolver table is per class: copy it before replacing the float rule.
+    # The resolver table is per class: copy it without YAML 1.1's number, boolean and date
+    # rules, then add YAML 1.2's (TOML's): no octal 010, no sexagesimal 1:30, no yes/no/on/off.
+    replaced = {f"tag:yaml.org,2002:{t}" for t in ("float", "int", "bool", "timestamp")}
     JobLoader.yaml_implicit_resolvers = {
-        k: [(tag, rx) for tag, rx in v if tag != "tag:yaml.org,2002:float"]
+        k: [(tag, rx) for tag, rx in v if tag not in replaced]
         for k, v in yaml.SafeLoader.yaml_implicit_resolvers.items()
     }
+    JobLoader.add_implicit_resolver("tag:yaml.org,2002:bool", _BOOL_RE, list("tTfF"))
+    JobLoader.add_implicit_resolver("tag:yaml.org,2002:int", _INT_RE, list("-+0123456789"))
     JobLoader.add_implicit_resolver("tag:yaml.org,2002:float", _FLOAT_RE, list("-+0123456789."))
-    # Timestamps resolve implicitly in YAML 1.1; here a date-like value stays a string.
-    for key, rules in JobLoader.yaml_implicit_resolvers.items():
-        JobLoader.yaml_implicit_resolvers[key] = [(t, rx) for t, rx in rules if t != "tag:yaml.org,2002:timestamp"]
     return JobLoader
 
 

@@ -74,6 +74,17 @@ def test_unsafe_or_broken_yaml_is_a_file_error(text: str, why: str):
     assert info.value.errors[0][0] == "file"
 
 
+def test_scalars_read_as_in_toml_not_yaml_1_1():
+    from gpuflex.jobyaml import load_yaml_job
+
+    data = load_yaml_job("a: 010\nb: 1:30\nc: yes\nd: off\ne: true\nf: 0x10\ng: -12\nh: 1_000\ni: 2.5e3\nj: null\n")
+    assert data == {"a": "010", "b": "1:30", "c": "yes", "d": "off", "e": True, "f": 16, "g": -12,
+                    "h": 1000, "i": 2500.0, "j": None}
+    with pytest.raises(JobSpecError) as info:
+        JobSpec.from_yaml_text("model: digits-cnn\ndata: sklearn-digits\nrounds: 010\n")
+    assert "rounds" in dict(info.value.errors)
+
+
 def test_dates_stay_strings_and_are_rejected_by_the_field_check():
     with pytest.raises(JobSpecError) as info:
         JobSpec.from_yaml_text("model: mlp\ndata: sklearn-digits\nname: 2024-01-01\nrounds: 2024-01-01\n")
