@@ -15,6 +15,7 @@ before it is parsed.
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import Any
 
@@ -42,6 +43,7 @@ class YamlJobError(ValueError):
     """The text is not a YAML job file this reader accepts; the message says why in one line."""
 
 
+@functools.cache
 def _loader() -> type:
     import yaml
 
