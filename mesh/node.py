@@ -58,6 +58,7 @@ from mesh.pex import PEERS_REQUEST, PeerExchange
 from mesh.push import PUSH_MIN, push_payload
 from mesh.records import NODEINFO_NS, RecordValidator, nodeinfo_key
 from mesh.relay import RelayLimitsConfig
+from mesh.streaming import STREAM_PROTOCOL, StreamTable, read_items, send_request, serve_stream
 
 log = logging.getLogger("mesh.node")
 PING_PROTOCOL = "/ipfs/ping/1.0.0"
@@ -159,6 +160,7 @@ class MeshNode:
         self.peer_id = identity.peer_id
         self.peers = PeerTable(config.health)
         self.handlers = HandlerTable()
+        self.stream_handlers = StreamTable()
         self.replay = ReplayGuard()
         self.seen = SeenCache()
         data_dir = config.data_dir or Path.cwd() / ".gpuflex-mesh"
@@ -237,6 +239,8 @@ class MeshNode:
             self.host.set_stream_handler(MSG_PROTOCOL, inbound.guard(inbound.handle_msg))
             self.host.set_stream_handler(GOSSIP_PROTOCOL, inbound.guard(inbound.handle_gossip))
             self.host.set_stream_handler(BLOB_PROTOCOL, inbound.guard(inbound.handle_blob, "blob_serves"))
+            self.host.set_stream_handler(STREAM_PROTOCOL, inbound.guard(
+                partial(serve_stream, self, self.config.limits.read_timeout_s)))
             self.handlers.register(INFO_REQUEST, self._answer_info_request)
             self.handlers.register(PEERS_REQUEST, self.pex.answer)
             async with background_trio_service(self.dht):
@@ -609,6 +613,29 @@ class MeshNode:
             raise SendError(f"peer {peer[-8:]} refused the message: {err}")
         self.peers.seen(peer)
         return reply.get("reply")
+
+    @asynccontextmanager
+    async def request_stream(self, peer: str, frame: bytes, *, open_timeout: float = 10.0,
+                             item_timeout: float = 60.0) -> AsyncIterator[AsyncIterator[Any]]:
+        """Send a signed request to ``peer``'s stream handler and iterate its reply items as
+        they come (``mesh.streaming``); leaving the block closes the stream, which tells the
+        server to stop. SendError if it cannot be opened, StreamBroken if it ends early."""
+        if peer == self.peer_id:
+            raise SendError("cannot send to self")
+        try:
+            stream = await self._open(peer, STREAM_PROTOCOL, open_timeout)
+            await send_request(stream, frame)
+        except trio.TooSlowError:
+            raise SendError(f"peer {peer[-8:]} did not take the stream within {open_timeout:.0f}s") from None
+        except Exception as exc:  # the verb's contract: any failure to deliver is a SendError
+            raise SendError(f"peer {peer[-8:]}: {exc.__class__.__name__}: {exc}") from None
+        self.bytes_sent += len(frame)
+        try:
+            yield read_items(stream, peer, item_timeout)
+            self.peers.seen(peer)
+        finally:
+            with trio.CancelScope(shield=True):
+                await reset(stream)
 
     async def broadcast(self, frame: bytes) -> int:
         """Flood a signed frame to the mesh; also delivers it to this node's own handler."""

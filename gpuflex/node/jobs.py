@@ -21,9 +21,10 @@ from typing import Any
 
 import trio
 
-from gpuflex.jobpolicy import JobPolicy
+from gpuflex.jobpolicy import PLUGIN_FIELDS, JobPolicy, Refusal, RefusalKind
 from gpuflex.node.admission import Admission
 from gpuflex.node.control import ApiError
+from gpuflex.node.crashmark import CrashMarks
 from gpuflex.node.driver import JobDriver
 from gpuflex.node.events import EventLog
 from gpuflex.node.faults import NO_FAULTS, Faults
@@ -35,6 +36,7 @@ from gpuflex.node.state import JobInfo
 from gpuflex.node.summary import brief
 from gpuflex.node.sync import CatchUp
 from gpuflex.nodeconfig import NodeConfig
+from gpuflex.plugins import is_plugin_path
 from gpuflex.safetext import printable
 from mesh.codec import Envelope, WireError, open_envelope, seal
 from mesh.fsutil import atomic_write
@@ -87,6 +89,7 @@ class JobManager:
                                    penalise=lambda peer, points: mesh.peers.penalise(peer, points).penalty)
         self.jobs_dir = home / "jobs"
         self.jobs_dir.mkdir(parents=True, exist_ok=True)
+        self.marks = CrashMarks(self.jobs_dir)
         self.drivers: dict[str, JobDriver] = {}
         self.contributed: dict[str, int] = {}
         self.unsaved_jobs: set[str] = set()  # jobs whose file could not be written, reported once
@@ -155,6 +158,13 @@ class JobManager:
             return None
         if self.admission.judge(job_id, spec, env.sender, None if resumed else self._unfinished()) is not None:
             return None
+        plugins = any(is_plugin_path(getattr(spec, name) or "") for name in PLUGIN_FIELDS)
+        if resumed and plugins and self.marks.stopped_inside(job_id):
+            self.admission.refuse(job_id, Refusal(RefusalKind.CRASHED, (
+                "its plug-in code was running when this node last stopped without shutting down, so it may "
+                f"have crashed the node; not resumed (delete {self.marks.marker(job_id)} to run it again)")),
+                env.sender, spec.name, penalise=False)
+            return None
         members = tuple(sorted({m for m in body["members"] if isinstance(m, str)}))
         if not resumed:
             try:
@@ -167,7 +177,8 @@ class JobManager:
                 return None
         self.unsaved_jobs.discard(job_id)
         info = JobInfo(job_id=job_id, spec=spec, initial_members=members, frame=env.raw, submitted_by=env.sender)
-        port = NodePort(self.mesh, self.events, self.home, job_id, self._services)
+        port = NodePort(self.mesh, self.events, self.home, job_id, self._services,
+                        marks=self.marks if plugins else None)
         driver = JobDriver(info, port, self.jobs_dir, faults=self.faults,
                            trainers=partial(load_trainer, config=self.config))
         self.drivers[job_id] = driver
