@@ -93,15 +93,3 @@ def load_yaml_job(text: str) -> Any:
     except yaml.YAMLError as exc:
         raise YamlJobError(" ".join(str(exc).split())[:300]) from None
 
-
-def example_job_yaml(template: str = "job") -> str:
-    """``gpuflex job init job.yaml``: the example job's settings as YAML. The comments that
-    explain each key live in the TOML template, so the header points there."""
-    import yaml
-
-    from gpuflex.jobspec import example_job_toml, tomllib
-
-    data = tomllib.loads(example_job_toml(template))
-    header = (f"# The {template!r} example job as YAML: the same keys as the TOML job file.\n"
-              f"# `gpuflex job init --template {template} job.toml` writes it with a comment on every key.\n")
-    return header + yaml.safe_dump(data, sort_keys=False, allow_unicode=True, default_flow_style=False)

@@ -22,8 +22,8 @@ def init(path: Path = typer.Argument(Path("job.toml"), help="Where to write the 
                                       "(LoRA fine-tuning of a language model).")) -> None:
     """Write a commented example job file (the digits demo job, or --template lora); YAML when
     PATH ends in .yaml or .yml."""
-    from gpuflex.jobspec import example_job_toml
-    from gpuflex.jobyaml import YAML_SUFFIXES, example_job_yaml
+    from gpuflex.jobspec import example_job_toml, example_job_yaml
+    from gpuflex.jobyaml import YAML_SUFFIXES
 
     try:
         text = (example_job_yaml if path.suffix.lower() in YAML_SUFFIXES else example_job_toml)(template)
