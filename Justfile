@@ -42,6 +42,12 @@ lint: setup
     .venv/bin/lint-imports --no-cache
     .venv/bin/mypy
 
+# Build the wheel and the sdist into dist/ (`pip install dist/gpuflex-*.whl` installs this version).
+dist: setup
+    rm -f dist/gpuflex-*.whl dist/gpuflex-*.tar.gz
+    .venv/bin/python -m build --outdir dist .
+    sha256sum dist/gpuflex-*.whl
+
 # Run the benchmarks and print ratios measured side by side.
 bench *ARGS: setup
     .venv/bin/python -m benchmarks {{ARGS}}

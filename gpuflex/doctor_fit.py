@@ -45,7 +45,7 @@ def check_job_fit(job_file: Path, home: str | os.PathLike[str] | None = None) ->
     from gpuflex.jobspec import JobSpec, JobSpecError
 
     try:
-        spec = JobSpec.from_toml(Path(job_file))
+        spec = JobSpec.from_file(Path(job_file))
     except JobSpecError as exc:  # every field's error, as ``job submit`` lists them
         yield Finding("job-fit", FAIL, f"{job_file} is not a valid job ({len(exc.errors)} error(s))",
                       fix="fix the job file", data={"errors": [f"{n}: {m}" for n, m in exc.errors]})

@@ -131,7 +131,7 @@ class JobPolicy:
             if pretrained and pretrained not in config.models:
                 return Refusal(RefusalKind.DATA, (
                     f"pretrained model {pretrained!r} is not on this node (node.toml [models] {pretrained})"))
-            if corpus and corpus not in config.text:
+            if corpus and not config.has_corpus(corpus):
                 return Refusal(RefusalKind.DATA, f"corpus {corpus!r} is not on this node (node.toml [text] {corpus})")
         return None
 

@@ -17,8 +17,9 @@ max_model_params = 200000000        # the largest language model a job may make 
 shakespeare = "/data/tinyshakespeare.txt"
 [models]                            # pretrained model name -> local directory
 tinyllama = "/models/tinyllama"
-[text]                              # private text corpora for partition = "local"
-notes = ["/data/notes1.txt", "/data/notes2.txt"]
+[text]                              # private text corpora for partition = "local":
+notes = ["/data/notes1.txt", "/data/notes2.txt"]  # text, .jsonl, .parquet files or a
+wiki = "/data/wiki-hf"              # Hugging Face datasets folder (save_to_disk or data files)
 ```
 
 Relative paths are taken relative to the node's home. ``gpuflex node start`` flags add to the
@@ -98,11 +99,21 @@ class NodeConfig:
         return self.models[name]
 
     def text_files(self, name: str) -> tuple[Path, ...]:
-        """The files of private corpus ``name``, for ``partition = "local"``."""
-        if name not in self.text:
+        """The paths of private corpus ``name``, for ``partition = "local"``: its ``[text]``
+        entry, or a ``[data]`` entry of that name (a datasets folder named like other data)."""
+        if not self.has_corpus(name):
             known = ", ".join(sorted(self.text)) or "none"
             raise NodeConfigError(f"{self._where()}: no [text] entry {name!r} (configured: {known})")
-        return self.text[name]
+        return self.corpus_paths(name)
+
+    def has_corpus(self, name: str) -> bool:
+        return name in self.text or name in self.data
+
+    def corpus_paths(self, name: str) -> tuple[Path, ...]:
+        """``text_files`` without the error: () for an unknown name."""
+        if name in self.text:
+            return self.text[name]
+        return (self.data[name],) if name in self.data else ()
 
     def _where(self) -> str:
         return str(self.source) if self.source else CONFIG_FILE

@@ -329,6 +329,17 @@ def submit(model_fn: Ref, data_fn: Ref, *, home: str | os.PathLike[str] | None =
     return JobHandle(str(reply["job_id"]), home)
 
 
+def submit_file(path: str | os.PathLike[str], *, home: str | os.PathLike[str] | None = None) -> JobHandle:
+    """Publish the job file at ``path`` (TOML, or YAML when it ends in .yaml or .yml) through
+    the running node at ``home``; validated as ``gpuflex job submit`` validates it."""
+    from gpuflex.jobspec import JobSpec
+
+    spec = JobSpec.from_file(Path(path)).to_dict()
+    with ControlClient.for_home(home, timeout=30) as client:
+        reply = client.submit(spec)
+    return JobHandle(str(reply["job_id"]), home)
+
+
 # --- an in-process mesh -------------------------------------------------------------------------
 
 
@@ -493,4 +504,4 @@ def run_local(model_fn: Ref, data_fn: Ref, *, nodes: int = 3, workdir: str | os.
 
 
 __all__ = ["JobFailed", "JobHandle", "LocalCluster", "LocalJobHandle", "ModelUnavailable", "best_round",
-           "build_spec", "importable_path", "run_local", "submit"]
+           "build_spec", "importable_path", "run_local", "submit", "submit_file"]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import hmac
 import json
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -40,6 +40,7 @@ from web.hub import Hub, Snapshot
 from web.security import COOKIE, Guard, safe_next, session_value
 from web.source import NodeUnavailable, Source
 from web.views import PAGES, Page
+from web.wheel import WheelFinder
 
 STATIC = Path(__file__).parent / "static"
 KEEPALIVE_S = 15.0
@@ -59,12 +60,14 @@ class Portal:
 
     def __init__(self, source: Source, *, token: str | None = None, interval: float = 1.0,
                  exporter: Exporter | None = None, wall_clock: Callable[[], float] = time.time,
-                 version: str = "") -> None:
+                 version: str = "", wheel_dirs: Sequence[Path] = ()) -> None:
         self.source = source
         self.hub = Hub(source, interval=interval, wall_clock=wall_clock)
         self.exporter = exporter or Exporter(source)
         self.token = token
         self.env = make_env()
+        self.wheels = WheelFinder(version, wheel_dirs)
+        self.env.globals["wheel"] = self.wheels.find  # the Join page's install step
         self.wall_clock = wall_clock
         self.version = version
         self._nursery: trio.Nursery | None = None
@@ -177,6 +180,14 @@ class Portal:
         return Response(credit_csv(compute_credit(snap.ledgers)), media_type="text/csv; charset=utf-8",
                         headers={"content-disposition": 'attachment; filename="contributions.csv"'})
 
+    async def wheel_file(self, request: Request) -> Response:
+        """The node's own wheel, by its one known name; the request's name is only compared."""
+        wheel = await trio.to_thread.run_sync(self.wheels.find)
+        if wheel is None or request.path_params["name"] != wheel.name:
+            return PlainTextResponse("no such file", status_code=404)
+        return FileResponse(wheel.path, filename=wheel.name, media_type="application/octet-stream",
+                            headers={"x-checksum-sha256": wheel.sha256})
+
     async def live(self, request: Request) -> Response:
         page = PAGES.get(request.path_params["page"])
         if page is None:
@@ -242,6 +253,7 @@ class Portal:
             Route("/contributions", self.page("contributions")),
             Route("/contributions.csv", self.credit_csv),
             Route("/join", self.page("join")),
+            Route("/dist/{name}", self.wheel_file),
             Route("/live/{page}", self.live),
             Route("/login", self.login_page, methods=["GET"]),
             Route("/login", self.login, methods=["POST"]),

@@ -22,11 +22,13 @@ def init(path: Path = typer.Argument(Path("job.toml"), help="Where to write the 
          force: bool = typer.Option(False, help="Overwrite an existing file."),
          template: str = typer.Option("job", "--template", help="'job' (the digits demo) or 'lora' "
                                       "(LoRA fine-tuning of a language model).")) -> None:
-    """Write a commented example job file (the digits demo job, or --template lora)."""
-    from gpuflex.jobspec import example_job_toml
+    """Write a commented example job file (the digits demo job, or --template lora); YAML when
+    PATH ends in .yaml or .yml."""
+    from gpuflex.jobspec import example_job_toml, example_job_yaml
+    from gpuflex.jobyaml import YAML_SUFFIXES
 
     try:
-        text = example_job_toml(template)
+        text = (example_job_yaml if path.suffix.lower() in YAML_SUFFIXES else example_job_toml)(template)
     except ValueError as exc:
         fail(str(exc))
     if str(path) == "-":
@@ -44,7 +46,7 @@ def load_job_file(path: Path) -> dict[str, Any]:
     if not path.exists():
         fail(f"job file {path} does not exist")
     try:
-        spec = JobSpec.from_toml(path)
+        spec = JobSpec.from_file(path)
     except JobSpecError as exc:
         fail(f"{path} is not a valid job:\n{exc}")
     except ValueError as exc:
@@ -67,7 +69,7 @@ def inference_file(path: Path) -> dict[str, Any] | None:
 
 
 @job_app.command("submit")
-def submit(job_file: Path = typer.Argument(..., help="The job's TOML file."), node: str | None = NodeOpt,
+def submit(job_file: Path = typer.Argument(..., help="The job file (TOML, or YAML when it ends in .yaml or .yml)."), node: str | None = NodeOpt,
            json_out: bool = JsonOpt) -> None:
     """Validate the job file, then sign and publish it to the mesh; prints the job id.
 

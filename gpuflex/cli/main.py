@@ -46,5 +46,17 @@ def dashboard(home: str | None = HomeOpt) -> None:
     run_dashboard(home=home)
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        query.version(json_out=False)
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
+                                       help="Print the version and exit.")) -> None:
+    pass
+
+
 def run() -> None:
     app()
