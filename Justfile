@@ -34,13 +34,19 @@ demo *ARGS: setup
 # Run the whole test suite. Four workers, a test file each at a time: the real-process tests
 # spend most of their time waiting on deadlines and the network, not on the CPU.
 test *ARGS: setup
-    .venv/bin/python -m pytest -q -n 4 --dist loadfile {{ARGS}}
+    .venv/bin/python -m pytest -q -rs -n 4 --dist loadfile {{ARGS}}
 
-# Lint: ruff, the import contracts (pyproject.toml [tool.importlinter]) and mypy on mesh/, aggregation/, gpuflex/node/.
+# Lint: ruff, the import contracts (pyproject.toml [tool.importlinter]) and mypy on mesh/, aggregation/ and gpuflex/.
 lint: setup
     .venv/bin/ruff check .
     .venv/bin/lint-imports --no-cache
     .venv/bin/mypy
+
+# Build the wheel and the sdist into dist/ (`pip install dist/gpuflex-*.whl` installs this version).
+dist: setup
+    rm -f dist/gpuflex-*.whl dist/gpuflex-*.tar.gz
+    .venv/bin/python -m build --outdir dist .
+    sha256sum dist/gpuflex-*.whl
 
 # Run the benchmarks and print ratios measured side by side.
 bench *ARGS: setup

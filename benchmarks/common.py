@@ -348,42 +348,73 @@ class SideVenvError(RuntimeError):
     """Another system's venv could not be made; the message is one line for the user."""
 
 
-def _side_versions(python: Path, module: str) -> list[str] | None:
-    """[module version, torch version] as the venv reports them; None if either will not import."""
-    probe = f"import {module}, torch; print({module}.__version__, torch.__version__)"
+def _side_versions(python: Path, module: str, pinned: str | None = "torch") -> list[str] | None:
+    """[module version, pinned module's version] as the venv reports them (just the first
+    without ``pinned``); None if either will not import."""
+    names = [module, *([pinned] if pinned else [])]
+    probe = f"import {', '.join(names)}; print({', '.join(n + '.__version__' for n in names)})"
     try:
         done = subprocess.run([str(python), "-c", probe], capture_output=True, text=True, timeout=300)
     except (OSError, subprocess.SubprocessError):
         return None
     words = done.stdout.split()
-    return words[:2] if done.returncode == 0 and len(words) >= 2 else None
+    return words[:len(names)] if done.returncode == 0 and len(words) >= len(names) else None
 
 
-def side_venv(name: str, module: str, requirements: list[str]) -> tuple[Path, str]:
+#: Written into a side venv once it is complete and checked: a venv without it is a broken or
+#: interrupted install and is made again.
+SIDE_DONE = ".gpuflex-complete"
+
+
+def _scripts_point_home(venv: Path) -> bool:
+    """Whether every console script in ``venv/bin`` starts its own interpreter: a venv that
+    was moved (an older harness built ``NAME.partial`` and renamed it) keeps the old path in
+    its scripts' first line, so ``flower-superlink`` and the like cannot start."""
+    home = str(venv / "bin") + "/"
+    for script in (venv / "bin").iterdir():
+        try:
+            with script.open("rb") as f:
+                first = f.readline(4096)
+        except OSError:
+            continue
+        if first.startswith(b"#!") and b"python" in first and not first[2:].strip().decode(errors="replace"
+                                                                                               ).startswith(home):
+            return False
+    return True
+
+
+def side_venv(name: str, module: str, requirements: list[str], pin: str | None = TORCH_PIN) -> tuple[Path, str]:
     """The interpreter of ``.bench/venvs/NAME`` and the version of ``module`` in it.
 
-    The venv is made once: torch pinned first (so no requirement can swap in a CUDA build),
-    then ``requirements`` under a constraint holding that pin. It is built beside its final
-    place and renamed in only once ``module`` imports with the pinned torch, so an interrupted
-    install never passes for a finished one.
+    The venv is made once, in place (a venv's console scripts name its path, so it must never
+    be moved): ``pin`` first (torch, so no requirement can swap in a CUDA build), then
+    ``requirements`` under a constraint holding that pin. Only once ``module`` imports with the
+    pinned version is the venv marked complete (``SIDE_DONE``), so an interrupted install
+    never passes for a finished one: it is removed and made again.
     """
     venv = BENCH_VENVS / name
     python = venv / "bin" / "python"
-    pinned = TORCH_PIN.split("==")[1]
-    found = _side_versions(python, module) if python.exists() else None
-    if found and found[1].startswith(pinned):
-        return python, found[0]
-    partial = venv.with_name(venv.name + ".partial")
-    shutil.rmtree(partial, ignore_errors=True)
+    pin_module = pin.partition("==")[0] if pin else None
+    pinned = pin.partition("==")[2] if pin else ""
+
+    def usable(found: list[str] | None) -> bool:
+        return found is not None and (pin is None or found[1].startswith(pinned))
+
+    if (venv / SIDE_DONE).exists() and python.exists() and _scripts_point_home(venv):
+        found = _side_versions(python, module, pin_module)
+        if found is not None and usable(found):
+            return python, found[0]
+    shutil.rmtree(venv, ignore_errors=True)
+    shutil.rmtree(venv.with_name(venv.name + ".partial"), ignore_errors=True)  # an older harness's
     log(f"making the {name} venv in {venv} (once; a few minutes)")
-    partial.parent.mkdir(parents=True, exist_ok=True)
-    pip = [str(partial / "bin" / "python"), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
-    constraints = partial / "constraints.txt"
-    steps = [[sys.executable, "-m", "venv", str(partial)], [*pip, TORCH_PIN],
-             [*pip, "-c", str(constraints), *requirements]]
+    venv.parent.mkdir(parents=True, exist_ok=True)
+    pip = [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
+    constraints = venv / "constraints.txt"
+    steps = [[sys.executable, "-m", "venv", str(venv)], *([[*pip, pin]] if pin else []),
+             *([[*pip, *(["-c", str(constraints)] if pin else []), *requirements]] if requirements else [])]
     for step in steps:
-        if step is steps[-1]:
-            constraints.write_text(TORCH_PIN + "\n")
+        if pin and step is steps[-1] and len(steps) > 2:
+            constraints.write_text(pin + "\n")
         try:
             done = subprocess.run(step, capture_output=True, text=True, timeout=SIDE_INSTALL_TIMEOUT_S)
         except subprocess.TimeoutExpired:
@@ -392,9 +423,9 @@ def side_venv(name: str, module: str, requirements: list[str]) -> tuple[Path, st
             errors = [line for line in done.stderr.splitlines() if line.startswith("ERROR")]
             detail = (errors or done.stderr.strip().splitlines() or ["no output"])[-1]
             raise SideVenvError(f"`{' '.join(step[-3:])}` failed: {detail}")
-    found = _side_versions(partial / "bin" / "python", module)
-    if not found or not found[1].startswith(pinned):
-        raise SideVenvError(f"the {name} venv has {found or f'no importable {module}'}, wanted torch {pinned}")
-    shutil.rmtree(venv, ignore_errors=True)
-    partial.rename(venv)
+    found = _side_versions(python, module, pin_module)
+    if found is None or not usable(found):
+        raise SideVenvError(f"the {name} venv has {found or f'no importable {module}'}"
+                            + (f", wanted {pin}" if pin else ""))
+    (venv / SIDE_DONE).write_text(" ".join(found) + "\n")
     return python, found[0]

@@ -72,7 +72,7 @@ def flip_labels(dataset: Any, num_classes: int | None = None) -> Any:
 
     classes = num_classes or _num_classes(dataset)
 
-    class LabelFlipped(Dataset):  # type: ignore[type-arg]
+    class LabelFlipped(Dataset):
         def __len__(self) -> int:
             return len(dataset)
 

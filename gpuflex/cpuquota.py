@@ -2,7 +2,7 @@
 
 A node sizes torch's thread pool by the cores it may really use: the CPUs in its affinity
 mask, and fewer when a cgroup CPU quota caps it (a container with ``--cpus=1.5``, or a test
-that imitates a slow machine). ``CpuQuota`` makes such a cgroup (v1, ``/sys/fs/cgroup/cpu``):
+that imitates a slow machine). ``CpuQuota`` makes such a cgroup (v1 ``/sys/fs/cgroup/cpu``, or v2):
 the heterogeneity test and benchmark hold one node process to 10 % of a core with it. Each
 cgroup has a unique name and is always removed, so parallel runs never collide.
 """
@@ -65,7 +65,22 @@ def usable_cores() -> int:
 
 
 class QuotaUnavailable(RuntimeError):
-    """No cgroup v1 CPU controller this process may write to (not root, or cgroup v2 only)."""
+    """No cgroup CPU controller this process may write to (not root, or none enabled)."""
+
+
+def v2_cpu_available() -> bool:
+    """Whether a cgroup v2 hierarchy at ``CGROUP_V2`` offers the cpu controller to new
+    cgroups under its root, enabling it there when it is offered but off (root only)."""
+    controllers = CGROUP_V2 / "cgroup.controllers"
+    subtree = CGROUP_V2 / "cgroup.subtree_control"
+    try:
+        if "cpu" not in controllers.read_text().split() or not os.access(CGROUP_V2, os.W_OK):
+            return False
+        if "cpu" not in subtree.read_text().split():
+            subtree.write_text("+cpu")
+        return "cpu" in subtree.read_text().split()
+    except OSError:
+        return False
 
 
 class CpuQuota:
@@ -74,13 +89,21 @@ class CpuQuota:
     the cgroup, then execs the command)."""
 
     def __init__(self, cores: float, name: str = "gpuflex") -> None:
-        if not (CGROUP_CPU / "cgroup.procs").exists() or not os.access(CGROUP_CPU, os.W_OK):
-            raise QuotaUnavailable(f"no writable cgroup v1 CPU controller at {CGROUP_CPU}")
-        self.path = CGROUP_CPU / f"{name}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        quota_us = max(1000, int(cores * PERIOD_US))
+        leaf = f"{name}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        if (CGROUP_CPU / "cgroup.procs").exists() and os.access(CGROUP_CPU, os.W_OK):
+            self.root = CGROUP_CPU  # cgroup v1: the cpu controller's own hierarchy
+            files = {"cpu.cfs_period_us": str(PERIOD_US), "cpu.cfs_quota_us": str(quota_us)}
+        elif v2_cpu_available():
+            self.root = CGROUP_V2  # cgroup v2: one hierarchy, the cpu controller enabled below root
+            files = {"cpu.max": f"{quota_us} {PERIOD_US}"}
+        else:
+            raise QuotaUnavailable(f"no writable cgroup CPU controller (v1 at {CGROUP_CPU}, or v2 at {CGROUP_V2})")
+        self.path = self.root / leaf
         try:
             self.path.mkdir()
-            (self.path / "cpu.cfs_period_us").write_text(str(PERIOD_US))
-            (self.path / "cpu.cfs_quota_us").write_text(str(max(1000, int(cores * PERIOD_US))))
+            for key, value in files.items():
+                (self.path / key).write_text(value)
         except OSError as exc:
             self.close()
             raise QuotaUnavailable(f"cannot make a CPU cgroup: {exc}") from None
@@ -111,7 +134,7 @@ class CpuQuota:
             with contextlib.suppress(OSError):
                 for pid in (self.path / "cgroup.procs").read_text().split():
                     with contextlib.suppress(OSError):
-                        (CGROUP_CPU / "cgroup.procs").write_text(pid)
+                        (self.root / "cgroup.procs").write_text(pid)
             try:
                 self.path.rmdir()
                 return

@@ -251,12 +251,25 @@ def listen_multiaddr(listen: str) -> str:
     return f"/ip4/{host if sep and host else '0.0.0.0'}/tcp/{port if sep else listen}"
 
 
-def check_port(listen: str, node: dict[str, Any] | None) -> Finding:
+def node_listen_addrs(node: dict[str, Any] | None) -> list[str]:
+    """The running node's own TCP listen addresses (relayed ones left out), without /p2p/."""
+    addrs = []
+    for text in (node or {}).get("addrs", []):
+        if isinstance(text, str) and "/tcp/" in text and "p2p-circuit" not in text:
+            addrs.append(text.split("/p2p/")[0])
+    return addrs
+
+
+def check_port(listen: str | None, node: dict[str, Any] | None) -> Finding:
+    """With ``listen`` None: the running node's own address, else the default one."""
     from mesh.host import HostError, check_tcp_port_free
 
-    addr = listen_multiaddr(listen)
+    own = node_listen_addrs(node)
+    if listen is None and own:
+        return Finding("port", OK, f"this home's node listens on {', '.join(own)}", data={"listen": own[0]})
+    addr = listen_multiaddr(listen or DEFAULT_LISTEN)
     port = addr.rstrip("/").rsplit("/", 1)[-1]
-    if node is not None and any(f"/tcp/{port}/" in a or a.endswith(f"/tcp/{port}") for a in node.get("addrs", [])):
+    if any(a.endswith(f"/tcp/{port}") for a in own):
         return Finding("port", OK, f"port {port} is served by this home's own node", data={"listen": addr})
     try:
         check_tcp_port_free(addr)
@@ -331,7 +344,7 @@ def check_machine() -> Finding:
                                              "ram_bytes": ram})
 
 
-def iter_checks(home: str | os.PathLike[str] | None = None, listen: str = DEFAULT_LISTEN) -> Iterator[Finding]:
+def iter_checks(home: str | os.PathLike[str] | None = None, listen: str | None = None) -> Iterator[Finding]:
     """Findings in order, cheap ones first: importing torch takes seconds on a small machine,
     so the text report shows the machine, disk, port and clock before it pays for torch."""
     from gpuflex.home import resolve_home
@@ -354,7 +367,7 @@ def iter_checks(home: str | os.PathLike[str] | None = None, listen: str = DEFAUL
         yield check_install_path(gpus)
 
 
-def run_checks(home: str | os.PathLike[str] | None = None, listen: str = DEFAULT_LISTEN) -> list[Finding]:
+def run_checks(home: str | os.PathLike[str] | None = None, listen: str | None = None) -> list[Finding]:
     return list(iter_checks(home, listen))
 
 

@@ -45,8 +45,14 @@ def check_job_fit(job_file: Path, home: str | os.PathLike[str] | None = None) ->
     from gpuflex.jobspec import JobSpec, JobSpecError
 
     try:
-        spec = JobSpec.from_toml(Path(job_file))
-    except (OSError, JobSpecError, ValueError) as exc:
+        spec = JobSpec.from_file(Path(job_file))
+    except JobSpecError as exc:  # every field's error, as ``job submit`` lists them
+        yield Finding("job-fit", FAIL, f"{job_file} is not a valid job ({len(exc.errors)} error(s))",
+                      fix="fix the job file", data={"errors": [f"{n}: {m}" for n, m in exc.errors]})
+        for name, message in exc.errors:
+            yield Finding("job-fit", FAIL, f"  {name}: {message}")
+        return
+    except (OSError, ValueError) as exc:
         yield Finding("job-fit", FAIL, f"{job_file}: {exc}".splitlines()[0], fix="fix the job file")
         return
     if spec.train_fn:
@@ -55,9 +61,17 @@ def check_job_fit(job_file: Path, home: str | os.PathLike[str] | None = None) ->
         return
     import torch
 
-    from gpuflex.ml.workload import open_workload
+    from gpuflex.ml.workload import WorkloadUnavailable, open_workload, pin_job_spec
 
     root = resolve_home(home)
+    try:
+        # A language-model job is pinned (base and tokenizer hashes) by the node it is submitted
+        # through; the doctor pins it the same way from this home, so it fits what would run.
+        spec = pin_job_spec(spec, root)
+    except WorkloadUnavailable as exc:
+        yield Finding("job-fit", FAIL, f"{spec.name} cannot run here: {str(exc)[:300]}",
+                      fix="name the job's data and models in this home's node.toml (see the job file's comments)")
+        return
     for name in devices(torch):
         check = f"fit {name}"
         try:

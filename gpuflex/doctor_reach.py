@@ -23,6 +23,15 @@ def _port(addrs: list[str]) -> str:
     return "4001"
 
 
+def loopback_only(addrs: list[str]) -> list[str]:
+    """The node's direct addresses when every one of them is on loopback (127.0.0.0/8, ::1),
+    else []: such a node serves nothing to other machines, whatever its peers said."""
+    direct = [a.split("/p2p/")[0] for a in addrs if isinstance(a, str) and "p2p-circuit" not in a]
+    if direct and all(a.startswith(("/ip4/127.", "/ip6/::1/")) for a in direct):
+        return direct
+    return []
+
+
 def check_reachability(node: dict[str, Any] | None) -> Finding:
     if node is None:
         return Finding("reachability", WARN, "no node is running for this home, so nobody has tried to dial it",
@@ -34,6 +43,11 @@ def check_reachability(node: dict[str, Any] | None) -> Finding:
     data = {"reachability": verdict, "reached_at": nat.get("reached_at", []), "reservations": relays,
             "refused": nat.get("refused", {}), "checks": nat.get("checks", []), "dht_mode": nat.get("dht_mode"),
             "relay_service": nat.get("relay_service", False), "upnp": "not used"}
+    loopback = loopback_only(node.get("addrs", []))
+    if loopback:
+        return Finding("reachability", WARN, f"the node listens on loopback only ({', '.join(loopback)}): "
+                       "only this machine can reach it", f"to join peers on other machines, start it with "
+                       f"--listen /ip4/0.0.0.0/tcp/{port}", {**data, "loopback_only": True})
     forward = (f"forward TCP port {port} on your router to this machine (and start the node with "
                f"--listen /ip4/0.0.0.0/tcp/{port}), or --announce an address others can dial")
     if verdict == "public":

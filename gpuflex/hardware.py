@@ -70,7 +70,7 @@ def collect_hardware() -> dict[str, Any]:
     try:
         import torch
     except ImportError:
-        torch = None
+        torch = None  # type: ignore[assignment]  # no torch: the snapshot says so
     accelerators = _accelerators(torch) if torch is not None else []
     return {
         "os": f"{platform.system()} {platform.release()}",

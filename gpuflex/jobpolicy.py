@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from gpuflex.jobspec import DATA_PATH_KIND, JobSpec
-from gpuflex.llmspec import is_llm
+from gpuflex.llmspec import is_llm, spec_params
 from gpuflex.nodeconfig import NodeConfig
 from gpuflex.plugins import is_plugin_path
 from mesh.compat import StrEnum
@@ -38,6 +38,8 @@ class RefusalKind(StrEnum):
     PLUGIN = "plugin"
     DATA = "data"
     CAP = "cap"
+    SIZE = "size"  # a model larger than this operator's budget
+    CRASHED = "crashed"  # its plug-in code was running when this node stopped without shutting down
 
 
 @dataclass(frozen=True)
@@ -54,9 +56,17 @@ class Refusal:
         return self.reason
 
 
+def _glob(text: str, star: str) -> str:
+    return "".join(star if part == "*" else re.escape(part) for part in re.split(r"(\*)", text))
+
+
 def pattern_regex(pattern: str) -> re.Pattern[str]:
-    """``*`` matches any run of characters (dots included); everything else is literal."""
-    return re.compile("".join(".*" if part == "*" else re.escape(part) for part in re.split(r"(\*)", pattern)) + r"\Z")
+    """In the module part ``*`` matches any run of characters (``mylab.*`` takes every module of
+    the package); in the function part it matches one name, never a dotted path: a module's
+    namespace also holds what it imported, so ``mylab.models:*`` must not reach
+    ``mylab.models:os.abort``. Everything else is literal."""
+    module, sep, function = pattern.partition(":")
+    return re.compile(_glob(module, ".*") + re.escape(sep) + _glob(function, r"[A-Za-z_]\w*") + r"\Z")
 
 
 @dataclass(frozen=True)
@@ -73,7 +83,7 @@ class JobPolicy:
     @property
     def allows_everything(self) -> bool:
         """``*:*`` (or the like): any accepted publisher can run code here."""
-        return any(p.match("x:y") and p.match("a.b:c.d") for p in self._patterns)
+        return any(p.match("x:y") and p.match("a.b:c") for p in self._patterns)
 
     def plugin_allowed(self, path: str) -> bool:
         return any(p.match(path) for p in self._patterns)
@@ -92,7 +102,23 @@ class JobPolicy:
                 return Refusal(RefusalKind.PLUGIN, (
                     f"{name} {value!r} is a plug-in this node does not allow (allowed: {allowed}); "
                     "an operator who trusts it adds --allow-plugin PATTERN or node.toml [jobs] allow_plugins"))
-        return self._data_refusal(spec)
+        return self._data_refusal(spec) or self.size_refusal(spec)
+
+    def size_refusal(self, spec: JobSpec) -> Refusal | None:
+        """A language model larger than this operator's budget, counted from the spec's
+        arithmetic (``llmspec.spec_params``): refused before anything of it is built."""
+        if not is_llm(spec.model) or not isinstance(spec.llm, Mapping):
+            return None
+        try:
+            params = spec_params(spec.model, spec.llm)
+        except (KeyError, TypeError):  # not a normalised table: the spec check refuses it
+            return None
+        budget = self.config.max_model_params
+        if params is None or params <= budget:
+            return None
+        return Refusal(RefusalKind.SIZE, (
+            f"its model would have about {params / 1e6:,.0f}M parameters, more than this node's budget of "
+            f"{budget / 1e6:,.0f}M (--max-model-params / node.toml [jobs] max_model_params)"))
 
     def _data_refusal(self, spec: JobSpec) -> Refusal | None:
         config = self.config
@@ -105,7 +131,7 @@ class JobPolicy:
             if pretrained and pretrained not in config.models:
                 return Refusal(RefusalKind.DATA, (
                     f"pretrained model {pretrained!r} is not on this node (node.toml [models] {pretrained})"))
-            if corpus and corpus not in config.text:
+            if corpus and not config.has_corpus(corpus):
                 return Refusal(RefusalKind.DATA, f"corpus {corpus!r} is not on this node (node.toml [text] {corpus})")
         return None
 

@@ -28,7 +28,7 @@ from gpuflex.errors import GpuflexError
 try:
     import tomllib
 except ModuleNotFoundError:  # Python 3.10
-    import tomli as tomllib  # type: ignore[no-redef]
+    import tomli as tomllib
 
 from gpuflex.budgetspec import budget_cross_checks
 from gpuflex.driftspec import drift_cross_checks
@@ -237,16 +237,16 @@ class JobSpec:
         return cls(**values)
 
     @classmethod
+    def from_file(cls, path: str | Path) -> JobSpec:
+        """Read a job file, YAML when its name ends in .yaml or .yml, TOML otherwise."""
+        from gpuflex.jobyaml import YAML_SUFFIXES
+
+        return cls.from_yaml(path) if Path(path).suffix.lower() in YAML_SUFFIXES else cls.from_toml(path)
+
+    @classmethod
     def from_toml(cls, path: str | Path) -> JobSpec:
         """Read a job file; file and syntax problems are reported like field errors."""
-        path = Path(path)
-        try:
-            text = path.read_text(encoding="utf-8")
-        except FileNotFoundError:
-            raise JobSpecError([("file", f"{str(path)!r} does not exist")]) from None
-        except (OSError, UnicodeDecodeError) as exc:
-            raise JobSpecError([("file", f"cannot read {str(path)!r}: {exc}")]) from None
-        return cls.from_toml_text(text, source=str(path))
+        return cls.from_toml_text(_read_job_file(Path(path)), source=str(path))
 
     @classmethod
     def from_toml_text(cls, text: str, *, source: str = "job") -> JobSpec:
@@ -255,6 +255,22 @@ class JobSpec:
             data = tomllib.loads(text)
         except tomllib.TOMLDecodeError as exc:
             raise JobSpecError([("file", f"{source!r} is not valid TOML: {exc}")]) from None
+        return cls.from_dict(data)
+
+    @classmethod
+    def from_yaml(cls, path: str | Path) -> JobSpec:
+        """Read a YAML job file: the same keys, checks, canonical spec and job id as TOML."""
+        return cls.from_yaml_text(_read_job_file(Path(path)), source=str(path))
+
+    @classmethod
+    def from_yaml_text(cls, text: str, *, source: str = "job") -> JobSpec:
+        """Parse YAML held in memory with the restricted safe loader of ``gpuflex.jobyaml``."""
+        from gpuflex.jobyaml import YamlJobError, load_yaml_job
+
+        try:
+            data = load_yaml_job(text)
+        except YamlJobError as exc:
+            raise JobSpecError([("file", f"{source!r} is not a valid YAML job: {exc}")]) from None
         return cls.from_dict(data)
 
     def to_dict(self) -> dict[str, Any]:
@@ -327,6 +343,31 @@ def example_job_toml(template: str = "job") -> str:
         raise ValueError(f"unknown template {template!r}; expected one of {', '.join(TEMPLATES)}")
     path = TEMPLATE if template == "job" else f"templates/{template}.toml"
     return resources.files("gpuflex").joinpath(path).read_text(encoding="utf-8")
+
+
+def _read_job_file(path: Path) -> str:
+    """A job file's text, bounded; file problems are reported like field errors."""
+    from gpuflex.jobyaml import MAX_JOB_FILE_BYTES
+
+    try:
+        if path.stat().st_size > MAX_JOB_FILE_BYTES:
+            raise JobSpecError([("file", f"{str(path)!r} is larger than {MAX_JOB_FILE_BYTES // 1024} KiB")])
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise JobSpecError([("file", f"{str(path)!r} does not exist")]) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise JobSpecError([("file", f"cannot read {str(path)!r}: {exc}")]) from None
+
+
+def example_job_yaml(template: str = "job") -> str:
+    """``gpuflex job init job.yaml``: the example job's settings as YAML. The comments that
+    explain each key live in the TOML template, so the header points there."""
+    import yaml
+
+    data = tomllib.loads(example_job_toml(template))
+    header = (f"# The {template!r} example job as YAML: the same keys as the TOML job file.\n"
+              f"# `gpuflex job init --template {template} job.toml` writes it with a comment on every key.\n")
+    return header + yaml.safe_dump(data, sort_keys=False, allow_unicode=True, default_flow_style=False)
 
 
 # --- field checks -------------------------------------------------------------------------

@@ -124,6 +124,16 @@ def estimate_params(config: Mapping[str, int], vocab_size: int, family: str) -> 
     return layers * (attn + 3 * h * inter + 2 * h) + 2 * vocab_size * h
 
 
+def spec_params(model: str, settings: Mapping[str, Any]) -> int | None:
+    """The parameter count of the model a normalised ``[llm]`` table builds, from the spec's
+    arithmetic alone (nothing is built); None for a pretrained model, which is the operator's
+    own directory."""
+    if model == "pretrained":
+        return None
+    vocab = settings["vocab_size"] if settings["tokenizer"] == "bpe" else 257
+    return estimate_params(model_config(settings), vocab, model)
+
+
 def normalize_llm(value: Any, model: str) -> dict[str, Any]:
     """Validate the ``[llm]`` table of a job whose model is ``model``; defaults filled in.
 
@@ -177,9 +187,8 @@ def normalize_llm(value: Any, model: str) -> dict[str, Any]:
         if config["max_position_embeddings"] < s["seq_len"]:
             raise ValueError(f"seq_len {s['seq_len']} exceeds max_position_embeddings "
                              f"{config['max_position_embeddings']}")
-        vocab = s["vocab_size"] if s["tokenizer"] == "bpe" else 257
-        params = estimate_params(config, vocab, model)
-        if params > MAX_PARAMS:
+        params = spec_params(model, s)
+        if params is not None and params > MAX_PARAMS:
             raise ValueError(f"the model would have about {params / 1e6:,.0f}M parameters, "
                              f"more than the {MAX_PARAMS / 1e6:,.0f}M a job may ask for")
     return dict(sorted(s.items()))
@@ -191,8 +200,8 @@ def llm_cross_checks(values: dict[str, Any], failed: set[str]) -> list[tuple[str
     model, data = values.get("model"), values.get("data")
     if "model" in failed:
         return []
+    errors: list[tuple[str, str]] = []
     if not is_llm(model):
-        errors = []
         if values.get("llm"):
             errors.append(("llm", f"is only for the language models ({', '.join(LLM_MODELS)}), not {model!r}"))
         if data == "text":
@@ -202,7 +211,6 @@ def llm_cross_checks(values: dict[str, Any], failed: set[str]) -> list[tuple[str
         values["llm"] = normalize_llm(values.get("llm", {}), str(model))
     except ValueError as exc:
         return [("llm", str(exc))]
-    errors: list[tuple[str, str]] = []
     settings = values["llm"]
     partition = values.get("partition", "iid")
     if "data" not in failed and data not in TEXT_DATA:

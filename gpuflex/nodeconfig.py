@@ -12,12 +12,14 @@ accept = "any"                      # or ["12D3Koo...", ...]: whose jobs this no
 allow_plugins = ["mylab.models:*"]  # patterns of module:function this operator allows
 max_jobs = 16                       # unfinished jobs this node takes on at once
 max_jobs_per_publisher = 4          # ... of which from any one publisher
+max_model_params = 200000000        # the largest language model a job may make this node build
 [data]                              # dataset name -> local path
 shakespeare = "/data/tinyshakespeare.txt"
 [models]                            # pretrained model name -> local directory
 tinyllama = "/models/tinyllama"
-[text]                              # private text corpora for partition = "local"
-notes = ["/data/notes1.txt", "/data/notes2.txt"]
+[text]                              # private text corpora for partition = "local":
+notes = ["/data/notes1.txt", "/data/notes2.txt"]  # text, .jsonl, .parquet files or a
+wiki = "/data/wiki-hf"              # Hugging Face datasets folder (save_to_disk or data files)
 ```
 
 Relative paths are taken relative to the node's home. ``gpuflex node start`` flags add to the
@@ -43,13 +45,17 @@ CONFIG_FILE = "node.toml"
 #: Names of data sets, models and corpora: short, printable, safe in a log line.
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 _SECTIONS = ("jobs", "data", "models", "text", "serve")
-_JOBS_KEYS = ("accept", "allow_plugins", "max_jobs", "max_jobs_per_publisher")
+_JOBS_KEYS = ("accept", "allow_plugins", "max_jobs", "max_jobs_per_publisher", "max_model_params")
 #: Files one corpus may list; a corpus is a handful of files, not a directory crawl.
 MAX_TEXT_FILES = 1000
 #: Unfinished jobs a node takes on at once, in total and from any one publisher (its own
 #: jobs are not counted against the second): what one stranger's frames can make it hold.
 DEFAULT_MAX_JOBS, DEFAULT_MAX_JOBS_PER_PUBLISHER = 16, 4
 MAX_JOBS_LIMIT = 10_000
+#: The largest language model (parameters, from the job's arithmetic) a stranger's job may make
+#: this node build: 200M, 0.8 GB of float32 weights before gradients and optimizer state.
+DEFAULT_MAX_MODEL_PARAMS = 200_000_000
+MODEL_PARAMS_RANGE = (10_000, 1_000_000_000)
 #: An allow pattern: ``module:function``, each side letters, digits, '_', '.' and '*'.
 _PATTERN_RE = re.compile(r"^[A-Za-z0-9_.*]{1,200}:[A-Za-z0-9_.*]{1,200}$")
 #: A libp2p peer id in base58 (``12D3KooW...``): what ``accept`` lists.
@@ -72,6 +78,7 @@ class NodeConfig:
     allow_plugins: tuple[str, ...] = ()
     max_jobs: int = DEFAULT_MAX_JOBS
     max_jobs_per_publisher: int = DEFAULT_MAX_JOBS_PER_PUBLISHER
+    max_model_params: int = DEFAULT_MAX_MODEL_PARAMS
     data: Mapping[str, Path] = field(default_factory=lambda: _frozen({}))
     models: Mapping[str, Path] = field(default_factory=lambda: _frozen({}))
     text: Mapping[str, tuple[Path, ...]] = field(default_factory=lambda: _frozen({}))
@@ -92,11 +99,21 @@ class NodeConfig:
         return self.models[name]
 
     def text_files(self, name: str) -> tuple[Path, ...]:
-        """The files of private corpus ``name``, for ``partition = "local"``."""
-        if name not in self.text:
+        """The paths of private corpus ``name``, for ``partition = "local"``: its ``[text]``
+        entry, or a ``[data]`` entry of that name (a datasets folder named like other data)."""
+        if not self.has_corpus(name):
             known = ", ".join(sorted(self.text)) or "none"
             raise NodeConfigError(f"{self._where()}: no [text] entry {name!r} (configured: {known})")
-        return self.text[name]
+        return self.corpus_paths(name)
+
+    def has_corpus(self, name: str) -> bool:
+        return name in self.text or name in self.data
+
+    def corpus_paths(self, name: str) -> tuple[Path, ...]:
+        """``text_files`` without the error: () for an unknown name."""
+        if name in self.text:
+            return self.text[name]
+        return (self.data[name],) if name in self.data else ()
 
     def _where(self) -> str:
         return str(self.source) if self.source else CONFIG_FILE
@@ -159,6 +176,11 @@ def parse_node_config(raw: Mapping[str, Any], *, base: Path, source: Path | None
         if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= MAX_JOBS_LIMIT:
             raise bad(f"jobs.{key}", f"must be an integer from 1 to {MAX_JOBS_LIMIT}, got {value!r}")
         caps[key] = value
+    params = jobs.get("max_model_params", DEFAULT_MAX_MODEL_PARAMS)
+    low, high = MODEL_PARAMS_RANGE
+    if not isinstance(params, int) or isinstance(params, bool) or not low <= params <= high:
+        raise bad("jobs.max_model_params", f"must be an integer from {low} to {high}, got {params!r}")
+    caps["max_model_params"] = params
 
     def path_of(key: str, value: Any) -> Path:
         if not isinstance(value, str) or not value.strip() or "\x00" in value:
@@ -187,7 +209,7 @@ def parse_node_config(raw: Mapping[str, Any], *, base: Path, source: Path | None
 
 def with_flags(config: NodeConfig, *, allow_plugins: Sequence[str] = (), data: Sequence[str] = (),
                accept: str | None = None, max_jobs: int | None = None,
-               max_jobs_per_publisher: int | None = None) -> NodeConfig:
+               max_jobs_per_publisher: int | None = None, max_model_params: int | None = None) -> NodeConfig:
     """``config`` with ``gpuflex node start``'s flags on top, for this run only.
 
     ``allow_plugins`` adds patterns, ``data`` adds or replaces ``NAME=PATH`` entries (a
@@ -215,6 +237,11 @@ def with_flags(config: NodeConfig, *, allow_plugins: Sequence[str] = (), data: S
             if not 1 <= value <= MAX_JOBS_LIMIT:
                 raise NodeConfigError(f"{flag} {value}: expected 1 to {MAX_JOBS_LIMIT}")
             changes[key] = value
+    if max_model_params is not None:
+        low, high = MODEL_PARAMS_RANGE
+        if not low <= max_model_params <= high:
+            raise NodeConfigError(f"--max-model-params {max_model_params}: expected {low} to {high}")
+        changes["max_model_params"] = max_model_params
     return replace(config, **changes)
 
 

@@ -34,3 +34,15 @@ def printable(value: object, limit: int | None = MAX_CHARS, *, keep_newlines: bo
     if limit is not None and len(text) > limit:
         text = text[: limit - 1] + "…"
     return text
+
+
+def plural(count: object, word: str, words: str | None = None) -> str:
+    """"1 peer", "2 peers" (``words`` for an irregular plural); a count that is not an
+    integer (a peer's odd value) reads as it is, with the plural."""
+    many = words or word + "s"
+    return f"{count} {word if count == 1 and not isinstance(count, bool) else many}"
+
+
+#: How many trailing characters of a peer id the CLI and the portal show ("…" + these): one
+#: length everywhere, so an id read off one can be found in the other.
+SHORT_ID_CHARS = 10

@@ -28,6 +28,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import itertools
+import json
 import os
 import shutil
 import tempfile
@@ -55,6 +56,29 @@ _local_lock = threading.Lock()
 
 class JobFailed(GpuflexError, RuntimeError):
     """The job ended in the ``failed`` state; the message is the node's error."""
+
+
+class ModelUnavailable(GpuflexError, LookupError):
+    """The model asked for is not among the job's results; the message says which is."""
+
+
+#: Where a job's results hold the model its ``model.pt`` is not (the best-scored round's or
+#: the last round's), laid out like the results themselves (gpuflex/node/export.py).
+OTHER_DIRS = {"best": "best", "last": "last"}
+#: Held-out metrics by which a round can be best, and whether higher is better.
+BEST_BY = {"loss": False, "perplexity": False, "accuracy": True}
+
+
+def best_round(metrics: list[dict[str, Any]], metric: str = "loss") -> dict[str, Any]:
+    """The committed round whose held-out ``metric`` was best (lowest loss or perplexity,
+    highest accuracy); the earliest such round on a tie."""
+    if metric not in BEST_BY:
+        raise ValueError(f"metric must be one of {', '.join(BEST_BY)}, not {metric!r}")
+    rows = [m for m in metrics if isinstance(m.get(metric), (int, float)) and not isinstance(m[metric], bool)]
+    if not rows:
+        raise ModelUnavailable(f"no committed round has a {metric} yet")
+    sign = -1.0 if BEST_BY[metric] else 1.0
+    return dict(min(rows, key=lambda m: (sign * float(m[metric]), m["round"])))
 
 
 # --- callables to plug-in paths ---------------------------------------------------------------
@@ -195,20 +219,50 @@ class JobHandle:
         reply = self._call("job_results", {"job": self.job_id, "out": str(Path(out).resolve())}, timeout=120)
         return [Path(f) for f in reply["files"]]
 
-    def state_dict(self) -> dict[str, Any]:
-        """The latest committed model as a CPU torch ``state_dict`` (after ``wait()``: the final one).
+    def state_dict(self, which: str = "final") -> dict[str, Any]:
+        """A committed model as a CPU torch ``state_dict``: ``"final"``, the one the job hands
+        its user (its ``final_model``: the best-scored round's by default; after ``wait()``);
+        ``"best"``, the best-scored round's; ``"last"``, the last round's. The job's results
+        hold the final one and, for a classic model, the other one as well (``best/`` or
+        ``last/``); one they do not hold raises :class:`ModelUnavailable`, naming its round.
 
         For a language model: its weights, or under LoRA the adapter's tensors alone (as
         peft names them); ``results(out)`` writes the directories transformers and peft load.
         """
-        if self._state is None or self.status()["state"] not in FINISHED:
-            with tempfile.TemporaryDirectory(prefix="gpuflex-model-") as tmp:
-                self.results(tmp)
-                state = load_exported_state(Path(tmp))
-            if self.status()["state"] not in FINISHED:
-                return state
+        if which not in ("final", "best", "last"):
+            raise ValueError(f"which must be 'final', 'best' or 'last', not {which!r}")
+        if which == "final" and self._state is not None and self.status()["state"] in FINISHED:
+            return self._state
+        with tempfile.TemporaryDirectory(prefix="gpuflex-model-") as tmp:
+            self.results(tmp)
+            folder = Path(tmp) / model_folder(Path(tmp), which)
+            state = load_exported_state(folder)
+        if which == "final" and self.status()["state"] in FINISHED:
             self._state = state
-        return self._state
+        return state
+    def best_round(self, metric: str = "loss") -> dict[str, Any]:
+        """The metrics row of the committed round with the best held-out ``metric`` ("loss",
+        "perplexity": lowest; "accuracy": highest), to compare with the last round's."""
+        return best_round(self.metrics(), metric)
+
+    def baseline(self) -> dict[str, Any]:
+        """The job's central baseline: its model trained on all of the training data in this
+        process, with the same seed, optimizer, test split and sequential budget (rounds ×
+        local epochs or steps), scored on the same test split. What federation costs is the
+        gap to the job's rounds: ``{"accuracy", "loss", "train_loss", "steps", "seconds"}``.
+        Classic models only; a language model's central counterpart is benchmarks/llm.py's."""
+        from gpuflex.home import resolve_home
+        from gpuflex.jobspec import JobSpec
+        from gpuflex.llmspec import is_llm
+        from gpuflex.ml.baseline import central_baseline
+        from gpuflex.nodeconfig import load_node_config
+
+        spec = JobSpec.from_dict(self.status()["spec"])
+        if is_llm(spec.model):
+            raise ModelUnavailable("the SDK's central baseline is for the classic models; for a language "
+                                   "model, benchmarks/llm.py trains the central counterpart")
+        # The node's node.toml says where named data sets live.
+        return central_baseline(spec, config=load_node_config(resolve_home(self.home)))
 
     def export_mlflow(self, tracking_uri: str, experiment: str = "gpuflex") -> str:
         """Log params, per-round metrics and the final model to MLflow; returns the run id."""
@@ -226,6 +280,25 @@ class JobHandle:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def model_folder(results: Path, which: str) -> str:
+    """Where under ``results`` (what ``job results`` wrote) the ``which`` model is: "" for
+    the top level, which holds the job's final model; ``best/`` or ``last/`` for the other."""
+    try:
+        info = json.loads((results / "job.json").read_text())
+    except (OSError, ValueError):
+        info = {}
+    top = info.get("model_pt", "last") if isinstance(info, dict) else "last"
+    if which in ("final", top):
+        return ""
+    if (results / OTHER_DIRS[which]).is_dir():
+        return OTHER_DIRS[which]
+    best = info.get("best") if isinstance(info, dict) else None
+    if isinstance(best, dict) and best.get("model_hash") == info.get("model_hash"):
+        return ""  # the best round is the last one: one model
+    raise ModelUnavailable(f"the job's results hold no {which} model (their model.pt is the {top} round's"
+                           + (f"; the best is round {best.get('round')})" if isinstance(best, dict) else ")"))
 
 
 def load_exported_state(folder: Path) -> dict[str, Any]:
@@ -251,6 +324,17 @@ def submit(model_fn: Ref, data_fn: Ref, *, home: str | os.PathLike[str] | None =
     """
     spec = build_spec(model_fn, data_fn, in_process=False, train_fn=train_fn,
                       partitioner=partitioner, rule=rule, **settings)
+    with ControlClient.for_home(home, timeout=30) as client:
+        reply = client.submit(spec)
+    return JobHandle(str(reply["job_id"]), home)
+
+
+def submit_file(path: str | os.PathLike[str], *, home: str | os.PathLike[str] | None = None) -> JobHandle:
+    """Publish the job file at ``path`` (TOML, or YAML when it ends in .yaml or .yml) through
+    the running node at ``home``; validated as ``gpuflex job submit`` validates it."""
+    from gpuflex.jobspec import JobSpec
+
+    spec = JobSpec.from_file(Path(path)).to_dict()
     with ControlClient.for_home(home, timeout=30) as client:
         reply = client.submit(spec)
     return JobHandle(str(reply["job_id"]), home)
@@ -419,5 +503,5 @@ def run_local(model_fn: Ref, data_fn: Ref, *, nodes: int = 3, workdir: str | os.
     return LocalJobHandle(job_id, cluster, owned, refs)
 
 
-__all__ = ["JobFailed", "JobHandle", "LocalCluster", "LocalJobHandle", "build_spec", "importable_path",
-           "run_local", "submit"]
+__all__ = ["JobFailed", "JobHandle", "LocalCluster", "LocalJobHandle", "ModelUnavailable", "best_round",
+           "build_spec", "importable_path", "run_local", "submit", "submit_file"]

@@ -9,7 +9,8 @@ this node reached it by dialling, so a restarted node has many doors back in.
 Trust: an address in the book is a hint to try, nothing more. Most of them were announced by the
 peers themselves (identify, signed NodeInfo) or relayed by the DHT, so every string and count is
 bounded here, and the Noise handshake proves who answers a dial. A peer that floods hints can
-only displace other hints: peers this node has heard from rank above every hint.
+only displace other hints: peers this node has heard from or dialled rank above every hint,
+failed dials or not (a peer that restarted fails a few dials and must not lose its place).
 
 The book is bounded (``max_peers`` entries, ``MAX_ADDRS`` addresses each) and, when full, drops
 the worst entry first: the least reliable (never verified, many failed dials in a row), then the
@@ -97,12 +98,15 @@ class BookEntry:
     def verified(self) -> bool:
         return self.last_seen > 0 or self.last_reached > 0
 
-    def rank(self) -> tuple[int, float]:
-        """Sort key, best first. Being dialled successfully counts for a peer (it is reachable),
-        being heard from counts less (it may sit behind a NAT), a hint counts for nothing, and
-        each failed dial in a row counts against it; ties go to the one heard from last."""
+    def rank(self) -> tuple[int, int, float]:
+        """Sort key, best first. A peer this node verified itself (heard from, or dialled)
+        comes before every hint, however many dials to it failed since: a restarted node tries
+        its own peers first, and hints passed on by others never push them out of a full book.
+        Within each, being dialled successfully counts for a peer (it is reachable), being
+        heard from counts less (it may sit behind a NAT), and each failed dial in a row counts
+        against it; ties go to the one heard from last."""
         tier = 0 if self.last_reached else 1 if self.last_seen else 2
-        return (tier + min(self.failures, 8), -max(self.last_seen, self.last_reached))
+        return (0 if self.verified else 1, tier + min(self.failures, 8), -max(self.last_seen, self.last_reached))
 
     def row(self) -> dict[str, Any]:
         return asdict(self)

@@ -133,6 +133,12 @@ class Discovery:
 
     # -- NodeInfo lookups ----------------------------------------------------------------------
 
+    def forget(self, peer: str, keep: int) -> None:
+        """``peer`` left the peer table: forget it, keeping at most ``keep`` lookup times."""
+        self._info_loading.discard(peer)
+        while len(self._info_tried) > keep:
+            del self._info_tried[next(iter(self._info_tried))]
+
     def info_due(self, rec: PeerRecord, now: float, watched: set[str]) -> bool:
         """Missing: at once. Up and watched: every 5 s while it still checks its reachability,
         then every half minute. Up and not watched: never again. Not up: every ``info_retry_s``."""

@@ -18,6 +18,7 @@ from typing import Any
 import trio
 
 from mesh.compat import StrEnum
+from mesh.peertable import DEFAULT_MAX_PEERS, Marks, heard_from, hint_quota, keep_rank, victim
 
 
 class PeerState(StrEnum):
@@ -40,8 +41,11 @@ class HealthConfig:
     penalty_ignore_threshold: float = 10.0
     penalty_ignore_s: float = 60.0
     penalty_decay_per_s: float = 0.05
+    max_peers: int = DEFAULT_MAX_PEERS  # entries in the peer table (mesh.peertable)
 
     def __post_init__(self) -> None:
+        if self.max_peers < 1:
+            raise ValueError("max_peers must be at least 1")
         if not 0 < self.suspect_after_s < self.down_after_s:
             raise ValueError("thresholds must satisfy 0 < suspect_after_s < down_after_s")
         if self.ping_interval_s <= 0 or self.ping_timeout_s <= 0:
@@ -80,6 +84,7 @@ class PeerRecord:
 
 
 StateListener = Callable[[PeerRecord, PeerState, PeerState], None]
+EvictListener = Callable[[str], None]
 
 
 def protocol_clock() -> float:
@@ -97,10 +102,17 @@ class PeerTable:
         self.config = config or HealthConfig()
         self.clock = clock
         self._peers: dict[str, PeerRecord] = {}
+        self._marks: Marks[PeerRecord] = Marks()  # penalised keys that are not peers (mesh.peertable)
         self._listeners: list[StateListener] = []
+        self._evict_listeners: list[EvictListener] = []
+        self.evicted = 0
 
     def on_change(self, listener: StateListener) -> None:
         self._listeners.append(listener)
+
+    def on_evict(self, listener: EvictListener) -> None:
+        """``listener(peer_id)`` when an entry leaves the table: drop what is kept for it."""
+        self._evict_listeners.append(listener)
 
     def __contains__(self, peer_id: object) -> bool:
         return peer_id in self._peers
@@ -108,14 +120,43 @@ class PeerTable:
     def get(self, peer_id: str) -> PeerRecord | None:
         return self._peers.get(peer_id)
 
-    def add(self, peer_id: str, addrs: list[str] | None = None) -> PeerRecord:
-        rec = self._peers.get(peer_id)
-        if rec is None:
-            rec = PeerRecord(peer_id=peer_id, first_seen=self.clock())
-            self._peers[peer_id] = rec
+    def add(self, peer_id: str, addrs: list[str] | None = None, *, displace: bool = True) -> PeerRecord:
+        """The entry of a peer this node was told of (with addresses, or to look up). In a
+        full table of live peers a new one is not kept: the record returned is detached; nor
+        is it, without ``displace``, once the hints fill their quota (a name looked up only
+        while there is room, so names that come and go do not churn the table)."""
+        rec = self._peers.get(peer_id) or self._admit(peer_id, heard=False, displace=displace)
         if addrs:
             rec.addrs = sorted(set(addrs))
         return rec
+
+    def _admit(self, peer_id: str, heard: bool, displace: bool = True) -> PeerRecord:
+        """A new entry, in place of the one worth least (``peertable.victim``) when full."""
+        rec = self._marks.pop(peer_id) or PeerRecord(peer_id=peer_id, first_seen=self.clock())
+        hints = [] if heard else [r for r in self._peers.values() if not heard_from(r)]
+        if len(hints) >= hint_quota(self.config.max_peers):
+            if not displace:
+                if rec.penalty > 0:
+                    self._marks.put(rec)
+                return rec
+            self._evict(min(hints, key=keep_rank))
+        elif len(self._peers) >= self.config.max_peers:
+            out = victim(self._peers.values(), newcomer_heard=heard)
+            if out is None:
+                if rec.penalty > 0:
+                    self._marks.put(rec)
+                return rec
+            self._evict(out)
+        self._peers[peer_id] = rec
+        return rec
+
+    def _evict(self, rec: PeerRecord) -> None:
+        del self._peers[rec.peer_id]
+        self.evicted += 1
+        if rec.penalty > 0:
+            self._marks.put(rec)  # leaving the table does not clear a penalty
+        for listener in self._evict_listeners:
+            listener(rec.peer_id)
 
     def all(self) -> list[PeerRecord]:
         return list(self._peers.values())
@@ -142,7 +183,8 @@ class PeerTable:
         return out
 
     def seen(self, peer_id: str, rtt_ms: float | None = None) -> None:
-        rec = self.add(peer_id)
+        """``peer_id`` answered, or sent something over its own authenticated connection."""
+        rec = self._peers.get(peer_id) or self._admit(peer_id, heard=True)
         rec.last_seen = self.clock()
         if rtt_ms is not None:
             rec.rtt_ms = rtt_ms if rec.rtt_ms is None else 0.7 * rec.rtt_ms + 0.3 * rtt_ms
@@ -182,8 +224,11 @@ class PeerTable:
     # -- penalties for bad input ------------------------------------------------------------
 
     def penalise(self, peer_id: str, points: float = 1.0) -> PeerRecord:
-        """Score a fault; past the threshold the peer is ignored for a while."""
-        rec = self.add(peer_id)
+        """Score a fault; past the threshold the peer is ignored for a while. A key that is
+        not in the table gets a mark (``peertable.Marks``), not an entry: no probes, no lookups."""
+        rec = self._peers.get(peer_id)
+        if rec is None:
+            rec = self._marks.put(self._marks.get(peer_id) or PeerRecord(peer_id=peer_id, first_seen=self.clock()))
         now = self.clock()
         decayed = max(0.0, rec.penalty - (now - rec.penalty_at) * self.config.penalty_decay_per_s)
         rec.penalty = decayed + points
@@ -194,5 +239,5 @@ class PeerTable:
         return rec
 
     def is_ignored(self, peer_id: str) -> bool:
-        rec = self._peers.get(peer_id)
+        rec = self._peers.get(peer_id) or self._marks.get(peer_id)
         return rec is not None and rec.ignored_until > self.clock()

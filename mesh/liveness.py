@@ -420,9 +420,13 @@ class Liveness:
         return {"ok": await self.ping(peer)}
 
     def forget(self, peers: Iterable[str]) -> None:
+        """Peers gone from the peer table: nothing is kept for them, their ping streams closed."""
         for peer in peers:
             self.known.pop(peer, None)
             self.suspects.pop(peer, None)
+            kept = self._streams.pop(peer, None)
+            if kept is not None and self._nursery is not None:
+                self._nursery.start_soon(_reset, kept[0])
 
 
 class _Pending:

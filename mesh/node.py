@@ -177,6 +177,7 @@ class MeshNode:
         self.discovery = Discovery(self)
         self.gossip = Gossip(self)
         self.peers.on_change(self._peer_state_changed)
+        self.peers.on_evict(self._forget)
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -362,6 +363,8 @@ class MeshNode:
         addrs = [a for a in info.get("addrs", []) if isinstance(a, str) and "/p2p-circuit" not in a][:8]
         rec = self.peers.add(peer, [f"{a}/p2p/{peer}" for a in addrs])
         rec.info = info
+        if peer not in self.peers:
+            return  # a full table turned it away (mesh.peertable): nothing kept for it anywhere
         try:  # so a dial to it has somewhere to go (a DHT walk would have put them there too)
             from libp2p.peer.id import ID
             from multiaddr import Multiaddr
@@ -454,6 +457,14 @@ class MeshNode:
             self._book_save_failed = True
         else:
             self._book_save_failed = False
+
+    def _forget(self, peer: str) -> None:
+        """``peer`` left the full peer table (``mesh.peertable``): drop what is kept for it. When
+        its NodeInfo was looked up is kept a while longer (bounded, ``Discovery.forget``), so a
+        key that comes and goes is not looked up again each time it returns."""
+        self.discovery.forget(peer, keep=4 * self.config.health.max_peers)
+        self.pex.frames.pop(peer, None)
+        self.liveness.forget([peer])
 
     def _peer_state_changed(self, rec: PeerRecord, old: PeerState, new: PeerState) -> None:
         if new == PeerState.UP and old == PeerState.DOWN:
@@ -570,8 +581,11 @@ class MeshNode:
         """Advertise a provider record so any peer can find this blob by hash."""
         await best_effort(f"provide {digest[:12]}", lambda: self.dht.provide(digest), DHT_PROVIDER_S)
 
-    async def fetch_blob(self, digest: str, providers: Sequence[str] = (), timeout: float = 120.0) -> Path:
-        """Download ``digest`` from the first provider that serves the right bytes."""
+    async def fetch_blob(self, digest: str, providers: Sequence[str] = (), timeout: float = 120.0,
+                         max_size: int | None = None) -> Path:
+        """Download ``digest`` from the first provider that serves the right bytes; a provider
+        announcing more than ``max_size`` (what the caller expects, else ``max_payload``) is
+        refused before any disk is reserved."""
         if self.blobs.has(digest):
             return self.blobs.path(digest)
         candidates = [p for p in providers if p != self.peer_id]
@@ -591,7 +605,8 @@ class MeshNode:
                     stream = await self.open(peer, BLOB_PROTOCOL, BLOB_OPEN_S)
                     try:
                         path, via_bulk = await receive_blob(stream, self.blobs, digest, peer,
-                                                            self.config.max_payload, use_bulk=self._use_bulk())
+                                                            min(self.config.max_payload, max_size or self.config.max_payload),
+                                                            use_bulk=self._use_bulk())
                     finally:
                         await close(stream)
                 self.bytes_received += path.stat().st_size
@@ -603,7 +618,10 @@ class MeshNode:
                 self.inbound.reject(peer, WireError("hash", str(exc)), "blob")
                 errors.append(str(exc))
                 integrity.append(exc)
-            except (BlobError, WireError) as exc:
+            except WireError as exc:  # an announced size over the limit, a stalled transfer
+                self.inbound.reject(peer, exc, "blob")
+                errors.append(str(exc))
+            except BlobError as exc:
                 errors.append(str(exc))
             except Exception as exc:  # one provider's failure, of any kind, moves on to the next
                 errors.append(f"{peer[-8:]}: {exc.__class__.__name__}: {exc}")

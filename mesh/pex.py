@@ -49,7 +49,8 @@ class PeerExchange:
         self.frames: dict[str, bytes] = {}  # peer -> its latest signed NodeInfo
 
     def remember(self, peer: str, frame: bytes) -> None:
-        self.frames[peer] = frame
+        if peer in self.node.peers:  # kept per peer-table entry, and dropped with it
+            self.frames[peer] = frame
 
     async def answer(self, msg: Inbound) -> list[bytes]:
         alive = set(self.node.peers.alive())
@@ -75,9 +76,10 @@ class PeerExchange:
             rec = self.node.peers.get(env.sender)
             if rec is not None and rec.info is not None and float(rec.info.get("ts", 0)) >= env.ts:
                 continue
-            new += rec is None
-            self.frames[env.sender] = frame
             self.on_info(env.sender, body)
+            if env.sender in self.node.peers:  # not when a full table turned it away
+                new += rec is None
+                self.frames[env.sender] = frame
         return new
 
     async def run(self) -> None:

@@ -135,6 +135,8 @@ class RoundMetrics:
     accuracy: float | None = None
     contributors: int | None = None
     duration_s: float | None = None
+    perplexity: float | None = None  # a language model's rounds
+    sent_bytes: float | None = None  # what the round's updates weighed, all members (``update_bytes``)
 
     @classmethod
     def parse(cls, raw: Any) -> RoundMetrics:
@@ -146,6 +148,8 @@ class RoundMetrics:
             _float(d.get("accuracy")),
             _int(contributors) if contributors is not None else None,
             _float(d.get("duration_s")),
+            _float(d.get("perplexity")),
+            _float(d.get("update_bytes")),
         )
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import hmac
 import json
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -35,11 +35,12 @@ from starlette.staticfiles import StaticFiles
 
 from web import filters
 from web.credit import compute_credit, credit_csv
-from web.exports import DOWNLOADS, Exporter, ExportError, Verdict
+from web.exports import FILES, Exporter, ExportError, MissingFile, Verdict, downloads_for
 from web.hub import Hub, Snapshot
 from web.security import COOKIE, Guard, safe_next, session_value
 from web.source import NodeUnavailable, Source
 from web.views import PAGES, Page
+from web.wheel import WheelFinder
 
 STATIC = Path(__file__).parent / "static"
 KEEPALIVE_S = 15.0
@@ -59,12 +60,14 @@ class Portal:
 
     def __init__(self, source: Source, *, token: str | None = None, interval: float = 1.0,
                  exporter: Exporter | None = None, wall_clock: Callable[[], float] = time.time,
-                 version: str = "") -> None:
+                 version: str = "", wheel_dirs: Sequence[Path] = ()) -> None:
         self.source = source
         self.hub = Hub(source, interval=interval, wall_clock=wall_clock)
         self.exporter = exporter or Exporter(source)
         self.token = token
         self.env = make_env()
+        self.wheels = WheelFinder(version, wheel_dirs)
+        self.env.globals["wheel"] = self.wheels.find  # the Join page's install step
         self.wall_clock = wall_clock
         self.version = version
         self._nursery: trio.Nursery | None = None
@@ -83,13 +86,17 @@ class Portal:
     def _context(self, page: Page, snap: Snapshot, params: Mapping[str, str]) -> dict[str, Any]:
         return {**page.view(snap, params), "snap": snap, "now": self.wall_clock(), "page": page.name,
                 "params": params, "logged_in": self.token is not None, "version": self.version,
-                "spec_of": self._spec_of}
+                "spec_of": self._spec_of, "downloads_of": self._downloads_of}
 
     def _spec_of(self, job: Any) -> tuple[Mapping[str, Any] | None, str]:
         """(spec, why not) for the job page: from the summary when the node sends it, else
         from the exported files once they are here."""
         spec = job.spec or self.exporter.cached_spec(job.job_id)
         return spec, "" if spec else self.exporter.spec_errors.get(job.job_id, "")
+
+    def _downloads_of(self, job: Any) -> dict[str, str]:
+        """The files the job page offers, labelled for this job (its spec says which model file)."""
+        return downloads_for(job, self._spec_of(job)[0])
 
     def render(self, page: Page, snap: Snapshot, params: Mapping[str, str], live: str,
                status_code: int = 200, **extra: Any) -> HTMLResponse:
@@ -112,12 +119,16 @@ class Portal:
         snap = await self.hub.fresh()
         job = snap.job(job_id)
         if job is None:
+            if snap.connected is False:  # not "no such job": the node cannot say
+                return self.render(PAGES["job"], snap, {"job": job_id}, live="", status_code=503,
+                                   title="Node not answering")
             return self.render(PAGES["job"], snap, {"job": job_id}, live="", status_code=404,
                                title="No such job")
         if job.spec is None and self.exporter.cached_spec(job.job_id) is None and snap.connected:
             self._fetch_spec(job.job_id, job.round)
-        return self.render(PAGES["job"], snap, {"job": job_id}, live="/live/job?" + urlencode({"job": job.job_id}),
-                           title=f"Job {job.label}", downloads=DOWNLOADS, verdict=verdict)
+        params = {"job": job_id, **({"page": request.query_params["page"]} if "page" in request.query_params else {})}
+        return self.render(PAGES["job"], snap, params, live="/live/job?" + urlencode({**params, "job": job.job_id}),
+                           title=f"Job {job.label}", verdict=verdict)
 
     def _fetch_spec(self, job_id: str, round_: int) -> None:
         """Ask the node for the job's spec in the background (``job_status``; an older node
@@ -153,10 +164,12 @@ class Portal:
     async def download(self, request: Request) -> Response:
         job_id, name = request.path_params["job_id"], request.path_params["name"]
         job = (await self.hub.fresh()).job(job_id)
-        if job is None or name not in DOWNLOADS:
+        if job is None or name not in FILES:
             return PlainTextResponse("no such job or file", status_code=404)
         try:
             path = await self.exporter.file(job.job_id, job.round, name)
+        except MissingFile as exc:  # the job has no such file (a language model has no model.pt)
+            return PlainTextResponse(str(exc), status_code=404)
         except (ExportError, NodeUnavailable) as exc:
             return PlainTextResponse(f"could not fetch {name} from the node: {exc}", status_code=502)
         return FileResponse(path, filename=f"{job.job_id}-{name}",
@@ -166,6 +179,14 @@ class Portal:
         snap = await self.hub.fresh()
         return Response(credit_csv(compute_credit(snap.ledgers)), media_type="text/csv; charset=utf-8",
                         headers={"content-disposition": 'attachment; filename="contributions.csv"'})
+
+    async def wheel_file(self, request: Request) -> Response:
+        """The node's own wheel, by its one known name; the request's name is only compared."""
+        wheel = await trio.to_thread.run_sync(self.wheels.find)
+        if wheel is None or request.path_params["name"] != wheel.name:
+            return PlainTextResponse("no such file", status_code=404)
+        return FileResponse(wheel.path, filename=wheel.name, media_type="application/octet-stream",
+                            headers={"x-checksum-sha256": wheel.sha256})
 
     async def live(self, request: Request) -> Response:
         page = PAGES.get(request.path_params["page"])
@@ -232,6 +253,7 @@ class Portal:
             Route("/contributions", self.page("contributions")),
             Route("/contributions.csv", self.credit_csv),
             Route("/join", self.page("join")),
+            Route("/dist/{name}", self.wheel_file),
             Route("/live/{page}", self.live),
             Route("/login", self.login_page, methods=["GET"]),
             Route("/login", self.login, methods=["POST"]),

@@ -8,6 +8,7 @@ chart has a title for screen readers, and each page also shows the same numbers 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 from markupsafe import Markup, escape
@@ -20,19 +21,60 @@ def _fmt(v: float) -> str:
     return f"{v:.3g}"
 
 
+#: Markers are drawn for at most this many points; a longer series is a plain line (hundreds
+#: of markers merge into a band that hides the curve).
+MAX_MARKERS = 60
+Y_TICKS = 5
+
+
+def nice_ticks(lo: float, hi: float, count: int = Y_TICKS) -> list[float]:
+    """About ``count`` evenly spaced round values (steps of 1, 2, 2.5 or 5 × 10^k) covering
+    [lo, hi]: the first at or below ``lo``, the last at or above ``hi``."""
+    if not (math.isfinite(lo) and math.isfinite(hi)) or hi <= lo:
+        return [lo]
+    raw = (hi - lo) / max(1, count - 1)
+    power = 10.0 ** math.floor(math.log10(raw))
+    step = next(m * power for m in (1.0, 2.0, 2.5, 5.0, 10.0) if m * power >= raw)
+    first = math.floor(lo / step + 1e-9) * step
+    ticks = [first]
+    while ticks[-1] < hi - 1e-9 * step and len(ticks) < 4 * count:
+        ticks.append(ticks[-1] + step)
+    return [round(t, 12) for t in ticks]
+
+
+def _x_ticks(x0: float, x1: float) -> list[float]:
+    """Whole rounds from first to last, a few in between on round numbers."""
+    if x1 <= x0:
+        return [x0]
+    inner = [t for t in nice_ticks(x0, x1, 5) if x0 < t < x1 and t == int(t)]
+    return [x0, *inner, x1]
+
+
 def line_chart(points: Sequence[tuple[float, float]], *, title: str, series: str, caption: str,
                y_min: float | None = None, y_max: float | None = None) -> Markup:
-    """One series over rounds: ``points`` are (round, value), drawn as a line with markers,
-    in a figure whose visible caption is ``caption`` (``title`` is for screen readers)."""
+    """One series over rounds: ``points`` are (round, value), drawn as a line (with markers
+    while there are few points) on a y axis fitted to the data with round-numbered ticks and
+    grid lines (``y_min``/``y_max`` bound it, e.g. 0 and 1 for an accuracy), in a figure whose
+    visible caption is ``caption`` (``title`` is for screen readers)."""
     label = escape(title)
     if not points:
         return Markup('<p class="chart-empty">{} — no rounds yet</p>').format(escape(caption))
     xs = [p[0] for p in points]
     ys = [p[1] for p in points]
-    lo = min(ys) if y_min is None else y_min
-    hi = max(ys) if y_max is None else y_max
+    lo, hi = min(ys), max(ys)
     if hi - lo < 1e-9:
-        lo, hi = lo - 0.5, hi + 0.5
+        pad = abs(hi) * 0.05 or 0.5
+        lo, hi = lo - pad, hi + pad
+    ticks = nice_ticks(lo, hi)
+    lo, hi = ticks[0], ticks[-1]
+    if y_min is not None and lo < y_min:
+        ticks = [t for t in ticks if t >= y_min] or [y_min]
+        lo = y_min
+    if y_max is not None and hi > y_max:
+        ticks = [t for t in ticks if t <= y_max] or [y_max]
+        hi = y_max
+    if hi - lo < 1e-12:
+        hi = lo + 1.0
     x0, x1 = min(xs), max(xs)
     span_x = (x1 - x0) or 1.0
 
@@ -43,23 +85,30 @@ def line_chart(points: Sequence[tuple[float, float]], *, title: str, series: str
         return PAD_T + (hi - y) / (hi - lo) * (H - PAD_T - PAD_B)
 
     coords = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in points)
-    dots = "".join(f'<circle cx="{sx(x):.1f}" cy="{sy(y):.1f}" r="2.5"/>' for x, y in points[-60:])
+    dots = "".join(f'<circle cx="{sx(x):.1f}" cy="{sy(y):.1f}" r="2.5"/>' for x, y in points) \
+        if len(points) <= MAX_MARKERS else ""
+    grid = "".join(
+        f'<line class="grid" x1="{PAD_L}" y1="{sy(t):.1f}" x2="{W - PAD_R}" y2="{sy(t):.1f}"/>'
+        f'<text class="tick" x="{PAD_L - 4}" y="{sy(t) + 3:.1f}" text-anchor="end">{escape(_fmt(t))}</text>'
+        for t in ticks)
+    xt = _x_ticks(x0, x1)
+    xlabels = "".join(
+        f'<text class="tick" x="{sx(t):.1f}" y="{H - 6}" text-anchor="{anchor}">{t:.0f}</text>'
+        for i, t in enumerate(xt)
+        for anchor in ("start" if i == 0 else "end" if i == len(xt) - 1 else "middle",))
     last = points[-1]
     desc = f"{len(points)} rounds; latest: round {last[0]:.0f}, {_fmt(last[1])}"
     return Markup(
         '<figure class="chart-fig"><figcaption>{caption}</figcaption>'
         '<svg class="chart {series}" viewBox="0 0 {w} {h}" role="img" aria-label="{label}: {desc}">'
-        "<title>{label}</title>"
+        "<title>{label}</title>{grid}"
         '<line class="axis" x1="{l}" y1="{t}" x2="{l}" y2="{b}"/>'
-        '<line class="axis" x1="{l}" y1="{b}" x2="{r}" y2="{b}"/>'
-        '<text class="tick" x="{lx}" y="{ty}" text-anchor="end">{hi}</text>'
-        '<text class="tick" x="{lx}" y="{by}" text-anchor="end">{lo}</text>'
-        '<text class="tick" x="{l}" y="{xy}" text-anchor="start">round {x0}</text>'
-        '<text class="tick" x="{r}" y="{xy}" text-anchor="end">round {x1}</text>'
-        '<polyline class="line" points="{coords}"/><g class="dots">{dots}</g></svg></figure>'
-    ).format(caption=escape(caption), series=escape(series), w=W, h=H, label=label, desc=escape(desc), l=PAD_L, t=PAD_T,
-             b=H - PAD_B, r=W - PAD_R, lx=PAD_L - 4, ty=PAD_T + 8, by=H - PAD_B, hi=_fmt(hi),
-             lo=_fmt(lo), xy=H - 6, x0=f"{x0:.0f}", x1=f"{x1:.0f}", coords=coords, dots=Markup(dots))
+        '<line class="axis" x1="{l}" y1="{b}" x2="{r}" y2="{b}"/>{xlabels}'
+        '<polyline class="line" points="{coords}"/><g class="dots">{dots}</g></svg>'
+        '<p class="chart-axis sub">round</p></figure>'
+    ).format(caption=escape(caption), series=escape(series), w=W, h=H, label=label, desc=escape(desc), l=PAD_L,
+             t=PAD_T, b=H - PAD_B, r=W - PAD_R, grid=Markup(grid), xlabels=Markup(xlabels), coords=coords,
+             dots=Markup(dots))
 
 
 def bar_chart(bars: Sequence[tuple[str, float, str]], *, title: str) -> Markup:

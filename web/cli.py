@@ -34,12 +34,13 @@ def run_web(home: str | None, listen: str, port: int,
     from web.app import Portal
     from web.server import serve
     from web.source import ControlSource
+    from web.wheel import wheel_dirs
 
     root = resolve_home(home)
     host = check_listen(listen)
     token = None if is_loopback(host) else load_or_create_token(root)
     portal = Portal(ControlSource.for_home(root, label=f"the node of {root}"), token=token,
-                    version=__version__)
+                    version=__version__, wheel_dirs=wheel_dirs(root))
 
     serving = False
 

@@ -16,6 +16,7 @@ import json
 import re
 import shutil
 import tempfile
+import zipfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,15 +29,45 @@ from web.source import NodeRefused, NodeUnavailable, Source
 
 JOB_ID = re.compile(r"[0-9A-Za-z_-]{1,80}")
 EXPORT_TIMEOUT = 120.0
-DOWNLOADS = {
-    "ledger.msgpack": "the signed ledger, for gpuflex audit verify",
-    "model.pt": "the final model, a torch state_dict",
-    "model.blob": "the model bytes the ledger's hash names, for audit --model",
-}
+#: Every file a job page may offer. A language model's results are folders (``adapter/`` or
+#: ``model/``, Hugging Face layout); the portal serves each as one zip archive.
+FILES = ("ledger.msgpack", "model.pt", "adapter.zip", "model.zip", "model.blob")
+LLM_MODELS = ("llama", "gpt2", "pretrained")
+#: What goes into each archive, beside its own folder: the base an adapter was trained on
+#: (when it was built from a config and exists nowhere else) and the pinned hashes.
+ARCHIVES = {"adapter.zip": ("adapter", "base", "export.json"), "model.zip": ("model", "export.json")}
 
 
 class ExportError(WebError):
     """The node could not write a job's files; the message is for the user."""
+
+
+class MissingFile(ExportError):
+    """The job has no such file (a language model has no model.pt): not the node's fault."""
+
+
+def downloads_for(job: Any, spec: Mapping[str, Any] | None) -> dict[str, str]:
+    """The files the job page offers, each with an honest label: the model of the last
+    committed round while the job runs, the final one once it is done; a language model's as
+    the Hugging Face folder its job writes (adapter or full model), never a model.pt it lacks."""
+    done = getattr(job, "state", "") == "done"
+    when = "final" if done else f"round {getattr(job, 'round', 0)} of {getattr(job, 'rounds', 0)}"
+    still = "" if done else " (the job is still running: this is not its final model)"
+    files = {"ledger.msgpack": "the signed ledger, for gpuflex audit verify"}
+    llm = spec.get("llm") if isinstance(spec, Mapping) else None
+    if not isinstance(spec, Mapping):
+        pass  # which model file this job writes is known with its spec (a moment after the page)
+    elif spec.get("model") in LLM_MODELS:
+        if not isinstance(llm, Mapping) or llm.get("adapter", "lora") != "none":
+            files["adapter.zip"] = (f"the LoRA adapter ({when}) with its tokenizer, and base/ when the base was "
+                                    f"built from a config: for PeftModel.from_pretrained{still}")
+        else:
+            files["model.zip"] = (f"the model ({when}) with its tokenizer: for "
+                                  f"AutoModelForCausalLM.from_pretrained{still}")
+    else:
+        files["model.pt"] = f"the model ({when}), a torch state_dict{still}"
+    files["model.blob"] = "the model bytes the ledger's hash names, for audit --model"
+    return files
 
 
 @dataclass(frozen=True)
@@ -113,11 +144,19 @@ class Exporter:
         return self._specs.get(job_id)
 
     async def file(self, job_id: str, round_: int, name: str) -> Path:
-        if name not in DOWNLOADS:
-            raise ExportError(f"no file {name!r}")
-        path = (await self.export(job_id, round_)) / name
+        if name not in FILES:
+            raise MissingFile(f"no file {name!r}")
+        out = await self.export(job_id, round_)
+        path = out / name
+        if name in ARCHIVES and not path.exists():
+            folder, *more = ARCHIVES[name]
+            if not (out / folder).is_dir():
+                raise MissingFile(f"this job has no {folder}/ (its results hold: "
+                                  f"{', '.join(sorted(p.name for p in out.iterdir()))})")
+            await trio.to_thread.run_sync(_zip, out, [folder, *more], path)
         if not path.exists():
-            raise ExportError(f"the node wrote no {name}")
+            raise MissingFile(f"this job has no {name} (its results hold: "
+                              f"{', '.join(sorted(p.name for p in out.iterdir()))})")
         return path
 
     async def audit(self, job_id: str, round_: int) -> Verdict:
@@ -142,6 +181,20 @@ class Exporter:
         return Verdict(True, f"Chain verified: {report.rounds} rounds of job {report.job}, every "
                              f"signature and hash link checks out, and the model matches round "
                              f"{report.model_round} ({report.model_hash[:16]}…).", rounds=report.rounds)
+
+
+def _zip(out: Path, names: list[str], target: Path) -> None:
+    """``names`` under ``out`` (folders whole) into the zip ``target``, written atomically."""
+    tmp = target.with_suffix(".part")
+    with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as archive:
+        for name in names:
+            path = out / name
+            if path.is_file():
+                archive.write(path, name)
+            elif path.is_dir():
+                for file in sorted(p for p in path.rglob("*") if p.is_file() and not p.is_symlink()):
+                    archive.write(file, file.relative_to(out).as_posix())
+    tmp.replace(target)
 
 
 def _read_spec(path: Path) -> Mapping[str, Any] | None:

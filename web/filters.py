@@ -10,7 +10,8 @@ import time
 
 from jinja2 import Environment
 
-from web.model import short
+from web.model import human_bytes, short
+from web.spectext import spec_toml
 
 DASH = "—"
 
@@ -63,4 +64,4 @@ def yesno(value: bool | None) -> str:
 
 def install(env: Environment) -> None:
     env.filters.update(dash=dash, fixed=fixed, pct=pct, ms=ms, ago=ago, clock=clock,
-                       duration=duration, yesno=yesno, short=short)
+                       duration=duration, yesno=yesno, short=short, toml=spec_toml, bytes=human_bytes)

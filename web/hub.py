@@ -22,6 +22,9 @@ from web.model import Event, Job, LedgerRound, Peer, Status, as_list
 from web.source import NodeRefused, NodeUnavailable, Source
 
 RETRY_DELAYS = (1.0, 2.0, 2.0, 3.0)
+#: On a failed poll the last data stays on screen (marked stale) only if it is younger than
+#: this: a picture from minutes ago (an idle portal across a node restart) says nothing true.
+STALE_AFTER_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -132,6 +135,8 @@ class Hub:
                 status, peers, jobs, ledgers = await self._fetch()
             except (NodeUnavailable, NodeRefused) as exc:
                 prev = self.snapshot
+                if prev.polled_at is not None and self.wall_clock() - prev.polled_at > STALE_AFTER_S:
+                    prev = replace(Snapshot(), attempts=prev.attempts)
                 attempts = prev.attempts + 1
                 self._publish(replace(
                     prev, connected=False, error=str(exc), attempts=attempts,

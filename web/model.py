@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
 from gpuflex.cli.common import human_bytes as cli_bytes
+from gpuflex.safetext import SHORT_ID_CHARS
 
 MAX_TEXT = 160
 """The longest peer-supplied string the portal shows; longer ones are cut with an ellipsis."""
@@ -50,7 +51,7 @@ def text(value: Any, limit: int = MAX_TEXT) -> str:
     return value if len(value) <= limit else value[: limit - 1] + "…"
 
 
-def short(peer: str, n: int = 8) -> str:
+def short(peer: str, n: int = SHORT_ID_CHARS) -> str:
     return "—" if not peer else (peer if len(peer) <= n + 1 else f"…{peer[-n:]}")
 
 
@@ -147,6 +148,14 @@ class Point:
     round: int
     loss: float | None = None
     accuracy: float | None = None
+    perplexity: float | None = None  # a language model's rounds
+    sent_bytes: float | None = None  # what the round's updates weighed, all members (``update_bytes``)
+
+    @classmethod
+    def parse(cls, raw: Any) -> Point:
+        m = as_map(raw)
+        return cls(count(m.get("round")), num(m.get("loss")), num(m.get("accuracy")), num(m.get("perplexity")),
+                   num(m.get("update_bytes")))
 
 
 @dataclass(frozen=True)
@@ -180,8 +189,7 @@ class Job:
             coordinator=text(d.get("coordinator"), 80), is_coordinator=d.get("is_coordinator") is True,
             role=text(d.get("role"), 20) or "idle",
             members=tuple(text(m, 80) for m in as_list(d.get("members"))[:1000]),
-            metrics=tuple(Point(count(as_map(m).get("round")), num(as_map(m).get("loss")),
-                                num(as_map(m).get("accuracy"))) for m in as_list(d.get("metrics"))),
+            metrics=tuple(Point.parse(m) for m in as_list(d.get("metrics"))),
             waiting=text(d.get("waiting"), 300), error=text(d.get("error"), 300),
             model_hash=text(d.get("model_hash"), 80),
             spec=spec if isinstance(spec, Mapping) else None)
@@ -211,10 +219,18 @@ class Contribution:
     extra: Mapping[str, str] = field(default_factory=dict)
 
 
-MEMBER_FIELDS = ("device", "steps", "samples_per_s")
+MEMBER_FIELDS = {"device": "device", "steps": "local steps", "samples_per_s": "samples/s"}
 """Per-member figures a ledger row's contributors carry beside peer and samples (the node's
 ``ledger`` rows: each member's device, local steps and samples per second, with ``compute_s``
-and ``compute_share`` read into ``seconds`` and ``share``); shown when present."""
+and ``compute_share`` read into ``seconds`` and ``share``), each with the label a page shows;
+shown when present."""
+
+
+def member_figure(value: Any) -> str:
+    """A member's figure as a page shows it: numbers rounded for people, text clipped."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return text(str(value), 60)
+    return f"{value:,.0f}" if abs(value) >= 100 or float(value).is_integer() else f"{value:.3g}"
 
 
 @dataclass(frozen=True)
@@ -227,6 +243,7 @@ class LedgerRound:
     accuracy: float | None = None
     model_hash: str = ""
     result_hash: str = ""
+    perplexity: float | None = None
 
     @classmethod
     def parse(cls, raw: Any) -> LedgerRound:
@@ -240,14 +257,15 @@ class LedgerRound:
             more = {**members.get(peer, {}), **c}
             seconds = num(more.get("compute_s", more.get("seconds")))
             share = num(more.get("compute_share"))
-            extra = {k: text(str(more[k]), 60) for k in MEMBER_FIELDS if more.get(k) is not None}
+            extra = {label: member_figure(more[k]) for k, label in MEMBER_FIELDS.items() if more.get(k) is not None}
             contributors.append(Contribution(peer, count(c.get("samples")), seconds, share, extra))
         return cls(
             round=count(d.get("round")), coordinator=text(d.get("coordinator"), 80),
             contributors=tuple(contributors),
             absent=tuple(text(p, 80) for p in as_list(d.get("absent"))[:1000]),
             loss=num(metrics.get("loss")), accuracy=num(metrics.get("accuracy")),
-            model_hash=text(d.get("model_hash"), 80), result_hash=text(d.get("result_hash"), 80))
+            model_hash=text(d.get("model_hash"), 80), result_hash=text(d.get("result_hash"), 80),
+            perplexity=num(metrics.get("perplexity")))
 
 
 def _member_metrics(raw: Any) -> dict[str, Mapping[str, Any]]:

@@ -138,15 +138,21 @@ class ControlSource:
             finally:
                 await conn.aclose()
         async with self._lock:
-            if self._conn is None:
-                self._conn = await self._open()
-            conn = self._conn
-            try:
-                return await self._request(conn, method, params, self.timeout)
-            except NodeUnavailable:
-                self._conn = None
-                await conn.aclose()
-                raise
+            while True:
+                # A kept connection may be to a node that has since stopped (a restart on
+                # another port, after a long idle): it fails at once, and one fresh connection,
+                # found afresh, answers for the node as it is now rather than for its past.
+                reused = self._conn is not None
+                if self._conn is None:
+                    self._conn = await self._open()
+                conn = self._conn
+                try:
+                    return await self._request(conn, method, params, self.timeout)
+                except NodeUnavailable:
+                    self._conn = None
+                    await conn.aclose()
+                    if not reused:
+                        raise
 
     async def _request(self, conn: _Connection, method: str, params: dict[str, Any] | None,
                        timeout: float) -> Any:

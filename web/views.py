@@ -18,7 +18,7 @@ from markupsafe import Markup
 from web.charts import bar_chart, line_chart
 from web.credit import compute_credit, top
 from web.hub import Snapshot
-from web.model import Job, Peer
+from web.model import MEMBER_FIELDS, Job, LedgerRound, Peer
 from web.qr import qr_svg
 
 Params = Mapping[str, str]
@@ -81,16 +81,22 @@ def peers_view(snap: Snapshot, params: Params) -> dict[str, Any]:
 
 
 def job_card(job: Job) -> dict[str, Any]:
-    """A job with its loss and accuracy charts, as the overview and the job page show it."""
+    """A job with its loss and accuracy charts (and perplexity, for a language model), as the
+    overview and the job page show it."""
     loss = [(p.round, p.loss) for p in job.metrics if p.loss is not None]
     acc = [(p.round, p.accuracy) for p in job.metrics if p.accuracy is not None]
+    ppl = [(p.round, p.perplexity) for p in job.metrics if p.perplexity is not None]
+    last = job.metrics[-1] if job.metrics else None
     return {
         "job": job,
         "loss_chart": line_chart(loss, title=f"Loss of {job.label}", series="loss",
                                  caption="Test loss", y_min=0.0),
         "acc_chart": line_chart(acc, title=f"Accuracy of {job.label}", series="accuracy",
-                                caption="Test accuracy", y_min=0.0, y_max=1.0),
-        "last": job.metrics[-1] if job.metrics else None,
+                                caption="Next-token accuracy" if ppl else "Test accuracy", y_min=0.0, y_max=1.0),
+        "ppl_chart": line_chart(ppl, title=f"Perplexity of {job.label}", series="perplexity",
+                                caption="Perplexity", y_min=1.0) if ppl else Markup(""),
+        "last": last,
+        "sent": last.sent_bytes if last else None,
     }
 
 
@@ -105,6 +111,23 @@ def jobs_view(snap: Snapshot, params: Params) -> dict[str, Any]:
     return {"jobs": snap.jobs}
 
 
+#: Ledger rounds per page of the job page, newest first: a 400-round job is eight pages,
+#: not one page of every round.
+LEDGER_PAGE = 50
+
+
+def ledger_page(ledger: tuple[LedgerRound, ...], params: Params) -> dict[str, Any]:
+    """One page of the ledger, newest round first, with what the pager needs."""
+    pages = max(1, -(-len(ledger) // LEDGER_PAGE))
+    try:
+        page = min(pages, max(1, int(params.get("page", "1"))))
+    except ValueError:
+        page = 1
+    newest_first = tuple(reversed(ledger))
+    rows = newest_first[(page - 1) * LEDGER_PAGE: page * LEDGER_PAGE]
+    return {"ledger": rows, "ledger_pages": pages, "ledger_page_no": page, "ledger_total": len(ledger)}
+
+
 def job_view(snap: Snapshot, params: Params) -> dict[str, Any]:
     job = snap.job(params.get("job", ""))
     states = {p.peer_id: p for p in snap.peers}
@@ -112,9 +135,13 @@ def job_view(snap: Snapshot, params: Params) -> dict[str, Any]:
     members = [{"peer_id": m, "peer": states.get(m), "is_self": m == self_id}
                for m in (job.members if job else ())]
     ledger = snap.ledgers.get(job.job_id, ()) if job else ()
-    extra_keys = sorted({k for r in ledger for c in r.contributors for k in c.extra})
-    return {"job": job, "card": job_card(job) if job else None, "members": members,
-            "ledger": tuple(reversed(ledger)), "extra_keys": extra_keys}
+    page = ledger_page(ledger, params)
+    shown = {k for r in page["ledger"] for c in r.contributors for k in c.extra}
+    extra_keys = [label for label in MEMBER_FIELDS.values() if label in shown]
+    ppl = any(r.perplexity is not None for r in ledger)
+    return {"job": job, "card": job_card(job) if job else None, "members": members, **page,
+            "extra_keys": extra_keys, "has_perplexity": ppl,
+            "sent_by_round": {p.round: p.sent_bytes for p in job.metrics} if job else {}}
 
 
 def contributions_view(snap: Snapshot, params: Params) -> dict[str, Any]:
@@ -153,7 +180,7 @@ PAGES: dict[str, Page] = {p.name: p for p in (
     Page("overview", "Overview", "overview.html", ("status", "jobs", "events"), overview_view),
     Page("peers", "Peers", "peers.html", ("peers",), peers_view),
     Page("jobs", "Jobs", "jobs.html", ("jobs",), jobs_view),
-    Page("job", "Job", "job.html", ("job", "ledger", "spec"), job_view),
+    Page("job", "Job", "job.html", ("job", "spec", "files", "ledger"), job_view),
     Page("contributions", "Contributions", "contributions.html", ("credit",), contributions_view),
     Page("join", "Join", "join.html", ("join",), join_view),
 )}

@@ -13,7 +13,8 @@ import typer
 
 from gpuflex.cli.common import JsonOpt, emit_json, fail, short, text
 
-audit_app = typer.Typer(help="Verify a job's ledger offline and show contributions.", no_args_is_help=True)
+audit_app = typer.Typer(help="Verify a job's ledger offline and show contributions.", no_args_is_help=True,
+                    rich_markup_mode=None)
 LedgerArg = typer.Argument(..., help="The ledger file (ledger.msgpack from `gpuflex job results`).")
 ModelOpt = typer.Option(None, "--model", help="Model blob (model.blob from `gpuflex job results`).")
 
@@ -62,7 +63,7 @@ def show(ledger: Path = LedgerArg, json_out: bool = JsonOpt) -> None:
         rule = row["rule"]["rule"] if isinstance(row["rule"], dict) else (row["rule"] or row["strategy"])
         typer.echo(f"round {row['round']}  coordinator {short(row['coordinator'])}  rule {text(rule, 60)}{acc_text}")
         for c in row["contributors"]:
-            typer.echo(f"    {short(c['peer'], 16):>20}  {text(c['samples'], 12):>8} samples")
+            typer.echo(f"    {short(c['peer']):>12}  {text(c['samples'], 12):>8} samples")
         if row["absent"]:
             typer.echo(f"    absent: {', '.join(short(p) for p in row['absent'])}")
         for rep in row["secagg"]:

@@ -14,7 +14,7 @@ from typing import Any, NoReturn
 
 import typer
 
-from gpuflex.safetext import printable
+from gpuflex.safetext import SHORT_ID_CHARS, printable
 
 HomeOpt = typer.Option(None, "--home", help="Node data directory (default: $GPUFLEX_HOME or ~/.gpuflex).")
 JsonOpt = typer.Option(False, "--json", help="Print machine-readable JSON.")
@@ -55,7 +55,7 @@ def call_node(method: str, params: dict[str, Any] | None = None, home: str | Non
         fail(str(exc))
 
 
-def short(peer: str | None, n: int = 10) -> str:
+def short(peer: str | None, n: int = SHORT_ID_CHARS) -> str:
     return "-" if not peer else f"…{printable(str(peer)[-n:])}"
 
 

@@ -11,8 +11,10 @@ from gpuflex.cli.common import HomeOpt, JsonOpt
 
 
 def doctor(home: str | None = HomeOpt, json_out: bool = JsonOpt,
-           listen: str = typer.Option("/ip4/0.0.0.0/tcp/4001", "--listen",
-                                      help="The address 'node start' will listen on (multiaddr, HOST:PORT or PORT)."),
+           listen: str | None = typer.Option(None, "--listen",
+                                             help="The address 'node start' will listen on (multiaddr, HOST:PORT or "
+                                                  "PORT; default: the running node's own, else "
+                                                  "/ip4/0.0.0.0/tcp/4001)."),
            job: Path | None = typer.Option(None, "--job", metavar="FILE",
                                            help="Also fit this job file to every device: precision, micro-batch, "
                                                 "threads and throughput, probed with real steps.")) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -11,7 +12,8 @@ import typer
 
 from gpuflex.cli.common import JsonOpt, call_node, emit_json, fail, number, short, text
 
-job_app = typer.Typer(help="Create, submit and follow training jobs.", no_args_is_help=True)
+job_app = typer.Typer(help="Create, submit and follow training jobs.", no_args_is_help=True,
+                    rich_markup_mode=None)
 NodeOpt = typer.Option(None, "--node", "--home", help="Home of the node to talk to.")
 
 
@@ -20,11 +22,13 @@ def init(path: Path = typer.Argument(Path("job.toml"), help="Where to write the 
          force: bool = typer.Option(False, help="Overwrite an existing file."),
          template: str = typer.Option("job", "--template", help="'job' (the digits demo) or 'lora' "
                                       "(LoRA fine-tuning of a language model).")) -> None:
-    """Write a commented example job file (the digits demo job, or --template lora)."""
-    from gpuflex.jobspec import example_job_toml
+    """Write a commented example job file (the digits demo job, or --template lora); YAML when
+    PATH ends in .yaml or .yml."""
+    from gpuflex.jobspec import example_job_toml, example_job_yaml
+    from gpuflex.jobyaml import YAML_SUFFIXES
 
     try:
-        text = example_job_toml(template)
+        text = (example_job_yaml if path.suffix.lower() in YAML_SUFFIXES else example_job_toml)(template)
     except ValueError as exc:
         fail(str(exc))
     if str(path) == "-":
@@ -42,7 +46,7 @@ def load_job_file(path: Path) -> dict[str, Any]:
     if not path.exists():
         fail(f"job file {path} does not exist")
     try:
-        spec = JobSpec.from_toml(path)
+        spec = JobSpec.from_file(path)
     except JobSpecError as exc:
         fail(f"{path} is not a valid job:\n{exc}")
     except ValueError as exc:
@@ -65,7 +69,7 @@ def inference_file(path: Path) -> dict[str, Any] | None:
 
 
 @job_app.command("submit")
-def submit(job_file: Path = typer.Argument(..., help="The job's TOML file."), node: str | None = NodeOpt,
+def submit(job_file: Path = typer.Argument(..., help="The job file (TOML, or YAML when it ends in .yaml or .yml)."), node: str | None = NodeOpt,
            json_out: bool = JsonOpt) -> None:
     """Validate the job file, then sign and publish it to the mesh; prints the job id.
 
@@ -107,10 +111,13 @@ def format_status(js: dict[str, Any]) -> str:
     if js.get("work"):
         lines.extend(format_work(js["work"], js["round"]))
     if js["metrics"]:
-        lines.append(f"{'round':>7} {'loss':>8} {'accuracy':>9} {'train loss':>11} {'nodes':>6} {'time':>7} "
-                     f"{'up MB':>9} {'down MB':>8}")
+        # A language model's rounds have a perplexity: a column of its own when they do.
+        ppl = any(isinstance(m.get("perplexity"), (int, float)) for m in js["metrics"])
+        lines.append(f"{'round':>7} {'loss':>8} {'accuracy':>9}{' perplexity' if ppl else ''} {'train loss':>11} "
+                     f"{'nodes':>6} {'time':>7} {'up MB':>9} {'down MB':>8}")
         for m in js["metrics"]:
-            lines.append(f"{number(m['round'], '>7')} {number(m['loss'], '>8.4f')} {number(m['accuracy'], '>9.4f')} "
+            lines.append(f"{number(m['round'], '>7')} {number(m['loss'], '>8.4f')} {number(m['accuracy'], '>9.4f')}"
+                         f"{' ' + number(m.get('perplexity'), '>10.2f') if ppl else ''} "
                          f"{number(m['train_loss'], '>11.4f')} {number(m['contributors'], '>6')} "
                          f"{number(m['duration_s'], '>6.1f')}s {number(_mb(m.get('update_bytes')), '>9.3f')} "
                          f"{number(_mb(m.get('down_bytes')), '>8.3f')}")
@@ -118,8 +125,8 @@ def format_status(js: dict[str, Any]) -> str:
         downs = [(m.get("down_bytes"), m.get("contributors")) for m in js["metrics"]]
         if all(isinstance(u, (int, float)) for u in ups) and all(
                 isinstance(d, (int, float)) and isinstance(c, (int, float)) for d, c in downs):
-            lines.append(f"bytes        {number(_mb(sum(ups)), '.3f')} MB of updates up, "  # type: ignore[arg-type]
-                         f"{number(_mb(sum(d * c for d, c in downs)), '.3f')} MB down "  # type: ignore[operator]
+            lines.append(f"bytes        {number(_mb(sum(ups)), '.3f')} MB of updates up, "
+                         f"{number(_mb(sum(d * c for d, c in downs)), '.3f')} MB down "
                          "to the contributors (up MB: all members' updates; down MB: what each member "
                          "downloads, the step or the model)")
     return "\n".join(lines)
@@ -133,11 +140,11 @@ def format_work(rows: list[dict[str, Any]], round_: int) -> list[str]:
     """Round ``round_``'s work per member: its device, local steps, samples per second and
     share of the round's compute (each member's training seconds over everyone's)."""
     lines = [f"work         round {round_}",
-             f"  {'member':<10} {'device':<28} {'samples':>8} {'steps':>6} {'samples/s':>10} {'train s':>8} {'share':>6} "
+             f"  {'member':<11} {'device':<28} {'samples':>8} {'steps':>6} {'samples/s':>10} {'train s':>8} {'share':>6} "
              f"{'sent MB':>8}"]
     for row in rows:
         share = row.get("compute_share")
-        lines.append(f"  {short(text(row.get('peer', '?'), 80)):<10} {text(row.get('device') or '-', 28):<28} "
+        lines.append(f"  {short(text(row.get('peer', '?'), 80)):<11} {text(row.get('device') or '-', 28):<28} "
                      f"{number(row.get('samples'), '>8')} {number(row.get('steps'), '>6')} "
                      f"{number(row.get('samples_per_s'), '>10.1f')} {number(row.get('compute_s'), '>8.2f')} "
                      f"{number(share, '>6.0%')} {number(_mb(row.get('update_bytes')), '>8.3f')}")
@@ -150,16 +157,28 @@ def format_spec(js: dict[str, Any]) -> str:
     spec = js.get("spec")
     if not isinstance(spec, dict):
         return "spec         (this node does not report it)"
-    lines = [f"spec         from {short(js.get('publisher'), 16)}"]
+    lines = [f"spec         from {short(js.get('publisher'))}"]
     lines += [f"  {text(key, 40):<20} = {text(json.dumps(value, ensure_ascii=False), 500)}"
               for key, value in sorted(spec.items())]
     return "\n".join(lines)
 
 
-def format_row(js: dict[str, Any]) -> str:
-    """One line per job for ``gpuflex job list``."""
-    return (f"{text(js['job_id'], 16):16}  {text(js['state'], 8):8}  "
-            f"{number(js['round'], '>5')}/{number(js['rounds'], '<5')}  {text(js['phase'], 7):7}  {text(js['name'], 60)}")
+def format_rows(jobs: list[dict[str, Any]]) -> list[str]:
+    """``gpuflex job list``'s table, a header and one line per job, each column as wide as
+    its widest cell (a peer's job name is clipped, control characters escaped)."""
+    header = ("JOB", "STATE", "ROUND", "PHASE", "NAME")
+    rows = [(text(js.get("job_id"), 16), text(js.get("state"), 8),
+             f"{number(js.get('round'), 'd')}/{number(js.get('rounds'), 'd')}", text(js.get("phase"), 8),
+             text(js.get("name"), 60)) for js in jobs]
+    widths = [max(len(r[i]) for r in (header, *rows)) for i in range(len(header))]
+    right = {2}  # rounds line up on their slash-free right edge
+
+    def line(cells: tuple[str, ...]) -> str:
+        out = [c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths, strict=True))]
+        out[-1] = cells[-1]  # no padding after the last column
+        return "  ".join(out)
+
+    return [line(header), *(line(r) for r in rows)]
 
 
 @job_app.command("list")
@@ -172,9 +191,8 @@ def list_jobs(node: str | None = NodeOpt, json_out: bool = JsonOpt) -> None:
     if not jobs:
         typer.echo("no jobs yet")
         return
-    typer.echo(f"{'JOB':16}  {'STATE':8}  {'ROUND':>11}  {'PHASE':7}  NAME")
-    for js in jobs:
-        typer.echo(format_row(js))
+    for row in format_rows(jobs):
+        typer.echo(row)
 
 
 @job_app.command("status")
@@ -186,18 +204,41 @@ def status(job: str | None = typer.Argument(None, help="Job id or prefix (defaul
     """Round, phase, coordinator, members, each member's work in the last round (device, local
     steps, samples per second, share of the compute), and loss and accuracy so far (``--json``
     includes the job's spec and publisher)."""
+    show = Snapshots(sys.stdout.isatty()) if watch and not json_out else None
     while True:
         js = call_node("job_status", {"job": job} if job else {}, home=node)
         if json_out:
             emit_json(js)
         else:
-            typer.echo(format_status(js))
-            if spec:
-                typer.echo(format_spec(js))
+            view = format_status(js) + ("\n" + format_spec(js) if spec else "")
+            typer.echo(show.next(view) if show is not None else view, nl=show is None)
         if not watch or js["state"] in ("done", "failed"):
             return
         time.sleep(1.0)
-        typer.echo("")
+        if json_out:
+            typer.echo("")
+
+
+class Snapshots:
+    """``job status --watch`` output: on a terminal each refresh redraws the screen in place;
+    otherwise (a pipe, a log file) the first snapshot is printed whole and then only its lines
+    that changed, so a 400-round job's log grows by a line a round, not a snapshot a second."""
+
+    CLEAR = "\x1b[H\x1b[2J"
+
+    def __init__(self, tty: bool) -> None:
+        self.tty = tty
+        self.shown: list[str] = []
+
+    def next(self, view: str) -> str:
+        lines = view.splitlines()
+        if self.tty:
+            out = self.CLEAR + view + "\n"
+        else:
+            seen = set(self.shown)
+            out = "".join(line + "\n" for line in lines if line not in seen)
+        self.shown = lines
+        return out
 
 
 @job_app.command("results")

@@ -12,7 +12,8 @@ from gpuflex.cli import audit_cmd, doctor_cmd, job_cmd, node_cmd, query, serve_c
 from gpuflex.cli.common import HomeOpt
 
 app = typer.Typer(help="GPUFlex: federated training on a peer-to-peer mesh of the GPUs people own.",
-                  no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
+                  no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
+                  rich_markup_mode=None)  # plain click help: it wraps, rich's table truncates names
 app.command("keygen")(node_cmd.keygen)
 app.add_typer(node_cmd.node_app, name="node")
 app.command("peers")(query.peers)
@@ -43,6 +44,18 @@ def dashboard(home: str | None = HomeOpt) -> None:
     from tui.app import run_dashboard
 
     run_dashboard(home=home)
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        query.version(json_out=False)
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
+                                       help="Print the version and exit.")) -> None:
+    pass
 
 
 def run() -> None:

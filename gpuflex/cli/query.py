@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import typer
 
 from gpuflex.cli.common import (
@@ -14,6 +16,7 @@ from gpuflex.cli.common import (
     short,
     text,
 )
+from gpuflex.safetext import plural
 
 
 def peers(home: str | None = HomeOpt, json_out: bool = JsonOpt) -> None:
@@ -45,7 +48,7 @@ def status(home: str | None = HomeOpt, json_out: bool = JsonOpt) -> None:
     for addr in st["addrs"]:
         typer.echo(f"address  {addr}")
     typer.echo(f"hardware {hardware_summary(st['node_info'])}")
-    typer.echo(f"mesh     {m['peers']} peers: {m['up']} up, {m['suspect']} suspect, {m['down']} down")
+    typer.echo(f"mesh     {plural(m['peers'], 'peer')}: {m['up']} up, {m['suspect']} suspect, {m['down']} down")
     if "nat" in st:
         typer.echo(f"reach    {reach_line(st['nat'])}")
     if "join" in st:
@@ -58,7 +61,7 @@ def status(home: str | None = HomeOpt, json_out: bool = JsonOpt) -> None:
         typer.echo(line)
 
 
-def serve_lines(serve: dict) -> list[str]:  # type: ignore[type-arg]
+def serve_lines(serve: dict[str, Any]) -> list[str]:
     """What this node serves (rate, tokens/s, latency) and the models it can route to."""
     lines = [f"api      {text(serve['http'])}/v1"] if serve.get("http") else []
     for m in serve.get("models", []):
@@ -74,9 +77,9 @@ def serve_lines(serve: dict) -> list[str]:  # type: ignore[type-arg]
     return lines
 
 
-def join_summary(join: dict) -> str:  # type: ignore[type-arg]
+def join_summary(join: dict[str, Any]) -> str:
     """One line on how this node stands with the mesh: connected, or waiting and retrying."""
-    book = f"{join.get('known_peers', 0)} peers in the address book"
+    book = f"{plural(join.get('known_peers', 0), 'peer')} in the address book"
     state = join.get("state")
     if state == "waiting":
         retry = join.get("next_retry_s")
@@ -88,11 +91,11 @@ def join_summary(join: dict) -> str:  # type: ignore[type-arg]
     return f"{state}; {book}"
 
 
-def reach_line(nat: dict) -> str:  # type: ignore[type-arg]
+def reach_line(nat: dict[str, Any]) -> str:
     """One line on whether others can reach this node, and how."""
     text = f"{nat['reachability']} (DHT {nat.get('dht_mode', '?')} mode)"
     if nat.get("reservations"):
-        text += f", relayed by {', '.join(short(r, 8) for r in nat['reservations'])}"
+        text += f", relayed by {', '.join(short(r) for r in nat['reservations'])}"
     if nat.get("relay_service"):
         load = nat.get("relay_load", {})
         text += f", relay service on ({load.get('reservations', 0)} reservations, {load.get('circuits_now', 0)} circuits)"

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import re
 import string
-from collections.abc import Sequence
+from collections.abc import Sequence, Sized
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -55,7 +55,7 @@ def labels_of(dataset: Dataset) -> np.ndarray:
     """Integer labels of a dataset of (x, y) pairs; fast for TensorDataset, generic otherwise."""
     if isinstance(dataset, TensorDataset) and len(dataset.tensors) >= 2:
         return dataset.tensors[1].cpu().numpy().astype(np.int64)
-    return np.asarray([int(dataset[i][1]) for i in range(len(dataset))], dtype=np.int64)
+    return np.asarray([int(dataset[i][1]) for i in range(len(cast(Sized, dataset)))], dtype=np.int64)
 
 
 def split_indices(

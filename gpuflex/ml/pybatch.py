@@ -151,6 +151,7 @@ def parse_batch(data: bytes) -> Any:
     memo: dict[int, Any] = {}
     budget = [len(data)]
     try:
+        arg: Any  # an opcode's argument: its type depends on the opcode
         for count, (op, arg, _pos) in enumerate(pickletools.genops(data)):
             if count >= MAX_OPS:
                 raise BatchFormatError(f"more than {MAX_OPS} opcodes")
@@ -180,11 +181,11 @@ def parse_batch(data: bytes) -> Any:
                 stack.append(())
             elif name in ("TUPLE1", "TUPLE2", "TUPLE3"):
                 n = int(name[-1])
-                items = tuple(stack[-n:])
-                if len(items) != n:
+                popped = tuple(stack[-n:])
+                if len(popped) != n:
                     raise BatchFormatError("stack underflow")
                 del stack[-n:]
-                stack.append(items)
+                stack.append(popped)
             elif name == "TUPLE":
                 stack.append(tuple(_pop_mark(stack, marks)))
             elif name == "LIST":

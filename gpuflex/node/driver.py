@@ -24,7 +24,7 @@ from gpuflex.node.collector import Collector
 from gpuflex.node.export import JobExport, job_export
 from gpuflex.node.faults import NO_FAULTS, Faults
 from gpuflex.node.kinds import EventKind, JobState, Phase, Role
-from gpuflex.node.ledger import HEAD_CHARS
+from gpuflex.node.ledger import HEAD_CHARS, ChainCheck
 from gpuflex.node.messages import (
     ABORT,
     PARTIAL,
@@ -297,11 +297,11 @@ class JobDriver:
     def ledger_frames(self) -> list[bytes]:
         return self.book.ledger.frames
 
+    def chain_check(self) -> ChainCheck:
+        return ChainCheck(self.book.ledger)
+
     def participates(self) -> bool:
         return self.book.participates()
-
-    def known_members(self) -> set[str]:  # whom this job's presence goes to
-        return self.book.known_members()
 
     def head(self) -> str:
         """This job's ledger head as presence names it."""

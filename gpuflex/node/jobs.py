@@ -21,39 +21,37 @@ from typing import Any
 
 import trio
 
-from gpuflex.jobpolicy import JobPolicy
+from gpuflex.jobpolicy import PLUGIN_FIELDS, JobPolicy, Refusal, RefusalKind
 from gpuflex.node.admission import Admission
 from gpuflex.node.control import ApiError
+from gpuflex.node.crashmark import CrashMarks
 from gpuflex.node.driver import JobDriver
 from gpuflex.node.events import EventLog
 from gpuflex.node.faults import NO_FAULTS, Faults
 from gpuflex.node.kinds import EventKind, JobState
-from gpuflex.node.messages import JOB, PRESENCE, SYNC
+from gpuflex.node.messages import JOB, PRESENCE, SYNC, created_at
 from gpuflex.node.nodeport import NodePort, NodeServices
 from gpuflex.node.prepare import load_trainer
+from gpuflex.node.presence import PRESENCE_MARKS, send_presence
 from gpuflex.node.state import JobInfo
 from gpuflex.node.summary import brief
 from gpuflex.node.sync import CatchUp
 from gpuflex.nodeconfig import NodeConfig
+from gpuflex.plugins import is_plugin_path
 from gpuflex.safetext import printable
 from mesh.codec import Envelope, WireError, open_envelope, seal
 from mesh.fsutil import atomic_write
 from mesh.health import PeerRecord, PeerState
 from mesh.messaging import Inbound, Rejected
 from mesh.node import MeshNode
-from mesh.overlay import neighbours
 
 log = logging.getLogger("gpuflex.jobs")
 #: Presence is refreshed this often; PRESENCE_FRESH_S (state.py) allows three missed beats.
 PRESENCE_EVERY_S = 3.0
 #: A new job is announced in a presence within this long: jobs arriving together share one.
 PRESENCE_SOON_S = 0.2
-#: Jobs a presence names as still preparing, or as giving up a round's turns: bounded, so many
-#: jobs arriving together do not push presence past its 8 KiB limit.
-PRESENCE_MARKS = 16
 #: Presence broadcasts in flight at once; beyond that the next waits for the one before.
 PRESENCE_SENDS_AT_ONCE = 3
-WATCH_PER_JOB = 16  #: members of a running job watched first-hand, picked as mesh.overlay picks
 #: How often each job re-checks whether min_nodes members are reachable, to say so.
 QUORUM_CHECK_S = 1.0
 #: At start a node waits up to this many seconds (one try a second) for a first peer to sync from.
@@ -63,6 +61,8 @@ INITIAL_SYNC_PEERS, CATCH_UP_PEERS = 2, 4
 #: A peer whose ledger changed nothing here is not asked for it again, on its presence, for
 #: this long; at most this many such (job, peer) pairs are remembered.
 FRUITLESS_SYNC_S, MAX_FRUITLESS = 30.0, 4096
+#: Peers whose verified contributions are counted (``credit``): the most credited are kept.
+MAX_CREDITED = 4096
 
 
 def pin_spec(spec: Any, home: Path, config: NodeConfig | None = None) -> Any:
@@ -89,6 +89,7 @@ class JobManager:
                                    penalise=lambda peer, points: mesh.peers.penalise(peer, points).penalty)
         self.jobs_dir = home / "jobs"
         self.jobs_dir.mkdir(parents=True, exist_ok=True)
+        self.marks = CrashMarks(self.jobs_dir)
         self.drivers: dict[str, JobDriver] = {}
         self.contributed: dict[str, int] = {}
         self.unsaved_jobs: set[str] = set()  # jobs whose file could not be written, reported once
@@ -116,11 +117,19 @@ class JobManager:
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             self.syncer.run_in(nursery)
+            saved = []
             for path in sorted(self.jobs_dir.glob("*/job.frame")):
                 try:
-                    self._adopt(open_envelope(path.read_bytes(), expect_kind=JOB), resumed=True)
+                    saved.append(open_envelope(path.read_bytes(), expect_kind=JOB))
                 except (WireError, Rejected, OSError) as exc:
                     self.events.emit(EventKind.STATE_CORRUPT, message=f"job file {path} is unreadable: {exc}")
+            # Oldest first, as they arrived, so "newest first" (job list, a bare job status)
+            # still holds after a restart; a job id alone says nothing about age.
+            for env in sorted(saved, key=created_at):
+                try:
+                    self._adopt(env, resumed=True)
+                except (WireError, Rejected) as exc:
+                    self.events.emit(EventKind.STATE_CORRUPT, message=f"job {job_id_of(env)} is unreadable: {exc}")
             task_status.started()
             nursery.start_soon(self._presence_loop)
             nursery.start_soon(self._quorum_loop)
@@ -157,6 +166,13 @@ class JobManager:
             return None
         if self.admission.judge(job_id, spec, env.sender, None if resumed else self._unfinished()) is not None:
             return None
+        plugins = any(is_plugin_path(getattr(spec, name) or "") for name in PLUGIN_FIELDS)
+        if resumed and plugins and self.marks.stopped_inside(job_id):
+            self.admission.refuse(job_id, Refusal(RefusalKind.CRASHED, (
+                "its plug-in code was running when this node last stopped without shutting down, so it may "
+                f"have crashed the node; not resumed (delete {self.marks.marker(job_id)} to run it again)")),
+                env.sender, spec.name, penalise=False)
+            return None
         members = tuple(sorted({m for m in body["members"] if isinstance(m, str)}))
         if not resumed:
             try:
@@ -169,7 +185,8 @@ class JobManager:
                 return None
         self.unsaved_jobs.discard(job_id)
         info = JobInfo(job_id=job_id, spec=spec, initial_members=members, frame=env.raw, submitted_by=env.sender)
-        port = NodePort(self.mesh, self.events, self.home, job_id, self._services)
+        port = NodePort(self.mesh, self.events, self.home, job_id, self._services,
+                        marks=self.marks if plugins else None)
         driver = JobDriver(info, port, self.jobs_dir, faults=self.faults,
                            trainers=partial(load_trainer, config=self.config))
         self.drivers[job_id] = driver
@@ -207,51 +224,8 @@ class JobManager:
         self._presence_due.set()
 
     async def send_presence(self) -> None:
-        """Each job's presence to its members alone (``JobDriver.known_members``), one message per
-        set of jobs shared with a peer, applied here first: none grows with the mesh's jobs."""
-        # Finished jobs too: a member that fell behind (a full disk, a partition) catches up.
-        active = {j: d.committed for j, d in self.drivers.items() if d.state != JobState.FAILED and d.participates()}
-        # Jobs that failed here, and why: peers leave this node out of their plans and say why.
-        failed = dict(islice(((j, why) for j, d in self.drivers.items() if (why := d.failure)), PRESENCE_MARKS))
-        if not active and not failed:  # a node in no job sends nothing
-            return
-        me, groups = self.mesh.peer_id, {}  # type: ignore[var-annotated]
-        try:
-            own = seal(self.mesh.identity, PRESENCE, self._presence_body(active, failed))
-            await self._on_presence(Inbound(open_envelope(own), None, me, gossip=True))
-        except (WireError, ValueError, Rejected) as exc:  # a map too large for its kind's limit
-            log.debug("own presence not applied: %s", exc)
-        alive, shared = set(self.mesh.peers.alive()), {}  # type: ignore[var-annotated]
-        for job in [*active, *failed]:
-            members = self.drivers[job].known_members() & alive
-            for peer in members - {me}:
-                shared.setdefault(peer, []).append(job)
-            if self.drivers[job].state == JobState.RUNNING:  # its rounds' members, spread evenly
-                self.mesh.watch(neighbours(me, members, WATCH_PER_JOB), 3 * PRESENCE_EVERY_S)
-        for peer, in_jobs in shared.items():
-            groups.setdefault(tuple(in_jobs), []).append(peer)
-        async with trio.open_nursery() as nursery:
-            for group, peers in groups.items():
-                try:
-                    frame = seal(self.mesh.identity, PRESENCE, self._presence_body(
-                        {j: active[j] for j in group if j in active}, {j: failed[j] for j in group if j in failed}))
-                    nursery.start_soon(self.mesh.send_direct, frame, peers)
-                except (WireError, ValueError) as exc:
-                    log.debug("presence for %d job(s) not sent: %s", len(group), exc)
-
-    def _presence_body(self, active: dict[str, int], failed: dict[str, str]) -> dict[str, Any]:
-        # Each job's training throughput here: coordinators of time-budgeted rounds plan by it.
-        rates = {j: round(r, 3) for j in active if (r := self.drivers[j].throughput()) > 0}
-        # Each job's ledger head and weight (its verified contributions): a peer whose ledger is
-        # lighter, or as heavy on another head, learns from this to fetch ours.
-        heads = {j: self.drivers[j].head() for j in active}
-        weights = {j: self.drivers[j].weight for j in active}
-        # Jobs still being prepared here, and the round whose coordinator turns this node
-        # gave up meanwhile: peers skip those turns instead of waiting out a plan timeout.
-        preparing = list(islice((j for j in active if self.drivers[j].preparing), PRESENCE_MARKS))
-        passes = dict(islice(((j, r) for j in active if (r := self.drivers[j].passes_round)), PRESENCE_MARKS))
-        return {"jobs": active, "heads": heads, "weights": weights, "rates": rates,
-                "preparing": preparing, "passes": passes, **({"failed": failed} if failed else {})}
+        """Each job's presence to its members alone (``gpuflex.node.presence``)."""
+        await send_presence(self.mesh, self.drivers, self._on_presence, 3 * PRESENCE_EVERY_S)
 
     async def _presence_loop(self) -> None:
         while True:
@@ -333,14 +307,14 @@ class JobManager:
             await trio.sleep(1.0)
 
     async def _catch_up(self, job: str, peer: str) -> None:
+        """Fetch the ledger ``peer``'s presence claims may win; one it does not make this job
+        adopt (the claim was false, or stale) is fruitless: not asked again for a while."""
         self._syncing.add(job)
-        driver = self.drivers[job]
-        before = (driver.committed, driver.head())
         try:
-            await self.syncer.sync_from_peer(peer)
+            adopted = await self.syncer.sync_job(peer, job)
         finally:
             self._syncing.discard(job)
-        if (driver.committed, driver.head()) == before:
+        if not adopted:
             self._fruitless[(job, peer)] = trio.current_time()
             while len(self._fruitless) > MAX_FRUITLESS:
                 del self._fruitless[next(iter(self._fruitless))]
@@ -353,7 +327,10 @@ class JobManager:
     # -- credit --------------------------------------------------------------------------------
 
     def credit(self, peer: str) -> None:
+        """Count a verified contribution; past ``MAX_CREDITED`` peers the least credited goes."""
         self.contributed[peer] = self.contributed.get(peer, 0) + 1
+        if len(self.contributed) > MAX_CREDITED:
+            del self.contributed[min(self.contributed, key=self.contributed.__getitem__)]
 
     def rounds_contributed(self, peer: str) -> int:
         return self.contributed.get(peer, 0)

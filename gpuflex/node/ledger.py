@@ -69,6 +69,44 @@ def verify_tail(frames: list[bytes], start: int, ledger: Ledger) -> list[Result]
     return history[start:]
 
 
+class ChainCheck:
+    """Checks a peer's ledger of a job frame by frame as it arrives (catch-up sync), so that a
+    page that does not verify stops the fetch at once instead of being held with the rest.
+
+    Frames equal to this node's own ledger at the same round are verified already: ``extend``
+    returns this node's copy (the received bytes can be freed) and counts nothing as held.
+    Every other frame must extend the chain so far with its evidence complete
+    (``evidence.verify_round``); ``held`` counts the bytes of those, which the caller bounds."""
+
+    def __init__(self, ledger: Ledger) -> None:
+        self.ledger = ledger
+        self.results: list[Result] = []
+        self.held = 0  # bytes of frames kept that this node did not already hold
+        self._same = True  # every frame so far equals ours
+
+    def __len__(self) -> int:
+        return len(self.results)
+
+    def extend(self, frame: bytes) -> bytes:
+        """The frame to keep for the next round (ours where equal); raises LedgerError."""
+        i = len(self.results)
+        ours = self.ledger.frames
+        if self._same and i < len(ours) and frame == ours[i]:
+            self.results.append(self.ledger.results[i])
+            return ours[i]
+        self._same = False
+        try:
+            res = parse_result(open_envelope(frame, expect_kind=RESULT))
+            verify_round(res, self.results, self.ledger.rules)
+        except WireError as exc:
+            raise LedgerError(f"round {i + 1}: {exc}") from None
+        except EvidenceError as exc:
+            raise LedgerError(str(exc)) from None
+        self.results.append(res)
+        self.held += len(frame)
+        return frame
+
+
 def result_key(res: Result) -> tuple[int, str]:
     """The last tie-break of fork choice: of two results for the same round, the earlier
     attempt wins, then the smaller digest. Neither can be climbed: each attempt names its own

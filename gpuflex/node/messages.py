@@ -127,6 +127,15 @@ class Plan:
         return self.env.digest
 
 
+def created_at(env: Envelope) -> float:
+    """When a JOB frame's publisher says it made the job (its signed ``created``): for
+    ordering jobs and judging their age only; anything but a finite number counts as 0."""
+    value = env.body.get("created") if isinstance(env.body, dict) else None
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+        return float(value)
+    return 0.0
+
+
 def make_plan(identity: Identity, **body: Any) -> bytes:
     return seal(identity, PLAN, body)
 

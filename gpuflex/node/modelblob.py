@@ -34,6 +34,19 @@ def _str(text: str) -> bytes:
     return msgpack.packb(text, use_bin_type=True)
 
 
+#: Arrays a model blob holds besides the parameters: the server optimizer's state, at most two
+#: vectors the size of the model (FedAdam's moments).
+MAX_STATE_VECTORS = 2
+#: msgpack headers and names around the arrays: a few dozen bytes, with room to spare.
+BLOB_OVERHEAD = 64 << 10
+
+
+def model_blob_limit(params: int) -> int:
+    """The largest model blob (or committed step) of a model of ``params`` parameters: what a
+    peer may announce before this node reserves disk for it."""
+    return 4 * params * (1 + MAX_STATE_VECTORS) + BLOB_OVERHEAD
+
+
 def model_parts(params: np.ndarray, state: dict[str, np.ndarray] | None = None) -> list[memoryview]:
     """The blob as a list of buffers (headers, then the arrays themselves, uncopied) whose
     concatenation is exactly ``msgpack.packb`` of the map; hash and store them with

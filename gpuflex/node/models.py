@@ -6,10 +6,11 @@ from __future__ import annotations
 import logging
 
 import numpy as np
+import trio
 
 from gpuflex.node.kinds import EventKind
 from gpuflex.node.messages import Result
-from gpuflex.node.modelblob import model_parts, unpack_model
+from gpuflex.node.modelblob import model_blob_limit, model_parts, unpack_model
 from gpuflex.node.pipeline import replay_step
 from gpuflex.node.port import JobPort
 from gpuflex.node.selection import best_result
@@ -25,6 +26,8 @@ MODELS_KEPT = 2
 #: A committed step is a quarter of the model or less: if it takes longer than this, download
 #: the model instead.
 STEP_FETCH_S = 60.0
+#: A model fetch waits this long for the job's model to be built here (its size is the limit).
+SIZE_WAIT_S = 300.0
 
 
 class Models:
@@ -32,15 +35,28 @@ class Models:
         self.port, self.book = port, book
         self._best_kept = ""  # the best model kept beyond the window at the last prune
 
+    async def blob_limit(self) -> int:
+        """The most a model or step blob of this job may announce (``model_blob_limit``): known
+        once this node has built the job's model (preparing it), which a fetch waits for. A
+        peer's announced size is checked against it before any disk is reserved."""
+        book = self.book
+        with trio.move_on_after(SIZE_WAIT_S):
+            await book.sized.wait()
+        if not book.sized.is_set():
+            raise BlobError(f"job {book.job_id}: its model is not built here yet, so no model blob is fetched "
+                            "(its size bounds what a peer may send)")
+        return model_blob_limit(book.model_size)
+
     async def load(self, digest: str, providers: list[str]) -> tuple[np.ndarray, dict[str, np.ndarray]]:
         """The model blob ``digest``, re-fetched from peers if the local copy fails its hash."""
         port = self.port
-        await port.fetch_blob(digest, providers)
+        if not port.blobs.has(digest):
+            await port.fetch_blob(digest, providers, max_size=await self.blob_limit())
         try:
             data = port.blobs.read(digest, verify=True)
         except BlobError as exc:
             port.emit(EventKind.STATE_CORRUPT, message=f"{exc}; fetching it again from peers")
-            await port.fetch_blob(digest, providers or port.alive_peers())
+            await port.fetch_blob(digest, providers or port.alive_peers(), max_size=await self.blob_limit())
             data = port.blobs.read(digest, verify=True)
         return unpack_model(data)
 
@@ -50,7 +66,8 @@ class Models:
         blobs = self.port.blobs
         if res.step_hash is not None and not blobs.has(res.model_hash) and blobs.has(res.base_hash):
             try:
-                await self.port.fetch_blob(res.step_hash, [res.coordinator], timeout=STEP_FETCH_S)
+                await self.port.fetch_blob(res.step_hash, [res.coordinator], timeout=STEP_FETCH_S,
+                                           max_size=await self.blob_limit())
                 parts = await self.port.offload(self._replay, res)
                 if parts_hash(parts) == res.model_hash:
                     blobs.put_parts(parts)

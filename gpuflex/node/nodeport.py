@@ -10,6 +10,7 @@ from typing import Any, TypeVar
 import trio
 
 from gpuflex.node.clock import DeadlineClock
+from gpuflex.node.crashmark import CrashMarks
 from gpuflex.node.events import EventLog
 from gpuflex.node.kinds import EventKind
 from gpuflex.node.port import FETCH_TIMEOUT_S, REQUEST_TIMEOUT_S, BlobStorePort
@@ -34,8 +35,10 @@ class NodeServices:
 
 class NodePort:
     def __init__(self, mesh: MeshNode, events: EventLog, home: Path, job_id: str, services: NodeServices,
-                 clock: DeadlineClock | None = None) -> None:
+                 clock: DeadlineClock | None = None, marks: CrashMarks | None = None) -> None:
+        """``marks``: for a job that runs plug-in code, where that code is marked as running."""
         self._mesh, self._events, self._job_id, self._services = mesh, events, job_id, services
+        self._marks = marks
         self._home = home
         self._clock = clock or DeadlineClock()
 
@@ -63,8 +66,8 @@ class NodePort:
         return await self._mesh.broadcast(frame)
 
     async def fetch_blob(self, digest: str, providers: Sequence[str] = (),
-                         timeout: float = FETCH_TIMEOUT_S) -> object:
-        return await self._mesh.fetch_blob(digest, providers, timeout=timeout)
+                         timeout: float = FETCH_TIMEOUT_S, max_size: int | None = None) -> object:
+        return await self._mesh.fetch_blob(digest, providers, timeout=timeout, max_size=max_size)
 
     async def announce_blob(self, digest: str) -> None:
         await self._mesh.announce_blob(digest)
@@ -84,7 +87,7 @@ class NodePort:
         return out
 
     def why_unreachable(self, peer: str) -> str:
-        self._mesh.peers.add(peer)  # so the mesh looks up its NodeInfo in the DHT
+        self._mesh.peers.add(peer, displace=False)  # so the mesh looks up its NodeInfo, while there is room
         return str(self._mesh.nat.why_unreachable(peer) or "")
 
     def peer_ip(self, peer: str) -> str | None:
@@ -110,4 +113,7 @@ class NodePort:
         await self._services.catch_up(prefer)
 
     async def offload(self, fn: Callable[..., T], *args: Any) -> T:
-        return await trio.to_thread.run_sync(fn, *args)
+        if self._marks is None:
+            return await trio.to_thread.run_sync(fn, *args)
+        with self._marks.running(self._job_id):
+            return await trio.to_thread.run_sync(fn, *args)

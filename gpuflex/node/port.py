@@ -76,8 +76,9 @@ class JobPort(Protocol):
         ...
 
     async def fetch_blob(self, digest: str, providers: Sequence[str] = (),
-                         timeout: float = FETCH_TIMEOUT_S) -> object:
-        """Hold blob ``digest`` locally, downloading it if needed; BlobError if nobody serves it."""
+                         timeout: float = FETCH_TIMEOUT_S, max_size: int | None = None) -> object:
+        """Hold blob ``digest`` locally, downloading it if needed; BlobError if nobody serves it
+        (or only at an announced size over ``max_size``)."""
         ...
 
     async def announce_blob(self, digest: str) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -20,16 +21,21 @@ import trio
 
 from gpuflex.node.faults import Faults
 from gpuflex.node.kinds import EventKind
+from gpuflex.node.messages import JOB, created_at
 from gpuflex.node.modelblob import model_parts
 from gpuflex.node.port import JobPort, Trainer, TrainerFactory
 from gpuflex.node.state import JobBook
 from gpuflex.node.workfields import DEVICE_CHARS
 from gpuflex.node.workplan import valid_rate
+from mesh.codec import WireError, open_envelope
 
 log = logging.getLogger("gpuflex.rounds")
 #: A node still preparing a job this long after loading its ledger, while a peer has it ready,
 #: gives up its coordinator turns in the current round: nodes preparing side by side do not.
 GIVE_WAY_AFTER_S = 0.5
+#: A job published longer ago than this, with no ledger here, is caught up (for at most
+#: ``CATCH_UP_FIRST_S``) before it is prepared: its peers may hold rounds, or its end.
+CATCH_UP_FIRST_AFTER_S, CATCH_UP_FIRST_S = 10.0, 3.0
 
 
 def load_trainer(spec: Any, index: int, parts: int, home: Path, data_hook: Callable[..., Any] | None,
@@ -56,6 +62,13 @@ class Preparation:
             port.emit(EventKind.STATE_CORRUPT, message=f"ledger of job {book.job_id}: {problem}; recovering")
         book.advance()
         book.loaded = True
+        if not book.ledger.results and self._long_running():
+            # A job that began a while ago and has no ledger here: this node joined late. Wait
+            # for peers' ledger before preparing (at most CATCH_UP_FIRST_S), so a job that has
+            # finished is not fitted to the device nor given turns it no longer has.
+            # (The peer it came from usually sends the ledger in the same sync, just after.)
+            await port.catch_up()
+            await book.changed.wait_for(lambda: bool(book.ledger.results), trio.current_time() + CATCH_UP_FIRST_S)
         giving_way = trio.CancelScope()
         book.tasks.start_soon(self._give_way, giving_way)
         try:
@@ -69,13 +82,28 @@ class Preparation:
         # and a time-budgeted job's coordinator plans only members with a measured throughput.
         port.announce_soon()
 
+    def _long_running(self) -> bool:
+        """Whether the job was published more than ``CATCH_UP_FIRST_AFTER_S`` ago (its signed
+        creation time; a skewed clock only decides whether the ledger is asked for first)."""
+        try:
+            created = created_at(open_envelope(self.book.info.frame, expect_kind=JOB))
+        except WireError:
+            return False
+        return created > 0 and time.time() - created > CATCH_UP_FIRST_AFTER_S  # 0: no time was signed
+
     async def _fit_to_device(self) -> None:
         """Load this node's part of the data, fit the job to the device, measure throughput."""
         book, port = self.book, self.port
         index, parts = book.info.part_for(book.me)
         self.trainer = trainer = await port.offload(self._trainers, book.spec, index, parts, port.home,
                                                     self._faults.data_hook())
+        # A node that joins after the last round takes the final ledger (usually while its
+        # workload loads): nothing to train, so no device to fit and nothing to announce.
+        if book.finished:
+            return
         fitted = await port.offload(trainer.fitted)  # device, precision, measured throughput
+        if book.finished:
+            return
         book.device = str(fitted.get("device", ""))[:DEVICE_CHARS]
         book.fit = {k: v for k, v in fitted.items() if isinstance(v, (int, float, str)) or v is None}
         if (rate := valid_rate(fitted.get("samples_per_s"))) is not None:
@@ -85,6 +113,7 @@ class Preparation:
                   **settings)
         init = await port.offload(trainer.initial_params)
         book.model_size = int(init.size)
+        book.sized.set()
         book.init_hash = port.blobs.put_parts(model_parts(init, {}))
 
     async def _give_way(self, scope: trio.CancelScope) -> None:
@@ -93,7 +122,8 @@ class Preparation:
         book = self.book
         with scope:
             await trio.sleep(GIVE_WAY_AFTER_S)
-            await book.changed.wait_for(book.give_way, math.inf)
+            # A finished job has no turns left to give up (a node that joined after its end).
+            await book.changed.wait_for(lambda: not book.finished and book.give_way(), math.inf)
         if scope.cancelled_caught:
             return
         log.info("job %s: still preparing while a peer is ready: this node gives up its coordinator turns "

@@ -56,6 +56,7 @@ class NodeOptions:
     reachability: str | None = None  # forced "public"/"private"; None: ask peers
     config: NodeConfig | None = None  # node.toml with the start flags on top; None: read <home>/node.toml
     limits: PeerLimits = field(default_factory=PeerLimits)  # what one peer may cost this node
+    address_book_size: int = 256  # peers kept across restarts (mesh.addressbook)
 
 
 def load_identity(home: Path) -> tuple[Identity, bool]:
@@ -122,6 +123,7 @@ class NodeRuntime:
                 bootstrap_timeout_s=options.bootstrap_timeout_s,
                 data_dir=self.home,
                 address_book=self.home / PEERS_FILE,
+                address_book_size=options.address_book_size,
                 health=options.health,
                 node_info=self._hardware(),
                 relay=options.relay,
@@ -169,8 +171,7 @@ class NodeRuntime:
                                 port=self.options.control_port)
         async with trio.open_nursery() as nursery:
             await nursery.start(self.mesh.run)
-            for addr in self.mesh.multiaddrs():
-                log.info("gpuflex node %s listening on %s", self.identity.peer_id, addr)
+            # The mesh logs its "listening on" line (peer id included) when it starts.
             # Abandoned on stop: a node stopped while torch still imports must not wait for it.
             nursery.start_soon(partial(trio.to_thread.run_sync, warm_up_torch,  # type: ignore[call-arg]
                                        abandon_on_cancel=True))  # (mypy misreads trio's TypeVarTuple signature)

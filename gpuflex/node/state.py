@@ -255,6 +255,7 @@ class JobBook:
         self.ready = trio.Event()
         self.init_hash = ""
         self.model_size = 0  # parameters of the model this job trains, known once prepared
+        self.sized = trio.Event()  # set with model_size: it bounds the model blobs peers may send
         self.presence: dict[str, float] = {}  # peer -> trio time of its last presence
         # Time-budgeted rounds: each member's training throughput for this job (samples per
         # second, as it publishes it; this node's own as it measures it), and this node's device.

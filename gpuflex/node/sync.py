@@ -14,9 +14,12 @@ holds and however long their ledgers, every answer is a page well within the fra
 
 The asker fetches ledger pages only for jobs where the peer's ledger, as the peer describes
 it, could win fork choice (``SyncedJob.may_win``: heavier, which may be shorter; as heavy and
-longer; or the same on another head), and never more frames than the job has rounds. What a
-page says is only a reason to fetch: the ledger fetched is checked round by round, and
-compared by what verifies, before anything changes. A sync that a peer's message sets off is throttled per peer (one at
+longer; or the same on another head), never more frames than the job has rounds, and never
+more than ``LEDGER_SYNC_BYTES`` of frames it does not hold already. What a page says is only a
+reason to fetch: every frame is checked as its page arrives (``ledger.ChainCheck``), the first
+that does not verify ends the fetch and penalises the peer, and fork choice compares what
+verified before anything changes. A claim of a heavier ledger therefore costs this node one
+page at most unless the claimant serves verifiable rounds. A sync that a peer's message sets off is throttled per peer (one at
 a time, and one every ``TRIGGER_EVERY_S`` at most), so naming unknown jobs cannot make a
 node sync in a loop.
 """
@@ -31,6 +34,7 @@ from typing import Any, Protocol
 
 import trio
 
+from gpuflex.node.ledger import ChainCheck, LedgerError
 from gpuflex.node.messages import JOB, SYNC
 from mesh.codec import Envelope, WireError, open_envelope, seal
 from mesh.messaging import Inbound, Rejected, SendError
@@ -43,6 +47,11 @@ PAGE_BYTES = 4 << 20
 PAGE_JOBS = 64
 #: Pages of jobs asked of one peer in one sync: PAGES x PAGE_JOBS jobs at most.
 MAX_PAGES = 64
+#: Bytes of a peer's ledger frames one catch-up holds (those this node does not hold already);
+#: past it the fetch stops and what verified is offered. Every page is checked as it arrives.
+LEDGER_SYNC_BYTES = 64 << 20
+#: Ledger pages asked of one peer in one catch-up.
+MAX_LEDGER_PAGES = 4096
 #: One page may take this long to arrive.
 PAGE_TIMEOUT_S = 20.0
 #: A sync set off by a peer's message (an unknown job) is made at most this often per peer.
@@ -71,6 +80,8 @@ class SyncedJob(Protocol):
     def job_frame(self) -> bytes: ...
 
     def ledger_frames(self) -> Sequence[bytes]: ...
+
+    def chain_check(self) -> ChainCheck: ...
 
     async def offer_ledger(self, frames: list[bytes], peer: str) -> bool: ...
 
@@ -178,6 +189,18 @@ class CatchUp:
         finally:
             self._running.discard(peer)
 
+    async def sync_job(self, peer: str, job_id: str) -> bool:
+        """Fetch ``peer``'s ledger of ``job_id`` (its presence says it may win here) and offer
+        it; True only if the job adopted it (a claim that changed nothing is fruitless)."""
+        job = self.jobs.get(job_id)
+        if job is None or peer in self._running:
+            return False
+        self._running.add(peer)
+        try:
+            return await self._catch_up(peer, job_id, job)
+        finally:
+            self._running.discard(peer)
+
     async def _learn_jobs(self, peer: str) -> dict[str, tuple[object, object, object]] | None:
         """Every job ``peer`` names, adopted where this node takes it on, and per job what the
         peer says of its ledger: (height, weight, head), unchecked (``may_win`` checks)."""
@@ -205,16 +228,31 @@ class CatchUp:
             after = more
         return claims
 
-    async def _catch_up(self, peer: str, job_id: str, job: SyncedJob) -> None:
-        """Fetch ``peer``'s ledger of ``job`` in pages and offer it, whole, to the job."""
+    async def _catch_up(self, peer: str, job_id: str, job: SyncedJob) -> bool:
+        """Fetch ``peer``'s ledger of ``job`` in pages, checking each frame as it arrives
+        (``ChainCheck``), and offer what verified to the job. A frame that does not verify ends
+        the fetch and penalises the peer; so does the ``LEDGER_SYNC_BYTES`` budget of frames
+        this node did not hold already (what verified so far is still offered: a long honest
+        ledger is taken in instalments, one sync after another)."""
+        check = job.chain_check()
         frames: list[bytes] = []
-        while len(frames) < job.rounds:
+        for _ in range(MAX_LEDGER_PAGES):
+            if len(frames) >= job.rounds or check.held >= LEDGER_SYNC_BYTES:
+                break
             reply = await self._ask(peer, {"job": job_id, "from": len(frames)})
             page = reply.get("ledger") if reply is not None else None
             if not isinstance(page, list) or not page or not all(isinstance(f, bytes) for f in page):
                 break
-            frames += page
+            try:
+                for frame in page[: job.rounds - len(frames)]:
+                    frames.append(check.extend(frame))
+            except LedgerError as exc:
+                self.mesh.inbound.reject(peer, WireError("evidence", f"ledger from {peer[-8:]}: {exc}"),
+                                         f"sync page of job {job_id}")
+                break
             if not reply or not reply.get("more"):
                 break
-        if frames:
-            await job.offer_ledger(frames[: job.rounds], peer)
+        if check.held >= LEDGER_SYNC_BYTES:
+            log.info("sync of job %s from %s: stopped at round %d, the %d MiB budget of new ledger frames",
+                     job_id, peer[-8:], len(frames), LEDGER_SYNC_BYTES >> 20)
+        return bool(frames) and await job.offer_ledger(frames, peer)

@@ -28,7 +28,7 @@ import subprocess
 from dataclasses import dataclass
 
 from gpuflex.localmesh import Placement
-from tests.integration.netns import NetnsUnavailable, _ip, inside, placement_in
+from tests.integration.netns import NetnsUnavailable, _ip, ensure_tool, inside, placement_in
 
 WAN_NET = "198.51.100"
 _serial = itertools.count()
@@ -42,19 +42,7 @@ def _run(*cmd: str, stdin: str | None = None) -> None:
 
 def ensure_nft() -> None:
     """``nft`` on PATH, installed from Debian's packages if this is root and it is missing."""
-    if shutil.which("nft"):
-        return
-    if os.geteuid() != 0:
-        raise NetnsUnavailable("nft is not installed and installing it needs root")
-    if shutil.which("apt-get") is None:
-        raise NetnsUnavailable("nft is not installed and there is no apt-get to install it")
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    for cmd in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", "nftables"]):
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
-        if proc.returncode != 0:
-            raise NetnsUnavailable(f"could not install nftables: {proc.stderr.strip()[-300:]}")
-    if not shutil.which("nft"):
-        raise NetnsUnavailable("nftables installed but nft is not on PATH")
+    ensure_tool("nft", "nftables")
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 
 from gpuflex import doctor, sdk
 from gpuflex.client import ControlClient
@@ -65,3 +66,19 @@ def test_readme_sdk_example_runs(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=150, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert [line.split()[0] for line in proc.stdout.splitlines()] == ["1", "2", "3"]
+
+
+def test_the_sdk_gives_a_central_baseline_and_the_best_rounds_model(tmp_path: Path) -> None:
+    handle = sdk.run_local(fx.make_model, fx.make_data, nodes=2, rounds=3, local_steps=5, batch_size=16, lr=0.1,
+                           workdir=tmp_path / "mesh")
+    with handle:
+        final = handle.wait(timeout=150)
+        central = handle.baseline()
+        assert 0.0 <= central["accuracy"] <= 1.0 and central["steps"] == 3 * 5  # the same sequential budget
+        best = handle.best_round("accuracy")
+        assert best["accuracy"] == max(m["accuracy"] for m in final["metrics"])
+        # The job's default final model is the best-scored round's; the last round's is there too.
+        final_state = handle.state_dict()
+        for key, value in handle.state_dict("best").items():
+            assert torch.equal(value, final_state[key])
+        assert handle.state_dict("last").keys() == final_state.keys()

@@ -56,7 +56,7 @@ def test_overview_follows_the_running_job() -> None:
 
 def test_peers_show_their_work_in_the_followed_jobs_last_round() -> None:
     from tui.feed import Snapshot
-    from tui.screens.peers import COLUMN_BY_KEY, peer_cells, work_by_peer
+    from tui.screens.peers import COLUMN_BY_KEY, COLUMNS, peer_cells, work_by_peer
 
     job = Job.parse({"job_id": "j1", "state": "running", "work": [
         {"peer": "A", "device": "GTX 1080 fp32", "steps": 40, "samples_per_s": 640.4, "compute_share": 0.45},
@@ -66,6 +66,7 @@ def test_peers_show_their_work_in_the_followed_jobs_last_round() -> None:
     assert work["A"].steps == 40 and work["A"].device == "GTX 1080 fp32"
     cells = [str(c) for c in peer_cells(Peer.parse({"peer_id": "A"}), 0.0, work["A"])]
     assert "40" in cells and "640" in cells and "45%" in cells
-    assert str(peer_cells(Peer.parse({"peer_id": "C"}), 0.0, None)[-2]) == fmt.DASH  # not in the round
+    keys = [c.key for c in COLUMNS]
+    assert str(peer_cells(Peer.parse({"peer_id": "C"}), 0.0, None)[keys.index("share")]) == fmt.DASH  # not in the round
     steps = COLUMN_BY_KEY["steps"].sort_key
     assert steps(Peer.parse({"peer_id": "A"}), work["A"]) > steps(Peer.parse({"peer_id": "C"}), None)

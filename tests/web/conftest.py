@@ -12,6 +12,7 @@ import pytest
 import trio
 
 from tests.tui.fake_source import NOW
+from tests.web.browser import ensure_chromium
 from tests.web.fake_api import FakeApi
 from web.app import Portal
 from web.exports import Exporter
@@ -31,8 +32,18 @@ async def start(nursery: trio.Nursery, tmp_path: Path, token: str | None = None)
     portal = Portal(api, token=token, exporter=Exporter(api, tmp_path / "exports"),
                     wall_clock=lambda: NOW, version="test")
     url = await nursery.start(serve, portal, "127.0.0.1", 0)
-    client = httpx.AsyncClient(base_url=url, timeout=10, headers={"accept": "text/html"})
+    # What a browser sends from the portal's own pages: its origin on every state-changing request.
+    client = httpx.AsyncClient(base_url=url, timeout=10, headers={"accept": "text/html", "origin": url})
     return Served(url, api, portal, client)
+
+
+@pytest.fixture(scope="module")
+def chromium() -> tuple[str, str]:
+    """Headless Chromium and its driver, installed from Debian's packages when root."""
+    found = ensure_chromium()
+    if isinstance(found, str):
+        pytest.skip(found)
+    return found
 
 
 @pytest.fixture

@@ -29,7 +29,7 @@ from typer.testing import CliRunner
 from gpuflex.cli.main import app as cli
 from gpuflex.localmesh import LocalMesh
 from tests.integration.conftest import digits_spec
-from tests.web.browser import ensure_chromium, make_driver, png_size, set_viewport, wait_for
+from tests.web.browser import make_driver, png_size, set_viewport, wait_for
 from tests.web.fake_api import HOSTILE_NAME
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(300)]
@@ -40,14 +40,6 @@ SIZES = ((1920, 1080), (375, 812))
 DOCS_SHOT = os.environ.get("GPUFLEX_WEB_DOCS_SHOT")
 """Set to a path to also write the overview at 1920 px there, made small (the README's copy):
 GPUFLEX_WEB_DOCS_SHOT=docs/web-portal.png just test tests/web/test_browser.py"""
-
-
-@pytest.fixture(scope="module")
-def chromium() -> tuple[str, str]:
-    found = ensure_chromium()
-    if isinstance(found, str):
-        pytest.skip(found)
-    return found
 
 
 @pytest.fixture(scope="module")
@@ -202,7 +194,10 @@ def test_audit_button_reports_the_chain_verified(mesh: LocalMesh, portal: str, b
                        60, "the audit verdict")
     assert verdict.startswith("Chain verified"), verdict
     assert f"{ROUNDS} rounds of job {job}" in verdict
-    assert f"the model matches round {ROUNDS}" in verdict
+    # The results hand out the best-scored round's model (the job's default final_model).
+    rows = mesh.call(0, "ledger", {"job": job})
+    best = max(rows, key=lambda r: (r["metrics"]["accuracy"], r["round"]))["round"]
+    assert f"the model matches round {best}" in verdict
     wait_for(lambda: "digits" in text_of(browser, "[data-region=spec]"), 30, "the job spec")
     snap(browser, shots, "job")
     browser.get(f"{portal}/jobs")

@@ -98,6 +98,6 @@ def test_the_nodes_ledger_rows_fill_each_contributions_work() -> None:
     parsed = LedgerRound.parse(row)
     by_device = {c.extra["device"]: c for c in parsed.contributors}
     assert by_device["dev2 fp32"].seconds == 3.0 and by_device["dev2 fp32"].share == 0.5
-    assert by_device["dev2 fp32"].extra["steps"] == "5" and by_device["dev0 fp32"].extra["samples_per_s"] == "50.0"
+    assert by_device["dev2 fp32"].extra["local steps"] == "5" and by_device["dev0 fp32"].extra["samples/s"] == "50"
     credit = compute_credit({JOB: [parsed]})
     assert credit.basis == "compute time" and max(p.share for p in credit.peers) == 0.5

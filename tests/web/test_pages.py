@@ -168,7 +168,7 @@ async def test_join_page_gives_the_address_the_commands_and_a_qr_code(served: Se
     html = (await served.client.get("/join")).text
     best = "/ip4/192.0.2.7/tcp/4001/p2p/" + SELF  # a routable address before loopback
     assert f"gpuflex node start --bootstrap {best}" in html
-    assert "pip install gpuflex" in html
+    assert "just setup" in html and "pip install gpuflex" not in html  # the README's install
     assert re.search(r'<svg viewBox="0 0 \d+ \d+" class="qr">', html)
     assert "loopback only" not in html
 

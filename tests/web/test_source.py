@@ -130,3 +130,23 @@ async def test_events_resume_after_a_restart_without_repeats(nursery: trio.Nurse
     assert event["seq"] == 10 and event["type"] == "peer_down"  # history replayed, only new shown
     await stream.aclose()
     await source.aclose()
+
+
+async def test_a_node_restarted_on_another_port_answers_the_very_next_call(nursery: trio.Nursery,
+                                                                           tmp_path: Path) -> None:
+    """After a long idle across a node restart, the kept connection is dead: the next call
+    must answer from the node as it is now, not fail and leave the portal showing old data."""
+    api = FakeApi()
+    server = await WireServer(api).start(nursery)
+    (tmp_path / TOKEN_FILE).write_text(TOKEN + "\n")
+    (tmp_path / CONTROL_FILE).write_text(json.dumps({"host": "127.0.0.1", "port": server.port}))
+    source = ControlSource.for_home(tmp_path, timeout=2)
+    assert len(await source.call("jobs")) == 2
+    server.stop()
+    api.job_list.append({**api.job_list[0], "job_id": "f" * 16, "name": "after the restart"})
+    restarted = await WireServer(api).start(nursery)
+    (tmp_path / CONTROL_FILE).write_text(json.dumps({"host": "127.0.0.1", "port": restarted.port}))
+    jobs = await source.call("jobs")  # no NodeUnavailable first
+    assert [j["name"] for j in jobs][-1] == "after the restart"
+    assert source.describe() == f"127.0.0.1:{restarted.port}"
+    await source.aclose()

@@ -37,6 +37,8 @@ LEDGER_COLUMNS = (
     ("samples", "samples"),
     ("loss", "loss"),
     ("accuracy", "acc"),
+    ("perplexity", "ppl"),
+    ("sent", "sent"),
     ("result", "result hash"),
 )
 
@@ -54,7 +56,8 @@ def job_cells(job: Job) -> list[Cell]:
     ]
 
 
-def ledger_cells(entry: LedgerRound) -> list[Cell]:
+def ledger_cells(entry: LedgerRound, sent: float | None = None) -> list[Cell]:
+    """A committed round; ``sent``: the bytes its updates weighed (from the job's metrics)."""
     metrics = entry.metrics
     return [
         Text(str(entry.round), justify="right"),
@@ -63,8 +66,16 @@ def ledger_cells(entry: LedgerRound) -> list[Cell]:
         Text(str(sum(c.samples for c in entry.contributors)), justify="right"),
         fmt.number(metrics.loss if metrics else None),
         fmt.percent(metrics.accuracy if metrics else None),
+        Text(fmt.number(metrics.perplexity if metrics else None, 2), justify="right"),
+        Text(fmt.human_bytes(sent), justify="right"),
         fmt.short_hash(entry.result_hash, 12),
     ]
+
+
+def round_key(job_id: str, round_: int) -> str:
+    """A ledger row's key names its job too: a cursor left on round 42 of one job must never
+    pick round 42 of another for the detail pane."""
+    return f"{job_id}:{round_}"
 
 
 def round_details(entry: LedgerRound) -> Table:
@@ -134,7 +145,11 @@ class JobsScreen(DashboardScreen):
         ):
             self._loading = job.job_id
             self.run_worker(self._load_ledger(job), group="ledger")
-        table.set_rows([(str(r.round), ledger_cells(r)) for r in reversed(rounds)])
+        sent = {m.round: m.sent_bytes for m in job.metrics}
+        # Newest first; a cursor on the newest round follows each new one (a cursor moved to an
+        # older round stays there).
+        table.set_rows([(round_key(job.job_id, r.round), ledger_cells(r, sent.get(r.round)))
+                        for r in reversed(rounds)], follow_first=True)
         note = f" · {self.ledger_error}" if self.ledger_error else ""
         table.border_title = fmt.literal(f"ledger of {job.name or fmt.short_hash(job.job_id, 8)}{note}")
         self._show_round()
@@ -159,9 +174,10 @@ class JobsScreen(DashboardScreen):
     def _show_round(self) -> None:
         detail = self.query_one("#round-detail", Static)
         job = self._selected_job()
-        key = self.query_one("#ledger-table", KeyedTable).selected_key()
+        table = self.query_one("#ledger-table", KeyedTable)
+        key = table.selected_key() if table.cursor_visible_in_view() else None
         rounds = self.ledgers.get(job.job_id, (0, ()))[1] if job else ()
-        entry = next((r for r in rounds if str(r.round) == key), None)
+        entry = next((r for r in rounds if job is not None and round_key(job.job_id, r.round) == key), None)
         shown: Any = Text("no committed round selected", style="dim") if entry is None else round_details(entry)
         if job is not None and job.stall:  # why the round in flight does not commit, first
             shown = Group(fmt.literal(f"⚠ {job.stall}", style="bold yellow"), shown)

@@ -37,21 +37,24 @@ def _work_key(value: float | None) -> float:
     return -math.inf if value is None else value
 
 
+# What answers "which box is dragging the round?" comes first, so that an 80-column terminal
+# shows it; the rest scrolls into view (the border says so when columns are off screen).
 COLUMNS = (
     Column("peer", "peer", "i", lambda p, w: p.peer_id),
     Column("state", "state", "t", lambda p, w: (STATE_ORDER.get(p.state, 3), p.peer_id)),
-    Column("reach", "reach", "h", lambda p, w: (p.reachability, p.peer_id)),
-    Column("rtt", "rtt", "l", lambda p, w: math.inf if p.rtt_ms is None else p.rtt_ms),
-    Column("seen", "seen", "e", lambda p, w: -(p.last_seen or 0.0)),
     Column("device", "device", "d", lambda p, w: p.info.device() if p.info else ""),
-    Column("legacy", "lgcy", "g", lambda p, w: bool(p.info and p.info.legacy)),
-    Column("rounds", "rnds", "c", lambda p, w: p.rounds_contributed),
     # The followed job's last committed round: who did how much, on what.
-    Column("steps", "stp", "x", lambda p, w: _work_key(w.steps if w else None)),
     Column("rate", "smp/s", "r", lambda p, w: _work_key(w.samples_per_s if w else None)),
     Column("share", "shr", "a", lambda p, w: _work_key(w.compute_share if w else None)),
+    Column("steps", "stp", "x", lambda p, w: _work_key(w.steps if w else None)),
     Column("penalty", "pen", "p", lambda p, w: p.penalty),
+    Column("rtt", "rtt", "l", lambda p, w: math.inf if p.rtt_ms is None else p.rtt_ms),
+    Column("rounds", "rnds", "c", lambda p, w: p.rounds_contributed),
+    Column("seen", "seen", "e", lambda p, w: -(p.last_seen or 0.0)),
+    Column("reach", "reach", "h", lambda p, w: (p.reachability, p.peer_id)),
+    Column("legacy", "lgcy", "g", lambda p, w: bool(p.info and p.info.legacy)),
 )
+DEVICE_CHARS = 14
 COLUMN_BY_KEY = {c.key: c for c in COLUMNS}
 
 
@@ -68,22 +71,23 @@ def _figure(value: float | None, text: str) -> Text:
 def peer_cells(peer: Peer, now: float, work: MemberWork | None = None) -> list[Cell]:
     legacy = Text("yes", style="yellow") if peer.info and peer.info.legacy else Text("")
     penalty = Text(f"{peer.penalty:.2f}", style="red" if peer.penalty > 0 else "dim")
+    device = peer.info.device() if peer.info else fmt.DASH
     return [
         fmt.short_id(peer.peer_id),
         fmt.literal(peer.state, style=fmt.STATE_STYLES.get(peer.state, "")),
-        fmt.literal(peer.reachability + ("·r" if peer.connection == "relayed" else ""),
-                    style=fmt.REACH_STYLES.get(peer.reachability, "")),
-        Text(fmt.rtt(peer.rtt_ms), justify="right"),
-        Text(fmt.ago(peer.last_seen, now), justify="right"),
-        peer.info.device() if peer.info else fmt.DASH,
-        legacy,
-        Text(str(peer.rounds_contributed), justify="right"),
-        _figure(None if work is None or work.steps is None else float(work.steps), str(work.steps if work else "")),
+        device if len(device) <= DEVICE_CHARS else device[: DEVICE_CHARS - 1] + "…",
         _figure(work.samples_per_s if work else None, f"{work.samples_per_s:.0f}" if work and work.samples_per_s
                 is not None else ""),
         _figure(work.compute_share if work else None, f"{work.compute_share:.0%}" if work and work.compute_share
                 is not None else ""),
+        _figure(None if work is None or work.steps is None else float(work.steps), str(work.steps if work else "")),
         penalty,
+        Text(fmt.rtt(peer.rtt_ms), justify="right"),
+        Text(str(peer.rounds_contributed), justify="right"),
+        Text(fmt.ago(peer.last_seen, now), justify="right"),
+        fmt.literal(peer.reachability + ("·r" if peer.connection == "relayed" else ""),
+                    style=fmt.REACH_STYLES.get(peer.reachability, "")),
+        legacy,
     ]
 
 
@@ -131,6 +135,9 @@ class PeersScreen(DashboardScreen):
     def on_mount(self) -> None:
         self._relabel()
         self.query_one(KeyedTable).focus()
+        # Column widths settle after layout and the user scrolls sideways at will: re-checked
+        # twice a second, the border's hint is always current.
+        self.set_interval(0.5, self._scroll_hint)
 
     # -- data -------------------------------------------------------------------------
 
@@ -149,7 +156,19 @@ class PeersScreen(DashboardScreen):
         table.border_title = fmt.literal(
             f"peers {count}" + (f" · filter '{self.filter_text}'" if self.filter_text else "")
         )
+        self.call_after_refresh(self._scroll_hint)
         self._show_detail()
+
+    def on_resize(self) -> None:
+        self.call_after_refresh(self._scroll_hint)
+
+    def _scroll_hint(self) -> None:
+        """Say so on the border when columns lie off screen, and which way they are."""
+        table = self.query_one(KeyedTable)
+        hidden_right = table.virtual_size.width > table.scroll_x + table.scrollable_content_region.width
+        hidden_left = table.scroll_x > 0
+        arrows = ("← " if hidden_left else "") + ("→" if hidden_right else "")
+        table.border_subtitle = f"{arrows.strip()} more columns: ←/→ scroll" if arrows else ""
 
     def _selected_peer(self) -> Peer | None:
         key = self.query_one(KeyedTable).selected_key()

@@ -42,19 +42,32 @@ class KeyedTable(DataTable[Cell]):
         self._add_columns(labels)
         self._shown = []
 
-    def set_rows(self, rows: Sequence[Row]) -> None:
+    def set_rows(self, rows: Sequence[Row], follow_first: bool = False) -> None:
+        """Refill the table, the cursor kept on its row; with ``follow_first``, a cursor on
+        the first row (or none) moves to the new first row, so a newest-first list follows."""
         signature = [(key, tuple(_signature(c) for c in cells)) for key, cells in rows]
         if signature == self._shown:
             return
+        first = self._shown[0][0] if self._shown else None
         self._shown = signature
         selected = self.selected_key() or self._keep
         self._keep = None
+        if follow_first and rows and (selected is None or selected == first):
+            selected = rows[0][0]
         self.clear()
         for key, cells in rows:
             self.add_row(*(literal(c) if isinstance(c, str) else c for c in cells), key=key)
         if selected is not None:
             with contextlib.suppress(RowDoesNotExist):
                 self.move_cursor(row=self.get_row_index(selected), animate=False)
+
+    def cursor_visible_in_view(self) -> bool:
+        """Whether the cursor's row is on screen (scrolling with the wheel can leave it off)."""
+        if not self.row_count:
+            return False
+        top = self.scroll_y
+        rows_shown = max(1, self.scrollable_content_region.height - self.header_height)
+        return top <= self.cursor_row < top + rows_shown
 
     def selected_key(self) -> str | None:
         if not self.row_count:

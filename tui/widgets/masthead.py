@@ -7,6 +7,7 @@ from __future__ import annotations
 from rich.text import Text
 from textual.widgets import Static
 
+from gpuflex.safetext import plural
 from tui import format as fmt
 from tui.feed import Snapshot
 
@@ -43,7 +44,7 @@ def render_masthead(snap: Snapshot, active: str) -> Text:
         text.append("mesh: waiting for the node", style="dim")
         return text
     mesh = status.mesh
-    text.append(f"mesh {mesh.peers} peers  ")
+    text.append(f"mesh {plural(mesh.peers, 'peer')}  ")
     for label, count in (("up", mesh.up), ("suspect", mesh.suspect), ("down", mesh.down)):
         style = fmt.STATE_STYLES[label] if count else "dim"
         text.append("● ", style=style)

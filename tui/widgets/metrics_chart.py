@@ -25,7 +25,9 @@ class MetricsChart(PlotextPlot):
         plt = self.plt
         plt.clear_data()
         plt.clear_figure()
-        plt.title("loss & accuracy by round")
+        # The legend is the title, above the plot: plotext draws its own legend inside the
+        # plot area, over the lines, which a short chart cannot spare.
+        plt.title("loss (red, left) · accuracy (green, right) by round")
         rows = [m for m in job.metrics if m.round] if job else []
         losses = [(m.round, m.loss) for m in rows if m.loss is not None]
         accs = [(m.round, m.accuracy) for m in rows if m.accuracy is not None]
@@ -33,7 +35,6 @@ class MetricsChart(PlotextPlot):
             plt.plot(
                 [r for r, _ in losses],
                 [v for _, v in losses],
-                label="loss",
                 color="red",
                 marker="braille",
             )
@@ -41,7 +42,6 @@ class MetricsChart(PlotextPlot):
             plt.plot(
                 [r for r, _ in accs],
                 [v for _, v in accs],
-                label="accuracy",
                 color="green",
                 marker="braille",
                 yside="right",
@@ -52,5 +52,5 @@ class MetricsChart(PlotextPlot):
             step = max(1, len(ticks) // 8)
             plt.xticks(ticks[::step])
         if not losses and not accs:
-            plt.title("loss & accuracy by round — waiting for the first commit")
+            plt.title("loss & accuracy by round: waiting for the first commit")
         self.refresh()

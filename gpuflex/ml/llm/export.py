@@ -30,7 +30,9 @@ class ExportSource(Protocol):
     settings: dict[str, Any]
     base_hash: str
     tokenizer_hash: str
-    num_params: int
+
+    @property
+    def num_params(self) -> int: ...
     model: Any
     tokenizer: Any
     config: Any
@@ -63,7 +65,7 @@ def export_llm(work: ExportSource, out: Path) -> list[Path]:
             base_dir = work.config.model_dir(settings["pretrained"])
         else:
             base_dir = out / "base"
-            base = build_base(spec, work.config, work.tokenizer.get_vocab_size(), eos_id(work.tokenizer))
+            base: Any = build_base(spec, work.config, work.tokenizer.get_vocab_size(), eos_id(work.tokenizer))
             if base_hash(base) != work.base_hash:
                 raise LLMError("the rebuilt base does not match the job's base hash; not exporting it")
             base.save_pretrained(str(base_dir), safe_serialization=True)

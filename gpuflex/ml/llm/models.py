@@ -66,7 +66,7 @@ def build_base(spec: Any, config: NodeConfig, vocab_size: int, eos: int) -> nn.M
             directory = config.model_dir(spec.llm["pretrained"])
         except NodeConfigError as exc:
             raise LLMError(str(exc)) from None
-        model = load_pretrained(directory)
+        model: Any = load_pretrained(directory)
         have = model.get_input_embeddings().weight.shape[0]
         if vocab_size > have:
             raise LLMError(f"the tokenizer has {vocab_size} tokens, the pretrained model's embedding only {have}")

@@ -4,8 +4,10 @@ Two sources:
 
 - ``shakespeare``: the play text split by speaking role (LEAF's natural non-IID split). Its
   path is the node's own: node.toml ``[data] shakespeare`` (or ``--data shakespeare=PATH``).
-- ``text``: the node's private corpus, node.toml ``[text] <corpus>``, under
-  ``partition = "local"``. The files never leave the machine; the job only names the corpus.
+- ``text``: the node's private corpus, node.toml ``[text] <corpus>`` (or a ``[data]`` entry of
+  that name), under ``partition = "local"``: text files, JSON Lines or Parquet files, or a
+  Hugging Face ``datasets`` folder (see ``gpuflex.ml.llm.corpus``). The files never leave the
+  machine; the job only names the corpus.
 
 Each document (a role, a file) is tokenised, ended with the end-of-text token, and cut into
 non-overlapping windows of ``seq_len + 1`` tokens, so inputs and next-token targets come from
@@ -25,15 +27,13 @@ import torch
 
 from gpuflex.ml.datasets import split_indices, split_roles
 from gpuflex.ml.llm import LLMError
+from gpuflex.ml.llm.corpus import corpus_documents, read_document
 from gpuflex.ml.llm.tokenizer import eos_id
 from gpuflex.nodeconfig import NodeConfig
 
 if TYPE_CHECKING:
     from gpuflex.jobspec import JobSpec
 
-#: One corpus file may hold at most this many bytes; a node reads its own files, but a typo
-#: naming a disk image should fail clearly rather than exhaust memory.
-MAX_FILE_BYTES = 512 * 1024 * 1024
 _cache: dict[tuple[Any, ...], TextBundle] = {}
 _cache_lock = threading.Lock()
 
@@ -62,20 +62,11 @@ def shakespeare_path(spec: JobSpec, config: NodeConfig) -> Path:
     return path
 
 
-def _read(path: Path) -> str:
-    try:
-        if path.stat().st_size > MAX_FILE_BYTES:
-            raise LLMError(f"{path} is larger than {MAX_FILE_BYTES >> 20} MiB")
-        return path.read_text(encoding="utf-8", errors="replace")
-    except OSError as exc:
-        raise LLMError(f"cannot read text {path}: {exc.strerror or exc}") from None
-
-
 def documents(spec: JobSpec, config: NodeConfig) -> dict[str, str]:
     """Name -> text of each document of the job's data on this node."""
     if spec.data == "shakespeare":
         path = shakespeare_path(spec, config)
-        roles = split_roles(_read(path))
+        roles = split_roles(read_document(path))
         if not roles:
             raise LLMError(f"{path} holds no role turns ('Name:' lines opening each speaker's turn)")
         return roles
@@ -84,7 +75,7 @@ def documents(spec: JobSpec, config: NodeConfig) -> dict[str, str]:
         files = config.text_files(corpus)
     except ValueError as exc:
         raise LLMError(str(exc)) from None
-    return {f"{i}:{p.name}": _read(p) for i, p in enumerate(files)}
+    return corpus_documents(files)
 
 
 def pack(ids: np.ndarray, seq_len: int) -> np.ndarray:
@@ -120,7 +111,7 @@ def build_bundle(spec: JobSpec, docs: dict[str, str], tokenizer: Any) -> TextBun
 def load_text(spec: JobSpec, config: NodeConfig, tokenizer: Any, tokenizer_digest: str) -> TextBundle:
     """The job's packed text on this node, cached per process (in-process meshes share it)."""
     source = (str(shakespeare_path(spec, config)) if spec.data == "shakespeare"
-              else tuple(str(p) for p in config.text.get(spec.llm["corpus"], ())))
+              else tuple(str(p) for p in config.corpus_paths(spec.llm["corpus"])))
     key = (spec.data, source, tokenizer_digest, spec.llm["seq_len"], spec.seed, spec.test_fraction)
     with _cache_lock:
         if key not in _cache:

@@ -239,6 +239,16 @@ class LLMWorkload:
         with self._lock:
             return self._fitted().describe()
 
+    def _clipper(self, clip: float) -> Callable[[], None] | None:
+        """The step loop's gradient clipping at ``clip`` (None: off)."""
+        if clip <= 0:
+            return None
+
+        def clip_grads() -> None:
+            torch.nn.utils.clip_grad_norm_(self._params, clip)
+
+        return clip_grads
+
     def train(self, base: np.ndarray, max_steps: int = 0, time_limit_s: float = 0.0,
               server_state: Mapping[str, np.ndarray] | None = None) -> tuple[np.ndarray, dict[str, Any]]:
         """Train the trainable tensors from ``base``; returns (trained − base, metrics). Under
@@ -259,8 +269,7 @@ class LLMWorkload:
             budgeted = time_limit_s > 0
             stats = run_steps(self._batches(budgeted), fit, optimizer, lambda b: (self._loss(b)[0], len(b)),
                               max_steps=max_steps if budgeted else 0, time_limit_s=time_limit_s,
-                              before_step=(lambda: torch.nn.utils.clip_grad_norm_(self._params, clip)) if clip > 0
-                              else None)
+                              before_step=self._clipper(clip))
             del optimizer  # its state (two copies of the trainable tensors for Adam) goes now
             for p in self._params:
                 p.grad = None  # and the gradients: neither is needed until the next round

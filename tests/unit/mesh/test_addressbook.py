@@ -111,6 +111,21 @@ def test_hints_never_displace_peers_this_node_has_heard_from(tmp_path: Path) -> 
     assert {e.peer_id for e in b.best(4)} == set(verified)
 
 
+def test_a_verified_peer_whose_dials_failed_keeps_its_place_ahead_of_every_hint(tmp_path: Path) -> None:
+    """A peer that restarted fails a few dials; a hint flood meanwhile must not push it out, and
+    a restarted node dials it before any hint."""
+    b = book(tmp_path, max_peers=8)
+    restarted, steady = IDS[:2]
+    b.reached(restarted, addr(100))
+    b.seen(steady, [addr(101)])
+    for _ in range(20):
+        b.failed(restarted, addr(100))
+    for _ in range(200):
+        b.hint(Identity.generate().peer_id, [addr(9)])
+    assert restarted in b and steady in b and len(b) == 8
+    assert [e.peer_id for e in b.best(2)] == [steady, restarted]
+
+
 def test_the_address_that_worked_leads_and_a_failed_one_goes_last(tmp_path: Path) -> None:
     b = book(tmp_path)
     peer = IDS[0]

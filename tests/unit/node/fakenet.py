@@ -209,13 +209,16 @@ class FakePort:
     async def broadcast(self, frame: bytes) -> int:
         return await self.net.broadcast(self.node, frame)
 
-    async def fetch_blob(self, digest: str, providers: Sequence[str] = (), timeout: float = 120.0) -> object:
+    async def fetch_blob(self, digest: str, providers: Sequence[str] = (), timeout: float = 120.0,
+                         max_size: int | None = None) -> object:
         if self.node.blobs.has(digest):
             return digest
         for peer in [*providers, *self.net.ids()]:
             other = self.net.nodes.get(peer)
             if other is not None and other is not self.node and self.net.reachable(self.node, other) \
                     and other.blobs.has(digest):
+                if max_size is not None and len(other.blobs.read(digest)) > max_size:
+                    continue  # as the mesh refuses a blob announced over what the job expects
                 await trio.sleep(self.net.delay(self.node, other))
                 self.node.blobs.put(other.blobs.read(digest))
                 return digest

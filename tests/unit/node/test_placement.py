@@ -104,3 +104,29 @@ def test_network_prefixes() -> None:
     assert network_prefix("::ffff:203.0.113.7") == "203.0.113.0/24"
     assert network_prefix("127.0.0.1") is None and network_prefix("::1") is None
     assert network_prefix("not an address") is None and network_prefix(None) is None
+
+
+@given(st.integers(3, 30), st.integers(2, 6), st.integers(2, 4), st.binary(min_size=32, max_size=32),
+       st.sets(st.integers(0, 29)))
+def test_masked_groups_do_not_depend_on_the_coordinators_private_list(n: int, group_size: int, min_group: int,
+                                                                      seed: bytes, marked: set[int]) -> None:
+    """Whatever members the coordinator calls private, every member masks with the same group
+    (its group's members are the same); the list only picks a reachable leader inside it."""
+    from gpuflex.node.placement import masked_tree
+    from gpuflex.node.secure import mask_group
+
+    members = [f"peer{i:02d}" for i in range(n)]
+    private = {members[i] for i in marked if 0 < i < n}
+    plain = masked_tree(members[0], members, (), group_size, min_group, seed)
+    steered = masked_tree(members[0], members, private, group_size, min_group, seed)
+
+    def group(tree: dict[str, str | None], p: str) -> frozenset[str]:
+        leader, masking = mask_group(tree, p)
+        return frozenset({leader, *masking})
+
+    assert sorted(steered) == members and steered[members[0]] is None
+    for p in members:
+        assert group(steered, p) == group(plain, p), p
+        leader = mask_group(steered, p)[0]
+        if leader != members[0] and any(q not in private for q in group(steered, p)):
+            assert leader not in private  # a reachable leader wherever the group has one

@@ -40,6 +40,10 @@ class StandInJob:
     def head(self) -> str:
         return "ab" * 8
 
+    @property
+    def book(self) -> StandInJob:  # the job book's view: who the members are
+        return self
+
     def known_members(self) -> set[str]:
         return set(self.members)
 

@@ -12,7 +12,7 @@ from typing import Any, cast
 import pytest
 
 from gpuflex.node import sync
-from gpuflex.node.ledger import HEAD_CHARS, Ledger
+from gpuflex.node.ledger import HEAD_CHARS, ChainCheck, Ledger
 from gpuflex.node.sync import CatchUp, job_page, ledger_page
 from mesh.codec import open_envelope
 from mesh.identity import Identity
@@ -129,12 +129,26 @@ class LedgerJob:
         self.offered.append(frames)
         return True
 
+    def chain_check(self) -> ChainCheck:
+        return ChainCheck(self.ledger)
+
+
+class Rejections:
+    """The mesh's ``inbound.reject``: who was penalised, for what."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, str]] = []
+
+    def reject(self, peer: str, exc: Exception, what: str) -> None:
+        self.seen.append((peer, str(exc)))
+
 
 class Wire:
     """The asker's side of the mesh: each request goes straight to the peer's answering side."""
 
     def __init__(self, identity: Identity, peer: CatchUp) -> None:
         self.identity, self.peer, self.asked = identity, peer, []
+        self.inbound = Rejections()
 
     @property
     def peer_id(self) -> str:
@@ -161,3 +175,59 @@ async def test_a_heavier_shorter_ledger_is_fetched_and_a_lighter_longer_one_is_n
         assert await CatchUp(cast(MeshNode, wire), {JOB: asker}, lambda env: None).sync_from_peer(ids[1].peer_id)
         assert asker.offered == ([theirs] if fetched else [])
         assert any("job" in body for body in wire.asked) == fetched  # a lighter ledger is not even asked for
+
+
+class Bomb:
+    """A peer that claims a heavier ledger and answers every ledger page with ``frame`` (and
+    more to come), as long as it is asked."""
+
+    def __init__(self, frame: bytes, pages: int = 50) -> None:
+        self.frame, self.pages, self.asked = frame, pages, 0
+
+    async def answer(self, msg: Inbound) -> dict[str, Any]:
+        body = msg.envelope.body
+        if "job" not in body:
+            return {"jobs": [], "heights": {JOB: 10}, "weights": {JOB: 10**6}, "more": None}
+        self.asked += 1
+        return {"ledger": [self.frame], "more": self.asked < self.pages}
+
+
+async def test_a_page_that_does_not_verify_ends_the_fetch_and_penalises_the_peer(tmp_path: Path) -> None:
+    honest, ids = make_chain(rounds=2, members=3)
+    asker = ledger_of(tmp_path, honest[:1], ids)
+    bomb = Bomb(bytes(1 << 20))  # a megabyte of zeros a page: no frame at all
+    wire = Wire(ids[0], cast(CatchUp, bomb))
+    assert await CatchUp(cast(MeshNode, wire), {JOB: asker}, lambda env: None).sync_from_peer(ids[1].peer_id)
+    assert bomb.asked == 1 and asker.offered == []
+    assert [peer for peer, _ in wire.inbound.seen] == [ids[1].peer_id]
+
+
+async def test_a_forged_round_after_honest_ones_stops_there_and_the_verified_rounds_are_offered(
+        tmp_path: Path) -> None:
+    honest, ids = make_chain(rounds=3, members=3)
+    forged = make_chain(rounds=4, members=3)[0][3]  # round 4 of another chain: its link is broken
+    asker = ledger_of(tmp_path, honest[:1], ids)
+    served = ledger_of(tmp_path, honest, ids)
+    served.ledger.frames = [*honest, forged]  # what it serves; never verified on its side
+    peer = CatchUp(cast(MeshNode, None), {JOB: served}, lambda env: None)
+    wire = Wire(ids[0], peer)
+    await CatchUp(cast(MeshNode, wire), {JOB: asker}, lambda env: None).sync_from_peer(ids[1].peer_id)
+    assert asker.offered == [honest]
+    assert len(wire.inbound.seen) == 1 and "round 4" in wire.inbound.seen[0][1]
+
+
+async def test_new_ledger_bytes_are_capped_and_frames_we_hold_cost_nothing(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    honest, ids = make_chain(rounds=8, members=3)
+    size = len(honest[0])
+    monkeypatch.setattr(sync, "PAGE_BYTES", 1)  # a frame a page
+    monkeypatch.setattr(sync, "LEDGER_SYNC_BYTES", 3 * size)
+    asker = ledger_of(tmp_path, honest[:4], ids)  # holds 4 rounds: those are free
+    peer = CatchUp(cast(MeshNode, None), {JOB: ledger_of(tmp_path, honest, ids)}, lambda env: None)
+    wire = Wire(ids[0], peer)
+    await CatchUp(cast(MeshNode, wire), {JOB: asker}, lambda env: None).sync_from_peer(ids[1].peer_id)
+    # 4 rounds it held, then new rounds until the budget of 3 frames' bytes is reached
+    [offered] = asker.offered
+    assert 4 + 2 <= len(offered) < 8 and offered == honest[: len(offered)]
+    assert all(a is b for a, b in zip(offered[:4], asker.ledger.frames, strict=True))  # our own copies
+    assert not wire.inbound.seen

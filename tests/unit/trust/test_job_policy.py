@@ -35,9 +35,13 @@ def policy(**flags: Any) -> JobPolicy:
     return JobPolicy(with_flags(NodeConfig(), **flags), own_id=ME)
 
 
-def test_patterns_match_whole_paths_with_star_for_any_run_of_characters() -> None:
+def test_patterns_match_whole_paths_with_star_for_modules_or_one_function_name() -> None:
     assert pattern_regex("mylab.models:*").match("mylab.models:make")
-    assert pattern_regex("mylab.models:*").match("mylab.models:Zoo.make")
+    # '*' in the function part is one name: never an attribute path through what a module imports.
+    assert not pattern_regex("mylab.models:*").match("mylab.models:os.abort")
+    assert not pattern_regex("mylab.models:*").match("mylab.models:Zoo.make")
+    assert pattern_regex("mylab.models:Zoo.*").match("mylab.models:Zoo.make")
+    assert not pattern_regex("mylab.*:*").match("mylab.models:os.abort")
     assert not pattern_regex("mylab.models:*").match("mylab.modelsx:make")
     assert not pattern_regex("mylab.models:make").match("mylab.models:make_evil")
     assert pattern_regex("mylab.*:*").match("mylab.a.b:c") and not pattern_regex("mylab.*:*").match("mylabx:c")
@@ -148,3 +152,27 @@ async def test_a_hostile_refusal_penalises_the_publisher_once_an_ordinary_one_no
     admission.judge("job-f", spec(model="os:abort"), ME, {})  # this node's own
     assert scored == [(MALLORY, 1.0), (MALLORY, 1.0)]
     assert len(events.history()) == 6 and "penalty" not in events.history()[-1]["message"]
+
+
+def test_a_language_model_over_the_operator_budget_is_refused_from_its_spec_alone() -> None:
+    """Counted from the spec's arithmetic: nothing is built (``spec_params`` is pure Python)."""
+    big = spec(model="llama", data="shakespeare", llm={"config": {
+        "hidden_size": 1024, "num_hidden_layers": 24, "intermediate_size": 4096, "num_attention_heads": 16}})
+    small = spec(model="llama", data="shakespeare", llm={"size": "tiny"})
+    text = ["shakespeare=/srv/tinyshakespeare.txt"]
+    refusal = policy(data=text).refusal(big, ALICE, {})
+    assert refusal is not None and refusal.kind == RefusalKind.SIZE and not refusal.transient
+    assert "about 403M parameters" in str(refusal) and "--max-model-params" in str(refusal), refusal
+    assert policy(data=text).refusal(small, ALICE, {}) is None
+    assert policy(data=text, max_model_params=500_000_000).refusal(big, ALICE, {}) is None
+    assert policy(data=text, max_model_params=100_000).refusal(small, ALICE, {}) is not None
+    with pytest.raises(NodeConfigError, match="--max-model-params"):
+        policy(max_model_params=10)
+
+
+def test_the_model_budget_is_read_from_node_toml(tmp_path: Path) -> None:
+    (tmp_path / "node.toml").write_text("[jobs]\nmax_model_params = 5000000\n")
+    assert load_node_config(tmp_path).max_model_params == 5_000_000
+    (tmp_path / "node.toml").write_text("[jobs]\nmax_model_params = true\n")
+    with pytest.raises(NodeConfigError, match=r"jobs\.max_model_params"):
+        load_node_config(tmp_path)

@@ -133,5 +133,26 @@ def test_doctor_fits_a_job_to_each_device(tmp_path) -> None:
 
     bad = tmp_path / "bad.toml"
     bad.write_text("rounds = 'many'\n")
-    (finding,) = check_job_fit(bad, tmp_path / "home")
-    assert finding.status == doctor.FAIL and "bad.toml" in finding.message
+    head, *fields = check_job_fit(bad, tmp_path / "home")
+    assert head.status == doctor.FAIL and "bad.toml" in head.message
+    # every error, as ``job submit`` lists them: both required fields and the bad one
+    assert {f.message.split(":")[0].strip() for f in fields} == {"model", "data", "rounds"}
+    assert head.data["errors"] == [f.message.strip() for f in fields]
+
+
+def test_a_loopback_node_is_not_called_reachable_whatever_its_peers_said() -> None:
+    from gpuflex.doctor_reach import check_reachability
+
+    nat = {"reachability": "public", "reached_at": ["/ip4/127.0.0.1/tcp/4100"], "relay_service": True}
+    finding = check_reachability({"addrs": ["/ip4/127.0.0.1/tcp/4100/p2p/x"], "nat": nat})
+    assert finding.status == "WARN" and "loopback only" in finding.message and "relays" not in finding.message
+    both = check_reachability({"addrs": ["/ip4/127.0.0.1/tcp/4100/p2p/x", "/ip4/192.168.1.2/tcp/4100/p2p/x"],
+                               "nat": nat})
+    assert both.status == "OK"
+
+
+def test_port_check_follows_the_running_nodes_own_address() -> None:
+    node = {"addrs": ["/ip4/127.0.0.1/tcp/4100/p2p/x", "/ip4/1.2.3.4/tcp/4002/p2p/r/p2p-circuit/p2p/x"]}
+    finding = doctor.check_port(None, node)
+    assert finding.status == "OK" and "/ip4/127.0.0.1/tcp/4100" in finding.message and "4002" not in finding.message
+    assert doctor.check_port("127.0.0.1:4100", node).status == "OK"
