@@ -1,8 +1,11 @@
 """Peer health: who is up, who is slipping, who is gone.
 
-The state is derived from one fact per peer, when it was last heard from (a ping answer or
-any valid message), against two thresholds, so every node applies the same rule and a killed
-peer turns ``down`` within ``down_after_s`` plus one probe interval.
+The table holds every peer this node knows of and its state; who changes a state is
+failure detection (``mesh.liveness``): a probe or any valid message makes a peer ``up``, a
+probe nobody could answer makes it ``suspect``, and ``down_after_s - suspect_after_s``
+later, unless it answered meanwhile, ``down``; rumours from peers do the same, but never
+against what this node heard itself within ``suspect_after_s``. Silence alone still ages
+the peers this node has never reached (``reevaluate``), against the two thresholds.
 """
 
 from __future__ import annotations
@@ -11,6 +14,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+import trio
 
 from mesh.compat import StrEnum
 from mesh.peertable import DEFAULT_MAX_PEERS, Marks, heard_from, hint_quota, keep_rank, victim
@@ -62,13 +67,15 @@ class PeerRecord:
     faults: int = 0
     rounds_contributed: int = 0
 
-    def row(self) -> dict[str, Any]:
+    def row(self, wall_offset: float = 0.0) -> dict[str, Any]:
+        """For people: ``wall_offset`` (``PeerTable.wall_offset``) turns the table's protocol
+        clock into wall-clock seconds."""
         return {
             "peer_id": self.peer_id,
             "state": str(self.state),
             "rtt_ms": None if self.rtt_ms is None else round(self.rtt_ms, 3),
-            "last_seen": self.last_seen,
-            "first_seen": self.first_seen,
+            "last_seen": None if self.last_seen is None else self.last_seen + wall_offset,
+            "first_seen": self.first_seen + wall_offset,
             "addrs": list(self.addrs),
             "info": self.info,
             "rounds_contributed": self.rounds_contributed,
@@ -78,6 +85,14 @@ class PeerRecord:
 
 StateListener = Callable[[PeerRecord, PeerState, PeerState], None]
 EvictListener = Callable[[str], None]
+
+
+def protocol_clock() -> float:
+    """trio's clock inside a trio run (MockClock in tests), the monotonic clock outside one."""
+    try:
+        return trio.current_time()
+    except RuntimeError:
+        return time.monotonic()
 
 
 class PeerTable:
@@ -154,6 +169,12 @@ class PeerTable:
         now = self.clock()
         return [p.peer_id for p in self._peers.values() if p.state == UP and p.ignored_until <= now]
 
+    def members(self) -> list[str]:
+        """Peers still in the mesh as far as this node knows: not down, not ignored. A suspect
+        is a member: it must hear that it is suspected, to refute it (``mesh.liveness``)."""
+        now = self.clock()
+        return [p.peer_id for p in self._peers.values() if p.state != DOWN and p.ignored_until <= now]
+
     def counts(self) -> dict[str, int]:
         out: dict[str, int] = {str(s): 0 for s in PeerState}
         for p in self._peers.values():
@@ -169,10 +190,23 @@ class PeerTable:
             rec.rtt_ms = rtt_ms if rec.rtt_ms is None else 0.7 * rec.rtt_ms + 0.3 * rtt_ms
         self._set_state(rec, UP)
 
-    def reevaluate(self) -> None:
-        """Apply the thresholds to every peer; called after each probe sweep."""
+    def wall_offset(self) -> float:
+        """Add to this table's times to get wall-clock seconds (its clock may be trio's)."""
+        return time.time() - self.clock()
+
+    def set_state(self, peer_id: str, state: PeerState) -> None:
+        """A verdict from elsewhere than silence: failure detection (``mesh.liveness``)."""
+        rec = self._peers.get(peer_id)
+        if rec is not None:
+            self._set_state(rec, state)
+
+    def reevaluate(self, unseen_only: bool = False) -> None:
+        """Apply the thresholds to every peer; called after each probe sweep. With
+        ``unseen_only``, only to peers never heard from: failure detection judges the others."""
         now = self.clock()
         for rec in self._peers.values():
+            if unseen_only and rec.last_seen is not None:
+                continue
             ref = rec.last_seen if rec.last_seen is not None else rec.first_seen
             silent = now - ref
             if silent >= self.config.down_after_s:

@@ -303,6 +303,9 @@ class JobDriver:
     def participates(self) -> bool:
         return self.book.participates()
 
+    def known_members(self) -> set[str]:  # whom this job's presence goes to
+        return self.book.known_members()
+
     def head(self) -> str:
         """This job's ledger head as presence names it."""
         return self.book.ledger.head[:HEAD_CHARS]

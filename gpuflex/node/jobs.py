@@ -43,6 +43,7 @@ from mesh.fsutil import atomic_write
 from mesh.health import PeerRecord, PeerState
 from mesh.messaging import Inbound, Rejected
 from mesh.node import MeshNode
+from mesh.overlay import neighbours
 
 log = logging.getLogger("gpuflex.jobs")
 #: Presence is refreshed this often; PRESENCE_FRESH_S (state.py) allows three missed beats.
@@ -54,6 +55,7 @@ PRESENCE_SOON_S = 0.2
 PRESENCE_MARKS = 16
 #: Presence broadcasts in flight at once; beyond that the next waits for the one before.
 PRESENCE_SENDS_AT_ONCE = 3
+WATCH_PER_JOB = 16  #: members of a running job watched first-hand, picked as mesh.overlay picks
 #: How often each job re-checks whether min_nodes members are reachable, to say so.
 QUORUM_CHECK_S = 1.0
 #: At start a node waits up to this many seconds (one try a second) for a first peer to sync from.
@@ -226,28 +228,51 @@ class JobManager:
         self._presence_due.set()
 
     async def send_presence(self) -> None:
-        # Finished jobs too: a member that fell behind (a full disk, a partition) learns from
-        # this that it is behind and catches up, even after everyone else is done.
+        """Each job's presence to its members alone (``JobDriver.known_members``), one message per
+        set of jobs shared with a peer, applied here first: none grows with the mesh's jobs."""
+        # Finished jobs too: a member that fell behind (a full disk, a partition) catches up.
         active = {j: d.committed for j, d in self.drivers.items() if d.state != JobState.FAILED and d.participates()}
-        # Each job's training throughput here: coordinators of time-budgeted rounds plan by it.
-        rates = {j: round(r, 3) for j in active if (r := self.drivers[j].throughput()) > 0}
         # Jobs that failed here, and why: peers leave this node out of their plans and say why.
         failed = dict(islice(((j, why) for j, d in self.drivers.items() if (why := d.failure)), PRESENCE_MARKS))
-        if active or failed:
-            # Each job's ledger head and weight (its verified contributions): a peer whose own
-            # ledger is lighter, or as heavy on another head, learns from this to fetch ours.
-            heads = {j: self.drivers[j].head() for j in active}
-            weights = {j: self.drivers[j].weight for j in active}
-            # Jobs still being prepared here, and the round whose coordinator turns this node
-            # gave up meanwhile: peers skip those turns instead of waiting out a plan timeout.
-            preparing = list(islice((j for j in active if self.drivers[j].preparing), PRESENCE_MARKS))
-            passes = dict(islice(((j, r) for j in active if (r := self.drivers[j].passes_round)), PRESENCE_MARKS))
-            try:
-                await self.mesh.broadcast(seal(self.mesh.identity, PRESENCE, {
-                    "jobs": active, "heads": heads, "weights": weights, "rates": rates,
-                    "preparing": preparing, "passes": passes, **({"failed": failed} if failed else {})}))
-            except (WireError, ValueError) as exc:  # a map too large for its kind's limit
-                log.debug("presence broadcast failed: %s", exc)
+        if not active and not failed:  # a node in no job sends nothing
+            return
+        me, groups = self.mesh.peer_id, {}  # type: ignore[var-annotated]
+        try:
+            own = seal(self.mesh.identity, PRESENCE, self._presence_body(active, failed))
+            await self._on_presence(Inbound(open_envelope(own), None, me, gossip=True))
+        except (WireError, ValueError, Rejected) as exc:  # a map too large for its kind's limit
+            log.debug("own presence not applied: %s", exc)
+        alive, shared = set(self.mesh.peers.alive()), {}  # type: ignore[var-annotated]
+        for job in [*active, *failed]:
+            members = self.drivers[job].known_members() & alive
+            for peer in members - {me}:
+                shared.setdefault(peer, []).append(job)
+            if self.drivers[job].state == JobState.RUNNING:  # its rounds' members, spread evenly
+                self.mesh.watch(neighbours(me, members, WATCH_PER_JOB), 3 * PRESENCE_EVERY_S)
+        for peer, in_jobs in shared.items():
+            groups.setdefault(tuple(in_jobs), []).append(peer)
+        async with trio.open_nursery() as nursery:
+            for group, peers in groups.items():
+                try:
+                    frame = seal(self.mesh.identity, PRESENCE, self._presence_body(
+                        {j: active[j] for j in group if j in active}, {j: failed[j] for j in group if j in failed}))
+                    nursery.start_soon(self.mesh.send_direct, frame, peers)
+                except (WireError, ValueError) as exc:
+                    log.debug("presence for %d job(s) not sent: %s", len(group), exc)
+
+    def _presence_body(self, active: dict[str, int], failed: dict[str, str]) -> dict[str, Any]:
+        # Each job's training throughput here: coordinators of time-budgeted rounds plan by it.
+        rates = {j: round(r, 3) for j in active if (r := self.drivers[j].throughput()) > 0}
+        # Each job's ledger head and weight (its verified contributions): a peer whose ledger is
+        # lighter, or as heavy on another head, learns from this to fetch ours.
+        heads = {j: self.drivers[j].head() for j in active}
+        weights = {j: self.drivers[j].weight for j in active}
+        # Jobs still being prepared here, and the round whose coordinator turns this node
+        # gave up meanwhile: peers skip those turns instead of waiting out a plan timeout.
+        preparing = list(islice((j for j in active if self.drivers[j].preparing), PRESENCE_MARKS))
+        passes = dict(islice(((j, r) for j in active if (r := self.drivers[j].passes_round)), PRESENCE_MARKS))
+        return {"jobs": active, "heads": heads, "weights": weights, "rates": rates,
+                "preparing": preparing, "passes": passes, **({"failed": failed} if failed else {})}
 
     async def _presence_loop(self) -> None:
         while True:

@@ -218,13 +218,13 @@ async def test_announced_gigabytes_and_stalled_frames_hold_no_memory(honest: Hon
     async with hostile_peer(honest, tmp_path) as hostile, api_watch(honest) as api:
         announced = []
         for _ in range(3):  # a signed update of the running job, announcing a 1 GiB payload
-            stream = await hostile._open(target, MSG_PROTOCOL, 10)
+            stream = await hostile.open(target, MSG_PROTOCOL, 10)
             frame = seal(hostile.identity, UPDATE, {"job": job, "round": 1})
             await stream.write(len(frame).to_bytes(4, "big") + frame + (1 << 30).to_bytes(8, "big"))
             announced.append(stream)
         stalled = []
         for _ in range(4):  # a 15 MiB frame, of which 256 KiB arrive, then nothing
-            stream = await hostile._open(target, MSG_PROTOCOL, 10)
+            stream = await hostile.open(target, MSG_PROTOCOL, 10)
             await stream.write((15 << 20).to_bytes(4, "big") + bytes(256 << 10))
             stalled.append(stream)
         sent = trio.current_time()
@@ -258,7 +258,7 @@ async def test_stream_and_blob_request_floods_are_capped(honest: Honest, tmp_pat
 
         async def ask_and_never_dial() -> None:  # a blob request whose bulk offer is never taken
             try:
-                stream = await hostile._open(target, BLOB_PROTOCOL, 10)
+                stream = await hostile.open(target, BLOB_PROTOCOL, 10)
                 await write_obj(stream, {"h": digest, "bulk": ["aes256gcm", "chacha20poly1305"]})
                 with trio.move_on_after(3):
                     replies.append(await read_obj(stream))
@@ -267,7 +267,7 @@ async def test_stream_and_blob_request_floods_are_capped(honest: Honest, tmp_pat
 
         async def open_and_say_nothing() -> None:
             with suppress(Exception):  # refused
-                await hostile._open(target, MSG_PROTOCOL, 10)
+                await hostile.open(target, MSG_PROTOCOL, 10)
 
         async with api_watch(honest) as api, trio.open_nursery() as nursery:
             for _ in range(100):
@@ -297,7 +297,7 @@ async def test_gossip_flood_from_one_origin_is_rate_limited(honest: Honest, tmp_
         async def flood(first: int) -> None:
             for i in range(first, FLOOD, 8):
                 with suppress(Exception):  # a stream node 0 refuses (at its stream limit) is lost
-                    stream = await hostile._open(target, GOSSIP_PROTOCOL, 10)
+                    stream = await hostile.open(target, GOSSIP_PROTOCOL, 10)
                     await write_frame(stream, seal(hostile.identity, ABORT,
                                                    {"job": "0" * 16, "round": 1, "attempt": i}))
                     await stream.close()
@@ -357,7 +357,7 @@ async def test_seventy_two_jobs_sync_in_pages_to_a_new_node(honest: Honest, tmp_
                         "created": time.time()}
                 frame = seal(key, JOB, body)
                 published.add(job_id_of(open_envelope(frame)))
-                stream = await hostile._open(target, GOSSIP_PROTOCOL, 10)
+                stream = await hostile.open(target, GOSSIP_PROTOCOL, 10)
                 await write_frame(stream, frame)
                 await stream.close()
         honest.mesh.wait_until(lambda: published <= {j["job_id"] for j in honest.mesh.call(0, "jobs")}, 60,

@@ -35,7 +35,7 @@ async def test_garbage_truncated_oversized_and_replayed_frames_are_rejected(tmp_
                                  data_dir=tmp_path / "hostile")
         async with MeshNode.start(Identity.generate(), hostile_cfg) as hostile:
             async def raw(protocol: str, data: bytes) -> None:
-                stream = await hostile._open(target.peer_id, protocol, 10)
+                stream = await hostile.open(target.peer_id, protocol, 10)
                 try:
                     await stream.write(data)
                     with trio.move_on_after(2):
@@ -98,7 +98,7 @@ async def test_a_forgery_relayed_by_an_honest_peer_is_its_signers_fault(tmp_path
             with trio.fail_after(20):
                 while target.peer_id not in relay.peers.alive():
                     await trio.sleep(0.1)
-            stream = await forger._open(relay.peer_id, GOSSIP_PROTOCOL, 10)
+            stream = await forger.open(relay.peer_id, GOSSIP_PROTOCOL, 10)
             frame = seal(forger.identity, "claim", {"x": 1})
             await write_frame(stream, frame)
             await stream.close()
