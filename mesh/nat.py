@@ -112,8 +112,8 @@ class NatService:
 
         self.node.handlers.register(DIALBACK, self._answer_dialback)
         inbound = self.node.inbound
-        self.relay = RelayClient(self.node.host, self.node.config.relay,
-                                 guard=lambda handler: inbound.guard_plain(handler, "relay_streams"))
+        self.relay = self.node.config.transport.relay_client(
+            self.node.host, self.node.config.relay, lambda handler: inbound.guard_plain(handler, "relay_streams"))
         async with self.relay.running(), trio.open_nursery() as nursery:
             if self.node.config.mdns and worth_announcing(self.node.config.listen):
                 self.lan = LanDiscovery(self.node.host, self._lan_peer)

@@ -30,6 +30,7 @@ from gpuflex.node.faults import NO_FAULTS, Faults
 from gpuflex.node.kinds import EventKind, JobState
 from gpuflex.node.messages import JOB, PRESENCE, SYNC
 from gpuflex.node.nodeport import NodePort, NodeServices
+from gpuflex.node.port import TrainerFactory
 from gpuflex.node.prepare import load_trainer
 from gpuflex.node.state import JobInfo
 from gpuflex.node.summary import brief
@@ -80,9 +81,11 @@ def job_id_of(env: Envelope) -> str:
 
 class JobManager:
     def __init__(self, mesh: MeshNode, events: EventLog, home: Path, faults: Faults = NO_FAULTS,
-                 config: NodeConfig | None = None) -> None:
+                 config: NodeConfig | None = None, trainers: TrainerFactory | None = None) -> None:
         self.mesh, self.events, self.home, self.faults = mesh, events, home, faults
         self.config = config if config is not None else NodeConfig()
+        # Each job's workload: the real one (torch) unless a simulator brings a stand-in.
+        self._trainers = trainers or partial(load_trainer, config=self.config)
         self.admission = Admission(JobPolicy(self.config, own_id=mesh.peer_id), events,
                                    penalise=lambda peer, points: mesh.peers.penalise(peer, points).penalty)
         self.jobs_dir = home / "jobs"
@@ -169,7 +172,7 @@ class JobManager:
         info = JobInfo(job_id=job_id, spec=spec, initial_members=members, frame=env.raw, submitted_by=env.sender)
         port = NodePort(self.mesh, self.events, self.home, job_id, self._services)
         driver = JobDriver(info, port, self.jobs_dir, faults=self.faults,
-                           trainers=partial(load_trainer, config=self.config))
+                           trainers=self._trainers)
         self.drivers[job_id] = driver
         self.events.emit(EventKind.JOB_RECEIVED, job=job_id, peer=env.sender, message=(
             f"job {job_id} ({printable(spec.name, 60)}): {spec.rounds} rounds of {spec.model} on {spec.data}"))
