@@ -12,6 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import trio
+
 from mesh.compat import StrEnum
 
 
@@ -58,13 +60,15 @@ class PeerRecord:
     faults: int = 0
     rounds_contributed: int = 0
 
-    def row(self) -> dict[str, Any]:
+    def row(self, wall_offset: float = 0.0) -> dict[str, Any]:
+        """For people: ``wall_offset`` (``PeerTable.wall_offset``) turns the table's protocol
+        clock into wall-clock seconds."""
         return {
             "peer_id": self.peer_id,
             "state": str(self.state),
             "rtt_ms": None if self.rtt_ms is None else round(self.rtt_ms, 3),
-            "last_seen": self.last_seen,
-            "first_seen": self.first_seen,
+            "last_seen": None if self.last_seen is None else self.last_seen + wall_offset,
+            "first_seen": self.first_seen + wall_offset,
             "addrs": list(self.addrs),
             "info": self.info,
             "rounds_contributed": self.rounds_contributed,
@@ -73,6 +77,14 @@ class PeerRecord:
 
 
 StateListener = Callable[[PeerRecord, PeerState, PeerState], None]
+
+
+def protocol_clock() -> float:
+    """trio's clock inside a trio run (MockClock in tests), the monotonic clock outside one."""
+    try:
+        return trio.current_time()
+    except RuntimeError:
+        return time.monotonic()
 
 
 class PeerTable:
@@ -127,10 +139,23 @@ class PeerTable:
             rec.rtt_ms = rtt_ms if rec.rtt_ms is None else 0.7 * rec.rtt_ms + 0.3 * rtt_ms
         self._set_state(rec, UP)
 
-    def reevaluate(self) -> None:
-        """Apply the thresholds to every peer; called after each probe sweep."""
+    def wall_offset(self) -> float:
+        """Add to this table's times to get wall-clock seconds (its clock may be trio's)."""
+        return time.time() - self.clock()
+
+    def set_state(self, peer_id: str, state: PeerState) -> None:
+        """A verdict from elsewhere than silence: failure detection (``mesh.liveness``)."""
+        rec = self._peers.get(peer_id)
+        if rec is not None:
+            self._set_state(rec, state)
+
+    def reevaluate(self, unseen_only: bool = False) -> None:
+        """Apply the thresholds to every peer; called after each probe sweep. With
+        ``unseen_only``, only to peers never heard from: failure detection judges the others."""
         now = self.clock()
         for rec in self._peers.values():
+            if unseen_only and rec.last_seen is not None:
+                continue
             ref = rec.last_seen if rec.last_seen is not None else rec.first_seen
             silent = now - ref
             if silent >= self.config.down_after_s:

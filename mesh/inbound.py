@@ -59,7 +59,7 @@ class ServingNode(Protocol):
 
     def bulk_host(self) -> str | None: ...
 
-    def relay(self, frame: bytes, exclude: set[str]) -> None: ...
+    def relay(self, frame: bytes, exclude: set[str], msg_id: bytes) -> None: ...
 
     def rejected(self, peer: str, reason: str, message: str) -> None: ...
 
@@ -206,7 +206,7 @@ class InboundStreams:
             return
         node.seen.add(env.msg_id)
         if env.kind not in node.direct_only:
-            node.relay(frame, {remote, env.sender})
+            node.relay(frame, {remote, env.sender}, env.msg_id)
         if not node.handlers.has(env.kind):
             return  # a layer this node does not run (an embedded mesh, say): relay it, nothing more
         try:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import random
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
 
@@ -42,7 +42,11 @@ from mesh.reachability import (
 from mesh.relay import RESERVE_RETRY_S, RelayClient
 
 if TYPE_CHECKING:
-    from mesh.node import MeshNode
+    from mesh.health import PeerTable
+    from mesh.identity import Identity
+    from mesh.inbound import InboundStreams
+    from mesh.messaging import HandlerTable
+    from mesh.relay import RelayLimitsConfig
 
 log = logging.getLogger("mesh.nat")
 FAST_CHECK_S = 3.0
@@ -50,8 +54,41 @@ SLOW_CHECK_S = 60.0
 SERVERS_PER_CHECK = 2
 
 
+class NatSettings(Protocol):
+    """The settings NAT traversal reads (``mesh.node.MeshConfig`` has them)."""
+
+    reachability: str | None
+    client_mode: bool
+    relay: RelayLimitsConfig
+    mdns: bool
+    listen: list[str]
+    announce: list[str]
+
+
+class NatHost(Protocol):
+    """What NAT traversal may use of its node (``mesh.node.MeshNode``): the libp2p host and
+    DHT it drives, the peer table it reads, and the node's message verbs. Declared here so
+    that this module never imports the node."""
+
+    peer_id: str
+    identity: Identity
+    peers: PeerTable
+    handlers: HandlerTable
+    inbound: InboundStreams
+    host: Any
+    dht: Any
+
+    @property
+    def config(self) -> NatSettings: ...
+
+    async def request(self, peer: str, frame: bytes, payload: bytes | memoryview | None = None,
+                      timeout: float = 30.0) -> Any: ...
+
+    def reachability_changed(self, old: str, new: str) -> None: ...
+
+
 class NatService:
-    def __init__(self, node: MeshNode) -> None:
+    def __init__(self, node: NatHost) -> None:
         self.node = node
         self.state = ReachabilityState()
         forced = node.config.reachability
@@ -242,7 +279,7 @@ class NatService:
         from libp2p.peer.id import ID
 
         peer = msg.envelope.sender
-        now = time.monotonic()
+        now = trio.current_time()
         if now - self._served.get(peer, -1e9) < SERVER_COOLDOWN_S:
             raise Rejected("dial-back asked again too soon")
         self._served[peer] = now

@@ -12,13 +12,10 @@ acknowledged message with an optional bulk payload), ``broadcast`` (flood gossip
 from __future__ import annotations
 
 import logging
-import os
-import random
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass, field
-from functools import partial
 from pathlib import Path
 from typing import Any, cast
 
@@ -28,11 +25,14 @@ from mesh import __version__, bulk
 from mesh.addressbook import BOOK_FILE, AddressBook
 from mesh.blob import BLOB_PROTOCOL, BlobError, BlobIntegrityError, BlobStore, receive_blob
 from mesh.bootstrap import BootstrapError as BootstrapError  # re-exported: callers catch it here
-from mesh.bootstrap import Joiner, JoinPolicy, PeerBackoff
+from mesh.bootstrap import Joiner, JoinPolicy
 from mesh.codec import MAX_FRAME, ReplayGuard, WireError, open_envelope, register_kind, seal
 from mesh.compat import StrEnum
-from mesh.framing import read_exactly, read_obj, write_frame, write_len64
-from mesh.health import DOWN, UP, HealthConfig, PeerRecord, PeerState, PeerTable
+from mesh.discovery import Discovery
+from mesh.discovery import best_effort as best_effort  # re-exported: the mesh's one catch-all
+from mesh.framing import read_obj, write_frame, write_len64
+from mesh.gossip import Gossip
+from mesh.health import UP, HealthConfig, PeerRecord, PeerState, PeerTable, protocol_clock
 from mesh.host import (
     DEFAULT_LISTEN,
     HostError,
@@ -41,8 +41,9 @@ from mesh.host import (
     sticky_listen,
 )
 from mesh.identity import Identity
-from mesh.inbound import InboundStreams, close, reset
+from mesh.inbound import InboundStreams, close
 from mesh.limits import PeerLimits
+from mesh.liveness import Liveness
 from mesh.messaging import (
     GOSSIP_PROTOCOL,
     MSG_PROTOCOL,
@@ -53,6 +54,7 @@ from mesh.messaging import (
     SendError,
 )
 from mesh.nat import NatService
+from mesh.overlay import neighbours
 from mesh.pex import PEERS_REQUEST, PeerExchange
 from mesh.push import PUSH_MIN, push_payload
 from mesh.records import NODEINFO_NS, RecordValidator, nodeinfo_key
@@ -60,23 +62,12 @@ from mesh.relay import RelayLimitsConfig
 from mesh.transport import Libp2pTransport, Transport
 
 log = logging.getLogger("mesh.node")
-PING_PROTOCOL = "/ipfs/ping/1.0.0"
 INFO_REQUEST = "info_req"
 register_kind(INFO_REQUEST, 1024)
 
 EventSink = Callable[..., None]
-#: One DHT chore (a routing-table walk, a NodeInfo publish): bounded so a stuck one cannot
-#: stall the loop that runs it.
-DHT_CHORE_S = 10.0
 #: A provider lookup or announcement: best effort, the caller has other ways to find a blob.
 DHT_PROVIDER_S = 5.0
-#: The NodeInfo republish interval starts at 1 s and doubles to this: fresh nodes publish
-#: often while the DHT forms, settled ones rarely.
-PUBLISH_MAX_S = 60.0
-#: A peer that is down is still probed, but only on every this-many-th second.
-DOWN_PROBE_EVERY_S = 5
-#: A gossip push to one peer: opening the stream, then the whole push.
-GOSSIP_OPEN_S, GOSSIP_PUSH_S = 5.0, 10.0
 #: Opening a blob stream, before the transfer's own timeout starts to matter.
 BLOB_OPEN_S = 10.0
 #: The address book takes in what the peer table learnt, and is saved if that changed it,
@@ -99,26 +90,6 @@ PEER_EVENTS = {PeerState.UP: MeshEvent.PEER_UP, PeerState.SUSPECT: MeshEvent.PEE
                PeerState.DOWN: MeshEvent.PEER_DOWN}
 
 
-async def best_effort(what: str, chore: Callable[[], Awaitable[Any]], timeout: float) -> Any:
-    """Run one py-libp2p DHT chore within ``timeout``; None if it failed or timed out.
-
-    The only place the mesh swallows any exception from a DHT call: py-libp2p raises from
-    several unrelated roots (its BaseLibp2pError, trio's, OSError, multiaddr's, its resource
-    manager's own), and a background chore that fails must never take the node down; the
-    next round of the loop tries again.
-    """
-    with trio.move_on_after(timeout):
-        try:
-            return await chore()
-        except Exception as exc:  # see the docstring: the one catch-all for DHT chores
-            log.debug("%s failed: %s", what, exc)
-    return None
-
-
-#: The DHT walk slows down after this many fast walks in a row that found no new peer.
-QUIET_WALKS = 3
-
-
 @dataclass
 class MeshConfig:
     listen: list[str] = field(default_factory=lambda: [DEFAULT_LISTEN])
@@ -134,7 +105,7 @@ class MeshConfig:
     fast_refresh_period_s: float = 30.0
     max_payload: int = 4 << 30
     gossip_window_s: float = 600.0
-    gossip_fanout: int = 3
+    gossip_fanout: int = 3  # unused since gossip follows the overlay (mesh.gossip); kept for embedders
     # Blob bytes over a one-off sealed TCP side channel (mesh.bulk) rather than through libp2p.
     bulk_channel: bool = True
     # The peers this node has met, kept across restarts (mesh.addressbook); None: in
@@ -160,7 +131,7 @@ class MeshNode:
         self.identity = identity
         self.config = config
         self.peer_id = identity.peer_id
-        self.peers = PeerTable(config.health)
+        self.peers = PeerTable(config.health, clock=protocol_clock)
         self.handlers = HandlerTable()
         self.replay = ReplayGuard()
         self.seen = SeenCache()
@@ -170,15 +141,12 @@ class MeshNode:
                                 max_peers=config.address_book_size)
         self.joiner: Joiner | None = None
         self._dialer: Any = None
-        self._redial_backoff = PeerBackoff()
-        self._redialling: set[str] = set()
+        self._pinned: dict[str, float] = {}  # peer -> trio time until which it is watched
         self._book_save_failed = False
         self._on_event = on_event or (lambda *a, **k: None)
         self._nursery: trio.Nursery | None = None
         self._stopped = trio.Event()
         self._info_frame: bytes | None = None
-        self._info_loading: set[str] = set()
-        self._ping_streams: dict[str, Any] = {}
         # Kinds every peer is sent directly by its origin and that are never relayed.
         self.direct_only: set[str] = set()
         self.started_at = time.time()
@@ -191,7 +159,9 @@ class MeshNode:
         self.nat = NatService(self)
         self.pex = PeerExchange(self, self._learn_info)
         self.inbound = InboundStreams(self)
-        self._info_tried: dict[str, float] = {}
+        self.liveness = Liveness(self, config.health)
+        self.discovery = Discovery(self)
+        self.gossip = Gossip(self)
         self.peers.on_change(self._peer_state_changed)
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -247,9 +217,10 @@ class MeshNode:
                 self._info_frame = self._seal_node_info()
                 await self._join(nursery)
                 nursery.start_soon(self._book_loop)
-                nursery.start_soon(self._discovery_loop)
-                nursery.start_soon(self._health_loop)
-                nursery.start_soon(self._publish_loop)
+                nursery.start_soon(self.discovery.walk_loop)
+                nursery.start_soon(self.liveness.run)
+                nursery.start_soon(self.discovery.info_loop, self.config.health.ping_interval_s)
+                nursery.start_soon(self.discovery.publish_loop)
                 nursery.start_soon(self.pex.run)
                 self._on_event(MeshEvent.NODE_STARTED, message=f"listening on {', '.join(self.multiaddrs())}")
                 task_status.started(self)
@@ -321,6 +292,30 @@ class MeshNode:
     def _seal_node_info(self) -> bytes:
         return seal(self.identity, "nodeinfo", self.node_info())
 
+    def sealed_info(self) -> bytes:
+        """This node's NodeInfo, signed afresh (discovery publishes it)."""
+        self._info_frame = self._seal_node_info()
+        return self._info_frame
+
+    # -- the bounded set of peers this node talks to and watches ------------------------------
+
+    def neighbours(self) -> list[str]:
+        """This node's overlay neighbours among the peers it believes up (``mesh.overlay``)."""
+        return neighbours(self.peer_id, self.peers.alive())
+
+    def watch(self, peers: Iterable[str], for_s: float) -> None:
+        """Watch ``peers`` (the members of a round this node is in) for ``for_s`` seconds,
+        besides the overlay neighbours: their failure is then detected first-hand."""
+        until = trio.current_time() + for_s
+        for peer in peers:
+            if peer != self.peer_id:
+                self._pinned[peer] = max(until, self._pinned.get(peer, 0.0))
+
+    def watch_set(self) -> set[str]:
+        now = trio.current_time()
+        self._pinned = {p: t for p, t in self._pinned.items() if t > now}
+        return set(self.neighbours()) | set(self._pinned)
+
     async def _answer_info_request(self, msg: Inbound) -> bytes | None:
         return self._info_frame
 
@@ -385,36 +380,33 @@ class MeshNode:
                 self.book.failed(peer, addr)
 
         self.joiner = Joiner(
-            dial_peer, lambda: join_candidates(boot, self.book, self._connected_ids(), policy.max_candidates),
-            lambda: bool(self._connected_ids()), policy, on_event=self._on_event, on_dial=noted)
+            dial_peer, lambda: join_candidates(boot, self.book, self.connected_ids(), policy.max_candidates),
+            lambda: bool(self.connected_ids()), policy, on_event=self._on_event, on_dial=noted)
         await nursery.start(self.joiner.run, bool(self.book.joined))
 
-    def _connected_ids(self) -> set[str]:
+    def connected_ids(self) -> set[str]:
         return {str(p) for p in self.host.get_connected_peers()} - {self.peer_id}
 
-    async def _redial(self, peer: str) -> None:
+    async def redial(self, peer: str) -> bool:
         """Reconnect a known peer that has no connection, address by address (mesh.dialer):
         py-libp2p's own dial would try only its oldest stored address, which is stale once the
-        peer has restarted on a new port, and would then refuse the peer for 60 s."""
+        peer has restarted on a new port, and would then refuse the peer for 60 s. Liveness
+        spaces the redials (``PeerBackoff``)."""
         from mesh.dialer import redial_addrs
 
-        self._redialling.add(peer)
-        try:
-            for addr in redial_addrs(self.host, peer, self.book):
-                try:
-                    with trio.fail_after(self.config.health.ping_timeout_s * 2):
-                        await self._dialer(peer, addr)
-                except Exception as exc:  # py-libp2p dial errors come from unrelated roots
-                    log.debug("redial of %s at %s failed: %s", peer[-8:], addr, exc)
-                    self.book.failed(peer, addr)
-                    continue
-                self.book.reached(peer, addr)
-                self._redial_backoff.ok(peer)
-                self.peers.seen(peer)
-                return
-            self._redial_backoff.failed(peer)
-        finally:
-            self._redialling.discard(peer)
+        if self._dialer is None:
+            return False
+        for addr in redial_addrs(self.host, peer, self.book):
+            try:
+                with trio.fail_after(self.config.health.ping_timeout_s * 2):
+                    await self._dialer(peer, addr)
+            except Exception as exc:  # py-libp2p dial errors come from unrelated roots
+                log.debug("redial of %s at %s failed: %s", peer[-8:], addr, exc)
+                self.book.failed(peer, addr)
+                continue
+            self.book.reached(peer, addr)
+            return True
+        return False
 
     async def _book_loop(self) -> None:
         """Copy what the node learns into the address book, and save it when it changed (every
@@ -446,116 +438,6 @@ class MeshNode:
         else:
             self._book_save_failed = False
 
-    def _learn_routing_table(self) -> None:
-        for pid in self.dht.routing_table.get_peer_ids():
-            self._learn(pid)
-        for pid in self.host.get_connected_peers():
-            self._learn(pid)
-
-    def _learn(self, pid: Any) -> None:
-        from libp2p.peer.peerstore import PeerStoreError
-
-        text = str(pid)
-        if text == self.peer_id:
-            return
-        try:
-            addrs = [str(a) for a in self.host.get_peerstore().addrs(pid)]
-        except PeerStoreError:  # known from a connection, with no address stored yet
-            addrs = []
-        self.peers.add(text, addrs)
-
-    async def _load_info(self, peer: str) -> None:
-        try:
-            info = await self.fetch_node_info(peer)
-            rec = self.peers.get(peer)
-            if info is not None and rec is not None:
-                rec.info = info
-        finally:
-            self._info_loading.discard(peer)
-
-    async def _discovery_loop(self) -> None:
-        """Walk the DHT often while this node is new and rarely after; but read the routing
-        table and the open connections every ``refresh_fast_s`` all along, which costs no
-        traffic, so a peer that dials in (a newcomer's own walk) is known within a second."""
-        started = time.monotonic()
-        next_walk = started
-        quiet = 0  # walks in a row that found no peer this node did not know
-        while True:
-            if time.monotonic() >= next_walk:
-                before = len(self.peers.all())
-                await best_effort("routing table refresh", self.dht.refresh_routing_table, DHT_CHORE_S)
-                self._learn_routing_table()
-                quiet = quiet + 1 if len(self.peers.all()) <= before else 0
-                # Fast while new and still finding peers: once walks stop finding any, newcomers
-                # reach this node by their own walks, read from the routing table below.
-                fast = time.monotonic() - started < self.config.fast_refresh_period_s and quiet < QUIET_WALKS
-                next_walk = time.monotonic() + (self.config.refresh_fast_s if fast else self.config.refresh_slow_s)
-            self._learn_routing_table()
-            await trio.sleep(max(0.0, min(self.config.refresh_fast_s, next_walk - time.monotonic())))
-
-    async def _publish_loop(self) -> None:
-        delay = 1.0
-        while True:
-            self._info_frame = self._seal_node_info()
-            await best_effort("publishing NodeInfo",
-                              partial(self.dht.put_value, nodeinfo_key(self.peer_id), self._info_frame), DHT_CHORE_S)
-            await trio.sleep(delay)
-            delay = min(delay * 2, PUBLISH_MAX_S)
-
-    async def _health_loop(self) -> None:
-        cfg = self.config.health
-        while True:
-            async with trio.open_nursery() as sweep:
-                for rec in self.peers.all():
-                    due = rec.state != DOWN or int(time.time()) % DOWN_PROBE_EVERY_S == 0
-                    if due:
-                        sweep.start_soon(self._probe, rec.peer_id)
-            self.peers.reevaluate()
-            now = time.monotonic()
-            for rec in self.peers.all():
-                # A peer that is not up may be behind NAT: its NodeInfo (from the DHT) says
-                # through which relays to reach it, so look it up too, now and then.
-                if self._info_due(rec, now) and rec.peer_id not in self._info_loading:
-                    self._info_tried[rec.peer_id] = now
-                    self._info_loading.add(rec.peer_id)
-                    self._nursery.start_soon(self._load_info, rec.peer_id)  # type: ignore[union-attr]
-            await trio.sleep(cfg.ping_interval_s)
-
-    def _info_due(self, rec: Any, now: float) -> bool:
-        """Up peers: at once, every 5 s while they are still checking their reachability, then
-        every half minute; others every ``info_retry_s``."""
-        age = now - self._info_tried.get(rec.peer_id, -1e9)
-        if rec.state != UP:
-            return age > self.config.info_retry_s
-        if rec.info is None:
-            return True
-        checking = rec.info.get("reachability", "unknown") == "unknown"
-        return age > (5.0 if checking else 30.0)
-
-    async def _probe(self, peer: str) -> None:
-        """One libp2p ping on a kept-open stream, so the RTT is the network's, not a handshake's."""
-        stream = self._ping_streams.get(peer)
-        if stream is None and self._dialer is not None and peer not in self._redialling \
-                and self._redial_backoff.ready(peer) and peer not in self._connected_ids():
-            self._nursery.start_soon(self._redial, peer)  # type: ignore[union-attr]
-        with trio.move_on_after(self.config.health.ping_timeout_s):
-            try:
-                if stream is None:
-                    stream = await self._open(peer, PING_PROTOCOL, self.config.health.ping_timeout_s)
-                    self._ping_streams[peer] = stream
-                payload = os.urandom(32)
-                t0 = time.perf_counter()
-                await stream.write(payload)
-                echo = await read_exactly(stream, 32)
-                if echo == payload:
-                    self.peers.seen(peer, (time.perf_counter() - t0) * 1000)
-                    return
-            except Exception as exc:  # a dead peer's stream fails in any of py-libp2p's roots
-                log.debug("ping %s failed: %s", peer, exc)
-        dropped = self._ping_streams.pop(peer, None)
-        if dropped is not None:
-            self._nursery.start_soon(reset, dropped)  # type: ignore[union-attr]
-
     def _peer_state_changed(self, rec: PeerRecord, old: PeerState, new: PeerState) -> None:
         if new == PeerState.UP and old == PeerState.DOWN:
             rec.info = None  # it may have restarted elsewhere: ask for its NodeInfo (addresses) again
@@ -563,14 +445,15 @@ class MeshNode:
 
     # -- inbound streams (mesh.inbound serves them) ---------------------------------------
 
-    def relay(self, frame: bytes, exclude: set[str]) -> None:
-        """Pass a gossiped frame on to a few random peers, in the background."""
+    def relay(self, frame: bytes, exclude: set[str], msg_id: bytes) -> None:
+        """Pass a gossiped frame on to this node's overlay neighbours, in the background."""
         if self._nursery is not None:
-            self._nursery.start_soon(self._forward, frame, exclude, self.config.gossip_fanout)
+            self._nursery.start_soon(self.gossip.forward, frame, msg_id, exclude)
 
     # -- outbound ----------------------------------------------------------------------------
 
-    async def _open(self, peer: str, protocol: str, timeout: float) -> Any:
+    async def open(self, peer: str, protocol: str, timeout: float) -> Any:
+        """A new stream to ``peer``: the transport seam (see the module docstring)."""
         from libp2p.peer.id import ID
 
         with trio.fail_after(timeout):
@@ -584,7 +467,7 @@ class MeshNode:
             raise SendError("cannot send to self")
         try:
             with trio.fail_after(timeout):
-                stream = await self._open(peer, MSG_PROTOCOL, timeout)
+                stream = await self.open(peer, MSG_PROTOCOL, timeout)
                 try:
                     await write_frame(stream, frame)
                     size = 0 if payload is None else len(payload)
@@ -624,33 +507,7 @@ class MeshNode:
         # Applying our own frame can end the job and cancel the caller (the root's last result);
         # it must still go out. Each push is bounded by its own timeout.
         with trio.CancelScope(shield=True):
-            return await self._forward(frame, set())
-
-    async def _forward(self, frame: bytes, exclude: set[str], fanout: int | None = None) -> int:
-        """Push to every live peer (the origin), or to ``fanout`` random ones (a relay).
-
-        The origin already reaches every peer it knows; relays only cover peers it does not,
-        so a small random fan-out keeps a message's cost O(n) instead of O(n²)."""
-        targets = [p for p in self.peers.alive() if p not in exclude]
-        if fanout is not None and len(targets) > fanout:
-            targets = random.sample(targets, fanout)
-
-        async def push(peer: str) -> None:
-            with trio.move_on_after(GOSSIP_PUSH_S):
-                try:
-                    stream = await self._open(peer, GOSSIP_PROTOCOL, GOSSIP_OPEN_S)
-                    try:
-                        await write_frame(stream, frame)
-                        self.bytes_sent += len(frame)
-                    finally:
-                        await close(stream)
-                except Exception as exc:  # best effort: relays and later gossip cover a miss
-                    log.debug("gossip to %s failed: %s", peer[-8:], exc)
-
-        async with trio.open_nursery() as nursery:
-            for peer in targets:
-                nursery.start_soon(push, peer)
-        return len(targets)
+            return await self.gossip.forward(frame, env.msg_id, set(), everyone=env.kind in self.direct_only)
 
     # -- blobs -------------------------------------------------------------------------------
 
@@ -685,7 +542,7 @@ class MeshNode:
                 continue
             try:
                 with trio.fail_after(timeout):
-                    stream = await self._open(peer, BLOB_PROTOCOL, BLOB_OPEN_S)
+                    stream = await self.open(peer, BLOB_PROTOCOL, BLOB_OPEN_S)
                     try:
                         path, via_bulk = await receive_blob(stream, self.blobs, digest, peer,
                                                             self.config.max_payload, use_bulk=self._use_bulk())

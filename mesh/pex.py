@@ -12,17 +12,15 @@ size limit), and a record never overrides a newer one from the same signer.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import trio
 
 from mesh.codec import WireError, open_envelope, register_kind, seal
+from mesh.health import PeerTable
+from mesh.identity import Identity
 from mesh.messaging import Inbound, SendError
-
-if TYPE_CHECKING:
-    from mesh.node import MeshNode
 
 log = logging.getLogger("mesh.pex")
 PEERS_REQUEST = "peers_req"
@@ -33,8 +31,19 @@ FAST_S = 2.0
 SLOW_S = 20.0
 
 
+class PexHost(Protocol):
+    """What peer exchange may use of its node (``mesh.node.MeshNode``)."""
+
+    peer_id: str
+    identity: Identity
+    peers: PeerTable
+
+    async def request(self, peer: str, frame: bytes, payload: bytes | memoryview | None = None,
+                      timeout: float = 30.0) -> Any: ...
+
+
 class PeerExchange:
-    def __init__(self, node: MeshNode, on_info: Callable[[str, dict[str, Any]], None]) -> None:
+    def __init__(self, node: PexHost, on_info: Callable[[str, dict[str, Any]], None]) -> None:
         self.node = node
         self.on_info = on_info
         self.frames: dict[str, bytes] = {}  # peer -> its latest signed NodeInfo
@@ -72,7 +81,7 @@ class PeerExchange:
         return new
 
     async def run(self) -> None:
-        started = time.monotonic()
+        started = trio.current_time()
         while True:
             frame = seal(self.node.identity, PEERS_REQUEST, {})
             for peer in self._sources():
@@ -84,7 +93,7 @@ class PeerExchange:
                 added = self.learn(reply, peer)
                 if added:
                     log.info("learnt of %d peer(s) from %s", added, peer[-8:])
-            young = time.monotonic() - started < YOUNG_S
+            young = trio.current_time() - started < YOUNG_S
             await trio.sleep(FAST_S if young else SLOW_S)
 
     def _sources(self) -> list[str]:

@@ -222,7 +222,7 @@ class NodeRuntime:
     async def api_peers(self, params: dict[str, Any]) -> list[dict[str, Any]]:
         rows = []
         for rec in self.mesh.peers.all():
-            row = rec.row()
+            row = rec.row(self.mesh.peers.wall_offset())
             row["rounds_contributed"] = self.jobs.rounds_contributed(rec.peer_id)
             row["reachability"] = (rec.info or {}).get("reachability", "unknown")
             row["connection"] = self.mesh.nat.connection(rec.peer_id)

@@ -197,7 +197,7 @@ class HostilePeer:
         assert self.node is not None
         for peer in peers:
             with contextlib.suppress(Exception), trio.move_on_after(10):
-                stream = await self.node._open(peer, GOSSIP_PROTOCOL, 10)
+                stream = await self.node.open(peer, GOSSIP_PROTOCOL, 10)
                 await write_frame(stream, frame)
                 await stream.close()
 

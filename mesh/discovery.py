@@ -1,0 +1,173 @@
+"""Discovery: who is in the mesh, where they are, and what they say of themselves.
+
+Three loops beside a ``MeshNode``, all on trio's clock:
+
+* the DHT walk, often while the node is new and still finding peers, rarely after; the
+  routing table and the open connections are read every ``refresh_fast_s`` all along,
+  which costs no traffic, so a peer that dials in is known within a second;
+* the NodeInfo republish, from every second doubling to ``PUBLISH_MAX_S``;
+* NodeInfo lookups, bounded per period: every peer's once when it is learnt or comes back,
+  then only the watched peers' (``watch_set``) now and then, so the cost does not grow
+  with the mesh; a peer that is not up is looked up every ``info_retry_s`` (its NodeInfo
+  in the DHT may name relays to reach it by).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from functools import partial
+from typing import Any, Protocol
+
+import trio
+
+from mesh.health import UP, PeerRecord, PeerTable
+from mesh.records import nodeinfo_key
+
+log = logging.getLogger("mesh.discovery")
+#: One DHT chore (a routing-table walk, a NodeInfo publish): bounded so a stuck one cannot
+#: stall the loop that runs it.
+DHT_CHORE_S = 10.0
+#: The NodeInfo republish interval starts at 1 s and doubles to this.
+PUBLISH_MAX_S = 60.0
+#: The DHT walk slows down after this many fast walks in a row that found no new peer.
+QUIET_WALKS = 3
+#: NodeInfo lookups started per period, whatever the size of the mesh.
+INFO_LOOKUPS_PER_PERIOD = 4
+#: Watched peers' NodeInfo is refreshed this often (every 5 s while they still check their
+#: reachability); other up peers' only when it is missing.
+INFO_REFRESH_S, INFO_CHECKING_S = 30.0, 5.0
+
+
+async def best_effort(what: str, chore: Callable[[], Awaitable[Any]], timeout: float) -> Any:
+    """Run one py-libp2p DHT chore within ``timeout``; None if it failed or timed out.
+
+    The only place the mesh swallows any exception from a DHT call: py-libp2p raises from
+    several unrelated roots (its BaseLibp2pError, trio's, OSError, multiaddr's, its resource
+    manager's own), and a background chore that fails must never take the node down; the
+    next round of the loop tries again.
+    """
+    with trio.move_on_after(timeout):
+        try:
+            return await chore()
+        except Exception as exc:  # see the docstring: the one catch-all for DHT chores
+            log.debug("%s failed: %s", what, exc)
+    return None
+
+
+class DiscoverySettings(Protocol):
+    refresh_fast_s: float
+    refresh_slow_s: float
+    fast_refresh_period_s: float
+    info_retry_s: float
+
+
+class DiscoveryHost(Protocol):
+    """What discovery uses of its node (``mesh.node.MeshNode``)."""
+
+    peer_id: str
+    peers: PeerTable
+    host: Any
+    dht: Any
+
+    @property
+    def config(self) -> DiscoverySettings: ...
+
+    def watch_set(self) -> set[str]: ...
+
+    def sealed_info(self) -> bytes: ...
+
+    async def fetch_node_info(self, peer: str, timeout: float = 5.0) -> dict[str, Any] | None: ...
+
+
+class Discovery:
+    def __init__(self, node: DiscoveryHost) -> None:
+        self.node = node
+        self._info_tried: dict[str, float] = {}
+        self._info_loading: set[str] = set()
+
+    async def walk_loop(self) -> None:
+        cfg = self.node.config
+        started = trio.current_time()
+        next_walk = started
+        quiet = 0  # walks in a row that found no peer this node did not know
+        while True:
+            if trio.current_time() >= next_walk:
+                before = len(self.node.peers.all())
+                await best_effort("routing table refresh", self.node.dht.refresh_routing_table, DHT_CHORE_S)
+                self.learn_routing_table()
+                quiet = quiet + 1 if len(self.node.peers.all()) <= before else 0
+                # Fast while new and still finding peers: once walks stop finding any, newcomers
+                # reach this node by their own walks, read from the routing table below.
+                fast = trio.current_time() - started < cfg.fast_refresh_period_s and quiet < QUIET_WALKS
+                next_walk = trio.current_time() + (cfg.refresh_fast_s if fast else cfg.refresh_slow_s)
+            self.learn_routing_table()
+            await trio.sleep(max(0.0, min(cfg.refresh_fast_s, next_walk - trio.current_time())))
+
+    async def publish_loop(self) -> None:
+        delay = 1.0
+        while True:
+            await best_effort("publishing NodeInfo", partial(
+                self.node.dht.put_value, nodeinfo_key(self.node.peer_id), self.node.sealed_info()), DHT_CHORE_S)
+            await trio.sleep(delay)
+            delay = min(delay * 2, PUBLISH_MAX_S)
+
+    def learn_routing_table(self) -> None:
+        for pid in self.node.dht.routing_table.get_peer_ids():
+            self.learn(pid)
+        for pid in self.node.host.get_connected_peers():
+            self.learn(pid)
+
+    def learn(self, pid: Any) -> None:
+        from libp2p.peer.peerstore import PeerStoreError
+
+        text = str(pid)
+        if text == self.node.peer_id:
+            return
+        try:
+            addrs = [str(a) for a in self.node.host.get_peerstore().addrs(pid)]
+        except PeerStoreError:  # known from a connection, with no address stored yet
+            addrs = []
+        self.node.peers.add(text, addrs)
+
+    # -- NodeInfo lookups ----------------------------------------------------------------------
+
+    def info_due(self, rec: PeerRecord, now: float, watched: set[str]) -> bool:
+        """Missing: at once. Up and watched: every 5 s while it still checks its reachability,
+        then every half minute. Up and not watched: never again. Not up: every ``info_retry_s``."""
+        age = now - self._info_tried.get(rec.peer_id, -1e9)
+        if rec.state != UP:
+            return age > self.node.config.info_retry_s
+        if rec.info is None:
+            return True
+        if rec.peer_id not in watched:
+            return False
+        checking = rec.info.get("reachability", "unknown") == "unknown"
+        return age > (INFO_CHECKING_S if checking else INFO_REFRESH_S)
+
+    def look_up_infos(self, nursery: trio.Nursery) -> None:
+        """Start this period's NodeInfo lookups (at most ``INFO_LOOKUPS_PER_PERIOD``)."""
+        now = trio.current_time()
+        watched = self.node.watch_set()
+        due = [r for r in self.node.peers.all()
+               if r.peer_id not in self._info_loading and self.info_due(r, now, watched)]
+        due.sort(key=lambda r: (r.info is not None, self._info_tried.get(r.peer_id, -1e9)))
+        for rec in due[:INFO_LOOKUPS_PER_PERIOD]:
+            self._info_tried[rec.peer_id] = now
+            self._info_loading.add(rec.peer_id)
+            nursery.start_soon(self._load_info, rec.peer_id)
+
+    async def _load_info(self, peer: str) -> None:
+        try:
+            info = await self.node.fetch_node_info(peer)
+            rec = self.node.peers.get(peer)
+            if info is not None and rec is not None:
+                rec.info = info
+        finally:
+            self._info_loading.discard(peer)
+
+    async def info_loop(self, period: float) -> None:
+        async with trio.open_nursery() as nursery:
+            while True:
+                self.look_up_infos(nursery)
+                await trio.sleep(period)

@@ -1,0 +1,347 @@
+"""Liveness: SWIM-style failure detection that costs a node the same at 4 peers or 4,000.
+
+A node probes only a bounded set of peers (``LivenessHost.watch_set``: its overlay
+neighbours, see ``mesh.overlay``, and the members of the rounds it is in), ``probes``
+of them per period in turn, not every peer every period:
+
+1. **Direct probe**: one libp2p ping on a kept-open stream.
+2. **Indirect probe**: if that fails, ask ``INDIRECT_HELPERS`` other watched peers to ping
+   it (``ping_req``); a network hiccup between two nodes does not condemn a third.
+3. **Suspicion**: if nobody reached it, it is ``suspect`` here, and a signed ``liveness``
+   rumour says so on gossip. Every node that hears it starts the same timer.
+4. **Death**: a suspect not heard from within ``suspicion_s`` is ``down``, and a rumour
+   says that too. A node that hears itself suspected or declared dead refutes it with an
+   ``alive`` rumour signed by itself, with a higher incarnation (SWIM's refutation), so a
+   slow node is not thrown out, and a restarted one (whose incarnation starts from the
+   wall clock) comes back at once.
+
+A node also checks, once, every peer it learns of (first contact), and looks at one
+``down`` peer a period, so a peer that returns is seen again. Everything runs on trio's
+clock: the loop, timers and backoff can be tested under ``trio.testing.MockClock``.
+
+Rumours are bounded (one peer id, a state, an integer) and judged before use: a rumour
+never overrides what this node heard from the peer itself within ``suspect_after_s``,
+and only the peer itself can say it is alive.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Iterable
+from typing import Any, Protocol
+
+import trio
+
+from mesh.bootstrap import PeerBackoff
+from mesh.codec import WireError, register_kind, seal
+from mesh.compat import StrEnum
+from mesh.framing import read_exactly
+from mesh.health import DOWN, SUSPECT, UP, HealthConfig, PeerTable
+from mesh.identity import Identity
+from mesh.messaging import HandlerTable, Inbound, Rejected, SendError
+
+log = logging.getLogger("mesh.liveness")
+PING_PROTOCOL = "/ipfs/ping/1.0.0"
+RUMOUR = "liveness"
+PING_REQ = "ping_req"
+register_kind(RUMOUR, 512)
+register_kind(PING_REQ, 512)
+#: Watched peers probed each period (``HealthConfig.ping_interval_s``).
+PROBES_PER_PERIOD = 2
+#: Peers asked to probe a peer that did not answer this node.
+INDIRECT_HELPERS = 2
+#: Newly learnt peers checked per period, and down peers looked at per period.
+FIRST_CONTACTS_PER_PERIOD, DOWN_PER_PERIOD = 8, 1
+#: A node announces itself alive this long after start, so a restarted node is up again
+#: everywhere without waiting for a probe.
+ANNOUNCE_AFTER_S = (2.0, 8.0, 20.0)
+#: py-libp2p's ping handler closes a stream that carries no ping for 10 s (its RESP_TIMEOUT);
+#: a watched peer may be probed less often, so an older kept stream is replaced.
+STREAM_IDLE_S = 8.0
+#: Peer ids in a rumour or ping request: base58 multihashes are under 64 characters.
+MAX_PEER_ID = 128
+
+
+class Verdict(StrEnum):
+    """What a liveness rumour says of its peer."""
+
+    ALIVE = "alive"
+    SUSPECT = "suspect"
+    DOWN = "down"
+
+
+class LivenessHost(Protocol):
+    """What failure detection uses of its node (``mesh.node.MeshNode``): the transport's
+    two verbs, gossip, the peer table and the bounded set of peers to watch."""
+
+    peer_id: str
+    identity: Identity
+    peers: PeerTable
+    handlers: HandlerTable
+
+    def watch_set(self) -> set[str]: ...
+
+    def connected_ids(self) -> set[str]: ...
+
+    async def open(self, peer: str, protocol: str, timeout: float) -> Any: ...
+
+    async def request(self, peer: str, frame: bytes, payload: bytes | None = None,
+                      timeout: float = 30.0) -> Any: ...
+
+    async def broadcast(self, frame: bytes) -> int: ...
+
+    async def redial(self, peer: str) -> bool: ...
+
+
+class Liveness:
+    def __init__(self, node: LivenessHost, config: HealthConfig, probes: int = PROBES_PER_PERIOD) -> None:
+        self.node, self.config, self.probes = node, config, probes
+        # Starts at the wall clock in ms: a restarted node outranks what was said of its last life.
+        self.incarnation = int(time.time() * 1000)
+        self.known: dict[str, int] = {}  # peer -> highest incarnation heard of it
+        self.suspects: dict[str, float] = {}  # peer -> trio time its suspicion ends in death
+        self.backoff = PeerBackoff()
+        self._turn: list[str] = []  # watched peers still to probe this turn
+        self._down_turn: list[str] = []
+        self._streams: dict[str, tuple[Any, float]] = {}  # peer -> (ping stream, last used)
+        self._redialling: set[str] = set()
+        self._pinging: dict[str, _Pending] = {}
+        self._nursery: trio.Nursery | None = None
+        node.handlers.register(RUMOUR, self._on_rumour)
+        node.handlers.register(PING_REQ, self._on_ping_req)
+
+    @property
+    def suspicion_s(self) -> float:
+        return self.config.down_after_s - self.config.suspect_after_s
+
+    async def run(self) -> None:
+        started = trio.current_time()
+        announce = list(ANNOUNCE_AFTER_S)
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            while True:
+                await self.sweep()
+                if announce and trio.current_time() - started >= announce[0] and self.node.peers.alive():
+                    announce.pop(0)
+                    await self._say(self.node.peer_id, Verdict.ALIVE, self.incarnation)
+                await trio.sleep(self.config.ping_interval_s)
+
+    # -- one period --------------------------------------------------------------------------
+
+    def due(self) -> list[str]:
+        """The peers to probe this period: ``probes`` watched ones in turn, first contacts,
+        and a down one."""
+        peers = self.node.peers
+        watched = sorted(p for p in self.node.watch_set() if p in peers and p != self.node.peer_id)
+        live = [p for p in watched if peers.get(p).state != DOWN]  # type: ignore[union-attr]
+        self._turn = [p for p in self._turn if p in live]
+        out: list[str] = []
+        while len(out) < min(self.probes, len(live)):
+            if not self._turn:
+                self._turn = [p for p in live if p not in out]
+                if not self._turn:
+                    break
+            out.append(self._turn.pop(0))
+        fresh = [r.peer_id for r in peers.all() if r.last_seen is None and r.state != DOWN]
+        out += [p for p in fresh if p not in out][:FIRST_CONTACTS_PER_PERIOD]
+        down = peers.ids(DOWN)
+        self._down_turn = [p for p in self._down_turn if p in down] or down
+        out += [p for p in self._down_turn[:DOWN_PER_PERIOD] if p not in out]
+        self._down_turn = self._down_turn[DOWN_PER_PERIOD:]
+        return out
+
+    async def sweep(self) -> None:
+        async with trio.open_nursery() as sweep:
+            for peer in self.due():
+                sweep.start_soon(self.probe, peer)
+        now = trio.current_time()
+        for peer, ends in list(self.suspects.items()):
+            if now >= ends:
+                del self.suspects[peer]
+                rec = self.node.peers.get(peer)
+                if rec is not None and rec.state == SUSPECT:
+                    self.node.peers.set_state(peer, DOWN)
+                    await self._say(peer, Verdict.DOWN, self.known.get(peer, 0))
+        self.node.peers.reevaluate(unseen_only=True)
+
+    async def probe(self, peer: str) -> bool:
+        """Direct, then indirect; suspicion (and a rumour) if neither reached ``peer``."""
+        rec = self.node.peers.get(peer)
+        if rec is None:
+            return False
+        if await self.ping(peer):
+            return True
+        if rec.last_seen is None or rec.state == DOWN:
+            return False  # never reached, or already dead: silence ages it (PeerTable)
+        if await self._ask_others(peer):
+            self.node.peers.seen(peer)
+            return True
+        await self.suspect(peer)
+        return False
+
+    async def ping(self, peer: str) -> bool:
+        """One libp2p ping on a kept-open stream, so the RTT is the network's, not a handshake's;
+        a peer with no connection is redialled first (``redial``, with backoff). Pings of one
+        peer never overlap (a probe and a ``ping_req`` would interleave on the stream): a
+        second one waits for the first's answer."""
+        pending = self._pinging.get(peer)
+        if pending is not None:
+            await pending.done.wait()
+            return pending.ok
+        pending = self._pinging[peer] = _Pending()
+        try:
+            pending.ok = await self._ping(peer)
+        finally:
+            del self._pinging[peer]
+            pending.done.set()
+        return pending.ok
+
+    async def _ping(self, peer: str) -> bool:
+        kept = self._streams.get(peer)
+        if kept is not None and trio.current_time() - kept[1] > STREAM_IDLE_S:
+            del self._streams[peer]  # the peer's handler has given up on it by now
+            if self._nursery is not None:
+                self._nursery.start_soon(_reset, kept[0])
+            kept = None
+        stream = kept[0] if kept is not None else None
+        if stream is None and peer not in self._redialling and self.backoff.ready(peer) \
+                and peer not in self.node.connected_ids() and self._nursery is not None:
+            self._nursery.start_soon(self.redial, peer)
+        with trio.move_on_after(self.config.ping_timeout_s):
+            try:
+                if stream is None:
+                    stream = await self.node.open(peer, PING_PROTOCOL, self.config.ping_timeout_s)
+                payload = os.urandom(32)
+                t0 = trio.current_time()
+                self._streams[peer] = (stream, t0)
+                await stream.write(payload)
+                if await read_exactly(stream, 32) == payload:
+                    self.node.peers.seen(peer, (trio.current_time() - t0) * 1000)
+                    self.suspects.pop(peer, None)
+                    return True
+            except Exception as exc:  # a dead peer's stream fails in any of py-libp2p's roots
+                log.debug("ping %s failed: %s", peer[-8:], exc)
+        dropped = self._streams.pop(peer, None)
+        if dropped is not None and self._nursery is not None:
+            self._nursery.start_soon(_reset, dropped[0])
+        return False
+
+    async def redial(self, peer: str) -> None:
+        """One redial of ``peer`` at a time, spaced by ``PeerBackoff`` after failures."""
+        self._redialling.add(peer)
+        try:
+            if await self.node.redial(peer):
+                self.backoff.ok(peer)
+                self.node.peers.seen(peer)
+            else:
+                self.backoff.failed(peer)
+        finally:
+            self._redialling.discard(peer)
+
+    async def _ask_others(self, peer: str) -> bool:
+        helpers = [p for p in sorted(self.node.watch_set()) if p != peer and p in set(self.node.peers.alive())]
+        if not helpers:
+            return False
+        frame = seal(self.node.identity, PING_REQ, {"peer": peer})
+        reached = False
+
+        async def ask(helper: str) -> None:
+            nonlocal reached
+            try:
+                reply = await self.node.request(helper, frame, timeout=self.config.ping_timeout_s * 2)
+            except SendError as exc:
+                log.debug("indirect probe of %s via %s failed: %s", peer[-8:], helper[-8:], exc)
+                return
+            reached = reached or (isinstance(reply, dict) and reply.get("ok") is True)
+
+        async with trio.open_nursery() as nursery:
+            for helper in helpers[:INDIRECT_HELPERS]:
+                nursery.start_soon(ask, helper)
+        return reached
+
+    # -- suspicion and rumours ---------------------------------------------------------------
+
+    async def suspect(self, peer: str) -> None:
+        rec = self.node.peers.get(peer)
+        if rec is None or rec.state == DOWN or peer in self.suspects:
+            return
+        log.info("peer %s did not answer this node or %d others: suspect", peer[-8:], INDIRECT_HELPERS)
+        self.node.peers.set_state(peer, SUSPECT)
+        self.suspects[peer] = trio.current_time() + self.suspicion_s
+        await self._say(peer, Verdict.SUSPECT, self.known.get(peer, 0))
+
+    async def _say(self, peer: str, verdict: Verdict, incarnation: int) -> None:
+        frame = seal(self.node.identity, RUMOUR, {"peer": peer, "state": str(verdict), "inc": incarnation})
+        with trio.move_on_after(self.config.ping_timeout_s * 5):
+            await self.node.broadcast(frame)
+
+    def heard_lately(self, peer: str) -> bool:
+        rec = self.node.peers.get(peer)
+        return rec is not None and rec.last_seen is not None and \
+            self.node.peers.clock() - rec.last_seen < self.config.suspect_after_s
+
+    async def _on_rumour(self, msg: Inbound) -> None:
+        body = msg.envelope.body
+        peer, state, inc = (body.get("peer"), body.get("state"), body.get("inc")) if isinstance(body, dict) \
+            else (None, None, None)
+        if not isinstance(peer, str) or len(peer) > MAX_PEER_ID or not isinstance(inc, int) \
+                or isinstance(inc, bool) or not 0 <= inc < 1 << 62 or state not in set(Verdict):
+            raise WireError("garbled", "liveness rumour without a peer, a state and an incarnation")
+        verdict = Verdict(state)
+        if peer == self.node.peer_id:
+            if verdict != Verdict.ALIVE and inc >= self.incarnation:
+                self.incarnation = inc + 1
+            if verdict != Verdict.ALIVE and self._nursery is not None:
+                log.info("refuting a rumour that this node is %s", verdict)
+                self._nursery.start_soon(self._say, peer, Verdict.ALIVE, self.incarnation)
+            return
+        rec = self.node.peers.get(peer)
+        if rec is None or msg.envelope.sender == self.node.peer_id:
+            return  # a stranger (nothing to mark), or this node's own rumour coming back
+        if verdict == Verdict.ALIVE:
+            if msg.envelope.sender != peer:
+                raise WireError("impersonation", "only a peer itself can say it is alive")
+            if inc > self.known.get(peer, -1):
+                self.known[peer] = inc
+                self.suspects.pop(peer, None)
+                self.node.peers.set_state(peer, UP)
+            return
+        if inc < self.known.get(peer, 0) or self.heard_lately(peer) or rec.state == DOWN:
+            return  # about an older life, contradicted by what this node heard itself, or moot
+        self.known[peer] = max(inc, self.known.get(peer, 0))
+        if verdict == Verdict.DOWN:
+            self.suspects.pop(peer, None)
+            self.node.peers.set_state(peer, DOWN)
+        elif peer not in self.suspects:
+            self.node.peers.set_state(peer, SUSPECT)
+            self.suspects[peer] = trio.current_time() + self.suspicion_s
+
+    async def _on_ping_req(self, msg: Inbound) -> dict[str, bool]:
+        body = msg.envelope.body
+        peer = body.get("peer") if isinstance(body, dict) else None
+        if not isinstance(peer, str) or len(peer) > MAX_PEER_ID:
+            raise WireError("garbled", "ping request without a peer")
+        if peer not in self.node.peers or peer == self.node.peer_id:
+            raise Rejected("not a peer this node knows")
+        return {"ok": await self.ping(peer)}
+
+    def forget(self, peers: Iterable[str]) -> None:
+        for peer in peers:
+            self.known.pop(peer, None)
+            self.suspects.pop(peer, None)
+
+
+class _Pending:
+    """One ping in flight, that others wait on."""
+
+    def __init__(self) -> None:
+        self.done = trio.Event()
+        self.ok = False
+
+
+async def _reset(stream: Any) -> None:
+    from mesh.inbound import reset
+
+    await reset(stream)
