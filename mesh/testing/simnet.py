@@ -35,7 +35,7 @@ from __future__ import annotations
 import hashlib
 import math
 import random
-from collections import defaultdict, deque
+from collections import Counter, defaultdict, deque
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -53,6 +53,8 @@ K = 20
 #: A write shorter than this on the uplink does not make the writer wait (a scheduling
 #: shortcut; its bytes still occupy the link).
 MIN_WAIT_S = 0.0005
+#: libp2p's ping protocol, which py-libp2p's host serves itself, and its idle-stream timeout.
+PING_PROTOCOL, PING_IDLE_S = "/ipfs/ping/1.0.0", 10.0
 
 
 class SimError(MeshError, OSError):
@@ -183,6 +185,7 @@ class SimStream:
         if self.outbox.eof_at is not None:
             raise StreamClosed("write after close")
         chunk = bytes(data)
+        self.net.writes_by_protocol[self.protocol] += 1
         sent_at, arrive_at = self.net.transmit(self.conn.local, self.conn.remote, len(chunk))
         if arrive_at is not None:
             self.outbox.chunks.append((arrive_at, chunk))
@@ -253,6 +256,23 @@ class SimHost:
         self._up_free = 0.0
         self._down_free = 0.0
         self._dialing: dict[str, trio.Event] = {}
+        # py-libp2p's host answers pings by itself; so does this one.
+        self.handlers[PING_PROTOCOL] = self._echo_pings
+
+    async def _echo_pings(self, stream: SimStream) -> None:
+        """py-libp2p's ping handler: echo each 32-byte ping; drop a stream idle for 10 s."""
+        try:
+            while True:
+                data = b""
+                with trio.move_on_after(PING_IDLE_S):
+                    while len(data) < 32:
+                        data += await stream.read(32 - len(data))
+                if len(data) < 32:
+                    break
+                await stream.write(data)
+        except SimError:
+            pass
+        await stream.reset()
 
     # -- what the mesh calls --------------------------------------------------------------------------
 
@@ -460,6 +480,7 @@ class SimNetwork:
         self.values: dict[bytes, bytes] = {}
         self.providers: dict[str, set[str]] = defaultdict(set)
         self.relay_ip = "198.18.0.1"
+        self.writes_by_protocol: Counter[str] = Counter()
         self._ids: dict[str, int] = {}  # peer -> XOR key
 
     # -- set-up -----------------------------------------------------------------------------------------
