@@ -33,6 +33,8 @@ BENCHMARKS: dict[str, tuple[list[str], float]] = {
     "nat": (["--rounds", "1", "--variant", "random-ports"], 1200.0),
     "heterogeneity": (["--quick"], 2400.0),
     "device_fit": (["--budget-s", "1"], 600.0),
+    "upkeep": (["--nodes", "3", "4", "--seconds", "5", "--settle", "3"], 1800.0),
+    "gossipsub_limit": (["--sizes-kib", "64", "1024"], 300.0),
 }
 QUICK_LIMIT_S = 120.0
 # Benchmarks whose --quick run needs longer: vs_flower installs Flower on first use and starts

@@ -87,6 +87,23 @@ class Gossip:
                 nursery.start_soon(send, peer)
         return len(targets)
 
+    async def push_to(self, frame: bytes, peers: list[str]) -> int:
+        """Send ``frame`` straight to ``peers`` (one hop, side by side, each within its push
+        timeout): a ``direct_only`` kind meant for some peers only, such as a job's presence."""
+
+        async def send(peer: str) -> None:
+            with trio.move_on_after(GOSSIP_PUSH_S):
+                try:
+                    await self._push(peer, frame)
+                except Exception as exc:  # best effort: the next refresh covers a miss
+                    log.debug("direct gossip to %s failed: %s", peer[-8:], exc)
+
+        async with trio.open_nursery() as nursery:
+            for peer in peers:
+                if peer != self.node.peer_id:
+                    nursery.start_soon(send, peer)
+        return len(peers)
+
     async def _push(self, peer: str, frame: bytes) -> None:
         stream = await self.node.open(peer, GOSSIP_PROTOCOL, GOSSIP_OPEN_S)
         try:

@@ -1,8 +1,11 @@
 """Peer health: who is up, who is slipping, who is gone.
 
-The state is derived from one fact per peer, when it was last heard from (a ping answer or
-any valid message), against two thresholds, so every node applies the same rule and a killed
-peer turns ``down`` within ``down_after_s`` plus one probe interval.
+The table holds every peer this node knows of and its state; who changes a state is
+failure detection (``mesh.liveness``): a probe or any valid message makes a peer ``up``, a
+probe nobody could answer makes it ``suspect``, and ``down_after_s - suspect_after_s``
+later, unless it answered meanwhile, ``down``; rumours from peers do the same, but never
+against what this node heard itself within ``suspect_after_s``. Silence alone still ages
+the peers this node has never reached (``reevaluate``), against the two thresholds.
 """
 
 from __future__ import annotations
@@ -124,6 +127,12 @@ class PeerTable:
         """Peers worth talking to: up, and not being ignored for misbehaviour."""
         now = self.clock()
         return [p.peer_id for p in self._peers.values() if p.state == UP and p.ignored_until <= now]
+
+    def members(self) -> list[str]:
+        """Peers still in the mesh as far as this node knows: not down, not ignored. A suspect
+        is a member: it must hear that it is suspected, to refute it (``mesh.liveness``)."""
+        now = self.clock()
+        return [p.peer_id for p in self._peers.values() if p.state != DOWN and p.ignored_until <= now]
 
     def counts(self) -> dict[str, int]:
         out: dict[str, int] = {str(s): 0 for s in PeerState}

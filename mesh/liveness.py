@@ -92,6 +92,8 @@ class LivenessHost(Protocol):
 
     async def broadcast(self, frame: bytes) -> int: ...
 
+    async def send_direct(self, frame: bytes, peers: list[str]) -> int: ...
+
     async def redial(self, peer: str) -> bool: ...
 
 
@@ -157,13 +159,14 @@ class Liveness:
             for peer in self.due():
                 sweep.start_soon(self.probe, peer)
         now = trio.current_time()
-        for peer, ends in list(self.suspects.items()):
-            if now >= ends:
-                del self.suspects[peer]
-                rec = self.node.peers.get(peer)
-                if rec is not None and rec.state == SUSPECT:
-                    self.node.peers.set_state(peer, DOWN)
-                    await self._say(peer, Verdict.DOWN, self.known.get(peer, 0))
+        for peer in [p for p, ends in self.suspects.items() if now >= ends]:
+            # Saying so yields: a rumour or an answer may have cleared the suspicion meanwhile.
+            if self.suspects.pop(peer, None) is None:
+                continue
+            rec = self.node.peers.get(peer)
+            if rec is not None and rec.state == SUSPECT:
+                self.node.peers.set_state(peer, DOWN)
+                await self._say(peer, Verdict.DOWN, self.known.get(peer, 0))
         self.node.peers.reevaluate(unseen_only=True)
 
     async def probe(self, peer: str) -> bool:
@@ -273,9 +276,13 @@ class Liveness:
         await self._say(peer, Verdict.SUSPECT, self.known.get(peer, 0))
 
     async def _say(self, peer: str, verdict: Verdict, incarnation: int) -> None:
+        """Gossip a rumour; one about another peer goes to that peer too, whom the overlay may
+        no longer reach (a down peer is nobody's neighbour), so that it can refute it."""
         frame = seal(self.node.identity, RUMOUR, {"peer": peer, "state": str(verdict), "inc": incarnation})
         with trio.move_on_after(self.config.ping_timeout_s * 5):
             await self.node.broadcast(frame)
+            if peer != self.node.peer_id:
+                await self.node.send_direct(frame, [peer])
 
     def heard_lately(self, peer: str) -> bool:
         rec = self.node.peers.get(peer)

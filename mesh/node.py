@@ -1,9 +1,23 @@
 """MeshNode: one peer of the mesh, embeddable in any trio program.
 
-It owns the libp2p host and the Kademlia DHT, keeps the peer table healthy, publishes this
-node's signed NodeInfo, and exposes three verbs to the layers above: ``request`` (a direct,
-acknowledged message with an optional bulk payload), ``broadcast`` (flood gossip) and
-``fetch_blob`` (content-addressed download from whoever has it).
+It owns the libp2p host and the Kademlia DHT and is the façade of the mesh: the layers above
+use its verbs, ``request`` (a direct, acknowledged message with an optional bulk payload),
+``broadcast`` (gossip over the overlay), ``send_direct`` (one hop to chosen peers),
+``fetch_blob`` (content-addressed download from whoever has it) and ``watch`` (peers whose
+failure this node should see first-hand). The work is done beside it, each part declaring in
+a Protocol what it uses of the node: ``mesh.liveness`` (SWIM-style failure detection over a
+bounded set of peers), ``mesh.discovery`` (DHT walks, NodeInfo), ``mesh.gossip`` (overlay
+gossip, large messages pulled), ``mesh.overlay`` (which peers are neighbours), ``mesh.nat``,
+``mesh.pex`` and ``mesh.inbound``.
+
+The transport seam. Everything that moves bytes between peers goes through ``open(peer,
+protocol, timeout)`` (a new stream: ``write``, ``read``, ``close``, ``reset``) and the stream
+handlers set in ``run``; liveness, gossip and the verbs use nothing else of libp2p. A
+modelled transport replaces ``host`` and those two, and the DHT (``self.dht``: ``put_value``,
+``get_value``, ``provide``, ``find_providers``, ``refresh_routing_table``, ``routing_table``,
+``add_peer``), which discovery, NAT and blob lookups read. Still direct users of the libp2p
+host, outside that seam: ``mesh.dialer`` (joining and redialling), ``mesh.nat``/``mesh.relay``
+(circuits, dial-backs) and ``peer_ip``/``connected_ids``.
 
     async with MeshNode.start(identity, MeshConfig(listen=["/ip4/127.0.0.1/tcp/0"])) as node:
         print(node.multiaddrs())
@@ -300,8 +314,8 @@ class MeshNode:
     # -- the bounded set of peers this node talks to and watches ------------------------------
 
     def neighbours(self) -> list[str]:
-        """This node's overlay neighbours among the peers it believes up (``mesh.overlay``)."""
-        return neighbours(self.peer_id, self.peers.alive())
+        """This node's overlay neighbours among the mesh's members (``mesh.overlay``)."""
+        return neighbours(self.peer_id, self.peers.members())
 
     def watch(self, peers: Iterable[str], for_s: float) -> None:
         """Watch ``peers`` (the members of a round this node is in) for ``for_s`` seconds,
@@ -494,6 +508,12 @@ class MeshNode:
             raise SendError(f"peer {peer[-8:]} refused the message: {err}")
         self.peers.seen(peer)
         return reply.get("reply")
+
+    async def send_direct(self, frame: bytes, peers: list[str]) -> int:
+        """Send a signed frame of a ``direct_only`` kind to ``peers`` alone, not relayed and not
+        delivered here: what a job's members tell each other (presence)."""
+        with trio.CancelScope(shield=True):
+            return await self.gossip.push_to(frame, peers)
 
     async def broadcast(self, frame: bytes) -> int:
         """Flood a signed frame to the mesh; also delivers it to this node's own handler."""

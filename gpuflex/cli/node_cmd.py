@@ -47,8 +47,8 @@ def start(
                               help="Serve blobs over a one-off sealed TCP port on the --listen host "
                                    "(--no-bulk: every byte through libp2p, no extra port)."),
     control_port: int = typer.Option(0, help="Port of the local control API on 127.0.0.1 (0: any free port)."),
-    suspect_after: float = typer.Option(4.0, help="Seconds of silence before a peer is 'suspect'."),
-    down_after: float = typer.Option(9.0, help="Seconds of silence before a peer is 'down'."),
+    suspect_after: float = typer.Option(4.0, help="A peer heard from within this many seconds is not suspected on another's word."),
+    down_after: float = typer.Option(9.0, help="A suspect peer is 'down' (down-after - suspect-after) seconds after nobody reached it."),
     log_level: str = typer.Option("info", help="debug, info, warning or error."),
     log_format: str = typer.Option("text", help="text or json."),
     metrics: str | None = typer.Option(None, "--metrics", metavar="ADDR",

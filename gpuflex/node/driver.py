@@ -286,6 +286,10 @@ class JobDriver:
     def participates(self) -> bool:
         return self.book.participates()
 
+    def known_members(self) -> set[str]:
+        """The peers this job's presence goes to (``JobBook.known_members``)."""
+        return self.book.known_members()
+
     def head(self) -> str:
         """This job's ledger head as presence names it."""
         return self.book.ledger.head[:HEAD_CHARS]

@@ -42,6 +42,7 @@ from mesh.fsutil import atomic_write
 from mesh.health import PeerRecord, PeerState
 from mesh.messaging import Inbound, Rejected
 from mesh.node import MeshNode
+from mesh.overlay import neighbours
 
 log = logging.getLogger("gpuflex.jobs")
 #: Presence is refreshed this often; PRESENCE_FRESH_S (state.py) allows three missed beats.
@@ -53,6 +54,9 @@ PRESENCE_SOON_S = 0.2
 PRESENCE_MARKS = 16
 #: Presence broadcasts in flight at once; beyond that the next waits for the one before.
 PRESENCE_SENDS_AT_ONCE = 3
+#: Members of each running job watched first-hand besides the overlay neighbours; chosen as
+#: the overlay chooses (mesh.overlay), so no member is watched by everyone.
+WATCH_PER_JOB = 16
 #: How often each job re-checks whether min_nodes members are reachable, to say so.
 QUORUM_CHECK_S = 1.0
 #: At start a node waits up to this many seconds (one try a second) for a first peer to sync from.
@@ -208,26 +212,54 @@ class JobManager:
         self._presence_due.set()
 
     async def send_presence(self) -> None:
+        """Each job's presence goes to that job's members alone (``JobDriver.known_members``),
+        one message per set of jobs a peer shares with this node: no message names a job its
+        recipient is not in, or grows with the jobs on the mesh, and a node in no job sends
+        nothing. Applied here first, as a broadcast would be."""
         # Finished jobs too: a member that fell behind (a full disk, a partition) learns from
         # this that it is behind and catches up, even after everyone else is done.
         active = {j: d.committed for j, d in self.drivers.items() if d.state != JobState.FAILED and d.participates()}
+        if not active:
+            return
+        me = self.mesh.peer_id
+        try:
+            own = seal(self.mesh.identity, PRESENCE, self._presence_body(active))
+            await self._on_presence(Inbound(open_envelope(own), None, me, gossip=True))
+        except (WireError, ValueError, Rejected) as exc:  # a map too large for its kind's limit
+            log.debug("own presence not applied: %s", exc)
+        alive = set(self.mesh.peers.alive())
+        shared: dict[str, list[str]] = {}
+        for job in active:
+            members = self.drivers[job].known_members() & alive
+            for peer in members - {me}:
+                shared.setdefault(peer, []).append(job)
+            if self.drivers[job].state == JobState.RUNNING:  # its rounds' members, spread evenly
+                self.mesh.watch(neighbours(me, members, WATCH_PER_JOB), 3 * PRESENCE_EVERY_S)
+        groups: dict[tuple[str, ...], list[str]] = {}
+        for peer, in_jobs in shared.items():
+            groups.setdefault(tuple(in_jobs), []).append(peer)
+        async with trio.open_nursery() as nursery:
+            for group, peers in groups.items():
+                try:
+                    frame = seal(self.mesh.identity, PRESENCE, self._presence_body({j: active[j] for j in group}))
+                except (WireError, ValueError) as exc:
+                    log.debug("presence for %d job(s) not sent: %s", len(group), exc)
+                    continue
+                nursery.start_soon(self.mesh.send_direct, frame, peers)
+
+    def _presence_body(self, active: dict[str, int]) -> dict[str, Any]:
         # Each job's training throughput here: coordinators of time-budgeted rounds plan by it.
         rates = {j: round(r, 3) for j in active if (r := self.drivers[j].throughput()) > 0}
-        if active:
-            # Each job's ledger head and weight (its verified contributions): a peer whose own
-            # ledger is lighter, or as heavy on another head, learns from this to fetch ours.
-            heads = {j: self.drivers[j].head() for j in active}
-            weights = {j: self.drivers[j].weight for j in active}
-            # Jobs still being prepared here, and the round whose coordinator turns this node
-            # gave up meanwhile: peers skip those turns instead of waiting out a plan timeout.
-            preparing = list(islice((j for j in active if self.drivers[j].preparing), PRESENCE_MARKS))
-            passes = dict(islice(((j, r) for j in active if (r := self.drivers[j].passes_round)), PRESENCE_MARKS))
-            try:
-                await self.mesh.broadcast(seal(self.mesh.identity, PRESENCE, {
-                    "jobs": active, "heads": heads, "weights": weights, "rates": rates,
-                    "preparing": preparing, "passes": passes}))
-            except (WireError, ValueError) as exc:  # a map too large for its kind's limit
-                log.debug("presence broadcast failed: %s", exc)
+        # Each job's ledger head and weight (its verified contributions): a peer whose own
+        # ledger is lighter, or as heavy on another head, learns from this to fetch ours.
+        heads = {j: self.drivers[j].head() for j in active}
+        weights = {j: self.drivers[j].weight for j in active}
+        # Jobs still being prepared here, and the round whose coordinator turns this node
+        # gave up meanwhile: peers skip those turns instead of waiting out a plan timeout.
+        preparing = list(islice((j for j in active if self.drivers[j].preparing), PRESENCE_MARKS))
+        passes = dict(islice(((j, r) for j in active if (r := self.drivers[j].passes_round)), PRESENCE_MARKS))
+        return {"jobs": active, "heads": heads, "weights": weights, "rates": rates,
+                "preparing": preparing, "passes": passes}
 
     async def _presence_loop(self) -> None:
         while True:

@@ -283,6 +283,12 @@ class JobBook:
                 self.ready_peers.add(peer)
         self.changed.notify()
 
+    def known_members(self) -> set[str]:
+        """Whom this job's presence goes to: every peer that said it takes part, the job's
+        initial members and possible coordinators, and its submitter (a newcomer's way in).
+        Bounded as presence is (``MAX_PRESENCE``)."""
+        return set(self.presence) | set(self.info.initial_members) | set(self.eligible()) | {self.info.submitted_by}
+
     def give_way(self) -> bool:
         """While this node is still preparing the job: give up its coordinator turns in the
         current round if an eligible peer with fresh presence has it ready. True when it does
