@@ -183,7 +183,11 @@ class Simulation:
         self.cfg = cfg
         self.rng = random.Random(cfg.seed)
         self.net = SimNetwork(cfg.seed)
-        self._tmp = None if home is not None else tempfile.mkdtemp(prefix="gpuflex-sim-")
+        # Node homes in memory where the system has it: a thousand address books and ledgers,
+        # each written atomically with fsync, would otherwise time the disk, not the protocol.
+        shm = Path("/dev/shm")
+        self._tmp = None if home is not None else tempfile.mkdtemp(
+            prefix="gpuflex-sim-", dir=shm if shm.is_dir() else None)
         root = home if home is not None else Path(self._tmp or ".")
         self.nodes: list[SimNode] = []
         publics = max(1, round(cfg.nodes * cfg.public_fraction))
