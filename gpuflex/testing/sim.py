@@ -132,6 +132,7 @@ class SimConfig:
     churn: list[ChurnEvent] = field(default_factory=list)
     late: int = 0  # nodes kept back for JOIN events (the last ``late`` indices)
     time_limit_s: float = 3600.0  # modelled seconds the job may take
+    drain_s: float = 5.0  # modelled seconds run after the last round, before the report
 
 
 @dataclass
@@ -338,6 +339,7 @@ class Simulation:
                 with trio.move_on_after(cfg.time_limit_s):
                     await self._follow_rounds(t0)
                 say(f"{len(self.rounds)} rounds committed at t={trio.current_time():.1f}s")
+                await trio.sleep(cfg.drain_s)  # the last result reaches the other nodes
                 report = self.report(idle_from, idle_to)
                 nursery.cancel_scope.cancel()
         return report
