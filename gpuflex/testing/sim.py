@@ -34,13 +34,19 @@ from gpuflex.jobspec import JobSpec
 from gpuflex.node.events import EventLog
 from gpuflex.node.jobs import JobManager, job_id_of
 from gpuflex.node.messages import JOB
-from mesh.codec import open_envelope, seal
+from mesh.codec import open_envelope, register_kind, seal
 from mesh.health import HealthConfig, PeerState
 from mesh.identity import Identity
+from mesh.messaging import GOSSIP_PROTOCOL, Inbound
 from mesh.node import MeshConfig, MeshNode
 from mesh.testing.simnet import LinkModel, SimNetwork
 
 log = logging.getLogger("gpuflex.sim")
+#: A gossiped message of the simulator's own: how far and how fast gossip reaches, at what cost.
+SIM_PROBE = "sim_probe"
+register_kind(SIM_PROBE, 4096)
+#: Bytes of the probe's body: about a plan's or a result's frame.
+PROBE_BYTES = 2048
 #: Modelled compute seconds owed by stand-in trainers that ran inline, slept by ``inline_threads``.
 _owed: list[float] = [0.0]
 
@@ -153,6 +159,7 @@ class SimNode:
         self.jobs: JobManager | None = None
         self.scope: trio.CancelScope | None = None
         self.started = trio.Event()
+        self.probes: dict[bytes, float] = {}  # probe body id -> modelled time it arrived here
 
     @property
     def peer_id(self) -> str:
@@ -165,6 +172,12 @@ class SimNode:
             bulk_channel=False, mdns=False, health=HealthConfig(),
             reachability="public" if self.model.public else "private",
             bootstrap_timeout_s=60.0, transport=net), on_event=events.emit)
+        async def on_probe(msg: Inbound) -> None:
+            body = msg.envelope.body
+            if isinstance(body, dict) and isinstance(body.get("id"), bytes):
+                self.probes.setdefault(body["id"], trio.current_time())
+
+        mesh.handlers.register(SIM_PROBE, on_probe)
         dim = max(1, cfg.update_bytes // 4)
         jobs = self.jobs = JobManager(mesh, events, self.home,
                                       trainers=lambda *a: StandInTrainer(self.index, dim, cfg.compute_s, self.model.speed))
@@ -208,6 +221,7 @@ class Simulation:
         self.accepted: dict[int, list[str]] = {}  # round -> contributors of the committed result
         self.crashed: dict[int, float] = {}  # node -> modelled time of its crash
         self.detected: dict[int, float] = {}  # node -> when every live node had it down
+        self.gossip: dict[str, Any] = {}
 
     def close(self) -> None:
         if self._tmp is not None:
@@ -265,6 +279,32 @@ class Simulation:
                 self.detected[index] = trio.current_time() - self.crashed[index]
                 return
             await trio.sleep(0.25)
+
+    async def gossip_reach(self, wait_s: float = 10.0) -> dict[str, Any]:
+        """One message gossiped from the first node: when it reached each live node, and how
+        many gossip copies each node took in meanwhile (D or fewer, if the overlay holds)."""
+        first = self.nodes[0]
+        assert first.mesh is not None
+        probe_id = self.rng.randbytes(8)
+        copies: dict[str, int] = {}
+
+        def tap(receiver: str, protocol: str, chunk: bytes) -> None:
+            if protocol == GOSSIP_PROTOCOL and probe_id in chunk:
+                copies[receiver] = copies.get(receiver, 0) + 1
+
+        self.net.tap = tap
+        t0 = trio.current_time()
+        await first.mesh.broadcast(seal(first.identity, SIM_PROBE, {"id": probe_id, "pad": bytes(PROBE_BYTES)}))
+        await trio.sleep(wait_s)
+        self.net.tap = None
+        live = self.live()
+        arrived = sorted(n.probes[probe_id] - t0 for n in live if probe_id in n.probes)
+        share = len(arrived) / max(1, len(live))
+        return {"reached": round(share, 4),
+                "t99_s": round(arrived[max(0, math.ceil(0.99 * len(live)) - 1)], 3) if share >= 0.99 else None,
+                "t_all_s": round(arrived[-1], 3) if arrived else None,
+                "max_copies_per_node": max(copies.values(), default=0),
+                "mean_copies_per_node": round(sum(copies.values()) / max(1, len(live)), 2)}
 
     def _driver(self, node: SimNode) -> Any:
         if node.jobs is None or self.job_id is None:
@@ -332,6 +372,8 @@ class Simulation:
                 idle_from = trio.current_time()
                 await trio.sleep(min(10.0, cfg.settle_s))
                 idle_to = trio.current_time()
+                self.gossip = await self.gossip_reach()
+                say(f"gossip reach: {self.gossip}")
                 t0 = trio.current_time()
                 await self._submit()
                 say(f"job submitted at t={t0:.1f}s")
@@ -368,6 +410,7 @@ class Simulation:
             "rounds": [r.__dict__ for r in self.rounds],
             "detection_s": {str(k): round(v, 2) for k, v in self.detected.items()},
             "crashed_undetected": [k for k in self.crashed if k not in self.detected],
+            "gossip": self.gossip,
         }
 
 

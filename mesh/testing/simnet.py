@@ -186,6 +186,8 @@ class SimStream:
             raise StreamClosed("write after close")
         chunk = bytes(data)
         self.net.writes_by_protocol[self.protocol] += 1
+        if self.net.tap is not None:
+            self.net.tap(self.conn.remote.peer_id, self.protocol, chunk)
         sent_at, arrive_at = self.net.transmit(self.conn.local, self.conn.remote, len(chunk))
         if arrive_at is not None:
             self.outbox.chunks.append((arrive_at, chunk))
@@ -481,6 +483,8 @@ class SimNetwork:
         self.providers: dict[str, set[str]] = defaultdict(set)
         self.relay_ip = "198.18.0.1"
         self.writes_by_protocol: Counter[str] = Counter()
+        # Called with (receiver, protocol, bytes) for every write: what a benchmark watches for.
+        self.tap: Callable[[str, str, bytes], None] | None = None
         self._ids: dict[str, int] = {}  # peer -> XOR key
 
     # -- set-up -----------------------------------------------------------------------------------------
