@@ -170,7 +170,7 @@ class SimNode:
         mesh = self.mesh = MeshNode(self.identity, MeshConfig(
             listen=["/ip4/0.0.0.0/tcp/4001"], bootstrap=bootstrap, data_dir=self.home,
             bulk_channel=False, mdns=False, health=HealthConfig(),
-            reachability="public" if self.model.public else "private",
+            reachability="public" if self.model.public else "relayed" if self.model.punchable else "private",
             bootstrap_timeout_s=60.0, transport=net), on_event=events.emit)
         async def on_probe(msg: Inbound) -> None:
             body = msg.envelope.body

@@ -44,7 +44,7 @@ def run() -> tuple[Simulation, dict[str, Any]]:
 
 
 def test_every_round_commits_despite_a_crash(run: tuple[Simulation, dict[str, Any]]) -> None:
-    sim, report = run
+    _, report = run
     assert report["rounds_committed"] == ROUNDS, report
     assert all(r["contributors"] >= 2 for r in report["rounds"]), report["rounds"]
 
