@@ -56,8 +56,12 @@ def measure(design: str, checkout: Path, nodes: int, seconds: float, settle: flo
         t0 = time.time()
         mesh.start(timeout=180)
         started = time.time() - t0
-        connected = mesh.wait_connected(timeout=300)
-        log(f"{design} {nodes}: started in {started:.0f}s, all up {connected:.0f}s later; settling {settle:.0f}s")
+        try:
+            connected: float | None = mesh.wait_connected(timeout=240)
+        except TimeoutError:  # measured all the same: min_up in the table says how far it got
+            connected = None
+            log(f"{design} {nodes}: not every node listed every other as up within 240 s")
+        log(f"{design} {nodes}: started in {started:.0f}s, all up {connected}s later; settling {settle:.0f}s")
         time.sleep(settle)
         pids = [mesh.procs[i].pid for i in range(nodes)]
         sent0 = [mesh.call(i, "status")["bytes_sent"] for i in range(nodes)]

@@ -27,6 +27,7 @@ and only the peer itself can say it is alive.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import time
 from collections.abc import Iterable
@@ -48,10 +49,17 @@ RUMOUR = "liveness"
 PING_REQ = "ping_req"
 register_kind(RUMOUR, 512)
 register_kind(PING_REQ, 512)
-#: Watched peers probed each period (``HealthConfig.ping_interval_s``).
-PROBES_PER_PERIOD = 2
+#: Watched peers probed each period (``HealthConfig.ping_interval_s``): at least this many,
+#: and enough that each is probed every ``KEEP_FRESH_S`` (its ping stream stays open, and a
+#: new stream's handshakes are what a loaded machine is slowest at), up to the most.
+PROBES_PER_PERIOD, MAX_PROBES_PER_PERIOD, KEEP_FRESH_S = 2, 8, 6.0
 #: Peers asked to probe a peer that did not answer this node.
 INDIRECT_HELPERS = 2
+#: Direct-then-indirect rounds, a period apart, before a peer is suspected.
+PROBE_ROUNDS = 2
+#: A loop that wakes this late is on a starved machine; for a while after, its failed
+#: probes say more about itself than about its peers, and suspect nobody (Lifeguard's idea).
+LAGGING_S, LAGGING_HOLD_S = 1.0, 10.0
 #: Newly learnt peers checked per period, and down peers looked at per period.
 FIRST_CONTACTS_PER_PERIOD, DOWN_PER_PERIOD = 8, 1
 #: A node announces itself alive this long after start, so a restarted node is up again
@@ -110,6 +118,9 @@ class Liveness:
         self._streams: dict[str, tuple[Any, float]] = {}  # peer -> (ping stream, last used)
         self._redialling: set[str] = set()
         self._pinging: dict[str, _Pending] = {}
+        self._probing: set[str] = set()
+        self._due_at = math.inf  # when the loop should wake next
+        self._lagging_until = -math.inf
         self._nursery: trio.Nursery | None = None
         node.handlers.register(RUMOUR, self._on_rumour)
         node.handlers.register(PING_REQ, self._on_ping_req)
@@ -124,7 +135,16 @@ class Liveness:
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             while True:
-                await self.sweep()
+                woke = trio.current_time()
+                if woke - self._due_at > LAGGING_S:  # this node is the slow one: trust no verdict
+                    self._lagging_until = woke + LAGGING_HOLD_S
+                self._due_at = woke + self.config.ping_interval_s
+                # Probes run beside the loop: a slow one never holds up the next period's, nor
+                # the suspicions that are due.
+                for peer in self.due():
+                    if peer not in self._probing:
+                        nursery.start_soon(self.probe, peer)
+                self.expire()
                 if announce and trio.current_time() - started >= announce[0] and self.node.peers.alive():
                     announce.pop(0)
                     await self._say(self.node.peer_id, Verdict.ALIVE, self.incarnation)
@@ -140,7 +160,9 @@ class Liveness:
         live = [p for p in watched if peers.get(p).state != DOWN]  # type: ignore[union-attr]
         self._turn = [p for p in self._turn if p in live]
         out: list[str] = []
-        while len(out) < min(self.probes, len(live)):
+        count = min(MAX_PROBES_PER_PERIOD, max(self.probes, math.ceil(
+            len(live) * self.config.ping_interval_s / KEEP_FRESH_S)))
+        while len(out) < min(count, len(live)):
             if not self._turn:
                 self._turn = [p for p in live if p not in out]
                 if not self._turn:
@@ -155,34 +177,56 @@ class Liveness:
         return out
 
     async def sweep(self) -> None:
+        """One period, waiting for its probes and for the deaths it announces."""
         async with trio.open_nursery() as sweep:
             for peer in self.due():
                 sweep.start_soon(self.probe, peer)
+        for peer in self.expire():
+            await self._say(peer, Verdict.DOWN, self.known.get(peer, 0))
+
+    def expire(self) -> list[str]:
+        """Suspects whose time is up are down; returns them (announced in the background
+        when running). Peers never reached age by silence (``PeerTable.reevaluate``)."""
         now = trio.current_time()
+        dead = []
         for peer in [p for p, ends in self.suspects.items() if now >= ends]:
-            # Saying so yields: a rumour or an answer may have cleared the suspicion meanwhile.
-            if self.suspects.pop(peer, None) is None:
-                continue
+            del self.suspects[peer]
             rec = self.node.peers.get(peer)
             if rec is not None and rec.state == SUSPECT:
                 self.node.peers.set_state(peer, DOWN)
-                await self._say(peer, Verdict.DOWN, self.known.get(peer, 0))
+                dead.append(peer)
+                if self._nursery is not None:
+                    self._nursery.start_soon(self._say, peer, Verdict.DOWN, self.known.get(peer, 0))
         self.node.peers.reevaluate(unseen_only=True)
+        return [] if self._nursery is not None else dead
 
     async def probe(self, peer: str) -> bool:
-        """Direct, then indirect; suspicion (and a rumour) if neither reached ``peer``."""
-        rec = self.node.peers.get(peer)
-        if rec is None:
+        """Direct, then indirect, twice a period apart; suspicion (and a rumour) if nobody
+        reached ``peer`` either time: one slow moment of a loaded machine condemns nobody."""
+        self._probing.add(peer)
+        try:
+            for attempt in range(PROBE_ROUNDS):
+                rec = self.node.peers.get(peer)
+                if rec is None:
+                    return False
+                if await self.ping(peer):
+                    return True
+                if rec.last_seen is None or rec.state == DOWN:
+                    return False  # never reached, or already dead: silence ages it (PeerTable)
+                if await self._ask_others(peer):
+                    self.node.peers.seen(peer)
+                    return True
+                if attempt + 1 < PROBE_ROUNDS:
+                    await trio.sleep(self.config.ping_interval_s)
+            if self.heard_lately(peer):
+                return False  # it spoke (a message, another's ping request) while we probed
+            if trio.current_time() < self._lagging_until:
+                log.info("not suspecting %s: this node itself is running late", peer[-8:])
+                return False
+            await self.suspect(peer)
             return False
-        if await self.ping(peer):
-            return True
-        if rec.last_seen is None or rec.state == DOWN:
-            return False  # never reached, or already dead: silence ages it (PeerTable)
-        if await self._ask_others(peer):
-            self.node.peers.seen(peer)
-            return True
-        await self.suspect(peer)
-        return False
+        finally:
+            self._probing.discard(peer)
 
     async def ping(self, peer: str) -> bool:
         """One libp2p ping on a kept-open stream, so the RTT is the network's, not a handshake's;
@@ -212,7 +256,8 @@ class Liveness:
         if stream is None and peer not in self._redialling and self.backoff.ready(peer) \
                 and peer not in self.node.connected_ids() and self._nursery is not None:
             self._nursery.start_soon(self.redial, peer)
-        with trio.move_on_after(self.config.ping_timeout_s):
+        # A new stream costs a few round trips more than a ping: it gets its own allowance.
+        with trio.move_on_after(self.config.ping_timeout_s * (2 if stream is None else 1)):
             try:
                 if stream is None:
                     stream = await self.node.open(peer, PING_PROTOCOL, self.config.ping_timeout_s)

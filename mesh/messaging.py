@@ -5,10 +5,10 @@ optional bulk payload, and a reply. The envelope's signer must be the peer at th
 of the Noise session, so a peer cannot speak for another.
 
 Gossip: ``/gpuflex/gossip/1.0.0`` carries an envelope signed by its origin; each node delivers
-it once (deduplicated by message id) and forwards it to every live peer it knows. Meshes are
-small (tens of peers) and plans or results are a few kilobytes, so plain flooding is simpler
-and more predictable than gossipsub, which drops messages over 1 MiB silently and has a
-120 s default heartbeat in py-libp2p 0.8.1.
+it once (deduplicated by message id) and forwards it to its overlay neighbours
+(``mesh.gossip``, ``mesh.overlay``). Not py-libp2p's gossipsub: it drops messages over 1 MiB
+silently (a round's result may be 12 MiB) and has a 120 s default heartbeat in the pinned
+py-libp2p (``benchmarks/gossipsub_limit.py``).
 """
 
 from __future__ import annotations
