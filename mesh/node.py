@@ -206,6 +206,7 @@ class MeshNode:
             for addr in self.config.listen:
                 check_tcp_port_free(addr)
         await trio.to_thread.run_sync(self.book.load)
+        self.liveness.announce_start = bool(self.book.joined)  # a node back in its mesh says so
         wanted = sticky_listen(self.config.listen, self.book.listen) if net.uses_sockets else self.config.listen
         try:
             self.host = net.build_host(self.identity, wanted, self.config.announce)

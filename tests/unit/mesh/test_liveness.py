@@ -288,3 +288,20 @@ async def test_only_suspicions_still_standing_at_their_time_are_declared_dead(au
     assert live.expire() == [a]
     assert live.expire() == []  # each death once
     assert [str(host.peers.get(p).state) for p in (a, b)] == ["down", "up"]  # type: ignore[union-attr]
+
+
+async def test_only_a_node_back_in_its_mesh_announces_itself_alive(autojump_clock) -> None:
+    """A first-time node is a stranger everywhere (a rumour about a stranger is dropped), so its
+    alive announcements would only cost every node copies when a whole mesh starts; a node that
+    was in the mesh before announces itself, so peers holding it down see it up at once."""
+    for back in (False, True):
+        net, ids = Net(), peer_ids(4)
+        host = Host(net, ids)
+        live = Liveness(host, CFG)
+        live.announce_start = back
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(live.run)
+            await trio.sleep(30)
+            nursery.cancel_scope.cancel()
+        own = [b for _, b in host.rumours if b["peer"] == host.peer_id and b["state"] == "alive"]
+        assert bool(own) == back, (back, own)
