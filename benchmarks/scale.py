@@ -71,6 +71,8 @@ def main(argv: list[str] | None = None) -> int:
         log(f"{n} nodes: {report['rounds_committed']}/{args.rounds} rounds in {report['wall_s']} s wall, {report['cpu_s']} s CPU; "
             f"idle {idle['msgs']:.1f} msgs/s, {idle['bytes'] / 1e3:.1f} kB/s per node; "
             f"{report['connections_per_node']['mean']:.0f} connections per node")
+        log(f"  gossip: {report['gossip']}; crashed nodes down everywhere after {report['detection_s']} s "
+            f"(never: {report['crashed_undetected']})")
         for r in report["rounds"]:
             log(f"  round {r['round']}: {r['seconds']} s, {r['contributors']} contributors, "
                 f"busiest node {r['busiest_bytes'] / 1e6:.1f} MB")
