@@ -61,7 +61,7 @@ PROBE_ROUNDS = 2
 #: probes say more about itself than about its peers, and suspect nobody (Lifeguard's idea).
 LAGGING_S, LAGGING_HOLD_S = 1.0, 10.0
 #: Newly learnt peers checked per period, and down peers looked at per period.
-FIRST_CONTACTS_PER_PERIOD, DOWN_PER_PERIOD = 8, 1
+FIRST_CONTACTS_PER_PERIOD, DOWN_PER_PERIOD = 8, 2
 #: A node announces itself alive this long after start, so a restarted node is up again
 #: everywhere without waiting for a probe.
 ANNOUNCE_AFTER_S = (2.0, 8.0, 20.0)
@@ -214,7 +214,11 @@ class Liveness:
                 rec = self.node.peers.get(peer)
                 if rec is None:
                     return False
+                was_down = rec.state == DOWN and rec.last_seen is not None
                 if await self.ping(peer):
+                    if was_down and self._nursery is not None:
+                        # Alive, though taken for dead: tell it, so that it refutes everywhere.
+                        self._nursery.start_soon(self._tell, peer)
                     return True
                 if rec.last_seen is None or rec.state == DOWN:
                     return False  # never reached, or already dead: silence ages it (PeerTable)
@@ -260,6 +264,7 @@ class Liveness:
         stream = kept[0] if kept is not None else None
         if stream is None and peer not in self._redialling and self.backoff.ready(peer) \
                 and peer not in self.node.connected_ids() and self._nursery is not None:
+            self._redialling.add(peer)  # now, not when the task starts: one redial at a time
             self._nursery.start_soon(self.redial, peer)
         # A new stream costs a few round trips more than a ping: it gets its own allowance.
         with trio.move_on_after(self.config.ping_timeout_s * (2 if stream is None else 1)):
@@ -334,6 +339,12 @@ class Liveness:
             if peer != self.node.peer_id:
                 await self.node.send_direct(frame, [peer])
 
+    async def _tell(self, peer: str) -> None:
+        frame = seal(self.node.identity, RUMOUR, {"peer": peer, "state": str(Verdict.DOWN),
+                                                  "inc": self.known.get(peer, 0)})
+        with trio.move_on_after(self.config.ping_timeout_s * 5):
+            await self.node.send_direct(frame, [peer])
+
     def heard_lately(self, peer: str) -> bool:
         rec = self.node.peers.get(peer)
         return rec is not None and rec.last_seen is not None and \
@@ -368,12 +379,29 @@ class Liveness:
         if inc < self.known.get(peer, 0) or self.heard_lately(peer) or rec.state == DOWN:
             return  # about an older life, contradicted by what this node heard itself, or moot
         self.known[peer] = max(inc, self.known.get(peer, 0))
+        if peer in self.node.connected_ids() and self._nursery is not None:
+            # Still connected to it (a killed process's connections close at once): see for
+            # ourselves first, so one slow moment somewhere does not take it out everywhere.
+            if peer not in self._probing:
+                self._nursery.start_soon(self._verify, peer, verdict)
+            return
+        self._believe(peer, verdict)
+
+    def _believe(self, peer: str, verdict: Verdict) -> None:
         if verdict == Verdict.DOWN:
             self.suspects.pop(peer, None)
             self.node.peers.set_state(peer, DOWN)
         elif peer not in self.suspects:
             self.node.peers.set_state(peer, SUSPECT)
             self.suspects[peer] = trio.current_time() + self.suspicion_s
+
+    async def _verify(self, peer: str, verdict: Verdict) -> None:
+        self._probing.add(peer)
+        try:
+            if not await self.ping(peer) and not self.heard_lately(peer):
+                self._believe(peer, verdict)
+        finally:
+            self._probing.discard(peer)
 
     async def _on_ping_req(self, msg: Inbound) -> dict[str, bool]:
         body = msg.envelope.body
