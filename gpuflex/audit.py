@@ -51,11 +51,14 @@ class AuditReport:
     model_hash: str
     model_checked: bool = False
     credit: dict[str, int] = field(default_factory=dict)
+    #: The committed round whose model the checked file is (a job's results may hand out the
+    #: best-scored round's model rather than the last one's).
+    model_round: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"ok": True, "job": self.job, "rounds": self.rounds, "head": self.head,
                 "model_hash": self.model_hash, "model_checked": self.model_checked,
-                "credit": self.credit}
+                "model_round": self.model_round, "credit": self.credit}
 
 
 def _round_of(message: str) -> int | None:
@@ -148,7 +151,8 @@ def credit(results: list[Result]) -> dict[str, int]:
 
 
 def verify_ledger(path: str | Path, model: str | Path | None = None) -> AuditReport:
-    """Verify every signature and hash link, and optionally the final model blob."""
+    """Verify every signature and hash link, and optionally that a model blob is the model a
+    committed round names (the last one's, or the best round's that ``job results`` hands out)."""
     results = load_results(path)
     last = results[-1]
     report = AuditReport(job=last.job, rounds=len(results), head=last.digest,
@@ -159,10 +163,11 @@ def verify_ledger(path: str | Path, model: str | Path | None = None) -> AuditRep
         except OSError as exc:
             raise AuditError(None, f"cannot read model file {model}: {exc}") from None
         digest = blob_hash(data)
-        if digest != last.model_hash:
-            raise AuditError(last.round, f"model file hash {digest[:16]}… does not match the "
-                             f"result's model hash {last.model_hash[:16]}…")
-        report.model_checked = True
+        match = next((res for res in reversed(results) if res.model_hash == digest), None)
+        if match is None:
+            raise AuditError(last.round, f"model file hash {digest[:16]}… matches no committed "
+                             f"round's model (the last one's is {last.model_hash[:16]}…)")
+        report.model_checked, report.model_round, report.model_hash = True, match.round, digest
     return report
 
 

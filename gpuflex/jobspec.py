@@ -31,6 +31,7 @@ except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib  # type: ignore[no-redef]
 
 from gpuflex.budgetspec import budget_cross_checks
+from gpuflex.driftspec import drift_cross_checks
 from gpuflex.llmspec import LLM_MODELS, llm_cross_checks
 from gpuflex.plugins import is_plugin_path, plugin_path_problem
 
@@ -49,6 +50,8 @@ AggregationMode = Literal["tree", "flat-robust"]
 NormBoundMode = Literal["clip", "reject"]
 OnBudget = Literal["stop", "warn"]
 Normalization = Literal["auto", "none", "fednova"]
+DriftCorrectionName = Literal["none", "fedprox", "scaffold"]
+FinalModel = Literal["best", "last"]
 PARTITIONS: tuple[Partition, ...] = get_args(Partition)
 OPTIMIZERS: tuple[Optimizer, ...] = get_args(Optimizer)
 STRATEGIES: tuple[Strategy, ...] = get_args(Strategy)
@@ -57,6 +60,8 @@ AGGREGATION_MODES: tuple[AggregationMode, ...] = get_args(AggregationMode)
 NORM_BOUND_MODES: tuple[NormBoundMode, ...] = get_args(NormBoundMode)
 DP_ON_BUDGET: tuple[OnBudget, ...] = get_args(OnBudget)
 NORMALIZATIONS: tuple[Normalization, ...] = get_args(Normalization)
+DRIFT_CORRECTIONS: tuple[DriftCorrectionName, ...] = get_args(DriftCorrectionName)
+FINAL_MODELS: tuple[FinalModel, ...] = get_args(FinalModel)
 
 #: What 0 means for the three timeouts of a job (see ``JobSpec.plan_timeout``, ...).
 #: A backup coordinator waits this long per better-ranked live candidate before planning.
@@ -136,6 +141,13 @@ class JobSpec:
     norm_bound_mode: NormBoundMode = "clip"
     codec: CodecName = "none"
     error_feedback: bool = True
+    #: Client drift correction under skewed data: FedProx's proximal term (``prox_mu``) or
+    #: SCAFFOLD's control variates (twice the bytes per update); see gpuflex/ml/drift.py.
+    drift_correction: DriftCorrectionName = "none"
+    prox_mu: float = 0.01
+    #: Which committed model ``model.pt`` is: the round the root scored best on the held-out
+    #: split ("best"), or the last round's ("last"). Both are written either way.
+    final_model: FinalModel = "best"
     group_size: int = 4
     min_nodes: int = 2
     seed: int = 0
@@ -490,6 +502,9 @@ _CHECKS: dict[str, Callable[[Any], Any]] = {
     "norm_bound_mode": _choice(NORM_BOUND_MODES),
     "codec": _choice(CODECS),
     "error_feedback": _bool,
+    "drift_correction": _choice(DRIFT_CORRECTIONS),
+    "prox_mu": _float(0.0, strict=False, maximum=100.0),
+    "final_model": _choice(FINAL_MODELS),
     "group_size": _int(2, MAX_GROUP_SIZE),
     "min_nodes": _int(1, MAX_MEMBERS),
     "seed": _int(0),
@@ -547,6 +562,7 @@ def _cross_checks(values: dict[str, Any], failed: set[str]) -> list[tuple[str, s
     errors.extend(_trust_checks(values, failed))
     errors.extend(budget_cross_checks(values))
     errors.extend(llm_cross_checks(values, failed))
+    errors.extend(drift_cross_checks(values))
     return errors
 
 

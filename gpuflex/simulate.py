@@ -52,7 +52,8 @@ def simulate(
         spec = dataclasses.replace(spec, error_feedback=error_feedback)
     nodes = [Workload(spec, i, num_parts, config=config or NodeConfig()) for i in range(num_parts)]
     encoders = [DeltaEncoder(spec) for _ in nodes]
-    params, state = nodes[0].initial_params(), {}
+    params = nodes[0].initial_params()
+    state: dict[str, np.ndarray] = {}
     total = rounds or spec.rounds
     history: list[dict[str, Any]] = []
     for r in range(1, total + 1):
@@ -60,7 +61,7 @@ def simulate(
         reducer = make_reducer(spec, is_root=True)
         losses, weights, seconds, steps, uploaded = [], [], [], [], 0
         for i, (node, encoder) in enumerate(zip(nodes, encoders, strict=True)):
-            delta, metrics = node.train(params)
+            delta, metrics = node.train(params, server_state=state)
             payload = encoder.encode(delta, node.num_samples)
             uploaded += len(payload)
             reducer.add(decode_payload(spec, payload, delta.size), node.num_samples, f"node-{i}")

@@ -141,7 +141,7 @@ class Exporter:
             return Verdict(False, f"Audit failed: {exc}", bad_round=exc.round)
         return Verdict(True, f"Chain verified: {report.rounds} rounds of job {report.job}, every "
                              f"signature and hash link checks out, and the model matches round "
-                             f"{report.rounds} ({report.model_hash[:16]}…).", rounds=report.rounds)
+                             f"{report.model_round} ({report.model_hash[:16]}…).", rounds=report.rounds)
 
 
 def _read_spec(path: Path) -> Mapping[str, Any] | None:

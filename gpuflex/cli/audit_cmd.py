@@ -22,7 +22,7 @@ ModelOpt = typer.Option(None, "--model", help="Model blob (model.blob from `gpuf
 def verify(ledger: Path = LedgerArg,
            model: Path | None = ModelOpt,
            json_out: bool = JsonOpt) -> None:
-    """Check every signature and hash link; with --model, that the model is the last result's."""
+    """Check every signature and hash link; with --model, that the model is a committed round's."""
     from gpuflex.audit import AuditError, verify_ledger
 
     try:
@@ -37,7 +37,7 @@ def verify(ledger: Path = LedgerArg,
         return
     typer.echo(f"ok: job {report.job}, {report.rounds} rounds, every signature and hash link verified")
     if report.model_checked:
-        typer.echo(f"ok: model matches round {report.rounds} ({report.model_hash[:16]}…)")
+        typer.echo(f"ok: model matches round {report.model_round} of {report.rounds} ({report.model_hash[:16]}…)")
 
 
 @audit_app.command("show")

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -100,12 +100,13 @@ def plain_fit(device: torch.device, batch_size: int, precision: Precision = "fp3
 
 def local_train(
     model: nn.Module, loader: DataLoader, spec: JobSpec, device: torch.device, fit: DeviceFit | None = None,
-    max_steps: int = 0, time_limit_s: float = 0.0,
+    max_steps: int = 0, time_limit_s: float = 0.0, before_step: Callable[[], None] | None = None,
 ) -> dict[str, Any]:
     """Train in place; returns the mean loss, samples seen, optimizer steps taken, seconds.
 
     With ``time_limit_s`` (a time-budgeted round) it cycles through the data and stops at
-    ``max_steps`` or the time limit, whichever comes first.
+    ``max_steps`` or the time limit, whichever comes first. ``before_step`` edits the
+    gradients before each optimizer step (drift correction, ``gpuflex.ml.drift``).
     """
     configure_threads(device)
     model.to(device).train()
@@ -119,7 +120,8 @@ def local_train(
 
     budgeted = time_limit_s > 0
     stats = run_steps(_batches(loader, spec, budgeted), fit, optimizer, loss_of,
-                      max_steps=max_steps if budgeted else 0, time_limit_s=time_limit_s)
+                      max_steps=max_steps if budgeted else 0, time_limit_s=time_limit_s,
+                      before_step=before_step)
     return stats.metrics(fit)
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -21,8 +21,10 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, Subset
 
+from aggregation.scaffold import control_of
 from gpuflex.jobspec import JobSpec
 from gpuflex.ml.datasets import DataBundle, load_data
+from gpuflex.ml.drift import DriftCorrection
 from gpuflex.ml.fit import DeviceFit, fit_device
 from gpuflex.ml.models import build_model
 from gpuflex.ml.params import flatten_params, load_flat_params, state_dict_from_flat
@@ -118,6 +120,8 @@ class Workload:
         # here, at join time, rather than inside round 1's training deadline.
         make_optimizer(self._model, spec)
         self._trained_rounds = 0
+        self._drift = DriftCorrection(spec.drift_correction, spec.prox_mu) \
+            if spec.drift_correction != "none" else None
         self.set_part(part_index, num_parts)
 
     def set_part(self, part_index: int, num_parts: int) -> None:
@@ -185,10 +189,14 @@ class Workload:
         with self._lock:
             return self._fitted().describe()
 
-    def train(self, base: np.ndarray, max_steps: int = 0,
-              time_limit_s: float = 0.0) -> tuple[np.ndarray, dict[str, Any]]:
+    def train(self, base: np.ndarray, max_steps: int = 0, time_limit_s: float = 0.0,
+              server_state: Mapping[str, np.ndarray] | None = None) -> tuple[np.ndarray, dict[str, Any]]:
         """Train from ``base``; returns (trained − base as float32, metrics). Under a time
-        budget, at most ``max_steps`` steps and ``time_limit_s`` seconds."""
+        budget, at most ``max_steps`` steps and ``time_limit_s`` seconds.
+
+        With SCAFFOLD the returned vector is twice the model's length: the model delta, then
+        this member's control-variate delta; ``server_state`` is the state that came with
+        ``base`` (it holds the mesh's control variate)."""
         base = np.asarray(base, dtype=np.float32)
         with self._lock:
             load_flat_params(self._model, base)
@@ -196,11 +204,17 @@ class Workload:
             if self.spec.train_fn:
                 metrics = run_train_fn(self._model, self._loader(), self.spec, self.device)
             else:
+                hook = None
+                if self._drift is not None:
+                    control = control_of(dict(server_state or {}), base.size) if self._drift.sends_control else None
+                    hook = self._drift.hook(self._model, control)
                 metrics = local_train(self._model, self._loader(), self.spec, self.device, self._fitted(),
-                                      max_steps=max_steps, time_limit_s=time_limit_s)
+                                      max_steps=max_steps, time_limit_s=time_limit_s, before_step=hook)
             seconds = time.perf_counter() - start
             self._trained_rounds += 1
             delta = flatten_params(self._model) - base
+            if self._drift is not None and self._drift.sends_control:
+                delta = np.concatenate([delta, self._drift.control_delta()])
         metrics["seconds"] = seconds
         metrics["samples_per_s"] = metrics["samples"] / seconds if seconds > 0 else 0.0
         metrics["dataset_size"] = self.num_samples
@@ -259,8 +273,8 @@ class NodeWorkload(Protocol):
 
     def initial_params(self) -> np.ndarray: ...
 
-    def train(self, base: np.ndarray, max_steps: int = 0,
-              time_limit_s: float = 0.0) -> tuple[np.ndarray, dict[str, Any]]: ...
+    def train(self, base: np.ndarray, max_steps: int = 0, time_limit_s: float = 0.0,
+              server_state: Mapping[str, np.ndarray] | None = None) -> tuple[np.ndarray, dict[str, Any]]: ...
 
     def fitted(self) -> dict[str, Any]: ...
 

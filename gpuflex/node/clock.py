@@ -66,3 +66,27 @@ class DeadlineClock:
     def since_wall(self, wall_ts: float) -> float:
         """Seconds since a wall-clock timestamp (a signed message's ``ts``), for metrics."""
         return self.wall() - wall_ts
+
+
+class Notifier:
+    """Wakes every waiter when job state changes (a plan, a result, a peer's health)."""
+
+    def __init__(self) -> None:
+        self._event = trio.Event()
+
+    def notify(self) -> None:
+        self._event.set()
+        self._event = trio.Event()
+
+    async def wait(self, until: float) -> None:
+        """Until the next change, or trio time ``until``."""
+        with trio.move_on_at(until):
+            await self._event.wait()
+
+    async def wait_for(self, predicate: Callable[[], bool], until: float) -> bool:
+        """Until ``predicate`` holds (True) or trio time ``until`` passes (False)."""
+        while not predicate():
+            if trio.current_time() >= until:
+                return False
+            await self.wait(until)
+        return True

@@ -58,6 +58,7 @@ class Collector:
     allowed: set[str] = field(init=False)
     updates: list[Update] = field(default_factory=list)
     partials: list[Partial] = field(default_factory=list)
+    within: list[Update] = field(default_factory=list)  # the updates the partials carry, verified
     reported: set[str] = field(default_factory=set)
     covered: set[str] = field(default_factory=set)
     samples: int = 0
@@ -91,9 +92,11 @@ class Collector:
         self.updates.append(update)
         self._fold(update.peer, delta, update.samples, {update.peer})
 
-    def add_partial(self, partial: Partial, delta: np.ndarray, covers: set[str]) -> None:
+    def add_partial(self, partial: Partial, delta: np.ndarray, ups: list[Update]) -> None:
+        """Fold a verified partial; ``ups``: the updates it carries, as its check walked them."""
         self.partials.append(partial)
-        self._fold(partial.leader, delta, partial.samples, covers | {partial.leader})
+        self.within.extend(ups)
+        self._fold(partial.leader, delta, partial.samples, {u.peer for u in ups} | {partial.leader})
 
     def child_down(self, child: str) -> None:
         """A dead child's own children fail over to this node: wait for them instead."""
@@ -112,7 +115,13 @@ class Reduced:
     """What a leader folded for one plan: the combined delta and the evidence behind it."""
 
     avg: np.ndarray | None  # None when secure aggregation lost the masked sum and nothing is left
-    updates: list[bytes]  # signed updates folded here directly
-    partials: list[bytes]  # signed partials of child leaders
+    updates: list[Update]  # signed updates folded here directly
+    partials: list[Partial]  # signed partials of child leaders
     samples: int
     reports: list[dict[str, Any]] = field(default_factory=list)  # secure-aggregation group reports
+    within: list[Update] = field(default_factory=list)  # the updates the partials carry
+
+    @property
+    def contributions(self) -> list[Update]:
+        """Every update this reduce counts, each verified once on arrival: nothing is parsed again."""
+        return [*self.updates, *self.within]

@@ -21,7 +21,7 @@ import trio
 
 from aggregation.tree import children
 from gpuflex.node.collector import Collector
-from gpuflex.node.export import JobExport
+from gpuflex.node.export import JobExport, job_export
 from gpuflex.node.faults import NO_FAULTS, Faults
 from gpuflex.node.kinds import EventKind, JobState, Phase, Role
 from gpuflex.node.ledger import HEAD_CHARS
@@ -49,6 +49,7 @@ from gpuflex.node.state import JobBook, JobInfo, RoundDeadlines, RoundState
 from gpuflex.node.summary import ledger_rows, metric_rows, summarize
 from gpuflex.node.workplan import valid_rate
 from gpuflex.privacy import STOP, WARN, budget_status
+from gpuflex.safetext import printable
 from mesh.codec import WireError
 from mesh.health import PeerState
 from mesh.messaging import Inbound, Rejected, SendError
@@ -64,6 +65,8 @@ ATTEMPT_MIN_S = 1.0
 MEMBERS_GONE_RECHECK_S = 60.0
 #: An update or partial that arrives before this node has prepared the job waits this long.
 PAYLOAD_READY_WAIT_S = 10.0
+#: Why a job failed on a peer, as its presence says: at most this many characters are kept.
+FAILED_REASON_CHARS = 200
 
 
 class JobDriver:
@@ -77,8 +80,9 @@ class JobDriver:
         reports = Reports(port, book.status, info.job_id)
         self.models = Models(port, book)
         self.coordinator = Coordinator(port, book, own_samples=self._own_samples, start_roles=self._start_roles)
-        self.member = Member(port, book, DeltaEncoder(info.spec), faults, self.models.load, self.trainer)
         self.leader = Leader(port, book, reports)
+        self.member = Member(port, book, DeltaEncoder(info.spec), faults, self.models.load, self.trainer,
+                             fold_own=self.leader.fold_own)
         self.root = Root(port, book, self.models.load, self.trainer)
         self.applier = ResultApplier(port, book, self.models, reports)
         self._handlers: dict[str, Callable[[Inbound], Awaitable[Any]]] = {
@@ -154,19 +158,23 @@ class JobDriver:
         on something (a plan, a commit, a change, or at least ``ATTEMPT_MIN_S``), so a round
         that cannot progress costs no CPU and the node keeps serving."""
         book, status, clock = self.book, self.book.status, self.port.clock
-        rs.attempt = rs.plan.attempt if rs.plan is not None else 0
+        rs.begin_attempt(rs.plan.attempt if rs.plan is not None else 0)
         while not book.round_over(rs):
             began = clock.now()
             status.set_phase(Phase.PLAN)
             status.set_role(Role.IDLE)
-            plan = await self.coordinator.obtain_plan(rs)
+            try:
+                plan = await self.coordinator.obtain_plan(rs)
+            except (WireError, Rejected, SendError) as exc:  # a message or race ends one attempt, not the job
+                log.warning("job %s round %d attempt %d: %s", self.job_id, rs.round, rs.attempt, exc)
+                plan = None
             if book.round_over(rs):
                 return
             if plan is not None and plan.attempt < rs.attempt:
                 plan = None  # only the failed attempt's plan is in force: nobody planned this one
             if plan is None:
                 if self.anyone_to_plan():
-                    rs.attempt += 1
+                    rs.begin_attempt(rs.attempt + 1)
                 else:
                     await self._wait_for_members(rs)
             else:
@@ -174,7 +182,7 @@ class JobDriver:
                 if reason is None:
                     return
                 latest = rs.plan
-                rs.attempt = max(plan.attempt, latest.attempt if latest else 0) + 1
+                rs.begin_attempt(max(plan.attempt, latest.attempt if latest else 0) + 1)
                 self.port.emit(EventKind.ROUND_RETRIED, rs.round, message=(
                     f"round {rs.round} attempt {plan.attempt} did not commit ({reason}); "
                     f"retrying as attempt {rs.attempt}"))
@@ -182,7 +190,7 @@ class JobDriver:
 
     def _moved_on(self, rs: RoundState) -> bool:
         """The round committed, or a plan for the attempt now due arrived."""
-        return self.book.round_over(rs) or (rs.plan is not None and rs.plan.attempt >= rs.attempt)
+        return self.book.round_over(rs) or rs.has_plan()
 
     def anyone_to_plan(self) -> bool:
         """Whether any member could plan a round now: this node, if it takes part and is a
@@ -270,6 +278,12 @@ class JobDriver:
         return self.book.status.state
 
     @property
+    def failure(self) -> str:
+        """Why this job failed here ("" unless it did): presence tells its peers."""
+        status = self.book.status
+        return (status.error or "failed")[:FAILED_REASON_CHARS] if status.state == JobState.FAILED else ""
+
+    @property
     def committed(self) -> int:
         return self.book.committed
 
@@ -304,13 +318,15 @@ class JobDriver:
         return self.book.ledger.weight
 
     def saw_presence(self, peer: str, last_round: object, head: object = None, rate: object = None,
-                     weight: object = None, *, preparing: bool = False, passes: object = None) -> bool:
+                     weight: object = None, *, preparing: bool = False, passes: object = None,
+                     failed: object = None) -> bool:
         """Record ``peer``'s presence: its training throughput for this job, whether it is still
-        preparing the job, and the round whose coordinator turns it gives up, if it says. True
-        when its ledger, as it describes it, may win over ours (``may_win``)."""
+        preparing the job, the round whose coordinator turns it gives up, and why the job failed
+        there, if it says. True when its ledger, as it describes it, may win over ours."""
         gives_up = passes if isinstance(passes, int) and not isinstance(passes, bool) \
             and 1 <= passes <= self.spec.rounds else None
-        self.book.saw_presence(peer, valid_rate(rate), preparing=preparing, passes=gives_up)
+        why = printable(failed, FAILED_REASON_CHARS) if isinstance(failed, str) and failed else ""
+        self.book.saw_presence(peer, valid_rate(rate), preparing=preparing, passes=gives_up, failed=why)
         return self.may_win(last_round, weight, head)
 
     @property
@@ -346,8 +362,9 @@ class JobDriver:
         return book.payload_limit() if book.may_send_work(sender) else 0
 
     def check_quorum(self) -> None:
-        """Say so while fewer than min_nodes members are reachable: this side of a partition
-        will not commit until more return, and must not look merely slow."""
+        """Say so while fewer than min_nodes members (or, in an open job, than most of the recent
+        contributors) are reachable: this side of a partition will not commit until more
+        return, and must not look merely slow."""
         book, status = self.book, self.book.status
         if status.state != JobState.RUNNING:
             status.set_waiting("")
@@ -358,6 +375,10 @@ class JobDriver:
         live = book.live_members(self.port.alive_peers())
         reachable = len(live)
         note = f"only {reachable} of min_nodes={need} members reachable; not committing" if reachable < need else ""
+        kept, needed = book.ledger.rules.continuing(book.ledger.results, live)
+        if not note and kept < needed:
+            note = (f"only {kept} of the {needed} recent contributors an open job needs are reachable; "
+                    "not committing")
         if note:
             note += self._missing_members(live)
         if not status.set_waiting(note):
@@ -375,7 +396,8 @@ class JobDriver:
         book, allow = self.book, set(self.spec.allowlist)
         missing = sorted(p for p in set(book.info.initial_members) | set(book.eligible())
                          if p not in live and (not allow or p in allow))
-        return "".join(f"; {peer[-8:]} {self.port.why_unreachable(peer)}" for peer in missing[:8])
+        return "".join(f"; {peer[-8:]} " + (f"is gone: the job failed there ({book.left[peer]})" if peer in book.left
+                                            else self.port.why_unreachable(peer)) for peer in missing[:8])
 
     def recent_blobs(self) -> set[str]:
         return self.models.recent()
@@ -389,10 +411,8 @@ class JobDriver:
     def export(self) -> JobExport:
         """What ``export_results`` writes, taken now (it runs in a worker thread)."""
         book = self.book
-        head, blobs = book.head_model, self.port.blobs
-        return JobExport(job_id=self.job_id, spec=self.spec, model_hash=head,
-                         read_model=lambda: blobs.read(head), trainer=self.trainer(),
-                         metrics=metric_rows(book), ledger=ledger_rows(book), ledger_path=book.ledger.path)
+        return job_export(self.job_id, self.spec, book.head_model, book.ledger.results, self.port.blobs,
+                          self.trainer(), metric_rows(book), ledger_rows(book), book.ledger.path)
 
 
 def members_gone_note(count: int) -> str:

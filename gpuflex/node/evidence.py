@@ -14,6 +14,10 @@ A result counts only if
     count), each row's step count is its signed update's, and no update took more steps than a
     budgeted plan allowed;
   - in an allowlisted job, the plan's coordinator and members are all on the allowlist;
+  - in an open job, from round 2 on, more than half of the members that contributed to either
+    of the two previous rounds contributed to it too (``ChainRules.continuing``): keys new to
+    the job, however many sit in a committed plan, cannot commit a round without the members
+    that were already there;
   - from round 2 on, the plan's sample cap is the one the previous round implies.
 
 Nothing in this list can be ground or claimed: the attempt picks the coordinator instead of
@@ -25,7 +29,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -36,6 +40,10 @@ from mesh.codec import WireError
 
 if TYPE_CHECKING:
     from gpuflex.jobspec import JobSpec
+
+
+#: An open job's round needs most of the members that contributed to this many previous rounds.
+QUORUM_ROUNDS = 2
 
 
 class EvidenceError(GpuflexError, ValueError):
@@ -57,15 +65,36 @@ class ChainRules:
     sample_cap_factor: float | None = None  # None: unknown (an audit without the job spec)
     max_samples: int = 0
     owner: str | None = None  # who signed the job: round 1's first candidate if eligible
+    # An open job (no allowlist): each round needs most of the recent rounds' contributors.
+    quorum: bool = False
 
     @classmethod
     def for_job(cls, job: str, spec: JobSpec, initial_members: Sequence[str], owner: str | None = None) -> ChainRules:
         return cls(job=job, initial_members=tuple(sorted(initial_members)), allowlist=tuple(spec.allowlist),
                    min_nodes=spec.min_nodes, sample_cap_factor=spec.sample_cap_factor,
-                   max_samples=spec.max_samples, owner=owner)
+                   max_samples=spec.max_samples, owner=owner, quorum=not spec.allowlist)
 
     def allowed(self, peer: str) -> bool:
         return not self.allowlist or peer in self.allowlist
+
+    def continuing(self, history: Sequence[Result], peers: Collection[str]) -> tuple[int, int]:
+        """(how many of the recent contributors ``peers`` holds, how many the next round needs):
+        in an open job, from round 2 on, more than half of the members that contributed to any
+        of the last ``QUORUM_ROUNDS`` rounds; (0, 0) otherwise.
+
+        Why: in an open job anyone may bring keys, and a plan includes every live member, so a
+        party's keys reach a committed plan and, with it, turns to coordinate. A round that
+        needed only ``min_nodes`` of any members let those keys alone commit the next rounds on
+        their own attempts, and every honest node took them. Counting the members that did the
+        recent rounds' work instead bounds such a party by the honest contributors: with fewer
+        keys than they have, it commits nothing without them. Two rounds, not one: a party
+        that roots one round may leave honest updates out of it, and would need only most of
+        that shrunken set for the next; over two, the next round still needs the members it
+        left out, and no honest member signs an update for a branch it does not hold."""
+        if not self.quorum or not history:
+            return 0, 0
+        before = {c.get("peer") for r in history[-QUORUM_ROUNDS:] for c in r.contributors}
+        return len(before & set(peers)), len(before) // 2 + 1
 
     def eligible(self, history: Sequence[Result]) -> list[str]:
         """Who may coordinate the next round: the last committed plan's members (the job's
@@ -157,6 +186,10 @@ def verify_round(res: Result, history: Sequence[Result], rules: ChainRules) -> l
         raise fail("an update claims more local steps than its plan allowed")
     if len(counted) < rules.min_nodes:
         raise fail(f"{len(counted)} verified contributions < min_nodes={rules.min_nodes}")
+    kept, need = rules.continuing(history, {u.peer for u in counted})
+    if kept < need:
+        raise fail(f"{kept} of the recent rounds' contributors contributed; an open job needs {need}, "
+                   "more than half")
     claimed = res.metrics.get("contributors")
     if claimed != len(counted):
         raise fail(f"claims {claimed!r} contributors, {len(counted)} signed updates are present")

@@ -88,8 +88,7 @@ class JobManager:
                  config: NodeConfig | None = None, trainers: TrainerFactory | None = None) -> None:
         self.mesh, self.events, self.home, self.faults = mesh, events, home, faults
         self.config = config if config is not None else NodeConfig()
-        # Each job's workload: the real one (torch) unless a simulator brings a stand-in.
-        self._trainers = trainers or partial(load_trainer, config=self.config)
+        self._trainers = trainers or partial(load_trainer, config=self.config)  # a simulator's stand-in, or torch
         self.admission = Admission(JobPolicy(self.config, own_id=mesh.peer_id), events,
                                    penalise=lambda peer, points: mesh.peers.penalise(peer, points).penalty)
         self.jobs_dir = home / "jobs"
@@ -219,17 +218,18 @@ class JobManager:
         # Finished jobs too: a member that fell behind (a full disk, a partition) learns from
         # this that it is behind and catches up, even after everyone else is done.
         active = {j: d.committed for j, d in self.drivers.items() if d.state != JobState.FAILED and d.participates()}
-        if not active:
+        failed = dict(islice(((j, why) for j, d in self.drivers.items() if (why := d.failure)), PRESENCE_MARKS))
+        if not active and not failed:  # a job that failed here is still told its members, so they plan without us
             return
         me = self.mesh.peer_id
         try:
-            own = seal(self.mesh.identity, PRESENCE, self._presence_body(active))
+            own = seal(self.mesh.identity, PRESENCE, self._presence_body(active, failed))
             await self._on_presence(Inbound(open_envelope(own), None, me, gossip=True))
         except (WireError, ValueError, Rejected) as exc:  # a map too large for its kind's limit
             log.debug("own presence not applied: %s", exc)
         alive = set(self.mesh.peers.alive())
         shared: dict[str, list[str]] = {}
-        for job in active:
+        for job in dict.fromkeys([*active, *failed]):
             members = self.drivers[job].known_members() & alive
             for peer in members - {me}:
                 shared.setdefault(peer, []).append(job)
@@ -241,17 +241,17 @@ class JobManager:
         async with trio.open_nursery() as nursery:
             for group, peers in groups.items():
                 try:
-                    frame = seal(self.mesh.identity, PRESENCE, self._presence_body({j: active[j] for j in group}))
+                    frame = seal(self.mesh.identity, PRESENCE, self._presence_body(
+                        {j: active[j] for j in group if j in active}, {j: failed[j] for j in group if j in failed}))
                 except (WireError, ValueError) as exc:
                     log.debug("presence for %d job(s) not sent: %s", len(group), exc)
                     continue
                 nursery.start_soon(self.mesh.send_direct, frame, peers)
 
-    def _presence_body(self, active: dict[str, int]) -> dict[str, Any]:
-        # Each job's training throughput here: coordinators of time-budgeted rounds plan by it.
+    def _presence_body(self, active: dict[str, int], failed: dict[str, str] | None = None) -> dict[str, Any]:
+        # Each job's training throughput here (coordinators of time-budgeted rounds plan by it), its
+        # ledger head and weight (a peer whose ledger is lighter, or as heavy on another head, fetches ours).
         rates = {j: round(r, 3) for j in active if (r := self.drivers[j].throughput()) > 0}
-        # Each job's ledger head and weight (its verified contributions): a peer whose own
-        # ledger is lighter, or as heavy on another head, learns from this to fetch ours.
         heads = {j: self.drivers[j].head() for j in active}
         weights = {j: self.drivers[j].weight for j in active}
         # Jobs still being prepared here, and the round whose coordinator turns this node
@@ -259,7 +259,7 @@ class JobManager:
         preparing = list(islice((j for j in active if self.drivers[j].preparing), PRESENCE_MARKS))
         passes = dict(islice(((j, r) for j in active if (r := self.drivers[j].passes_round)), PRESENCE_MARKS))
         return {"jobs": active, "heads": heads, "weights": weights, "rates": rates,
-                "preparing": preparing, "passes": passes}
+                "preparing": preparing, "passes": passes, **({"failed": failed} if failed else {})}
 
     async def _presence_loop(self) -> None:
         while True:
@@ -283,20 +283,17 @@ class JobManager:
             self._presence_sends -= 1
 
     async def _on_presence(self, msg: Inbound) -> None:
-        jobs = msg.envelope.body.get("jobs") if isinstance(msg.envelope.body, dict) else None
+        body, sender = msg.envelope.body, msg.envelope.sender
+        jobs = body.get("jobs") if isinstance(body, dict) else None
         if not isinstance(jobs, dict):
             raise WireError("garbled", "presence without a job map")
-        heads = msg.envelope.body.get("heads")
-        heads = heads if isinstance(heads, dict) else {}
-        weights = msg.envelope.body.get("weights")
-        weights = weights if isinstance(weights, dict) else {}
-        sender = msg.envelope.sender
-        rates = msg.envelope.body.get("rates")
-        rates = rates if isinstance(rates, dict) else {}
-        passes = msg.envelope.body.get("passes")
-        passes = passes if isinstance(passes, dict) else {}
-        preparing = msg.envelope.body.get("preparing")
-        preparing = {j for j in preparing if isinstance(j, str)} if isinstance(preparing, list) else set()
+        heads, weights, rates, passes = (m if isinstance(m := body.get(k), dict) else {}
+                                         for k in ("heads", "weights", "rates", "passes"))
+        preparing = {j for j in p if isinstance(j, str)} if isinstance(p := body.get("preparing"), list) else set()
+        for job, why in islice(f.items() if isinstance(f := body.get("failed"), dict) else (), PRESENCE_MARKS):
+            driver = self.drivers.get(job) if isinstance(job, str) and job not in jobs else None
+            if driver is not None:
+                driver.saw_presence(sender, None, failed=why)
         unknown = False
         now = trio.current_time()
         for job, last_round in jobs.items():

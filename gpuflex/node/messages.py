@@ -194,6 +194,21 @@ def parse_update(env: Envelope) -> Update:
     return up
 
 
+@dataclass(frozen=True)
+class TrainedUpdate:
+    """A member's own update as one value: the signed frame, what it says, and the payload its
+    hash covers. Sealed once (``seal_update``); its owner never reopens the frame."""
+
+    frame: bytes
+    update: Update
+    payload: bytes
+
+
+def seal_update(identity: Identity, payload: bytes, **body: Any) -> TrainedUpdate:
+    frame = seal(identity, UPDATE, body)
+    return TrainedUpdate(frame, parse_update(open_envelope(frame, expect_kind=UPDATE)), payload)
+
+
 def capped(up: Update, cap: int) -> Update:
     """``up`` weighing at most ``cap`` samples (0: no cap). A member's sample count is its own
     claim, so a claim of 10^12 would otherwise outweigh everyone; every weight (a leader's fold,

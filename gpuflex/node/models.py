@@ -12,6 +12,7 @@ from gpuflex.node.messages import Result
 from gpuflex.node.modelblob import model_parts, unpack_model
 from gpuflex.node.pipeline import replay_step
 from gpuflex.node.port import JobPort
+from gpuflex.node.selection import best_result
 from gpuflex.node.state import JobBook
 from mesh.blob import BlobError, parts_hash
 from mesh.codec import WireError
@@ -29,6 +30,7 @@ STEP_FETCH_S = 60.0
 class Models:
     def __init__(self, port: JobPort, book: JobBook) -> None:
         self.port, self.book = port, book
+        self._best_kept = ""  # the best model kept beyond the window at the last prune
 
     async def load(self, digest: str, providers: list[str]) -> tuple[np.ndarray, dict[str, np.ndarray]]:
         """The model blob ``digest``, re-fetched from peers if the local copy fails its hash."""
@@ -68,12 +70,16 @@ class Models:
         return model_parts(*replay_step(self.book.spec, params, state, step))
 
     def recent(self) -> set[str]:
-        """The models (and steps) this job still needs on this node."""
+        """The models (and steps) this job still needs on this node: the last few, and the
+        best-scored round's model, which the job's results may hand out (gpuflex.node.selection)."""
         results = self.book.ledger.results
         recent = results[-MODELS_KEPT:]
         keep = {x.model_hash for x in recent} | {x.step_hash for x in recent if x.step_hash}
         if len(results) < MODELS_KEPT:
             keep.add(self.book.init_hash)
+        best = best_result(results)
+        if best is not None:
+            keep.add(best.model_hash)
         return keep
 
     def prune(self) -> None:
@@ -84,7 +90,11 @@ class Models:
             return
         old = results[gone - 1] if gone else None
         stale = {self.book.init_hash} if old is None else {old.model_hash, old.step_hash or ""}
-        for digest in stale - self.port.blobs_in_use() - {""}:
+        # A best model that a better round has just replaced is no longer needed either.
+        stale |= {self._best_kept} if self._best_kept else set()
+        best = best_result(results)
+        self._best_kept = best.model_hash if best is not None else ""
+        for digest in stale - self.recent() - self.port.blobs_in_use() - {""}:
             try:
                 self.port.blobs.discard(digest)
             except OSError as exc:

@@ -20,6 +20,7 @@ from aggregation.compression import Codec, ErrorFeedback, decode_delta, make_cod
 from aggregation.dp import add_gaussian_noise, clip_to_norm
 from aggregation.errors import AggregationError
 from aggregation.robust import Rule, make_rule
+from aggregation.scaffold import Scaffold
 from aggregation.secagg import default_threshold
 from aggregation.server_opt import ServerOptimizer, make_server_optimizer
 from aggregation.weighted import WeightedAccumulator
@@ -295,9 +296,14 @@ def replay_step(spec: JobSpec, params: np.ndarray, state: dict[str, np.ndarray],
         avg = decode_delta(step)
     except AggregationError as exc:
         raise WireError("garbled", f"committed step could not be decoded: {exc}") from None
-    if avg.size != params.size:
+    if avg.size != update_size(spec, params.size):
         raise WireError("garbled", f"committed step has {avg.size} values, the model {params.size}")
     return server_optimizer(spec).step(params, avg, state)
+
+
+def update_size(spec: JobSpec, model_size: int) -> int:
+    """Values in one update or step: the model's, twice over with SCAFFOLD (model and control)."""
+    return 2 * model_size if spec.drift_correction == "scaffold" else model_size
 
 
 def server_optimizer(spec: JobSpec) -> ServerOptimizer:
@@ -305,4 +311,5 @@ def server_optimizer(spec: JobSpec) -> ServerOptimizer:
     params: dict[str, float] = {"lr": spec.server_lr}
     if spec.strategy in ("fedavgm", "diloco"):
         params["momentum"] = spec.server_momentum
-    return make_server_optimizer(spec.strategy, **params)
+    inner = make_server_optimizer(spec.strategy, **params)
+    return Scaffold(inner) if spec.drift_correction == "scaffold" else inner

@@ -10,7 +10,7 @@ what a job can do to its node.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
@@ -153,11 +153,14 @@ class Trainer(Protocol):
 
     def initial_params(self) -> np.ndarray: ...
 
-    def train(self, base: np.ndarray, max_steps: int = 0,
-              time_limit_s: float = 0.0) -> tuple[np.ndarray, dict[str, Any]]:
+    def train(self, base: np.ndarray, max_steps: int = 0, time_limit_s: float = 0.0,
+              server_state: Mapping[str, np.ndarray] | None = None) -> tuple[np.ndarray, dict[str, Any]]:
         """Train from ``base``. In a time-budgeted round, at most ``max_steps`` steps (0: no
         count) and stop once ``time_limit_s`` seconds of training have passed; with neither,
-        the job's epochs or steps. Metrics include ``steps``, ``seconds`` and ``samples_per_s``."""
+        the job's epochs or steps. Metrics include ``steps``, ``seconds`` and ``samples_per_s``.
+        ``server_state`` is the state that came with ``base`` (SCAFFOLD reads its control
+        variate there); with SCAFFOLD the vector returned is the model's delta, then the
+        control variate's."""
         ...
 
     def fitted(self) -> dict[str, Any]:
@@ -172,3 +175,5 @@ class Trainer(Protocol):
 
 #: Builds a job's Trainer: (spec, part index, number of parts, home, data hook).
 TrainerFactory = Callable[[Any, int, int, Path, Callable[..., Any] | None], Trainer]
+#: Loads a model blob by hash from these providers: (parameters, optimizer state).
+ModelLoader = Callable[[str, list[str]], Awaitable[tuple[np.ndarray, dict[str, np.ndarray]]]]

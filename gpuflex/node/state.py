@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 import trio
 
+from gpuflex.node.clock import Notifier
 from gpuflex.node.evidence import ChainRules
 from gpuflex.node.kinds import JobState
 from gpuflex.node.ledger import Ledger
@@ -27,7 +29,6 @@ from gpuflex.node.status import StatusRecord
 if TYPE_CHECKING:
     from gpuflex.jobspec import JobSpec
     from gpuflex.node.collector import Collector
-    from gpuflex.node.secure import SecAggMember
 
 #: A peer whose presence is older than this is no longer counted as taking part.
 PRESENCE_FRESH_S = 10.0
@@ -90,62 +91,136 @@ class RoundDeadlines:
         return self.train + (levels + ROUND_END_EXTRA_LEVELS) * self.slack + ROUND_END_MARGIN_S
 
 
-@dataclass
 class RoundState:
     """The round this node works on: its number, the attempt, the plan in force and its
-    deadlines, the attempts its coordinators aborted, and this node's collectors."""
+    deadlines, the attempts aborted, the plans kept for later, and this node's collectors.
 
-    round: int
-    attempt: int = 0
-    plan: Plan | None = None
-    deadlines: RoundDeadlines | None = None
-    aborted: set[int] = field(default_factory=set)
-    collectors: dict[int, Collector] = field(default_factory=dict)  # by attempt
-    # Valid plans for attempts this node has not given up the current one for yet: a plan in
-    # force is never displaced by a later attempt's (no one can pre-empt a live coordinator).
-    held: dict[int, Plan] = field(default_factory=dict)
-    # The latest valid plan for an attempt this node passed while waiting for it (it came late,
-    # or while this node was busy with a later attempt): taken up when this node next waits,
-    # so that a node that ran ahead on attempts comes back to the one its peers are in.
-    behind: Plan | None = None
+    Everything that changes it happens through the transitions below; the fields are private.
+    The roles decide (is a plan valid, whose turn is it); the state records, and keeps its
+    invariant: every kept plan is for a live attempt of this round (``kept_plans_live``).
+    """
 
-    def hold(self, plan: Plan) -> bool:
-        """Keep ``plan`` until this node reaches its attempt; False if one is held for it already."""
-        if plan.attempt in self.held:
-            return False
-        self.held[plan.attempt] = plan
-        for extra in sorted(self.held)[MAX_HELD_PLANS:]:
-            del self.held[extra]
-        return plan.attempt in self.held
+    def __init__(self, round: int) -> None:
+        self._round = round
+        self._attempt = 0
+        self._plan: Plan | None = None
+        self._deadlines: RoundDeadlines | None = None
+        self._aborted: set[int] = set()
+        self._collectors: dict[int, Collector] = {}  # by attempt
+        # Valid plans for attempts this node has not given up the current one for yet: a plan in
+        # force is never displaced by a later attempt's (no one can pre-empt a live coordinator).
+        self._held: dict[int, Plan] = {}
+        # The latest valid plan for an attempt this node passed while waiting for it (it came
+        # late, or while this node was busy with a later attempt): taken up when this node next
+        # waits, so that a node that ran ahead on attempts comes back to the one its peers are in.
+        self._behind: Plan | None = None
+
+    # -- what it records (read-only views) ----------------------------------------------------
+    # ``plan`` is the plan in force (for ``attempt``, or one taken up or given up); ``attempt``
+    # the one this node works in or waits for; ``deadlines`` are set with ``plan``.
+
+    @property
+    def round(self) -> int: return self._round
+    @property
+    def attempt(self) -> int: return self._attempt
+    @property
+    def plan(self) -> Plan | None: return self._plan
+    @property
+    def deadlines(self) -> RoundDeadlines | None: return self._deadlines
+    @property
+    def behind(self) -> Plan | None: return self._behind
+    @property
+    def aborted(self) -> frozenset[int]: return frozenset(self._aborted)
+    @property
+    def held(self) -> Mapping[int, Plan]: return MappingProxyType(self._held)
+    @property
+    def collectors(self) -> Mapping[int, Collector]: return MappingProxyType(self._collectors)
 
     def in_force(self, plan: Plan) -> bool:
         """Whether ``plan`` is this round's plan in force and its attempt was not aborted."""
-        return (plan.round == self.round and plan.attempt not in self.aborted
-                and (self.plan is None or self.plan.attempt == plan.attempt))
+        return (plan.round == self._round and plan.attempt not in self._aborted
+                and (self._plan is None or self._plan.attempt == plan.attempt))
 
+    def has_plan(self) -> bool:
+        """Whether a plan is in force for the current attempt or a later one."""
+        return self._plan is not None and self._plan.attempt >= self._attempt
 
-class Notifier:
-    """Wakes every waiter when job state changes (a plan, a result, a peer's health)."""
+    def kept_plans_live(self) -> bool:
+        """The postcondition of every transition: each kept plan is for this round, for an
+        attempt nobody aborted, and at most ``MAX_HELD_PLANS`` are held."""
+        kept = [*self._held.items(), *([(self._behind.attempt, self._behind)] if self._behind else [])]
+        return len(self._held) <= MAX_HELD_PLANS and all(
+            p.round == self._round and p.attempt == a and a not in self._aborted for a, p in kept)
 
-    def __init__(self) -> None:
-        self._event = trio.Event()
+    def _done(self) -> None:  # every transition's postcondition
+        assert self.kept_plans_live(), f"round {self._round}: a kept plan is not live"
 
-    def notify(self) -> None:
-        self._event.set()
-        self._event = trio.Event()
+    # -- transitions --------------------------------------------------------------------------
 
-    async def wait(self, until: float) -> None:
-        """Until the next change, or trio time ``until``."""
-        with trio.move_on_at(until):
-            await self._event.wait()
+    def begin_attempt(self, attempt: int) -> None:
+        """Work in (or wait for) ``attempt`` from now on."""
+        self._attempt = max(0, attempt)
+        self._done()
 
-    async def wait_for(self, predicate: Callable[[], bool], until: float) -> bool:
-        """Until ``predicate`` holds (True) or trio time ``until`` passes (False)."""
-        while not predicate():
-            if trio.current_time() >= until:
-                return False
-            await self.wait(until)
+    def put_in_force(self, plan: Plan, deadlines: RoundDeadlines) -> None:
+        """Make ``plan`` the one in force, with its deadlines (the coordinator checked it)."""
+        if plan.round != self._round:
+            raise ValueError(f"plan for round {plan.round} put in force in round {self._round}")
+        self._plan, self._deadlines = plan, deadlines
+        self._done()
+
+    def take_up(self, plan: Plan, deadlines: RoundDeadlines) -> None:
+        """Go back to ``plan``'s attempt (passed here, its peers are in it) and put it in force."""
+        self.begin_attempt(plan.attempt)
+        self.put_in_force(plan, deadlines)
+
+    def hold(self, plan: Plan) -> bool:
+        """Keep ``plan`` until this node reaches its attempt; False if one is held for it
+        already, its attempt was aborted, or it is not this round's."""
+        if plan.attempt in self._held or plan.attempt in self._aborted or plan.round != self._round:
+            return False
+        self._held[plan.attempt] = plan
+        for extra in sorted(self._held)[MAX_HELD_PLANS:]:
+            del self._held[extra]
+        self._done()
+        return plan.attempt in self._held
+
+    def keep_behind(self, plan: Plan) -> bool:
+        """Keep ``plan`` (for an attempt passed here) to take up when this node next waits; only
+        the latest such plan is kept. False if it is not kept."""
+        if plan.attempt in self._aborted or plan.round != self._round \
+                or (self._behind is not None and self._behind.attempt >= plan.attempt):
+            return False
+        self._behind = plan
+        self._done()
         return True
+
+    def take_behind(self) -> Plan | None:
+        """The plan kept behind, if any, no longer kept: the coordinator takes it up or drops it."""
+        plan, self._behind = self._behind, None
+        self._done()
+        return plan
+
+    def take_held(self) -> Plan | None:
+        """The plan held for the current attempt, no longer held; those of earlier ones are dropped."""
+        plan = self._held.pop(self._attempt, None)
+        for attempt in [a for a in self._held if a < self._attempt]:
+            del self._held[attempt]
+        self._done()
+        return plan
+
+    def abort(self, attempt: int) -> None:
+        """``attempt`` was given up by its coordinator: nothing counts for it any more, and the
+        plans kept for it are dropped (this node would train for an attempt nobody collects)."""
+        self._aborted.add(attempt)
+        self._held.pop(attempt, None)
+        if self._behind is not None and self._behind.attempt == attempt:
+            self._behind = None
+        self._done()
+
+    def open_collector(self, attempt: int, col: Collector) -> None:
+        """This node collects its children's work for ``attempt`` in ``col``."""
+        self._collectors[attempt] = col
 
 
 class TaskGroup:
@@ -184,7 +259,6 @@ class JobBook:
         # Time-budgeted rounds: each member's training throughput for this job (samples per
         # second, as it publishes it; this node's own as it measures it), and this node's device.
         self.rates: dict[str, float] = {}
-        self.send_lag_s = 0.0  # how long this node's update takes from its training's end to its leader
         self.device = ""
         # Coordinator turns given up while preparing. A node still loading its data and
         # measuring its device when a peer is ready says it plans no attempt of the round
@@ -193,17 +267,11 @@ class JobBook:
         self.loaded = False  # the ledger is read from disk: the current round is known
         self.pass_round = 0
         self.passing: dict[str, int] = {}
+        self.left: dict[str, str] = {}  # peer -> why the job failed there, as its presence says
         self.ready_peers: set[str] = set()  # peers whose last presence says they have the job ready
         self.fit: dict[str, Any] = {}  # how the job fits this node's device (gpuflex.ml.fit)
-        # A member's trained update per (round, base model): a retried attempt re-sends it.
-        self.cached_updates: dict[tuple[int, str], tuple[bytes, bytes]] = {}
-        # Set when the training for a (round, base model) ends: a retried attempt that arrives
-        # mid-training waits for that update instead of training a second one.
-        self.training: dict[tuple[int, str], trio.Event] = {}
-        # Secure aggregation: this node's masking side per (round, attempt, leader), kept to
-        # answer its leader's recovery request (two coordinators may plan the same attempt,
-        # with other leaders), and the group reports of attempts that were aborted.
-        self.secagg_sides: dict[tuple[int, int, str], SecAggMember] = {}
+        # Secure aggregation: the group reports of attempts that were aborted (the next
+        # coordinator's result records why they failed).
         self.secagg_history: dict[int, list[dict[str, Any]]] = {}
 
     # -- the ledger and the round ----------------------------------------------------------------
@@ -256,9 +324,9 @@ class JobBook:
     # -- membership -----------------------------------------------------------------------------
 
     def saw_presence(self, peer: str, rate: float | None = None, *, preparing: bool = False,
-                     passes: int | None = None) -> None:
-        """Record ``peer``'s presence: its throughput, whether it has the job ready, and the
-        round whose coordinator turns it gave up (``passes``), as it says."""
+                     passes: int | None = None, failed: str = "") -> None:
+        """Record ``peer``'s presence: its throughput, whether it has the job ready, the round
+        whose coordinator turns it gave up (``passes``), and why the job failed there, as it says."""
         now = trio.current_time()
         self.presence.pop(peer, None)
         self.presence[peer] = now  # kept in order of last presence, oldest first
@@ -269,6 +337,7 @@ class JobBook:
             if gone != self.me:
                 self.rates.pop(gone, None)
             self.passing.pop(gone, None)
+            self.left.pop(gone, None)
             self.ready_peers.discard(gone)
         if peer != self.me:
             if rate is not None:
@@ -277,7 +346,11 @@ class JobBook:
                 self.passing[peer] = passes
             else:
                 self.passing.pop(peer, None)
-            if preparing:
+            if failed:
+                self.left[peer] = failed
+            else:
+                self.left.pop(peer, None)
+            if preparing or failed:
                 self.ready_peers.discard(peer)
             else:
                 self.ready_peers.add(peer)
@@ -334,7 +407,7 @@ class JobBook:
         fresh = {p for p, t in self.presence.items() if now - t <= PRESENCE_FRESH_S and p in up}
         # Members of the job so far are known to hold it; being up is enough for them.
         known = (set(self.info.initial_members) | set(self.eligible())) & up
-        members = {self.me} | fresh | known
+        members = ({self.me} | fresh | known) - set(self.left)  # not those that said the job failed there
         if self.spec.allowlist:
             members &= set(self.spec.allowlist)
         return sorted(members)

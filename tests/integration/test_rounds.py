@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from gpuflex.node.ledger import Ledger, verify_chain
+from mesh.blob import blob_hash
 from tests.integration.conftest import digits_spec
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(400)]
@@ -36,11 +39,14 @@ def test_six_nodes_four_rounds(mesh_factory) -> None:
     hashes = {mesh.job(i, job)["model_hash"] for i in range(6)}
     assert len(hashes) == 1
     assert hashes == {rows[-1]["model_hash"]}
-    # Old models are deleted as rounds commit: each node keeps the last two, not one per round.
+    # Old models are deleted as rounds commit: each node keeps the last two and the best-scored
+    # round's (which `job results` hands out), not one per round.
+    best = max(rows, key=lambda r: (r["metrics"]["accuracy"], r["round"]))
     for i in range(6):
         blobs = mesh.home(i) / "blobs"
         assert (blobs / rows[-1]["model_hash"]).exists() and (blobs / rows[-2]["model_hash"]).exists()
-        assert not any((blobs / r["model_hash"]).exists() for r in rows[:-2])
+        assert (blobs / best["model_hash"]).exists()
+        assert not any((blobs / r["model_hash"]).exists() for r in rows[:-2] if r is not best)
 
 
 def test_int8_diloco_members_rebuild_each_model_and_results_export_to_plain_torch(mesh_factory, tmp_path) -> None:
@@ -67,3 +73,10 @@ def test_int8_diloco_members_rebuild_each_model_and_results_export_to_plain_torc
     state = torch.load(out / "model.pt")
     assert isinstance(state, dict) and all(isinstance(v, torch.Tensor) for v in state.values())
     assert (out / "metrics.csv").read_text().count("\n") == 3
+    # model.pt is the best-scored round's model (the default final_model); the last round's
+    # goes beside it when the two differ, and model.blob is the exact model model.pt holds.
+    best = max(rows, key=lambda r: (r["metrics"]["accuracy"], r["round"]))
+    described = json.loads((out / "job.json").read_text())
+    assert described["best"] == {"round": best["round"], "model_hash": best["model_hash"]}
+    assert blob_hash((out / "model.blob").read_bytes()) == best["model_hash"]
+    assert (out / "last" / "model.pt").exists() == (best is not rows[-1])

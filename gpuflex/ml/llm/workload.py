@@ -16,7 +16,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -239,10 +239,11 @@ class LLMWorkload:
         with self._lock:
             return self._fitted().describe()
 
-    def train(self, base: np.ndarray, max_steps: int = 0,
-              time_limit_s: float = 0.0) -> tuple[np.ndarray, dict[str, Any]]:
+    def train(self, base: np.ndarray, max_steps: int = 0, time_limit_s: float = 0.0,
+              server_state: Mapping[str, np.ndarray] | None = None) -> tuple[np.ndarray, dict[str, Any]]:
         """Train the trainable tensors from ``base``; returns (trained − base, metrics). Under
-        a time budget, at most ``max_steps`` steps and ``time_limit_s`` seconds."""
+        a time budget, at most ``max_steps`` steps and ``time_limit_s`` seconds.
+        ``server_state`` is unused: the job files keep drift correction off language models."""
         configure_threads(self.device)
         with self._lock:
             fit = self._fitted()

@@ -208,14 +208,11 @@ class ResultApplier:
             if kept:
                 # A coordinator gave up an attempt whose plan this node keeps for later: drop
                 # it, or this node would train for an attempt nobody collects any more.
-                rs.held.pop(kept[0].attempt, None)
-                if rs.behind is kept[0]:
-                    rs.behind = None
-                rs.aborted.add(kept[0].attempt)
+                rs.abort(kept[0].attempt)
                 book.changed.notify()
                 return
             raise Rejected("abort does not match the plan in force")
-        rs.aborted.add(plan.attempt)
+        rs.abort(plan.attempt)
         if book.spec.secure_aggregation:  # the next coordinator records why this attempt failed
             reports = parse_secagg_reports(body.get("secagg", []), "abort")
             book.secagg_history = {r: v for r, v in book.secagg_history.items() if r >= plan.round}

@@ -66,8 +66,8 @@ class Coordinator:
         book, port = self.book, self.port
         if peer == book.me:
             up = book.participates()
-        else:
-            up = port.health(peer) not in (None, PeerState.DOWN)
+        else:  # a peer whose job failed plans nothing, whatever its health
+            up = port.health(peer) not in (None, PeerState.DOWN) and peer not in book.left
         if not up:
             return True
         private = port.private_peers()
@@ -113,43 +113,40 @@ class Coordinator:
         one the attempt's peer sends within a plan timeout. None: the driver moves on."""
         book, clock, spec = self.book, self.port.clock, self.book.spec
 
-        def have_plan() -> bool:
-            return rs.plan is not None and rs.plan.attempt >= rs.attempt
-
         def settled() -> bool:
-            return have_plan() or book.round_over(rs) or self._activate_held(rs)
+            return rs.has_plan() or book.round_over(rs) or self._activate_held(rs)
 
         if settled():
-            return rs.plan if have_plan() else None
+            return rs.plan if rs.has_plan() else None
         turn = self._next_turn(rs.attempt)
         if turn is None:
             # Nobody to wait for (every candidate is down, or this node, back from a restart,
             # was not in the last plan): give the mesh one plan timeout to change. Retrying at
             # once instead spun the driver at full CPU.
             await book.changed.wait_for(settled, clock.now() + spec.plan_timeout)
-            return rs.plan if have_plan() else None
-        rs.attempt = turn
+            return rs.plan if rs.has_plan() else None
+        rs.begin_attempt(turn)
         if settled():
-            return rs.plan if have_plan() else None
+            return rs.plan if rs.has_plan() else None
         cand = book.expected_coordinator(turn)
         assert cand is not None  # _next_turn found one
         if cand == book.me:
-            return await self.coordinate(rs)
+            await self.coordinate(rs)
+            return rs.plan if rs.has_plan() else None
         await book.changed.wait_for(lambda: settled() or self._passes(cand), clock.now() + spec.plan_timeout)
-        return rs.plan if have_plan() else None
+        return rs.plan if rs.has_plan() else None
 
     def _take_up_behind(self, rs: RoundState) -> bool:
         """Put in force a plan for an earlier attempt that came while this node was busy."""
-        plan, rs.behind = rs.behind, None
+        plan = rs.take_behind()
         if plan is None or plan.round != rs.round or plan.attempt >= rs.attempt or plan.attempt in rs.aborted \
-                or self.book.committed >= plan.round or (rs.plan is not None and rs.plan.attempt >= rs.attempt):
+                or self.book.committed >= plan.round or rs.has_plan():
             return False
         try:
             deadlines = self._deadlines(plan)
         except WireError:  # its deadline passed meanwhile
             return False
-        rs.attempt = plan.attempt
-        self._in_force(rs, plan, deadlines)
+        self._in_force(rs, plan, deadlines, take_up=True)
         self._start_roles(plan, deadlines)
         return True
 
@@ -157,9 +154,7 @@ class Coordinator:
         """Put in force a plan held for the attempt this node has now reached."""
         if self._take_up_behind(rs):
             return True
-        plan = rs.held.pop(rs.attempt, None)
-        for attempt in [a for a in rs.held if a < rs.attempt]:
-            del rs.held[attempt]
+        plan = rs.take_held()
         if plan is None or self.book.committed >= plan.round or plan.round != rs.round or plan.attempt in rs.aborted:
             return False
         if rs.plan is not None and rs.plan.attempt >= plan.attempt:
@@ -175,9 +170,12 @@ class Coordinator:
     # -- making a plan -----------------------------------------------------------------------
 
     async def coordinate(self, rs: RoundState) -> Plan | None:
-        """Make and gossip the plan for ``rs``: wait (bounded) for enough live members."""
+        """Make and gossip the plan for ``rs``'s attempt, this node's turn: wait (bounded) for
+        enough live members. The turn is given way if, meanwhile, this node went back to an
+        earlier attempt its peers are in (their plan reached it): its peers may disagree about
+        who passes a turn, and the plan in force settles it."""
         book, port = self.book, self.port
-        spec = book.spec
+        spec, attempt = book.spec, rs.attempt
         until = port.clock.now() + MIN_NODES_WAIT_S
         # A masked round needs a leader and secagg_min_group masking members in some group.
         need = max(spec.min_nodes, spec.secagg_min_group + 1 if spec.secure_aggregation else 1)
@@ -195,18 +193,26 @@ class Coordinator:
             kept, _ = cap_per_prefix(measured(), port.peer_ip, spec.max_per_prefix, {book.me, *book.eligible()})
             return kept
 
-        def gave_way() -> bool:  # caught up, or a later attempt's plan came while members were missing
-            return book.round_over(rs) or any(a > rs.attempt for a in rs.held)
+        def gave_way() -> bool:  # caught up, another attempt's plan is in force or came while members were missing
+            return book.round_over(rs) or rs.attempt != attempt or rs.has_plan() or any(a > attempt for a in rs.held)
+
+        def enough(live: list[str]) -> bool:  # min_nodes, and (open jobs) most of the last round's contributors
+            kept, needed = book.ledger.rules.continuing(book.ledger.results, live)
+            return len(live) >= need and kept >= needed
 
         book.status.set_phase(Phase.PLAN)
-        await book.changed.wait_for(lambda: len(members()) >= need or gave_way(), until)
+        await book.changed.wait_for(lambda: enough(members()) or gave_way(), until)
         if gave_way():
             return None
         live = members()
-        if len(live) < need:
+        if not enough(live):
+            kept, needed = book.ledger.rules.continuing(book.ledger.results, live)
+            gone = "".join(f"; the job failed on {p[-8:]}: {why}" for p, why in sorted(book.left.items())[:4])
             port.emit(EventKind.ROUND_WAITING, rs.round, message=(
                 f"round {rs.round}: only {len(live)} of {need} members needed are reachable"
-                + (" and have published their throughput" if spec.uses_budget else "") + "; not planning"))
+                + (" and have published their throughput" if spec.uses_budget else "")
+                + (f", {kept} of the {needed} recent contributors an open job needs" if kept < needed else "")
+                + f"; not planning{gone}"))
             return None
         unmeasured = sorted(set(book.live_members(port.alive_peers())) - set(measured()))
         if unmeasured:
@@ -227,13 +233,17 @@ class Coordinator:
             work = {"budget_s": spec.compute_budget_s,
                     "steps": keep_earlier(counts, [p for p in earlier if p.round == rs.round], book.head_model)}
         frame = make_plan(
-            port.identity, job=book.job_id, round=rs.round, attempt=rs.attempt, coordinator=book.me,
+            port.identity, job=book.job_id, round=rs.round, attempt=attempt, coordinator=book.me,
             base_hash=book.head_model, prev_result=book.ledger.head, members=list(parent), parent=parent,
             train_deadline=port.clock.to_wire(train_by), reduce_slack_s=spec.reduce_slack,
             sample_cap=cap if cap is not None else cap_from(spec.sample_cap_factor, [self._own_samples()]),
             private=private, **work,
         )
-        await port.broadcast(frame)  # applied here first: it is in force unless a better one is
+        try:
+            await port.broadcast(frame)  # applied here first: it is in force unless a better one is
+        except WireError as exc:  # refused by this node's own check: it never leaves this node
+            log.warning("round %d: this node's own plan for attempt %d was not applied: %s", rs.round, attempt, exc)
+            return None
         return rs.plan
 
     def _tree(self, live: list[str], private: list[str]) -> dict[str, str | None]:
@@ -312,13 +322,11 @@ class Coordinator:
         if plan.attempt < reached:
             waiting = current is None or current.attempt < rs.attempt  # no plan in force here
             if plan.attempt in rs.aborted or not waiting:
-                if plan.attempt not in rs.aborted and (rs.behind is None or rs.behind.attempt < plan.attempt):
-                    rs.behind = plan
+                rs.keep_behind(plan)  # unless its attempt was aborted, or a later one is kept
                 raise Rejected(f"plan for attempt {plan.attempt}; this node is at attempt {reached}")
             # This node passed that attempt waiting for its plan, and has none in force now: its
             # peers are in that attempt, so take it up rather than run ahead of them alone.
-            rs.attempt = plan.attempt
-            self._in_force(rs, plan, deadlines)
+            self._in_force(rs, plan, deadlines, take_up=True)
             return plan, deadlines
         live = current is not None and current.attempt >= rs.attempt  # not an attempt given up here
         if live or any(not self._attempt_passes(a) for a in
@@ -330,8 +338,12 @@ class Coordinator:
         self._in_force(rs, plan, deadlines)
         return plan, deadlines
 
-    def _in_force(self, rs: RoundState, plan: Plan, deadlines: RoundDeadlines) -> None:
-        rs.plan, rs.deadlines = plan, deadlines
+    def _in_force(self, rs: RoundState, plan: Plan, deadlines: RoundDeadlines, *, take_up: bool = False) -> None:
+        """Record ``plan`` in force (``take_up``: going back to its attempt) and say so."""
+        if take_up:
+            rs.take_up(plan, deadlines)
+        else:
+            rs.put_in_force(plan, deadlines)
         self.port.emit(EventKind.PLAN_RECEIVED, rs.round, plan.coordinator, message=(
             f"round {rs.round}: plan from {plan.coordinator[-8:]} for attempt {plan.attempt} "
             f"with {len(plan.members)} members"))

@@ -17,7 +17,14 @@ import numpy as np
 from aggregation.secagg import SecAggError
 from gpuflex.node.collector import Collector, Reduced, subtree_height
 from gpuflex.node.kinds import EventKind
-from gpuflex.node.messages import PARTIAL, Plan, parse_partial, parse_update, walk_contributions
+from gpuflex.node.messages import (
+    PARTIAL,
+    Plan,
+    TrainedUpdate,
+    parse_partial,
+    parse_update,
+    walk_contributions,
+)
 from gpuflex.node.modelblob import pack_delta, unpack_delta
 from gpuflex.node.pipeline import decode_payload, make_reducer
 from gpuflex.node.policy import Reports
@@ -50,8 +57,19 @@ class Leader:
         height = subtree_height(plan.parent, book.me)
         col = Collector(plan, book.me, make_reducer(book.spec, is_root, plan=plan, me=book.me),
                         deadline=deadlines.reduce_by(height), on_done=book.changed.notify)
-        book.current.collectors[plan.attempt] = col
+        book.current.open_collector(plan.attempt, col)
         return col
+
+    def fold_own(self, plan: Plan, trained: TrainedUpdate) -> bool:
+        """Fold this node's own update into the collector it runs for ``plan``, typed as it was
+        made (nothing parsed or verified again); False if it runs none (it sends it up)."""
+        rs = self.book.current
+        col = rs.collectors.get(plan.attempt) if rs.round == plan.round else None
+        if col is None or col.plan.env.digest != plan.env.digest:  # none, or a replaced plan's
+            return False
+        spec, up = self.book.spec, trained.update
+        col.add_update(up, fold_vector(spec, plan, up, decode_payload(spec, trained.payload, up.delta_size)))
+        return True
 
     # -- inbound ---------------------------------------------------------------------------------
 
@@ -98,7 +116,7 @@ class Leader:
             raise WireError("round", f"partial from {part.leader[-8:]} covers the wrong contributions")
         if any(u.base_hash != col.plan.base_hash for u in ups):
             raise WireError("round", "partial mixes updates from another base model")
-        col.add_partial(part, unpack_delta(msg.payload, len(msg.payload) // 4), covers)
+        col.add_partial(part, unpack_delta(msg.payload, len(msg.payload) // 4), ups)
         self.port.emit(EventKind.PARTIAL_VERIFIED, part.round, part.leader, message=(
             f"round {part.round}: partial from {part.leader[-8:]} verified ({len(ups)} updates)"))
 
@@ -140,7 +158,7 @@ class Leader:
                 avg = col.acc.plain_result()
         else:
             avg = col.acc.result()
-        return Reduced(avg, [u.env.raw for u in updates], [p.env.raw for p in col.partials], samples, reports)
+        return Reduced(avg, updates, col.partials, samples, reports, col.within)
 
     async def send_partial(self, plan: Plan, deadlines: RoundDeadlines, reduced: Reduced) -> None:
         """Sign the group's partial and deliver it up the tree."""
@@ -151,8 +169,8 @@ class Leader:
         payload = pack_delta(reduced.avg)
         body: dict[str, Any] = {
             "job": self.book.job_id, "round": plan.round, "attempt": plan.attempt, "leader": self.book.me,
-            "samples": reduced.samples, "delta_hash": blob_hash(payload), "updates": reduced.updates,
-            "partials": reduced.partials,
+            "samples": reduced.samples, "delta_hash": blob_hash(payload),
+            "updates": [u.env.raw for u in reduced.updates], "partials": [p.env.raw for p in reduced.partials],
         }
         if self.book.spec.secure_aggregation:
             body["secagg"] = reduced.reports

@@ -7,30 +7,33 @@ accepted work is not lost and, under DP, no fresh noise can be averaged across a
 
 from __future__ import annotations
 
+import functools
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 
 import numpy as np
 import trio
 
+from aggregation.scaffold import CONTROL_KEY
 from gpuflex.node.faults import Faults
 from gpuflex.node.kinds import EventKind, Phase
-from gpuflex.node.messages import UPDATE, Plan, capped, parse_recovery_request, parse_update
+from gpuflex.node.messages import Plan, TrainedUpdate, capped, parse_recovery_request, seal_update
 from gpuflex.node.modelblob import unpack_delta
-from gpuflex.node.pipeline import DeltaEncoder, decode_payload, secagg_member
-from gpuflex.node.port import JobPort, Trainer
+from gpuflex.node.pipeline import DeltaEncoder, secagg_member
+from gpuflex.node.port import JobPort, ModelLoader, Trainer
 from gpuflex.node.secure import SecAggMember, answer_recovery
 from gpuflex.node.state import JobBook, RoundDeadlines
 from gpuflex.node.uplink import Work, send_up
-from gpuflex.node.workplan import RATE_WEIGHT, blend, fits_plan, fold_vector, local_work
+from gpuflex.node.workplan import RATE_WEIGHT, blend, fits_plan, local_work
 from mesh.blob import blob_hash
-from mesh.codec import WireError, open_envelope, seal
+from mesh.codec import WireError
 from mesh.messaging import Inbound, Rejected, SendError
 
 log = logging.getLogger("gpuflex.member")
+#: Folds this node's own update into the collector it runs for ``plan``, if it leads a group
+#: of it (the driver's ``_fold_own``); False when the update must be sent up instead.
+FoldOwn = Callable[[Plan, TrainedUpdate], bool]
 
-#: Loads a model blob by hash from these providers: (parameters, optimizer state).
-ModelLoader = Callable[[str, list[str]], Awaitable[tuple[np.ndarray, dict[str, np.ndarray]]]]
 #: Under a compute budget, training stops at least this long before the training deadline,
 #: so the update still reaches its leader in time.
 SEND_MARGIN_S = 1.0
@@ -45,11 +48,23 @@ MIN_TRAIN_S = 0.001
 
 class Member:
     def __init__(self, port: JobPort, book: JobBook, encoder: DeltaEncoder, faults: Faults,
-                 load_model: ModelLoader, trainer: Callable[[], Trainer]) -> None:
+                 load_model: ModelLoader, trainer: Callable[[], Trainer],
+                 fold_own: FoldOwn = lambda plan, trained: False) -> None:
         self.port, self.book, self.encoder, self.faults = port, book, encoder, faults
         self._load_model = load_model
         self._trainer = trainer
+        self._fold_own = fold_own
         self._trained_at: float | None = None  # when this round's training ended, until sent
+        self.send_lag_s = 0.0  # how long this node's update takes from its training's end to its leader
+        # This node's trained update per (round, base model): a retried attempt re-sends it.
+        self.cached: dict[tuple[int, str], TrainedUpdate] = {}
+        # Set when the training for a (round, base model) ends: a retried attempt that arrives
+        # mid-training waits for that update instead of training a second one.
+        self.training: dict[tuple[int, str], trio.Event] = {}
+        # Secure aggregation: this node's masking side per (round, attempt, leader), kept to
+        # answer its leader's recovery request (two coordinators may plan the same attempt,
+        # with other leaders).
+        self.secagg_sides: dict[tuple[int, int, str], SecAggMember] = {}
 
     async def train_and_send(self, plan: Plan, deadlines: RoundDeadlines) -> None:
         """Train (or reuse this round's update), then deliver it up the tree. Failures are
@@ -60,22 +75,16 @@ class Member:
             if side is not None and len(side.ctx.group) < self.book.spec.secagg_min_group:
                 self._refuse_group(plan, len(side.ctx.group))
                 return
-            frame, payload = await self._update_for(plan, deadlines)
+            trained = await self._update_for(plan, deadlines)
             if side is not None:
-                frame, payload = await self._mask(plan, side, frame, payload)
-            else:  # signed for this plan alone: it counts in no other attempt's result
-                body = open_envelope(frame, expect_kind=UPDATE).body
-                if body.get("plan") != plan.digest:
-                    frame = seal(self.port.identity, UPDATE, {**body, "plan": plan.digest})
+                trained = await self._mask(plan, side, trained)
+            elif trained.update.plan != plan.digest:  # signed for this plan alone: it counts in no other attempt's result
+                trained = seal_update(self.port.identity, trained.payload, **{**trained.update.env.body, "plan": plan.digest})
             self.book.status.set_phase(Phase.REDUCE, deadlines.train)
-            col = self.book.current.collectors.get(plan.attempt) if self.book.current.round == r else None
-            if col is not None and col.plan.env.digest == plan.env.digest:  # not a replaced plan's
-                up = parse_update(open_envelope(frame, expect_kind=UPDATE))
-                col.add_update(up, fold_vector(self.book.spec, plan, up,
-                                               decode_payload(self.book.spec, payload, up.delta_size)))
+            if self._fold_own(plan, trained):  # this node leads its own group: folded here
                 self._sent()
                 return
-            await send_up(self.port, self.book, plan, deadlines, frame, payload, Work.UPDATE,
+            await send_up(self.port, self.book, plan, deadlines, trained.frame, trained.payload, Work.UPDATE,
                           masked=side is not None, delivered=self._sent)
         except (SendError, WireError, OSError) as exc:
             self.port.emit(EventKind.UPDATE_FAILED, r, message=f"round {r}: could not deliver this node's update: {exc}")
@@ -84,24 +93,23 @@ class Member:
             log.exception("training for round %d failed", r)
             self.port.emit(EventKind.UPDATE_FAILED, r, message=f"round {r}: local training failed: {exc}")
 
-    async def _update_for(self, plan: Plan, deadlines: RoundDeadlines) -> tuple[bytes, bytes]:
+    async def _update_for(self, plan: Plan, deadlines: RoundDeadlines) -> TrainedUpdate:
         """This node's signed clear update for the plan's round and base model, trained once."""
-        book, r = self.book, plan.round
+        r = plan.round
         key = (r, plan.base_hash)
-        if (running := book.training.get(key)) is not None:
+        if (running := self.training.get(key)) is not None:
             await running.wait()  # an earlier attempt's training of the same update
-        cached = book.cached_updates.get(key)
-        if cached is not None and not fits_plan(plan, book.me, parse_update(open_envelope(
-                cached[0], expect_kind=UPDATE)).steps):  # trained for an attempt that allowed more steps
-            del book.cached_updates[key]
-        if key not in book.cached_updates:
-            book.training = {k: v for k, v in book.training.items() if k[0] >= r}
-            book.training[key] = done = trio.Event()
+        cached = self.cached.get(key)
+        if cached is not None and not fits_plan(plan, self.book.me, cached.update.steps):
+            del self.cached[key]  # trained for an attempt that allowed more steps
+        if key not in self.cached:
+            self.training = {k: v for k, v in self.training.items() if k[0] >= r}
+            self.training[key] = done = trio.Event()
             try:
                 await self._train(plan, deadlines)
             finally:
                 done.set()
-        return book.cached_updates[key]
+        return self.cached[key]
 
     async def _train(self, plan: Plan, deadlines: RoundDeadlines) -> None:
         """Train from the plan's base model and cache the signed update."""
@@ -110,7 +118,11 @@ class Member:
         book.status.set_phase(Phase.TRAIN, deadlines.train)
         # A copy of the parameters alone: the blob they are read from (which also holds
         # the server optimizer's state) is freed before training starts.
-        params = (await self._load_model(plan.base_hash, [plan.coordinator]))[0].copy()
+        params, state = await self._load_model(plan.base_hash, [plan.coordinator])
+        params = params.copy()
+        # SCAFFOLD's control variate travels in the server state; nothing else of it is needed.
+        control = {k: v.copy() for k, v in state.items() if k == CONTROL_KEY}
+        del state
         trainer = self._trainer()
         steps, budget = local_work(plan, book.me)
         if budget:
@@ -125,9 +137,10 @@ class Member:
             # for 20 s.
             now = self.port.clock.now()
             issued = deadlines.train - book.spec.train_budget(book.recent_durations())
-            end = max(issued + budget - book.send_lag_s, deadlines.received + MIN_TRAIN_SHARE * budget)
+            end = max(issued + budget - self.send_lag_s, deadlines.received + MIN_TRAIN_SHARE * budget)
             budget = max(MIN_TRAIN_S, min(end - now, deadlines.train - now - SEND_MARGIN_S))
-        delta, metrics = await self.port.offload(trainer.train, params, steps, budget)
+        train = functools.partial(trainer.train, server_state=control) if control else trainer.train
+        delta, metrics = await self.port.offload(train, params, steps, budget)
         self._trained_at = self.port.clock.now()
         delta = self.faults.tamper(delta)
         if metrics.get("oom_retries"):
@@ -150,40 +163,37 @@ class Member:
         # Under secure aggregation this is the clear (DP-noised) delta; it is masked per
         # attempt, because the masks depend on the attempt's group and leader.
         payload = self.encoder.encode(delta, samples)
-        frame = seal(self.port.identity, UPDATE, {
-            "job": book.job_id, "round": r, "peer": book.me, "base_hash": plan.base_hash, "plan": plan.digest,
-            "samples": samples, "delta_hash": blob_hash(payload), "delta_size": int(np.asarray(delta).size),
-            "metrics": {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))},
-            **({"device": book.device} if book.device else {}),
-        })
-        book.cached_updates = {k: v for k, v in book.cached_updates.items() if k[0] >= r}
-        book.cached_updates[key] = (frame, payload)
+        trained = seal_update(
+            self.port.identity, payload, job=book.job_id, round=r, peer=book.me, base_hash=plan.base_hash,
+            plan=plan.digest, samples=samples, delta_hash=blob_hash(payload), delta_size=int(np.asarray(delta).size),
+            metrics={k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))},
+            **({"device": book.device} if book.device else {}))
+        self.cached = {k: v for k, v in self.cached.items() if k[0] >= r}
+        self.cached[key] = trained
 
     def _sent(self) -> None:
         """Learn how long this member's update takes from the end of training to its leader."""
         if self._trained_at is None:
             return
         lag, self._trained_at = self.port.clock.now() - self._trained_at, None
-        book = self.book
-        book.send_lag_s = lag if not book.send_lag_s else (1 - RATE_WEIGHT) * book.send_lag_s + RATE_WEIGHT * lag
+        self.send_lag_s = lag if not self.send_lag_s else (1 - RATE_WEIGHT) * self.send_lag_s + RATE_WEIGHT * lag
 
-    async def _mask(self, plan: Plan, side: SecAggMember, frame: bytes, payload: bytes) -> tuple[bytes, bytes]:
+    async def _mask(self, plan: Plan, side: SecAggMember, trained: TrainedUpdate) -> TrainedUpdate:
         """The cached clear update, masked for this attempt's group and signed again.
 
         The DP noise was drawn once, at training time: a retry masks the same noisy delta, so
         no one can average fresh noise away across attempts. Masking expands g - 1 PRG streams
         of the model's size, so it runs off the event loop.
         """
-        book = self.book
-        up = parse_update(open_envelope(frame, expect_kind=UPDATE))
+        up = trained.update
         # Masked in the weight the leader will fold it with: the plan's cap applies here too.
         weight = capped(up, plan.sample_cap).samples
-        masked = await self.port.offload(side.encode, unpack_delta(payload, up.delta_size), weight)
-        book.secagg_sides = {k: v for k, v in book.secagg_sides.items() if k[0] >= plan.round}
-        book.secagg_sides[(plan.round, plan.attempt, side.ctx.leader)] = side
-        self.faults.after_masking(side.ctx, book.me)
-        return seal(self.port.identity, UPDATE, {**up.env.body, "delta_hash": blob_hash(masked),
-                                                 "plan": plan.digest}), masked
+        masked = await self.port.offload(side.encode, unpack_delta(trained.payload, up.delta_size), weight)
+        self.secagg_sides = {k: v for k, v in self.secagg_sides.items() if k[0] >= plan.round}
+        self.secagg_sides[(plan.round, plan.attempt, side.ctx.leader)] = side
+        self.faults.after_masking(side.ctx, self.book.me)
+        return seal_update(self.port.identity, masked, **{**up.env.body, "delta_hash": blob_hash(masked),
+                                                          "plan": plan.digest})
 
     def _refuse_group(self, plan: Plan, size: int) -> None:
         """A masked update in a group this small tells its leader (or colluding partners) too
@@ -204,7 +214,7 @@ class Member:
             raise Rejected(f"round {req.round} is already committed here")
         if req.round > current:
             raise WireError("round", f"recovery request for round {req.round}, this node is at round {current}")
-        side = self.book.secagg_sides.get((req.round, req.attempt, req.leader))
+        side = self.secagg_sides.get((req.round, req.attempt, req.leader))
         if side is None:  # a restart lost the keys, or this node never masked for that leader
             raise Rejected(f"this node sent {req.leader[-8:]} no masked update in round {req.round} "
                            f"attempt {req.attempt}")

@@ -9,17 +9,17 @@ partials), the previous result's hash and the new model's hash.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from gpuflex.node.collector import Reduced
 from gpuflex.node.kinds import Phase
-from gpuflex.node.messages import ABORT, RESULT, Plan, walk_contributions
+from gpuflex.node.messages import ABORT, RESULT, Plan
 from gpuflex.node.modelblob import model_parts
 from gpuflex.node.pipeline import describe_rule, outer_step
-from gpuflex.node.port import JobPort, Trainer
+from gpuflex.node.port import JobPort, ModelLoader, Trainer
 from gpuflex.node.state import JobBook
 from gpuflex.node.workplan import effective_steps_norm, member_work
 from gpuflex.privacy import epsilon_spent
@@ -29,7 +29,6 @@ from mesh.codec import seal
 log = logging.getLogger("gpuflex.root")
 #: An abort names at most this many missing members (and why each is missing).
 MISSING_LISTED = 8
-ModelLoader = Callable[[str, list[str]], Awaitable[tuple[np.ndarray, dict[str, np.ndarray]]]]
 
 
 class Root:
@@ -41,9 +40,10 @@ class Root:
     async def commit(self, plan: Plan, reduced: Reduced) -> None:
         book, port, spec = self.book, self.port, self.book.spec
         book.status.set_phase(Phase.COMMIT)
-        contributions = walk_contributions(reduced.updates, reduced.partials, book.job_id, plan.round, plan)
+        contributions = reduced.contributions
         reports = reduced.reports
-        if len(contributions) < spec.min_nodes or reduced.avg is None:
+        kept, need = book.ledger.rules.continuing(book.ledger.results, {u.peer for u in contributions})
+        if len(contributions) < spec.min_nodes or reduced.avg is None or kept < need:
             await self._abort(plan, {u.peer for u in contributions}, reports)
             return
         avg = reduced.avg
@@ -73,7 +73,8 @@ class Root:
         frame = seal(port.identity, RESULT, {
             "job": book.job_id, "round": plan.round, "attempt": plan.attempt, "coordinator": book.me,
             "prev_result": book.ledger.head, "base_hash": plan.base_hash, "model_hash": model_hash,
-            "plan": plan.env.raw, "updates": reduced.updates, "partials": reduced.partials,
+            "plan": plan.env.raw, "updates": [u.env.raw for u in reduced.updates],
+            "partials": [p.env.raw for p in reduced.partials],
             "contributors": [{"peer": u.peer, "samples": u.samples, "delta_hash": u.delta_hash, **work[u.peer]}
                              for u in contributions],
             "absent": sorted(set(plan.members) - present), "metrics": metrics, "strategy": spec.strategy,
@@ -87,14 +88,17 @@ class Root:
         """Too little to commit: abort this attempt, saying why, so every node retries."""
         book, spec = self.book, self.book.spec
         if book.current.round == plan.round:
-            book.current.aborted.add(plan.attempt)
+            book.current.abort(plan.attempt)
         why = "".join(f"; secure aggregation failed in the group of {r['leader'][-8:]}: {r['reason']}"
                       for r in reports if not r["recovered"])
-        why += "".join(f"; missing {p[-8:]}: {self.port.why_unreachable(p) or 'no update arrived'}"
+        why += "".join(f"; missing {p[-8:]}: " + (f"the job failed there ({book.left[p]})" if p in book.left
+                                                   else self.port.why_unreachable(p) or "no update arrived")
                        for p in sorted(set(plan.members) - present)[:MISSING_LISTED])
+        kept, need = book.ledger.rules.continuing(book.ledger.results, present)
+        short = f"{len(present)} contributions < min_nodes={spec.min_nodes}" if kept >= need else (
+            f"{kept} of the recent rounds' contributors contributed; an open job needs {need}")
         body: dict[str, Any] = {
-            "job": book.job_id, "round": plan.round, "attempt": plan.attempt,
-            "reason": f"{len(present)} contributions < min_nodes={spec.min_nodes}{why}"}
+            "job": book.job_id, "round": plan.round, "attempt": plan.attempt, "reason": f"{short}{why}"}
         if reports:
             body["secagg"] = reports
         await self.port.broadcast(seal(self.port.identity, ABORT, body))

@@ -475,7 +475,8 @@ class FakeNet:
                         continue
                     if dst.driver.saw_presence(src.peer_id, src.driver.committed, src.driver.head(),
                                                src.driver.throughput(), src.driver.weight,
-                                               preparing=src.driver.preparing, passes=src.driver.passes_round):
+                                               preparing=src.driver.preparing, passes=src.driver.passes_round,
+                                               failed=src.driver.failure):
                         dst.nursery.start_soon(self.sync, dst, [src.peer_id])
             with trio.move_on_after(PRESENCE_EVERY_S):  # or sooner, when a node asks (announce_soon)
                 await self._presence_due.wait()

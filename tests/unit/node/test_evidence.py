@@ -256,3 +256,50 @@ def test_result_key_orders_attempt_before_digest() -> None:
     a1 = parsed([next_round(frames, ids, attempt=1, model="y")])[0]
     assert result_key(a0) < result_key(a1)
     assert ChainRules(job=JOB).sample_cap([]) is None
+
+
+@pytest.mark.parametrize(("signers", "quorum", "counts"), [
+    (2, True, False),  # two of the last round's five: not most of them
+    (3, True, True),  # three of five: most
+    (2, False, True),  # an allowlisted job: only min_nodes (the allowlist keeps strangers out)
+])
+def test_an_open_job_counts_a_round_only_with_most_of_the_last_rounds_contributors(
+        signers: int, quorum: bool, counts: bool) -> None:
+    frames, ids = make_chain(2, members=5)
+    rules = rules_for(ids, quorum=quorum)
+    owner = rules.expected_coordinator(parsed(frames), 0)
+    coord = next(i for i in ids if i.peer_id == owner)
+    keys = [coord, *[i for i in ids if i is not coord][: signers - 1]]
+    frame = next_round(frames, ids, rules=rules, coord=coord, signers=keys)
+    if counts:
+        assert len(check(frames, frame, ids, quorum=quorum)) == signers
+    else:
+        with pytest.raises(EvidenceError, match=r"2 of the recent rounds' contributors contributed; an open job needs 3"):
+            check(frames, frame, ids, quorum=quorum)
+
+
+def test_an_open_jobs_rules_ask_for_the_quorum_and_an_allowlisted_jobs_do_not() -> None:
+    from tests.unit.node.fakenet import fast_spec
+
+    ids = [f"peer{i}" for i in range(3)]
+    assert ChainRules.for_job(JOB, fast_spec(), ids).quorum
+    assert not ChainRules.for_job(JOB, fast_spec(allowlist=ids), ids).quorum
+
+
+def test_a_round_that_left_members_out_does_not_let_the_rest_commit_without_them_next() -> None:
+    """Three of five commit a round (most of them), leaving two out; the next round still
+    needs most of all five, so two of those three cannot commit it alone."""
+    frames, ids = make_chain(2, members=5)
+    rules = rules_for(ids, quorum=True)
+
+    def by(keys: int, history: list[bytes]) -> bytes:
+        owner = rules.expected_coordinator(parsed(history), 0)
+        coord = next(i for i in ids if i.peer_id == owner)
+        members = [coord, *[i for i in ids if i is not coord and i.peer_id in rules.eligible(parsed(history))]]
+        return next_round(history, ids, rules=rules, coord=coord, signers=members[:keys])
+
+    shrunk = by(3, frames)
+    assert len(check(frames, shrunk, ids, quorum=True)) == 3
+    with pytest.raises(EvidenceError, match="an open job needs 3"):
+        check([*frames, shrunk], by(2, [*frames, shrunk]), ids, quorum=True)
+    assert len(check([*frames, shrunk], by(3, [*frames, shrunk]), ids, quorum=True)) == 3

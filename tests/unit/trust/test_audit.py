@@ -66,14 +66,17 @@ def test_swapped_contribution_is_caught(tmp_path: Path, chain: tuple) -> None:
     assert info.value.round == 2
 
 
-def test_model_must_match_the_last_result(tmp_path: Path, chain: tuple) -> None:
+def test_model_must_be_a_committed_rounds_model_and_the_report_names_the_round(tmp_path: Path, chain: tuple) -> None:
     frames, _ = chain
     ledger = write(tmp_path / "l", frames)
     good = tmp_path / "model.blob"
     good.write_bytes(b"model-3")  # make_chain's round-3 model hash is blob_hash(b"model-3")
-    assert verify_ledger(ledger, good).model_checked
-    (tmp_path / "other.blob").write_bytes(b"model-2")
-    with pytest.raises(AuditError, match="round 3: model file hash"):
+    report = verify_ledger(ledger, good)
+    assert report.model_checked and report.model_round == 3
+    (tmp_path / "best.blob").write_bytes(b"model-2")  # a best round's model, handed out by `job results`
+    assert verify_ledger(ledger, tmp_path / "best.blob").model_round == 2
+    (tmp_path / "other.blob").write_bytes(b"model-9")
+    with pytest.raises(AuditError, match=r"round 3: model file hash .* matches no committed round"):
         verify_ledger(ledger, tmp_path / "other.blob")
 
 
