@@ -300,8 +300,7 @@ class JobDriver:
     def participates(self) -> bool:
         return self.book.participates()
 
-    def known_members(self) -> set[str]:
-        """The peers this job's presence goes to (``JobBook.known_members``)."""
+    def known_members(self) -> set[str]:  # the peers this job's presence goes to
         return self.book.known_members()
 
     def head(self) -> str:
