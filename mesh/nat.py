@@ -40,6 +40,7 @@ from mesh.reachability import (
     parse,
 )
 from mesh.relay import RESERVE_RETRY_S, RelayClient
+from mesh.transport import Transport
 
 if TYPE_CHECKING:
     from mesh.health import PeerTable
@@ -63,6 +64,7 @@ class NatSettings(Protocol):
     mdns: bool
     listen: list[str]
     announce: list[str]
+    transport: Transport
 
 
 class NatHost(Protocol):

@@ -20,10 +20,11 @@ import random
 import shutil
 import tempfile
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from enum import Enum
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -71,7 +72,12 @@ def inline_threads() -> Iterator[None]:
     try:
         yield
     finally:
-        trio.to_thread.run_sync = original  # type: ignore[assignment]
+        trio.to_thread.run_sync = original
+
+
+def emit_event(events: EventLog, kind: Any, **fields: Any) -> None:
+    """A mesh event into the node's event log, as the runtime passes them on."""
+    events.emit(kind, **fields)
 
 
 class StandInTrainer:
@@ -91,7 +97,8 @@ class StandInTrainer:
         return {"device": "stand-in", "samples_per_s": 32 * self.speed / max(self.compute_s, 1e-3),
                 "precision": "fp32"}
 
-    def train(self, base: np.ndarray, max_steps: int = 0, time_limit_s: float = 0.0) -> tuple[np.ndarray, dict[str, Any]]:
+    def train(self, base: np.ndarray, max_steps: int = 0, time_limit_s: float = 0.0,
+              server_state: Mapping[str, np.ndarray] | None = None) -> tuple[np.ndarray, dict[str, Any]]:
         seconds = self.compute_s / self.speed
         if time_limit_s > 0:
             seconds = min(seconds, time_limit_s)
@@ -171,7 +178,7 @@ class SimNode:
             listen=["/ip4/0.0.0.0/tcp/4001"], bootstrap=bootstrap, data_dir=self.home,
             bulk_channel=False, mdns=False, health=HealthConfig(),
             reachability="public" if self.model.public else "relayed" if self.model.punchable else "private",
-            bootstrap_timeout_s=60.0, transport=net), on_event=events.emit)
+            bootstrap_timeout_s=60.0, transport=net), on_event=partial(emit_event, events))
         async def on_probe(msg: Inbound) -> None:
             body = msg.envelope.body
             if isinstance(body, dict) and isinstance(body.get("id"), bytes):
