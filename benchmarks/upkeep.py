@@ -95,6 +95,8 @@ def detect(mesh: Any, nodes: int, victim: int) -> float | None:
             if any(r["peer_id"] == victim_id and r["state"] == "down" for r in rows):
                 waiting.discard(i)
         time.sleep(0.25)
+    if waiting:
+        log(f"after 60 s, {len(waiting)} of {len(others)} nodes still did not list the killed node as down")
     return None if waiting else time.time() - killed
 
 

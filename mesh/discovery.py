@@ -5,7 +5,8 @@ Three loops beside a ``MeshNode``, all on trio's clock:
 * the DHT walk, often while the node is new and still finding peers, rarely after; the
   routing table and the open connections are read every ``refresh_fast_s`` all along,
   which costs no traffic, so a peer that dials in is known within a second;
-* the NodeInfo republish, from every second doubling to ``PUBLISH_MAX_S``;
+* the NodeInfo republish, from every second doubling to ``PUBLISH_MAX_S`` (a put reaches up to
+  k = 20 peers: at 60 s it was a cost that grew with the mesh up to that size);
 * NodeInfo lookups, bounded per period: every peer's once when it is learnt or comes back,
   then only the watched peers' (``watch_set``) now and then, so the cost does not grow
   with the mesh; a peer that is not up is looked up every ``info_retry_s`` (its NodeInfo
@@ -29,7 +30,7 @@ log = logging.getLogger("mesh.discovery")
 #: stall the loop that runs it.
 DHT_CHORE_S = 10.0
 #: The NodeInfo republish interval starts at 1 s and doubles to this.
-PUBLISH_MAX_S = 60.0
+PUBLISH_MAX_S = 300.0
 #: The DHT walk slows down after this many fast walks in a row that found no new peer.
 QUIET_WALKS = 3
 #: NodeInfo lookups started per period, whatever the size of the mesh.

@@ -57,9 +57,6 @@ PROBES_PER_PERIOD, MAX_PROBES_PER_PERIOD, KEEP_FRESH_S = 2, 8, 6.0
 INDIRECT_HELPERS = 2
 #: Direct-then-indirect rounds, a period apart, before a peer is suspected.
 PROBE_ROUNDS = 2
-#: A loop that wakes this late is on a starved machine; for a while after, its failed
-#: probes say more about itself than about its peers, and suspect nobody (Lifeguard's idea).
-LAGGING_S, LAGGING_HOLD_S = 1.0, 10.0
 #: Newly learnt peers checked per period, and down peers looked at per period.
 FIRST_CONTACTS_PER_PERIOD, DOWN_PER_PERIOD = 8, 2
 #: A node announces itself alive this long after start, so a restarted node is up again
@@ -119,8 +116,6 @@ class Liveness:
         self._redialling: set[str] = set()
         self._pinging: dict[str, _Pending] = {}
         self._probing: set[str] = set()
-        self._due_at = math.inf  # when the loop should wake next
-        self._lagging_until = -math.inf
         self._nursery: trio.Nursery | None = None
         # Whether to announce this node alive after start (``ANNOUNCE_AFTER_S``): only a node
         # that was in a mesh before can be held suspect or down anywhere; a first-time node is a
@@ -140,10 +135,6 @@ class Liveness:
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             while True:
-                woke = trio.current_time()
-                if woke - self._due_at > LAGGING_S:  # this node is the slow one: trust no verdict
-                    self._lagging_until = woke + LAGGING_HOLD_S
-                self._due_at = woke + self.config.ping_interval_s
                 # Probes run beside the loop: a slow one never holds up the next period's, nor
                 # the suspicions that are due.
                 for peer in self.due():
@@ -229,9 +220,6 @@ class Liveness:
                     await trio.sleep(self.config.ping_interval_s)
             if self.heard_lately(peer):
                 return False  # it spoke (a message, another's ping request) while we probed
-            if trio.current_time() < self._lagging_until:
-                log.info("not suspecting %s: this node itself is running late", peer[-8:])
-                return False
             await self.suspect(peer)
             return False
         finally:

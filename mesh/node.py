@@ -115,7 +115,7 @@ class MeshConfig:
     node_info: dict[str, Any] = field(default_factory=dict)
     bootstrap_timeout_s: float = 30.0
     refresh_fast_s: float = 1.0
-    refresh_slow_s: float = 15.0
+    refresh_slow_s: float = 60.0  # a settled node's DHT walk; newcomers dial in, peer exchange spreads them
     fast_refresh_period_s: float = 30.0
     max_payload: int = 4 << 30
     gossip_window_s: float = 600.0
