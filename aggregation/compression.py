@@ -26,6 +26,7 @@ from aggregation._checks import (
 )
 from aggregation.encoded import EncodedDelta
 from aggregation.errors import AggregationError
+from aggregation.sparse import SparseCodec
 
 __all__ = [
     "Codec",
@@ -268,8 +269,11 @@ class ErrorFeedback:
     The residual is local state of one client; it never travels.
     """
 
-    def __init__(self, codec: Codec) -> None:
+    def __init__(self, codec: Codec, decay: float = 1.0) -> None:
         self.codec = codec
+        #: The residual is multiplied by this before each update is added (SparseLoCo's beta;
+        #: 1 keeps all of it, so the sent updates sum exactly to the true ones less the residual).
+        self.decay = check_number(decay, "decay", low=0.0, high=1.0, low_open=True)
         self._residual: np.ndarray | None = None
 
     @property
@@ -281,6 +285,10 @@ class ErrorFeedback:
         """Drop the residual, e.g. when the job's model changes shape."""
         self._residual = None
 
+    def restore(self, residual: np.ndarray) -> None:
+        """Take up a residual saved before a restart (checked like any delta)."""
+        self._residual = as_vector(residual, "residual").copy()
+
     def compress(self, vec: np.ndarray) -> EncodedDelta:
         """Encode ``vec`` plus the stored residual, and store the new residual."""
         target = as_vector(vec, "delta").copy()
@@ -289,7 +297,7 @@ class ErrorFeedback:
                 raise AggregationError(
                     f"delta has {target.size} elements, the residual {self._residual.size}"
                 )
-            target += self._residual
+            target += self._residual if self.decay == 1.0 else self._residual * np.float32(self.decay)
         enc = self.codec.encode(target)
         target -= self.codec.decode(enc)
         self._residual = target
@@ -301,11 +309,12 @@ _CODECS: dict[str, Callable[..., Codec]] = {
     "fp16": Fp16Codec,
     "int8": Int8Codec,
     "topk": TopKCodec,
+    "sparse": SparseCodec,
 }
 
 
 def make_codec(name: str, **params: Any) -> Codec:
-    """Build a codec by name ("none", "fp16", "int8", "topk"); bad params raise."""
+    """Build a codec by name ("none", "fp16", "int8", "topk", "sparse"); bad params raise."""
     factory = _CODECS.get(str(name).lower())
     if factory is None:
         raise AggregationError(f"unknown codec {name!r}; valid names: {', '.join(_CODECS)}")

@@ -27,7 +27,7 @@ from aggregation.errors import AggregationError
 
 MAGIC = b"GFXD"
 VERSION = 1
-_ALLOWED_DTYPES = frozenset({"<f4", "<f2", "|i1", "<i4", "<i8", "<u4", "<u8"})
+_ALLOWED_DTYPES = frozenset({"<f4", "<f2", "|i1", "|u1", "<u2", "<i4", "<i8", "<u4", "<u8"})
 _U8 = struct.Struct("<B")
 _U64 = struct.Struct("<Q")
 

@@ -107,6 +107,26 @@ class WeightedAccumulator:
         self._total += float(w)
         self._count += 1
 
+    def add_sparse(self, size: int, index: np.ndarray, values: np.ndarray, weight: float) -> None:
+        """Fold a sparse vector (sorted unique ``index`` into ``size``, its ``values``) with
+        ``weight``: a scatter into the running sum, no dense copy of the update."""
+        w = np.float32(check_number(weight, "weight", low=0.0))
+        if self._size is not None and size != self._size:
+            raise AggregationError(f"vector has {size} elements, expected {self._size}")
+        if index.shape != values.shape or (index.size and (index[0] < 0 or index[-1] >= size)):
+            raise AggregationError("sparse vector has mismatched or out-of-range indices")
+        if not np.isfinite(values).all():
+            raise AggregationError("vector contains NaN or inf")
+        if self._acc is None:
+            self._acc = np.zeros(size, dtype=np.float32)
+            self._shape = (size,)
+        elif (size,) != self._shape:
+            raise AggregationError(f"vector has shape {(size,)}, expected {self._shape}")
+        if w > 0:
+            self._acc[index] += values * w  # indices are unique, so one fancy add is exact
+        self._total += float(w)
+        self._count += 1
+
     def result(self) -> np.ndarray:
         """Return the weighted mean of everything added, as a new float32 array."""
         if self._acc is None or self._shape is None:

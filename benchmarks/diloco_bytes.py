@@ -14,6 +14,14 @@ rounds with its usual local work, and the others spend the same number of steps.
   node's default for a lossy codec); the root's averaged step also travels in int8 and every
   member replays the outer step itself.
 * ``diloco-int8-no-ef``: int8 without error feedback.
+* ``sparse``: ``codec = "sparse"`` with top-k 1/64 per chunk of 4096, 2-bit values, all of
+  the residual kept (decay 1.0), the step back at 8 bits, and the outer step plain SGD at lr
+  1 (SparseLoCo's: the error-feedback residual takes the place of outer momentum).
+* ``sparseloco``: SparseLoCo's published settings (arXiv 2508.15706): the same top-k and
+  2 bits, error feedback decayed by 0.95 each round.
+* ``demo``: DeMo's (arXiv 2411.19870) transform: a DCT per chunk of 64, top-k of the
+  coefficients (1 of 64 kept, DeMo's 32 of 64x64 where rows are chunked too), full-precision
+  values.
 
 Bytes are counted as the mesh moves them: each worker uploads its encoded update (the codec's
 real output) and downloads what it needs to hold the committed model: the encoded step where
@@ -43,6 +51,7 @@ from benchmarks.common import MB, add_json_flag, emit, format_table, log, ratio,
 
 SHAKESPEARE = Path(__file__).resolve().parents[2] / "shared" / "data" / "tinyshakespeare.txt"
 REFERENCES = ("sync", "fedavg")
+ORDER = ("sync", "fedavg", "diloco", "diloco-int8", "diloco-int8-no-ef", "sparse", "sparseloco", "demo")
 
 
 #: One step per round, then the job's own optimizer applied by the server to the mean delta
@@ -90,12 +99,20 @@ def variant_jobs(task: Task, args: argparse.Namespace) -> dict[str, tuple[dict[s
     diloco = {"strategy": "diloco", "optimizer": "adamw", "lr": args.inner_lr or task.inner_lr,
               "weight_decay": args.weight_decay, "local_steps": args.local_steps or task.local_steps,
               "local_epochs": 0, "server_lr": args.outer_lr, "server_momentum": args.outer_momentum}
+    sparse = {**diloco, "local_steps": args.sparse_local_steps or diloco["local_steps"], "codec": "sparse",
+              "server_lr": args.sparse_outer_lr, "server_momentum": 0.0,
+              "sparse_density": args.density, "sparse_bits": args.bits, "sparse_step_bits": args.step_bits}
     return {
         "sync": (task.sync, False),
         "fedavg": ({}, False),
         "diloco": (diloco, False),
         "diloco-int8": ({**diloco, "codec": "int8"}, True),
         "diloco-int8-no-ef": ({**diloco, "codec": "int8"}, False),
+        "sparse": ({**sparse, "sparse_feedback_decay": 1.0}, True),
+        "sparseloco": ({**sparse, "sparse_density": 64 / 4096, "sparse_bits": 2, "sparse_feedback_decay": 0.95},
+                       True),
+        "demo": ({**sparse, "sparse_density": 1 / 64, "sparse_chunk": 64, "sparse_transform": "dct",
+                  "sparse_bits": 8, "sparse_step_bits": 8}, True),
     }
 
 
@@ -134,13 +151,14 @@ def reach_table(rows: list[dict[str, Any]], histories: dict[str, list[dict[str, 
     for label, key, target, higher in targets:
         hits = {r["strategy"]: first_reach(histories[r["strategy"]], key, target, higher) for r in rows}
         mb = {k: hit["bytes"] / MB if hit else math.nan for k, hit in hits.items()}
+        mb.update({ref: math.nan for ref in REFERENCES if ref not in mb})  # a reference not run
         for name, hit in hits.items():
             out.append({"target": label, "strategy": name, "rounds": hit["round"] if hit else None,
                         "steps": hit["steps"] if hit else math.nan, "mb": mb[name],
                         **{f"x_{ref}": ratio(mb[ref], mb[name]) for ref in REFERENCES}})
     for row in rows:
         for ref in REFERENCES:
-            base = next(r for r in rows if r["strategy"] == ref)
+            base = next((r for r in rows if r["strategy"] == ref), {"total_bytes": math.nan, "upload_bytes": math.nan})
             row[f"total_x_{ref}"] = ratio(base["total_bytes"], row["total_bytes"])
             row[f"upload_x_{ref}"] = ratio(base["upload_bytes"], row["upload_bytes"])
     return out
@@ -153,7 +171,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from gpuflex.simulate import simulate
     from mesh.codec import WireError
 
-    config = with_flags(NodeConfig(), data=[f"shakespeare={SHAKESPEARE}"])  # where the workers read the play
+    config = with_flags(NodeConfig(), data=[f"shakespeare={args.data}"])  # where the workers read the play
 
     task = tasks()[args.task]()
     if args.quick:
@@ -164,7 +182,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     histories: dict[str, list[dict[str, Any]]] = {}
     rows: list[dict[str, Any]] = []
     budget = 0.0
-    for name in ("fedavg", "sync", "diloco", "diloco-int8", "diloco-int8-no-ef"):
+    names = [n for n in ORDER if n in args.variants]
+    for name in ["fedavg", *(n for n in names if n != "fedavg")]:
         overrides, feedback = jobs[name]
         spec = JobSpec.from_dict({**base, **overrides})
         if name == "fedavg":
@@ -172,7 +191,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         elif name == "sync":
             rounds, every = round(budget), task.sync_eval_every
         else:
-            rounds, every = math.ceil(budget / h), 1
+            rounds, every = math.ceil(budget / overrides.get("local_steps", h)), 1
         log(f"{name}: {rounds} rounds on {args.workers} workers")
         start = time.perf_counter()
         try:
@@ -186,14 +205,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             f"{rows[-1]['total_mb']:.1f} MB in {rows[-1]['seconds']:.0f}s")
         if name == "fedavg":  # the compute budget: FedAvg's steps per worker
             budget = sum(r["steps"] for r in history)
-    order = ["sync", "fedavg", "diloco", "diloco-int8", "diloco-int8-no-ef"]
-    rows.sort(key=lambda r: order.index(r["strategy"]))
+    rows.sort(key=lambda r: ORDER.index(r["strategy"]))
     reach = reach_table(rows, histories)
     return {"task": args.task, "reduced": task.reduced, "workers": args.workers, "seed": args.seed,
             "model": base["model"], "data": base["data"], "partition": base["partition"],
             "local_steps": h, "outer_lr": args.outer_lr, "outer_momentum": args.outer_momentum,
             "inner_lr": jobs["diloco"][0]["lr"], "weight_decay": args.weight_decay,
-            "sync_eval_every": task.sync_eval_every, "steps_budget": budget, "rows": rows, "reach": reach,
+            "sync_eval_every": task.sync_eval_every, "steps_budget": budget,
+            "sparse_local_steps": args.sparse_local_steps or h, "sparse_outer_lr": args.sparse_outer_lr,
+            "density": args.density, "bits": args.bits, "step_bits": args.step_bits, "rows": rows, "reach": reach,
             "curves": {k: [{key: v[key] for key in ("round", "loss", "accuracy", "upload_bytes", "download_bytes")}
                            for v in hist] for k, hist in histories.items()}}
 
@@ -206,6 +226,8 @@ def render(r: dict[str, Any]) -> str:
             f"DiLoCo: AdamW lr {r['inner_lr']:g} (weight decay {r['weight_decay']:g}) for H = {r['local_steps']} "
             f"steps, outer Nesterov lr {r['outer_lr']:g} momentum {r['outer_momentum']:g}. "
             f"MB = 10^6 bytes, uploads plus downloads (model or int8 step) of all workers.\n"
+            f"sparse, sparseloco, demo: H = {r['sparse_local_steps']}, outer SGD lr {r['sparse_outer_lr']:g}, "
+            f"density {r['density']:g}, {r['bits']} bits up, {r['step_bits']} bits down (demo: its own).\n"
             f"\"x sync\" / \"x fedavg\": that reference's bytes divided by this strategy's (higher = fewer bytes)."
             + (f"\nsync is evaluated every {every} steps, so its bytes to a target may be overstated by up to "
                f"{every - 1} steps' worth." if every > 1 else ""))
@@ -234,11 +256,23 @@ def main() -> None:
     parser.add_argument("--outer-lr", type=float, default=0.7)
     parser.add_argument("--outer-momentum", type=float, default=0.9)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--variants", default=",".join(ORDER),
+                        help=f"comma-separated strategies to run (fedavg always runs): {', '.join(ORDER)}")
+    parser.add_argument("--density", type=float, default=1 / 64, help="sparse: share of each chunk sent")
+    parser.add_argument("--bits", type=int, default=2, help="sparse: bits per value sent")
+    parser.add_argument("--step-bits", type=int, default=8, help="sparse: bits per value of the step")
+    parser.add_argument("--sparse-outer-lr", type=float, default=1.0, help="sparse: outer SGD lr")
+    parser.add_argument("--sparse-local-steps", type=int, default=0,
+                        help="sparse, sparseloco, demo: H, inner steps per round (default: DiLoCo's)")
+    parser.add_argument("--data", type=Path, default=SHAKESPEARE, help="tinyshakespeare.txt")
     add_json_flag(parser)
     args = parser.parse_args()
     stop_on_sigterm()
-    if args.task == "shakespeare" and not SHAKESPEARE.is_file():
-        parser.exit(2, f"error: --task shakespeare needs {SHAKESPEARE}\n")
+    args.variants = {v.strip() for v in args.variants.split(",") if v.strip()}
+    if unknown := args.variants - set(ORDER):
+        parser.exit(2, f"error: unknown --variants {', '.join(sorted(unknown))}\n")
+    if args.task == "shakespeare" and not args.data.is_file():
+        parser.exit(2, f"error: --task shakespeare needs {args.data} (--data)\n")
     emit(run(args), args.json, render)
 
 

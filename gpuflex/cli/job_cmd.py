@@ -82,25 +82,40 @@ def format_status(js: dict[str, Any]) -> str:
     if js.get("work"):
         lines.extend(format_work(js["work"], js["round"]))
     if js["metrics"]:
-        lines.append(f"{'round':>7} {'loss':>8} {'accuracy':>9} {'train loss':>11} {'nodes':>6} {'time':>7}")
+        lines.append(f"{'round':>7} {'loss':>8} {'accuracy':>9} {'train loss':>11} {'nodes':>6} {'time':>7} "
+                     f"{'up MB':>9} {'down MB':>8}")
         for m in js["metrics"]:
             lines.append(f"{number(m['round'], '>7')} {number(m['loss'], '>8.4f')} {number(m['accuracy'], '>9.4f')} "
                          f"{number(m['train_loss'], '>11.4f')} {number(m['contributors'], '>6')} "
-                         f"{number(m['duration_s'], '>6.1f')}s")
+                         f"{number(m['duration_s'], '>6.1f')}s {number(_mb(m.get('update_bytes')), '>9.3f')} "
+                         f"{number(_mb(m.get('down_bytes')), '>8.3f')}")
+        ups = [m.get("update_bytes") for m in js["metrics"]]
+        downs = [(m.get("down_bytes"), m.get("contributors")) for m in js["metrics"]]
+        if all(isinstance(u, (int, float)) for u in ups) and all(
+                isinstance(d, (int, float)) and isinstance(c, (int, float)) for d, c in downs):
+            lines.append(f"bytes        {number(_mb(sum(ups)), '.3f')} MB of updates up, "  # type: ignore[arg-type]
+                         f"{number(_mb(sum(d * c for d, c in downs)), '.3f')} MB down "  # type: ignore[operator]
+                         "to the contributors (up MB: all members' updates; down MB: what each member "
+                         "downloads, the step or the model)")
     return "\n".join(lines)
+
+
+def _mb(value: object) -> float | None:
+    return value / 1e6 if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
 def format_work(rows: list[dict[str, Any]], round_: int) -> list[str]:
     """Round ``round_``'s work per member: its device, local steps, samples per second and
     share of the round's compute (each member's training seconds over everyone's)."""
     lines = [f"work         round {round_}",
-             f"  {'member':<10} {'device':<28} {'samples':>8} {'steps':>6} {'samples/s':>10} {'train s':>8} {'share':>6}"]
+             f"  {'member':<10} {'device':<28} {'samples':>8} {'steps':>6} {'samples/s':>10} {'train s':>8} {'share':>6} "
+             f"{'sent MB':>8}"]
     for row in rows:
         share = row.get("compute_share")
         lines.append(f"  {short(text(row.get('peer', '?'), 80)):<10} {text(row.get('device') or '-', 28):<28} "
                      f"{number(row.get('samples'), '>8')} {number(row.get('steps'), '>6')} "
                      f"{number(row.get('samples_per_s'), '>10.1f')} {number(row.get('compute_s'), '>8.2f')} "
-                     f"{number(share, '>6.0%')}")
+                     f"{number(share, '>6.0%')} {number(_mb(row.get('update_bytes')), '>8.3f')}")
     return lines
 
 

@@ -36,7 +36,7 @@ from gpuflex.node.messages import (
     Plan,
 )
 from gpuflex.node.models import Models
-from gpuflex.node.pipeline import DeltaEncoder
+from gpuflex.node.pipeline import RESIDUAL_FILE, DeltaEncoder
 from gpuflex.node.policy import Reports
 from gpuflex.node.port import JobPort, Trainer, TrainerFactory
 from gpuflex.node.prepare import Preparation, load_trainer
@@ -81,8 +81,8 @@ class JobDriver:
         self.models = Models(port, book)
         self.coordinator = Coordinator(port, book, own_samples=self._own_samples, start_roles=self._start_roles)
         self.leader = Leader(port, book, reports)
-        self.member = Member(port, book, DeltaEncoder(info.spec), faults, self.models.load, self.trainer,
-                             fold_own=self.leader.fold_own)
+        self.member = Member(port, book, DeltaEncoder(info.spec, residual_path=book.dir / RESIDUAL_FILE), faults,
+                             self.models.load, self.trainer, fold_own=self.leader.fold_own)
         self.root = Root(port, book, self.models.load, self.trainer)
         self.applier = ResultApplier(port, book, self.models, reports)
         self._handlers: dict[str, Callable[[Inbound], Awaitable[Any]]] = {

@@ -18,7 +18,8 @@ from gpuflex.node.selection import best_result
 from gpuflex.plot import plot_metrics
 from mesh.fsutil import atomic_write, atomic_write_text
 
-METRIC_COLUMNS = ("round", "loss", "accuracy", "train_loss", "contributors", "duration_s")
+METRIC_COLUMNS = ("round", "loss", "accuracy", "train_loss", "contributors", "duration_s", "update_bytes",
+                  "down_bytes")
 
 
 class ModelWriter(Protocol):

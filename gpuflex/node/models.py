@@ -63,6 +63,46 @@ class Models:
                          res.round, exc)
         await self.load(res.model_hash, [res.coordinator])
 
+    async def hold_head(self, results: list[Result], providers: list[str]) -> None:
+        """Hold the model the last of ``results`` (a verified chain) commits. A node that is a
+        few rounds behind replays the steps it missed from the newest model it holds, as long
+        as their bytes stay below the model's; otherwise (or if a step fails) it downloads
+        the model."""
+        blobs = self.port.blobs
+        head = results[-1]
+        start = next((i for i in range(len(results) - 1, -1, -1) if blobs.has(results[i].base_hash)), None)
+        if not blobs.has(head.model_hash) and start is not None and all(x.step_hash for x in results[start:]):
+            budget, fetched = blobs.size(results[start].base_hash), 0
+            try:
+                for res in results[start:]:
+                    assert res.step_hash is not None
+                    await self.port.fetch_blob(res.step_hash, [*providers, res.coordinator], timeout=STEP_FETCH_S)
+                    fetched += blobs.size(res.step_hash)
+                    if fetched >= budget:
+                        log.info("round %d: the missed steps cost more than the model; downloading it", res.round)
+                        break
+                    parts = await self.port.offload(self._replay, res)
+                    if parts_hash(parts) != res.model_hash:
+                        log.warning("round %d: the model rebuilt from the step does not match %s; "
+                                    "downloading the head model", res.round, res.model_hash[:12])
+                        break
+                    blobs.put_parts(parts)
+                    self.book.status.replayed_step()
+            except (BlobError, WireError, OSError) as exc:
+                log.info("replaying missed steps failed (%s); downloading the model", exc)
+            self._discard_replayed(results[start:-1])
+        await self.load(head.model_hash, providers)
+
+    def _discard_replayed(self, passed: list[Result]) -> None:
+        """The models (and steps) a catch-up replay went through and no longer needs."""
+        keep = {x.model_hash for x in self.book.ledger.results[-MODELS_KEPT:]} | self.port.blobs_in_use()
+        for x in passed[:-1]:
+            for digest in {x.model_hash, x.step_hash or ""} - keep - {""}:
+                try:
+                    self.port.blobs.discard(digest)
+                except OSError as exc:
+                    log.warning("could not delete a replayed model %s: %s", digest[:12], exc)
+
     def _replay(self, res: Result) -> list[memoryview]:
         assert res.step_hash is not None
         params, state = unpack_model(self.port.blobs.read(res.base_hash, verify=True))

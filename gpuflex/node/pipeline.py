@@ -1,7 +1,7 @@
 """How a delta is prepared by a member and combined by a leader: the job's aggregation pipeline.
 
 The round driver only moves bytes and signatures; everything about the numbers lives here:
-the wire codec (none, fp16, int8, top-k), client-side DP (clip, then Gaussian noise), secure
+the wire codec (none, fp16, int8, top-k, sparse), client-side DP (clip, then Gaussian noise), secure
 aggregation masks, and the reducer a collector folds updates into: a streaming weighted mean
 by default, or a buffering reducer that applies norm bounding and a robust rule (median,
 trimmed mean, Krum, centered clipping) once all inputs are in. Keeping this seam narrow lets
@@ -11,6 +11,7 @@ the job file choose the math without touching the protocol.
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
@@ -18,13 +19,15 @@ import numpy as np
 from aggregation.clipping import norm_bound
 from aggregation.compression import Codec, ErrorFeedback, decode_delta, make_codec
 from aggregation.dp import add_gaussian_noise, clip_to_norm
+from aggregation.encoded import EncodedDelta
 from aggregation.errors import AggregationError
 from aggregation.robust import Rule, make_rule
 from aggregation.scaffold import Scaffold
 from aggregation.secagg import default_threshold
 from aggregation.server_opt import ServerOptimizer, make_server_optimizer
+from aggregation.sparse import SparseVector, Transform, decode_sparse, encode_nonzero
 from aggregation.weighted import WeightedAccumulator
-from gpuflex.node.modelblob import unpack_delta
+from gpuflex.node.modelblob import pack_delta, unpack_delta
 from gpuflex.node.secure import (
     GroupContext,
     SecAggMember,
@@ -34,6 +37,7 @@ from gpuflex.node.secure import (
 )
 from gpuflex.plugins import is_plugin_path, load_callable
 from mesh.codec import WireError
+from mesh.fsutil import atomic_write
 
 if TYPE_CHECKING:
     from gpuflex.jobspec import JobSpec
@@ -41,6 +45,8 @@ if TYPE_CHECKING:
     from mesh.identity import Identity
 
 log = logging.getLogger("gpuflex.pipeline")
+#: A member's error-feedback residual, in its job's directory.
+RESIDUAL_FILE = "residual.f32"
 #: Secure aggregation clips each coordinate to this range (wider under DP, whose noise is large).
 SECAGG_RANGE = 4.0
 
@@ -58,7 +64,7 @@ class Reducer(Protocol):
 
 def _require_plain(vector: object, reporter: str) -> None:
     """A masked update can only be unmasked by its own group's leader, never after failover."""
-    if not isinstance(vector, np.ndarray):
+    if not isinstance(vector, (np.ndarray, SparseVector)):
         raise WireError("round", f"masked update from {reporter[-8:]} reached a node outside its group")
 
 
@@ -74,7 +80,10 @@ class MeanReducer:
 
     def add(self, vector: np.ndarray, weight: float, reporter: str) -> None:
         _require_plain(vector, reporter)
-        self._acc.add(vector, weight)
+        if isinstance(vector, SparseVector):  # summed as it is, never expanded to a dense copy
+            self._acc.add_sparse(vector.size, vector.index, vector.values, weight)
+        else:
+            self._acc.add(vector, weight)
 
     def result(self) -> np.ndarray:
         return self._acc.result()
@@ -106,6 +115,8 @@ class RobustReducer:
 
     def add(self, vector: np.ndarray, weight: float, reporter: str) -> None:
         _require_plain(vector, reporter)
+        if isinstance(vector, SparseVector):  # a robust rule needs every input whole
+            vector = vector.dense()
         if not np.all(np.isfinite(vector)):
             raise WireError("garbled", f"update from {reporter[-8:]} has non-finite values")
         if self.vectors and vector.shape != self.vectors[0].shape:
@@ -201,14 +212,34 @@ class DeltaEncoder:
     could regenerate from the job seed would protect nothing.
     """
 
-    def __init__(self, spec: JobSpec, rng: np.random.Generator | None = None) -> None:
+    def __init__(self, spec: JobSpec, rng: np.random.Generator | None = None,
+                 residual_path: Path | None = None) -> None:
         self.spec = spec
-        self.codec = make_codec(spec.codec) if spec.codec != "none" else None
+        self.codec = job_codec(spec)
         # What a lossy codec drops (top-k most of all) is sent in a later round instead of
         # lost; the residual stays on this node and follows the DP noise, never the raw delta.
-        self.feedback = ErrorFeedback(self.codec) if self.codec is not None and spec.error_feedback else None
+        decay = spec.sparse_feedback_decay if spec.codec == "sparse" else 1.0
+        self.feedback = ErrorFeedback(self.codec, decay) if self.codec is not None and spec.error_feedback else None
+        # Saved after every update, atomically, so a restarted member still sends what it
+        # held back (a sparse codec holds back most of each update).
+        self.residual_path = residual_path if self.feedback is not None else None
+        self._restore_residual()
         self.rng = rng or np.random.default_rng()
         self.last_clip_scale = 1.0
+
+    def _restore_residual(self) -> None:
+        path = self.residual_path
+        if self.feedback is None or path is None or not path.is_file():
+            return
+        try:
+            data = path.read_bytes()
+        except OSError as exc:
+            log.warning("could not read the error-feedback residual %s (%s); starting without it", path, exc)
+            return
+        if len(data) % 4 or not data:
+            log.warning("error-feedback residual %s is damaged; starting without it", path)
+            return
+        self.feedback.restore(unpack_delta(data, len(data) // 4).copy())
 
     def privatize(self, delta: np.ndarray) -> np.ndarray:
         """Clip to dp_clip and add N(0, (z * dp_clip)^2) per coordinate, when DP is on."""
@@ -227,8 +258,54 @@ class DeltaEncoder:
         if self.feedback is not None:
             if self.feedback.residual is not None and self.feedback.residual.size != delta.size:
                 self.feedback.reset()
-            return self.feedback.compress(delta).to_bytes()
+            out = self.feedback.compress(delta).to_bytes()
+            if self.residual_path is not None and self.feedback.residual is not None:
+                atomic_write(self.residual_path, pack_delta(self.feedback.residual))
+            return out
         return self.codec.encode(delta).to_bytes()
+
+
+def job_codec(spec: JobSpec) -> Codec | None:
+    """The codec a member encodes its update with, with the job's settings; None for raw."""
+    if spec.codec == "none":
+        return None
+    if spec.codec == "sparse":
+        return make_codec("sparse", density=spec.sparse_density, bits=spec.sparse_bits,
+                          chunk=spec.sparse_chunk, transform=spec.sparse_transform)
+    return make_codec(spec.codec)
+
+
+def _job_transform(spec: JobSpec) -> Transform:
+    return Transform.DCT if spec.sparse_transform == "dct" else Transform.NONE
+
+
+def decode_sparse_payload(spec: JobSpec, payload: bytes, size: int) -> SparseVector:
+    """A sparse update or partial, checked, in the job's transform domain (where leaders and
+    the root sum: the DCT is linear, so the sum of coefficients is the coefficients of the sum)."""
+    try:
+        vec, transform, chunk = decode_sparse(EncodedDelta.from_bytes(payload))
+    except AggregationError as exc:
+        raise WireError("garbled", f"sparse delta could not be decoded: {exc}") from None
+    if vec.size != size or chunk != spec.sparse_chunk or transform is not _job_transform(spec):
+        raise WireError("garbled", f"sparse delta has size {vec.size}, chunk {chunk}, transform {transform.name}; "
+                        f"the job needs {size}, {spec.sparse_chunk}, {spec.sparse_transform}")
+    return vec
+
+
+def pack_partial(spec: JobSpec, avg: np.ndarray) -> bytes:
+    """A group's partial for the wire: under codec = "sparse" only its nonzeros (float32,
+    lossless), else every value as float32."""
+    if spec.codec == "sparse":
+        return encode_nonzero(avg, 32, spec.sparse_chunk, _job_transform(spec)).to_bytes()
+    return pack_delta(avg)
+
+
+def unpack_partial(spec: JobSpec, payload: bytes, size: int) -> np.ndarray:
+    """``pack_partial`` undone, checked against the model's ``size`` (a SparseVector under
+    codec = "sparse", which the reducers take as it is)."""
+    if spec.codec == "sparse":
+        return decode_sparse_payload(spec, payload, size)  # type: ignore[return-value]
+    return unpack_delta(payload, size)
 
 
 def secagg_member(spec: JobSpec, identity: Identity, plan: Plan) -> SecAggMember | None:
@@ -249,8 +326,16 @@ def decode_payload(spec: JobSpec, payload: bytes, size: int) -> np.ndarray:
         return decode_masked(payload, size)  # type: ignore[return-value]
     if spec.codec == "none":
         return unpack_delta(payload, size)
+    if spec.codec == "sparse":
+        return decode_sparse_payload(spec, payload, size)  # type: ignore[return-value]
     try:
-        vec = decode_delta(payload)
+        enc = EncodedDelta.from_bytes(payload)
+        # The job's codec and the model's size, checked before decoding: a codec that names
+        # its size (top-k, sparse) must not make a leader allocate whatever size it claims.
+        if enc.codec != spec.codec or enc.size != size:
+            raise WireError("garbled", f"delta is {enc.codec!r} of {enc.size} values; the job needs "
+                            f"{spec.codec!r} of {size}")
+        vec = decode_delta(enc)
     except AggregationError as exc:
         raise WireError("garbled", f"delta could not be decoded: {exc}") from None
     if vec.size != size or not np.all(np.isfinite(vec)):
@@ -259,16 +344,23 @@ def decode_payload(spec: JobSpec, payload: bytes, size: int) -> np.ndarray:
 
 
 #: Codecs whose output members can replay: the averaged step travels in them instead of the model.
-STEP_CODECS = ("fp16", "int8")
+STEP_CODECS = ("fp16", "int8", "sparse")
 
 
-def step_codec(spec: JobSpec) -> Codec | None:
-    """The codec the committed step travels in, or None when members download the model.
+def encode_step(spec: JobSpec, avg: np.ndarray) -> bytes | None:
+    """The committed step for the wire, or None when members download the model.
 
-    Top-k is left out on purpose: a sparse average with no error feedback at the root would
-    drop most of every round's progress.
+    Under codec = "sparse" the average of sparse updates is itself sparse (the union of what
+    members sent): every nonzero travels, its value at ``sparse_step_bits``, so the step is
+    about members x density of the model, never the whole of it. Top-k is left out on
+    purpose: a top-k of the average with no error feedback at the root would drop most of
+    every round's progress.
     """
-    return make_codec(spec.codec) if spec.codec in STEP_CODECS else None
+    if spec.codec == "sparse":
+        return encode_nonzero(avg, spec.sparse_step_bits, spec.sparse_chunk, _job_transform(spec)).to_bytes()
+    if spec.codec in STEP_CODECS:
+        return make_codec(spec.codec).encode(np.ascontiguousarray(avg, dtype=np.float32)).to_bytes()
+    return None
 
 
 def outer_step(spec: JobSpec, params: np.ndarray, state: dict[str, np.ndarray],
@@ -280,10 +372,8 @@ def outer_step(spec: JobSpec, params: np.ndarray, state: dict[str, np.ndarray],
     quarter (int8) of the model's bytes, optimizer state included, and checks it against the
     model hash in the signed result. The step is defined by what the members can replay.
     """
-    codec = step_codec(spec)
-    step: bytes | None = None
-    if codec is not None:
-        step = codec.encode(np.ascontiguousarray(avg, dtype=np.float32)).to_bytes()
+    step = encode_step(spec, avg)
+    if step is not None:
         avg = decode_delta(step)
     new_params, new_state = server_optimizer(spec).step(params, avg, state)
     return new_params, new_state, step
@@ -291,13 +381,17 @@ def outer_step(spec: JobSpec, params: np.ndarray, state: dict[str, np.ndarray],
 
 def replay_step(spec: JobSpec, params: np.ndarray, state: dict[str, np.ndarray],
                 step: bytes) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-    """A member's side of ``outer_step``: the new model from the previous one and the step."""
+    """A member's side of ``outer_step``: the new model from the previous one and the step.
+
+    The step's size is checked against the model before it is decoded: a sparse step names
+    its size, and a dense vector of a size it merely claims must never be allocated."""
     try:
-        avg = decode_delta(step)
+        enc = EncodedDelta.from_bytes(step)
+        if enc.size != update_size(spec, params.size):
+            raise WireError("garbled", f"committed step has {enc.size} values, the model {params.size}")
+        avg = decode_delta(enc)
     except AggregationError as exc:
         raise WireError("garbled", f"committed step could not be decoded: {exc}") from None
-    if avg.size != update_size(spec, params.size):
-        raise WireError("garbled", f"committed step has {avg.size} values, the model {params.size}")
     return server_optimizer(spec).step(params, avg, state)
 
 

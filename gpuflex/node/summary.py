@@ -11,7 +11,7 @@ from gpuflex.node.state import JobBook
 from gpuflex.privacy import epsilon_spent
 
 #: The per-round metrics the summary lists (and exports write as columns).
-METRIC_KEYS = ("loss", "accuracy", "train_loss", "contributors", "duration_s")
+METRIC_KEYS = ("loss", "accuracy", "train_loss", "contributors", "duration_s", "update_bytes", "down_bytes")
 #: Members a summary lists by id (``member_count`` says how many there are): a job's member
 #: list comes from its publisher, and a status line must stay small however long it is.
 LISTED_MEMBERS = 64

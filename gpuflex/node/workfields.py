@@ -17,12 +17,14 @@ from mesh.codec import WireError
 #: A plan asks no member for more local steps than this, nor for a longer compute budget.
 MAX_PLANNED_STEPS = 1_000_000
 MAX_BUDGET_S = 86_400.0
+#: Bytes of one encoded update a result may record (far above any model a node can hold).
+MAX_UPDATE_BYTES = 1e13
 #: A member's device description in its update is cut to this many characters.
 DEVICE_CHARS = 64
 #: The per-member work figures a result's contributor rows carry, each with the bound a
 #: reader holds it to.
 WORK_BOUNDS: dict[str, float] = {"steps": MAX_PLANNED_STEPS, "compute_s": 1e6, "samples_per_s": 1e9,
-                                 "compute_share": 1.0}
+                                 "compute_share": 1.0, "update_bytes": MAX_UPDATE_BYTES}
 
 
 def _number(value: object, high: float) -> TypeGuard[float]:
@@ -70,5 +72,5 @@ def contributor_work(row: Mapping[str, Any]) -> dict[str, Any]:
     for key, high in WORK_BOUNDS.items():
         value = row.get(key)
         if _number(value, high):
-            out[key] = int(value) if key == "steps" else float(value)
+            out[key] = int(value) if key in ("steps", "update_bytes") else float(value)
     return out

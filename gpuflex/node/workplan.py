@@ -31,8 +31,9 @@ import numpy as np
 
 from aggregation.errors import AggregationError
 from aggregation.fednova import effective_norm, normalise, step_norm
+from aggregation.sparse import SparseVector
 from gpuflex.node.messages import Plan, Update
-from gpuflex.node.workfields import MAX_PLANNED_STEPS
+from gpuflex.node.workfields import MAX_PLANNED_STEPS, MAX_UPDATE_BYTES
 from mesh.codec import WireError
 
 if TYPE_CHECKING:
@@ -163,7 +164,10 @@ def fold_vector(spec: JobSpec, plan: Plan, up: Update, vector: np.ndarray) -> np
     """What a leader folds for ``up``: its delta, divided by its step norm under FedNova."""
     if not spec.uses_fednova:
         return vector
-    return normalise(vector, norm_of(spec, checked_steps(spec, plan, up)))
+    norm = norm_of(spec, checked_steps(spec, plan, up))
+    if isinstance(vector, SparseVector):
+        return SparseVector(vector.size, vector.index, normalise(vector.values, norm))  # type: ignore[return-value]
+    return normalise(vector, norm)
 
 
 def effective_steps_norm(spec: JobSpec, plan: Plan, updates: Sequence[Update]) -> float:
@@ -188,11 +192,12 @@ def _figure(metrics: Mapping[str, object], key: str, high: float) -> float:
 
 def member_work(updates: Sequence[Update]) -> dict[str, dict[str, object]]:
     """Per contributor, what the round's result records of its work: its device, the local
-    steps it took, its training seconds and throughput, and its share of the round's compute
-    (its seconds over everyone's)."""
+    steps it took, its training seconds and throughput, its share of the round's compute
+    (its seconds over everyone's) and the bytes of its encoded update (as it signed them)."""
     seconds = {u.peer: _figure(u.metrics, "seconds", 1e6) for u in updates}
     total = sum(seconds.values())
     return {u.peer: {"device": u.device, "steps": u.steps, "compute_s": round(seconds[u.peer], 3),
                      "samples_per_s": round(_figure(u.metrics, "samples_per_s", MAX_RATE), 1),
+                     "update_bytes": int(_figure(u.metrics, "update_bytes", MAX_UPDATE_BYTES)),
                      "compute_share": round(seconds[u.peer] / total, 4) if total > 0 else 0.0}
             for u in updates}

@@ -80,3 +80,37 @@ def test_int8_diloco_members_rebuild_each_model_and_results_export_to_plain_torc
     assert described["best"] == {"round": best["round"], "model_hash": best["model_hash"]}
     assert blob_hash((out / "model.blob").read_bytes()) == best["model_hash"]
     assert (out / "last" / "model.pt").exists() == (best is not rows[-1])
+
+
+def test_sparse_codec_members_rebuild_each_model_from_the_sparse_step(mesh_factory) -> None:
+    """codec = "sparse" on real nodes in groups of two: updates, partials and the step travel
+    sparse, and every node that did not commit a round rebuilt its model from the step and
+    holds the same hash as the others."""
+    mesh = mesh_factory(4)
+    mesh.start(timeout=120)
+    mesh.wait_connected(60)
+    job = mesh.submit(digits_spec(rounds=3, group_size=2, local_epochs=0, local_steps=10, strategy="diloco",
+                                  optimizer="adamw", lr=3e-3, server_lr=1.0, server_momentum=0.0,
+                                  codec="sparse", sparse_chunk=256, sparse_density=1 / 32, sparse_bits=2))
+    mesh.wait_job(job, [0, 1, 2, 3], timeout=240)
+
+    rows = mesh.call(0, "ledger", {"job": job})
+    assert len(rows) == 3
+    for i in range(4):
+        status = mesh.job(i, job)
+        assert status["model_hash"] == rows[-1]["model_hash"]
+        me = mesh.call(i, "status")["peer_id"]
+        assert status["steps_replayed"] == sum(r["coordinator"] != me for r in rows)
+        # what this member's top-k held back is on disk, for the next update after a restart
+        assert (mesh.home(i) / "jobs" / job / "residual.f32").is_file()
+    assert any(len(r["contributors"]) == 4 for r in rows)
+    # The bytes each round moved are in the ledger and in job status: every member's signed
+    # update size, and the step each member downloads, both a small share of the model.
+    model_bytes = (mesh.home(0) / "blobs" / rows[-1]["model_hash"]).stat().st_size
+    status = mesh.job(0, job)
+    for row, m in zip(rows, status["metrics"], strict=True):
+        sent = [c["update_bytes"] for c in row["contributors"]]
+        assert all(0 < b < model_bytes / 10 for b in sent)
+        assert m["update_bytes"] == row["metrics"]["update_bytes"] == sum(sent)
+        assert 0 < m["down_bytes"] < model_bytes / 4
+    assert all(0 < w["update_bytes"] < model_bytes / 10 for w in status["work"])

@@ -141,7 +141,7 @@ class ResultApplier:
                 if not prefer_chain(book.ledger.results, results):
                     return False
                 forked = same < len(ours)
-                await self.models.load(results[-1].model_hash, [peer, results[-1].coordinator])
+                await self.models.hold_head(results, [peer, results[-1].coordinator])
                 book.ledger.replace(frames, results)
                 self.reports.write_recovered(book.committed)
                 if forked:

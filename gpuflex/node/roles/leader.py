@@ -25,8 +25,7 @@ from gpuflex.node.messages import (
     parse_update,
     walk_contributions,
 )
-from gpuflex.node.modelblob import pack_delta, unpack_delta
-from gpuflex.node.pipeline import decode_payload, make_reducer
+from gpuflex.node.pipeline import decode_payload, make_reducer, pack_partial, unpack_partial
 from gpuflex.node.policy import Reports
 from gpuflex.node.port import JobPort
 from gpuflex.node.secure import SecAggReducer, collect_answers
@@ -116,7 +115,8 @@ class Leader:
             raise WireError("round", f"partial from {part.leader[-8:]} covers the wrong contributions")
         if any(u.base_hash != col.plan.base_hash for u in ups):
             raise WireError("round", "partial mixes updates from another base model")
-        col.add_partial(part, unpack_delta(msg.payload, len(msg.payload) // 4), ups)
+        col.add_partial(part, unpack_partial(self.book.spec, msg.payload,
+                                             ups[0].delta_size if ups else len(msg.payload) // 4), ups)
         self.port.emit(EventKind.PARTIAL_VERIFIED, part.round, part.leader, message=(
             f"round {part.round}: partial from {part.leader[-8:]} verified ({len(ups)} updates)"))
 
@@ -166,7 +166,7 @@ class Leader:
             self.port.emit(EventKind.PARTIAL_FAILED, plan.round, message=(
                 f"round {plan.round}: nothing left to send after secure aggregation failed"))
             return
-        payload = pack_delta(reduced.avg)
+        payload = pack_partial(self.book.spec, reduced.avg)
         body: dict[str, Any] = {
             "job": self.book.job_id, "round": plan.round, "attempt": plan.attempt, "leader": self.book.me,
             "samples": reduced.samples, "delta_hash": blob_hash(payload),

@@ -166,7 +166,8 @@ class Member:
         trained = seal_update(
             self.port.identity, payload, job=book.job_id, round=r, peer=book.me, base_hash=plan.base_hash,
             plan=plan.digest, samples=samples, delta_hash=blob_hash(payload), delta_size=int(np.asarray(delta).size),
-            metrics={k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))},
+            metrics={**{k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))},
+                     "update_bytes": float(len(payload))},
             **({"device": book.device} if book.device else {}))
         self.cached = {k: v for k, v in self.cached.items() if k[0] >= r}
         self.cached[key] = trained

@@ -51,7 +51,8 @@ class Root:
             avg = avg * np.float32(effective_steps_norm(spec, plan, contributions))
         params, state = await self._load_model(plan.base_hash, [])
         new_params, new_state, step = await port.offload(outer_step, spec, params, state, avg)
-        model_hash = port.blobs.put_parts(model_parts(new_params, new_state))
+        parts = model_parts(new_params, new_state)
+        model_hash = port.blobs.put_parts(parts)
         step_hash = port.blobs.put(step) if step is not None else None
         evaluation = await port.offload(self._trainer().evaluate, new_params)
         total = sum(u.samples for u in contributions)
@@ -60,6 +61,11 @@ class Root:
             **{k: float(v) for k, v in evaluation.items()}, "train_loss": float(train_loss),
             "contributors": len(contributions), "samples": total,
             "duration_s": round(port.clock.since_wall(plan.issued), 3)}
+        # Bytes on the wire this round: every member's encoded update, and what each member
+        # that did not commit downloads to hold the model (the step, or else the model).
+        work = member_work(contributions)
+        metrics["update_bytes"] = sum(int(w["update_bytes"]) for w in work.values())  # type: ignore[call-overload]
+        metrics["down_bytes"] = len(step) if step is not None else sum(len(p) for p in parts)
         if spec.uses_dp:
             metrics["epsilon"] = round(epsilon_spent(spec, plan.round), 4)
         if plan.prev_result != book.ledger.head:
@@ -69,7 +75,6 @@ class Root:
                      plan.attempt)
             return
         present = {u.peer for u in contributions}
-        work = member_work(contributions)
         frame = seal(port.identity, RESULT, {
             "job": book.job_id, "round": plan.round, "attempt": plan.attempt, "coordinator": book.me,
             "prev_result": book.ledger.head, "base_hash": plan.base_hash, "model_hash": model_hash,

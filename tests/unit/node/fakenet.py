@@ -132,6 +132,9 @@ class MemBlobs:
     def has(self, digest: str) -> bool:
         return digest in self.data
 
+    def size(self, digest: str) -> int:
+        return len(self.read(digest))
+
     def discard(self, digest: str) -> bool:
         return self.data.pop(digest, None) is not None
 

@@ -101,13 +101,16 @@ def test_implausible_rates_are_unknown(value: object) -> None:
 def test_member_work_shares_the_rounds_compute() -> None:
     from types import SimpleNamespace
 
-    ups = [SimpleNamespace(peer=A, device="cpu", steps=10, metrics={"seconds": 3.0, "samples_per_s": 100.0}),
+    ups = [SimpleNamespace(peer=A, device="cpu", steps=10, metrics={"seconds": 3.0, "samples_per_s": 100.0,
+                                                                    "update_bytes": 5120.0}),
            SimpleNamespace(peer=B, device="gpu", steps=90, metrics={"seconds": 1.0, "samples_per_s": 2880.0}),
-           SimpleNamespace(peer=C, device="", steps=1, metrics={"seconds": "x", "samples_per_s": math.inf})]
+           SimpleNamespace(peer=C, device="", steps=1, metrics={"seconds": "x", "samples_per_s": math.inf,
+                                                                 "update_bytes": -3.0})]
     work = member_work(ups)  # type: ignore[arg-type]
-    assert work[A] == {"device": "cpu", "steps": 10, "compute_s": 3.0, "samples_per_s": 100.0, "compute_share": 0.75}
-    assert work[B]["compute_share"] == 0.25
-    assert work[C]["compute_s"] == 0.0 and work[C]["samples_per_s"] == 0.0
+    assert work[A] == {"device": "cpu", "steps": 10, "compute_s": 3.0, "samples_per_s": 100.0, "compute_share": 0.75,
+                       "update_bytes": 5120}
+    assert work[B]["compute_share"] == 0.25 and work[B]["update_bytes"] == 0  # an update that does not say
+    assert work[C]["compute_s"] == 0.0 and work[C]["samples_per_s"] == 0.0 and work[C]["update_bytes"] == 0
 
 
 def test_local_work_without_a_budget_leaves_it_to_the_job() -> None:

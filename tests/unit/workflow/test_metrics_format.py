@@ -124,3 +124,22 @@ def test_job_status_shows_each_members_work_in_the_last_round() -> None:
     assert "120" in fast and "3840.0" in fast and "50%" in fast
     old = next(line for line in lines if "200" in line and "H100" not in line and "CPU" not in line)
     assert old.split()[-4:] == ["-", "-", "-", "-"]  # a round that recorded no work
+
+
+def test_job_status_shows_the_bytes_each_round_moved() -> None:
+    from gpuflex.cli.job_cmd import format_status
+
+    row = {"loss": 1.0, "accuracy": 0.5, "train_loss": 1.2, "contributors": 3, "duration_s": 2.0}
+    js = {"job_id": "j1", "name": "digits", "state": "running", "round": 2, "rounds": 8, "phase": "train",
+          "coordinator": "12D3KooWAAAAAAAA", "is_coordinator": False, "role": "member", "members": [],
+          "metrics": [{**row, "round": 1, "update_bytes": 3_000_000, "down_bytes": 500_000},
+                      {**row, "round": 2, "update_bytes": 1_500_000, "down_bytes": 250_000}],
+          "work": [{"peer": "12D3KooWFastFast", "samples": 337, "device": "cpu", "steps": 10,
+                    "samples_per_s": 1.0, "compute_s": 1.0, "compute_share": 1.0, "update_bytes": 500_000}]}
+    lines = format_status(js).splitlines()
+    assert lines[next(i for i, line in enumerate(lines) if "up MB" in line) + 1].split()[-2:] == ["3.000", "0.500"]
+    assert next(line for line in lines if "cpu" in line).split()[-1] == "0.500"
+    total = next(line for line in lines if line.startswith("bytes"))
+    assert "4.500 MB of updates up" in total and "2.250 MB down" in total  # 0.5 x 3 + 0.25 x 3
+    js["metrics"][0].pop("update_bytes")  # a round from a node that did not record bytes
+    assert not any(line.startswith("bytes") for line in format_status(js).splitlines())
