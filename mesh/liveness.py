@@ -55,6 +55,9 @@ register_kind(PING_REQ, 512)
 PROBES_PER_PERIOD, MAX_PROBES_PER_PERIOD, KEEP_FRESH_S = 2, 8, 6.0
 #: Peers asked to probe a peer that did not answer this node.
 INDIRECT_HELPERS = 2
+#: A ping waits this many smoothed round trips (at least ``ping_timeout_s``, at most
+#: ``MAX_TIMEOUT_FACTOR`` times it).
+RTT_FACTOR, MAX_TIMEOUT_FACTOR = 4.0, 4.0
 #: Direct-then-indirect rounds, a period apart, before a peer is suspected.
 PROBE_ROUNDS = 2
 #: Newly learnt peers checked per period, and down peers looked at per period.
@@ -255,7 +258,7 @@ class Liveness:
             self._redialling.add(peer)  # now, not when the task starts: one redial at a time
             self._nursery.start_soon(self.redial, peer)
         # A new stream costs a few round trips more than a ping: it gets its own allowance.
-        with trio.move_on_after(self.config.ping_timeout_s * (2 if stream is None else 1)):
+        with trio.move_on_after(self.timeout(peer) * (2 if stream is None else 1)):
             try:
                 if stream is None:
                     stream = await self.node.open(peer, PING_PROTOCOL, self.config.ping_timeout_s)
@@ -273,6 +276,15 @@ class Liveness:
         if dropped is not None and self._nursery is not None:
             self._nursery.start_soon(_reset, dropped[0])
         return False
+
+    def timeout(self, peer: str) -> float:
+        """A ping's timeout: ``ping_timeout_s``, or ``RTT_FACTOR`` times the peer's smoothed
+        round trip where that is longer (as TCP's retransmit timeout follows its RTT), up to
+        ``MAX_TIMEOUT_FACTOR`` times the setting: a loaded machine answers slowly, not never."""
+        rec = self.node.peers.get(peer)
+        rtt_s = (rec.rtt_ms or 0.0) / 1000 if rec is not None else 0.0
+        base = self.config.ping_timeout_s
+        return min(base * MAX_TIMEOUT_FACTOR, max(base, RTT_FACTOR * rtt_s))
 
     async def redial(self, peer: str) -> None:
         """One redial of ``peer`` at a time, spaced by ``PeerBackoff`` after failures."""
@@ -296,7 +308,7 @@ class Liveness:
         async def ask(helper: str) -> None:
             nonlocal reached
             try:
-                reply = await self.node.request(helper, frame, timeout=self.config.ping_timeout_s * 2)
+                reply = await self.node.request(helper, frame, timeout=self.timeout(peer) * 3)
             except SendError as exc:
                 log.debug("indirect probe of %s via %s failed: %s", peer[-8:], helper[-8:], exc)
                 return

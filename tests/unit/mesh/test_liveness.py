@@ -311,6 +311,17 @@ async def test_a_rumour_about_a_peer_still_connected_is_checked_first(autojump_c
         assert host.peers.get(slow).state == UP  # type: ignore[union-attr]
 
 
+def test_a_ping_waits_longer_for_a_peer_whose_round_trips_are_long() -> None:
+    host = Host(Net(), [])
+    live = Liveness(host, CFG)
+    host.peers.seen("fast", rtt_ms=5.0)
+    host.peers.seen("slow", rtt_ms=1500.0)
+    host.peers.seen("stuck", rtt_ms=60_000.0)
+    assert live.timeout("fast") == CFG.ping_timeout_s
+    assert live.timeout("slow") == 6.0
+    assert live.timeout("stuck") == 4 * CFG.ping_timeout_s
+
+
 async def test_only_a_node_back_in_its_mesh_announces_itself_alive(autojump_clock) -> None:
     """A first-time node is a stranger everywhere (a rumour about a stranger is dropped), so its
     alive announcements would only cost every node copies when a whole mesh starts; a node that
