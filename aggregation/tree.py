@@ -20,7 +20,7 @@ from aggregation.weighted import WeightedAccumulator
 ParentMap = dict[str, str | None]
 
 
-def _cut(nodes: list[str], group_size: int) -> list[list[str]]:
+def cut_groups(nodes: list[str], group_size: int) -> list[list[str]]:
     """Split ``nodes`` into ceil(n/g) consecutive groups whose sizes differ by at most one.
 
     Balanced sizes avoid a trailing group of one, whose leader would only add
@@ -55,7 +55,7 @@ def build_tree(members: Sequence[str], group_size: int, root: str) -> ParentMap:
     level = nodes
     while len(level) > 1:
         next_level = []
-        for group in _cut(level, group_size):
+        for group in cut_groups(level, group_size):
             leader = root if root in group else group[0]
             for member in group:
                 if member != leader:

@@ -38,6 +38,7 @@ class RefusalKind(StrEnum):
     PLUGIN = "plugin"
     DATA = "data"
     CAP = "cap"
+    CRASHED = "crashed"  # its plug-in code was running when this node stopped without shutting down
 
 
 @dataclass(frozen=True)
@@ -54,9 +55,17 @@ class Refusal:
         return self.reason
 
 
+def _glob(text: str, star: str) -> str:
+    return "".join(star if part == "*" else re.escape(part) for part in re.split(r"(\*)", text))
+
+
 def pattern_regex(pattern: str) -> re.Pattern[str]:
-    """``*`` matches any run of characters (dots included); everything else is literal."""
-    return re.compile("".join(".*" if part == "*" else re.escape(part) for part in re.split(r"(\*)", pattern)) + r"\Z")
+    """In the module part ``*`` matches any run of characters (``mylab.*`` takes every module of
+    the package); in the function part it matches one name, never a dotted path: a module's
+    namespace also holds what it imported, so ``mylab.models:*`` must not reach
+    ``mylab.models:os.abort``. Everything else is literal."""
+    module, sep, function = pattern.partition(":")
+    return re.compile(_glob(module, ".*") + re.escape(sep) + _glob(function, r"[A-Za-z_]\w*") + r"\Z")
 
 
 @dataclass(frozen=True)
@@ -73,7 +82,7 @@ class JobPolicy:
     @property
     def allows_everything(self) -> bool:
         """``*:*`` (or the like): any accepted publisher can run code here."""
-        return any(p.match("x:y") and p.match("a.b:c.d") for p in self._patterns)
+        return any(p.match("x:y") and p.match("a.b:c") for p in self._patterns)
 
     def plugin_allowed(self, path: str) -> bool:
         return any(p.match(path) for p in self._patterns)

@@ -73,6 +73,10 @@ SPARSE_FIELDS = ("sparse_density", "sparse_bits", "sparse_chunk", "sparse_transf
 DRIFT_CORRECTIONS: tuple[DriftCorrectionName, ...] = get_args(DriftCorrectionName)
 FINAL_MODELS: tuple[FinalModel, ...] = get_args(FinalModel)
 
+#: The server momentum of a strategy whose job file sets none, where it is not the field's
+#: default: FedAdam's β1 and DiLoCo's outer Nesterov momentum as their papers publish them.
+STRATEGY_MOMENTUM: dict[str, float] = {"fedadam": 0.9, "diloco": 0.9}
+
 #: What 0 means for the three timeouts of a job (see ``JobSpec.plan_timeout``, ...).
 #: A backup coordinator waits this long per better-ranked live candidate before planning.
 AUTO_PLAN_TIMEOUT_S = 6.0
@@ -141,9 +145,13 @@ class JobSpec:
     lr: float = 0.05
     optimizer: Optimizer = "momentum"
     weight_decay: float = 0.0
-    strategy: Strategy = "fedavg"
+    #: Server momentum by default: under skewed data it closes most of the gap to central
+    #: training at no cost in bytes (BENCHMARKS.md, "Skewed data"); on IID data it matches FedAvg.
+    strategy: Strategy = "fedavgm"
     server_lr: float = 1.0
-    server_momentum: float = 0.9
+    #: FedAvgM's measured best with ``server_lr = 1``. A job file that names "fedadam" or
+    #: "diloco" and sets no momentum gets their published 0.9 (``STRATEGY_MOMENTUM``).
+    server_momentum: float = 0.7
     rule: str = "mean"
     rule_params: dict[str, Any] = field(default_factory=dict)
     aggregation_mode: AggregationMode = "tree"
@@ -224,6 +232,8 @@ class JobSpec:
         errors.extend(_cross_checks(values, failed))
         if errors:
             raise JobSpecError(errors)
+        if "server_momentum" not in values and values.get("strategy") in STRATEGY_MOMENTUM:
+            values["server_momentum"] = STRATEGY_MOMENTUM[values["strategy"]]
         return cls(**values)
 
     @classmethod

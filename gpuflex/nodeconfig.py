@@ -42,7 +42,7 @@ except ModuleNotFoundError:  # Python 3.10
 CONFIG_FILE = "node.toml"
 #: Names of data sets, models and corpora: short, printable, safe in a log line.
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-_SECTIONS = ("jobs", "data", "models", "text")
+_SECTIONS = ("jobs", "data", "models", "text", "serve")
 _JOBS_KEYS = ("accept", "allow_plugins", "max_jobs", "max_jobs_per_publisher")
 #: Files one corpus may list; a corpus is a handful of files, not a directory crawl.
 MAX_TEXT_FILES = 1000
@@ -76,6 +76,8 @@ class NodeConfig:
     models: Mapping[str, Path] = field(default_factory=lambda: _frozen({}))
     text: Mapping[str, tuple[Path, ...]] = field(default_factory=lambda: _frozen({}))
     source: Path | None = None
+    #: ``[serve]`` as written; ``gpuflex.serve.settings.parse_serve`` validates it.
+    serve: Mapping[str, Any] = field(default_factory=lambda: _frozen({}))
 
     def data_path(self, name: str) -> Path | None:
         """Where the data set ``name`` lives here, or None when the operator did not say."""
@@ -180,7 +182,7 @@ def parse_node_config(raw: Mapping[str, Any], *, base: Path, source: Path | None
             raise bad(f"text.{key}", f"must be a path or a list of 1 to {MAX_TEXT_FILES} paths, got {value!r}")
         text[key] = tuple(path_of(f"text.{key}", f) for f in files)
     return NodeConfig(accept=accept, allow_plugins=tuple(plugins), data=_frozen(data), models=_frozen(models),
-                      text=_frozen(text), source=source, **caps)
+                      text=_frozen(text), source=source, serve=_frozen(sections["serve"]), **caps)
 
 
 def with_flags(config: NodeConfig, *, allow_plugins: Sequence[str] = (), data: Sequence[str] = (),
@@ -233,7 +235,7 @@ def dump_node_config(config: Mapping[str, Mapping[str, Any]]) -> str:
     lines: list[str] = []
     for section in _SECTIONS:
         table = config.get(section)
-        if not table:
+        if not table or section == "serve":  # nested tables: written by hand
             continue
         lines.append(f"[{section}]")
         for key, value in table.items():

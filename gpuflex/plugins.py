@@ -89,11 +89,23 @@ def load_callable(path: str | Callable[..., Any], what: str) -> Callable[..., An
         raise fail(f"no module named {exc.name or module_name!r}") from None
     except Exception as exc:  # a user module may raise anything while importing
         raise fail(f"importing {module_name!r} raised {type(exc).__name__}: {exc}") from None
-    for part in attr_path.split("."):
+    parts = attr_path.split(".")
+    if any(part.startswith("__") for part in parts):
+        raise fail(f"{attr_path!r} reaches into Python's internals (a name with '__')")
+    for i, part in enumerate(parts):
         try:
             obj = getattr(obj, part)
         except AttributeError:
             raise fail(f"module {module_name!r} has no attribute {attr_path!r}") from None
+        if inspect.ismodule(obj):
+            raise fail(f"{attr_path!r} goes through module {obj.__name__!r}, which {module_name!r} only imports")
+        defined_in = getattr(obj, "__module__", None)
+        if i == 0 and (inspect.isclass(obj) or inspect.isroutine(obj)) and defined_in != module_name:
+            # A module's namespace also holds what it imported (os.abort, its helpers): a path
+            # may name only a function or class the module itself defines (or an attribute of
+            # an object it holds, such as the SDK's registry), which is what a pattern allows.
+            hint = f"; name it as '{defined_in}:{attr_path}'" if isinstance(defined_in, str) else ""
+            raise fail(f"{part!r} is defined in {defined_in!r}, not in {module_name!r}{hint}")
     if not callable(obj):
         raise fail(f"{attr_path!r} is a {type(obj).__name__}, not a function")
     return obj

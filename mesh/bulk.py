@@ -20,7 +20,9 @@ dials (``BulkSender`` / ``BulkReceiver``); a large message payload is pushed, so
 receiving node listens where the pusher already reached it over libp2p and the pusher dials
 (``BulkInbox`` / ``BulkPusher``, driven by ``mesh.push``). Either listener exists for one
 transfer only: bound to the node's own listen host on a fresh port, answering only the
-peer's IP, closed after the transfer or after ``ACCEPT_TIMEOUT_S``. When the dialer cannot
+peer's IP, closed after the transfer or after ``ACCEPT_TIMEOUT_S``. A connection from any
+other address is closed at once without counting against the peer: strangers cannot close the
+port on the real peer by failing ``MAX_STRANGERS`` hellos first. When the dialer cannot
 connect (a NAT, a firewall) it says so on the libp2p stream and the bytes come over libp2p
 as before. A blob's hash is still checked on arrival: the channel proves who sent the bytes,
 the hash proves they are the right ones.
@@ -50,7 +52,10 @@ FRAME = 1 << 20  # plaintext bytes per sealed frame
 TAG = 16
 ACCEPT_TIMEOUT_S = 15.0
 IO_TIMEOUT_S = 15.0  # no progress this long ends the transfer (a cut link, a stalled peer)
-MAX_STRANGERS = 8  # connections that fail the hello before the listener gives up
+MAX_STRANGERS = 8  # connections from the peer's IP that fail the hello before the listener gives up
+#: Connections one listener accepts at most, strangers from other addresses included (each of
+#: those is closed at once and costs nothing else, so they cannot use up the peer's tries).
+MAX_ACCEPTS = 1024
 HELLO = b"gpuflex-bulk-hello"
 _LEN = struct.Struct(">I")
 _DATA = b"\x00\x00\x00\x01"  # nonce tag of payload frames, which flow one way per transfer
@@ -177,21 +182,26 @@ class _Listening:
         aead = _aead(self.offer.cipher, self.offer.key)
         buf = bytearray(len(HELLO) + TAG)
         deadline = time.monotonic() + ACCEPT_TIMEOUT_S
-        for _ in range(MAX_STRANGERS):
+        strangers = 0
+        for _ in range(MAX_ACCEPTS):
+            if strangers >= MAX_STRANGERS or time.monotonic() >= deadline:
+                break
             self._listener.settimeout(max(0.01, deadline - time.monotonic()))
             try:
                 conn, addr = self._listener.accept()
             except OSError:
                 break
+            if self._peer_ip is not None and addr[0] != self._peer_ip:
+                conn.close()  # not the requesting peer's address: ignored, and no try used up
+                continue
             conn.settimeout(min(5.0, IO_TIMEOUT_S))
             try:
-                if self._peer_ip is not None and addr[0] != self._peer_ip:
-                    raise WireError("auth", f"bulk connection from {addr[0]}, not the requesting peer")
                 hello = _read_frame(conn, buf, len(HELLO))
                 if aead.decrypt(_nonce(0, _HELLO), hello, self.offer.tid) != HELLO:
                     raise WireError("auth", "bulk hello does not match")
             except Exception:  # whoever dialled and failed the hello, however, is not our peer
                 conn.close()
+                strangers += 1
                 continue
             conn.settimeout(IO_TIMEOUT_S)
             return conn

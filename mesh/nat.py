@@ -152,7 +152,8 @@ class NatService:
         self.node.handlers.register(DIALBACK, self._answer_dialback)
         inbound = self.node.inbound
         self.relay = self.node.config.transport.relay_client(
-            self.node.host, self.node.config.relay, lambda handler: inbound.guard_plain(handler, "relay_streams"))
+            self.node.host, self.node.config.relay, lambda handler: inbound.guard_plain(handler, "relay_streams"),
+            member=self._is_member)
         async with self.relay.running(), trio.open_nursery() as nursery:
             if self.node.config.mdns and worth_announcing(self.node.config.listen):
                 self.lan = LanDiscovery(self.node.host, self._lan_peer)
@@ -161,6 +162,11 @@ class NatService:
             nursery.start_soon(self._check_loop)
             task_status.started()
             await trio.sleep_forever()
+
+    def _is_member(self, peer: str) -> bool:
+        """A peer of this mesh: one whose signed NodeInfo this node holds."""
+        rec = self.node.peers.get(peer)
+        return rec is not None and bool(rec.info)
 
     async def _lan_peer(self, peer: str, addrs: list[str]) -> None:
         from libp2p.peer.id import ID

@@ -30,6 +30,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any, cast
 
@@ -55,7 +56,7 @@ from mesh.host import (
     sticky_listen,
 )
 from mesh.identity import Identity
-from mesh.inbound import InboundStreams, close
+from mesh.inbound import InboundStreams, close, reset
 from mesh.limits import PeerLimits
 from mesh.liveness import Liveness
 from mesh.messaging import (
@@ -73,6 +74,7 @@ from mesh.pex import PEERS_REQUEST, PeerExchange
 from mesh.push import PUSH_MIN, push_payload
 from mesh.records import NODEINFO_NS, RecordValidator, nodeinfo_key
 from mesh.relay import RelayLimitsConfig
+from mesh.streaming import STREAM_PROTOCOL, StreamTable, read_items, send_request, serve_stream
 from mesh.transport import Libp2pTransport, Transport
 
 log = logging.getLogger("mesh.node")
@@ -147,6 +149,7 @@ class MeshNode:
         self.peer_id = identity.peer_id
         self.peers = PeerTable(config.health, clock=protocol_clock)
         self.handlers = HandlerTable()
+        self.stream_handlers = StreamTable()
         self.replay = ReplayGuard()
         self.seen = SeenCache()
         data_dir = config.data_dir or Path.cwd() / ".gpuflex-mesh"
@@ -224,6 +227,8 @@ class MeshNode:
             self.host.set_stream_handler(MSG_PROTOCOL, inbound.guard(inbound.handle_msg))
             self.host.set_stream_handler(GOSSIP_PROTOCOL, inbound.guard(inbound.handle_gossip))
             self.host.set_stream_handler(BLOB_PROTOCOL, inbound.guard(inbound.handle_blob, "blob_serves"))
+            self.host.set_stream_handler(STREAM_PROTOCOL, inbound.guard(
+                partial(serve_stream, self, self.config.limits.read_timeout_s)))
             self.handlers.register(INFO_REQUEST, self._answer_info_request)
             self.handlers.register(PEERS_REQUEST, self.pex.answer)
             async with net.serve_dht(self.dht):
@@ -515,6 +520,28 @@ class MeshNode:
         delivered here: what a job's members tell each other (presence)."""
         with trio.CancelScope(shield=True):
             return await self.gossip.push_to(frame, peers)
+    @asynccontextmanager
+    async def request_stream(self, peer: str, frame: bytes, *, open_timeout: float = 10.0,
+                             item_timeout: float = 60.0) -> AsyncIterator[AsyncIterator[Any]]:
+        """Send a signed request to ``peer``'s stream handler and iterate its reply items as
+        they come (``mesh.streaming``); leaving the block closes the stream, which tells the
+        server to stop. SendError if it cannot be opened, StreamBroken if it ends early."""
+        if peer == self.peer_id:
+            raise SendError("cannot send to self")
+        try:
+            stream = await self.open(peer, STREAM_PROTOCOL, open_timeout)
+            await send_request(stream, frame)
+        except trio.TooSlowError:
+            raise SendError(f"peer {peer[-8:]} did not take the stream within {open_timeout:.0f}s") from None
+        except Exception as exc:  # the verb's contract: any failure to deliver is a SendError
+            raise SendError(f"peer {peer[-8:]}: {exc.__class__.__name__}: {exc}") from None
+        self.bytes_sent += len(frame)
+        try:
+            yield read_items(stream, peer, item_timeout)
+            self.peers.seen(peer)
+        finally:
+            with trio.CancelScope(shield=True):
+                await reset(stream)
 
     async def broadcast(self, frame: bytes) -> int:
         """Flood a signed frame to the mesh; also delivers it to this node's own handler."""

@@ -16,6 +16,14 @@ What this module adds around them:
 * The hop handler is registered only while the node is publicly reachable and the operator
   allows it, with the limits of :class:`RelayLimitsConfig` (circuits, bytes and duration per
   circuit, reservations).
+* The hop service serves the mesh, within budgets (:class:`HopGuard`): a reservation is made
+  only for the peer actually connected (py-libp2p takes the ``peer`` field of a RESERVE at its
+  word, so one connection could fill every slot with made-up ids), only for a peer of this
+  mesh, at most ``max_reservations_per_network`` per network and for
+  ``reservation_ttl_s``; one source holds at most ``max_circuits_per_source`` of a reserved
+  peer's circuits; the duration cap holds on an idle circuit too (py-libp2p checks it only
+  when bytes arrive); and a circuit carries only a libp2p connection secured by Noise, the
+  mesh's one transport, unless the operator sets ``carry_any``.
 * A private node keeps reservations on up to ``reservations`` relays and announces their
   circuit addresses in its NodeInfo.
 """
@@ -30,6 +38,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import trio
+
+from mesh.hopguard import HopGuard
 
 log = logging.getLogger("mesh.relay")
 
@@ -47,19 +57,27 @@ class RelayLimitsConfig:
     max_circuit_bytes: int = 1 << 30  # bytes one circuit may carry, both ways together
     max_circuit_duration_s: int = 3600  # seconds one circuit may stay open
     reservations: int = 2  # relays a private node reserves a slot on
+    reservation_ttl_s: int = 900  # how long one reservation lasts; its holder renews it
+    max_reservations_per_network: int = 4  # slots for peers of one /24 (IPv6 /48); loopback exempt
+    max_circuits_per_source: int = 2  # relayed connections one source may hold to one reserved peer
+    carry_any: bool = False  # relay any peer and any bytes, not only this mesh's Noise connections
 
     def __post_init__(self) -> None:
-        for name in ("max_reservations", "max_circuits", "max_circuit_bytes", "max_circuit_duration_s"):
+        for name in ("max_reservations", "max_circuits", "max_circuit_bytes", "max_circuit_duration_s",
+                     "max_reservations_per_network", "max_circuits_per_source"):
             if getattr(self, name) < 0:
                 raise ValueError(f"relay limit {name} must not be negative")
         if not 0 <= self.reservations <= 8:
             raise ValueError("reservations must be between 0 and 8")
+        if not 60 <= self.reservation_ttl_s <= 3600:
+            raise ValueError("reservation_ttl_s must be between 60 and 3600 seconds")
 
     def libp2p_limits(self) -> Any:
         from libp2p.relay.circuit_v2.resources import RelayLimits
 
         return RelayLimits(duration=self.max_circuit_duration_s, data=self.max_circuit_bytes,
-                           max_circuit_conns=self.max_circuits, max_reservations=self.max_reservations)
+                           max_circuit_conns=self.max_circuits, max_reservations=self.max_reservations,
+                           reservation_ttl=self.reservation_ttl_s)
 
 
 @dataclass
@@ -86,7 +104,10 @@ class RelayClient:
     """The relay side of one MeshNode: services, reservations, circuit dials."""
 
     def __init__(self, host: Any, limits: RelayLimitsConfig,
-                 guard: Callable[[Callable[[Any], Any]], Callable[[Any], Any]] | None = None) -> None:
+                 guard: Callable[[Callable[[Any], Any]], Callable[[Any], Any]] | None = None,
+                 member: Callable[[str], bool] | None = None) -> None:
+        """``guard`` wraps the hop handler in a per-peer stream quota; ``member(peer_id)`` says
+        whether a peer belongs to this mesh (only those get a reservation here)."""
         from libp2p.relay.circuit_v2 import CircuitV2Protocol, CircuitV2Transport
         from libp2p.relay.circuit_v2.config import RelayConfig, RelayRole
 
@@ -100,6 +121,7 @@ class RelayClient:
         self.transport = CircuitV2Transport(host, self.protocol, RelayConfig(roles=RelayRole.STOP))
         self._dcutr: Any = None
         self._count_relayed()
+        self.hop_guard = HopGuard(self.protocol, limits, member)
         self._nursery: trio.Nursery | None = None
         self._circuit_failed: dict[str, float] = {}
         self._dialing: dict[str, trio.Event] = {}
@@ -178,7 +200,9 @@ class RelayClient:
 
     def relay_load(self) -> dict[str, int]:
         rm = self.protocol.resource_manager
-        return {"reservations": len(getattr(rm, "_reservations", {}) or {}),
+        self.hop_guard.prune()
+        refused = {f"refused_{kind.replace(' ', '_')}": n for kind, n in self.hop_guard.refused.items()}
+        return {**refused, "reservations": len(getattr(rm, "_reservations", {}) or {}),
                 "circuits_now": self.state.circuits_now,
                 "circuits_served": self.state.circuits_served, "relayed_bytes": self.state.relayed_bytes}
 

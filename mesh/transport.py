@@ -30,7 +30,8 @@ class Transport(Protocol):
 
     def dialer(self, host: Any) -> Callable[[str, str], Any]: ...
 
-    def relay_client(self, host: Any, limits: Any, guard: Callable[[Any], Any]) -> Any: ...
+    def relay_client(self, host: Any, limits: Any, guard: Callable[[Any], Any],
+                     member: Callable[[str], bool] | None = None) -> Any: ...
 
 
 class Libp2pTransport:
@@ -61,7 +62,8 @@ class Libp2pTransport:
 
         return Libp2pDialer(host)
 
-    def relay_client(self, host: Any, limits: Any, guard: Callable[[Any], Any]) -> Any:
+    def relay_client(self, host: Any, limits: Any, guard: Callable[[Any], Any],
+                     member: Callable[[str], bool] | None = None) -> Any:
         from mesh.relay import RelayClient
 
-        return RelayClient(host, limits, guard=guard)
+        return RelayClient(host, limits, guard=guard, member=member)

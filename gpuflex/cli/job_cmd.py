@@ -50,10 +50,35 @@ def load_job_file(path: Path) -> dict[str, Any]:
     return spec.to_dict()
 
 
+def inference_file(path: Path) -> dict[str, Any] | None:
+    """The job file's table when it is an inference job, else None."""
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib
+
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+        return None  # load_job_file reports it
+    return raw if raw.get("kind") == "inference" else None
+
+
 @job_app.command("submit")
 def submit(job_file: Path = typer.Argument(..., help="The job's TOML file."), node: str | None = NodeOpt,
            json_out: bool = JsonOpt) -> None:
-    """Validate the job file, then sign and publish it to the mesh; prints the job id."""
+    """Validate the job file, then sign and publish it to the mesh; prints the job id.
+
+    A file with ``kind = "inference"`` is a batch inference job: this node sends its prompts to
+    the nodes serving its model and collects the signed answers (docs/serving.md)."""
+    raw = inference_file(job_file)
+    if raw is not None:
+        reply = call_node("infer_submit", {"spec": raw}, home=node, timeout=60)
+        if json_out:
+            emit_json(reply)
+        else:
+            typer.echo(reply["run_id"])
+        return
     spec = load_job_file(job_file)
     reply = call_node("job_submit", {"spec": spec}, home=node, timeout=30)
     if json_out:
@@ -183,8 +208,13 @@ def results(job: str = typer.Argument(..., help="Job id or prefix."),
                                               help="Also log the job to MLflow (pip install 'gpuflex[mlflow]').")
             ) -> None:
     """Write the final model (a torch state_dict; for a language model a Hugging Face model or
-    LoRA adapter directory in safetensors, with its tokenizer), metrics, a plot and the ledger."""
-    reply = call_node("job_results", {"job": job, "out": str(out.resolve())}, home=node, timeout=120)
+    LoRA adapter directory in safetensors, with its tokenizer), metrics, a plot and the ledger;
+    for a batch inference job, its signed answers as JSONL (into --out, or --out FILE.jsonl)."""
+    runs = call_node("serve_status", home=node).get("runs", [])
+    if any(r["run_id"].startswith(job) for r in runs):  # a batch inference job: its answers as JSONL
+        reply = call_node("infer_results", {"job": job, "out": str(out.resolve())}, home=node, timeout=120)
+    else:
+        reply = call_node("job_results", {"job": job, "out": str(out.resolve())}, home=node, timeout=120)
     if mlflow:
         from gpuflex.tracking import TrackingError, export_mlflow
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import typer
 
-from gpuflex.cli import audit_cmd, doctor_cmd, job_cmd, node_cmd, query, web_cmd
+from gpuflex.cli import audit_cmd, doctor_cmd, job_cmd, node_cmd, query, serve_cmd, web_cmd
 from gpuflex.cli.common import HomeOpt
 
 app = typer.Typer(help="GPUFlex: federated training on a peer-to-peer mesh of the GPUs people own.",
@@ -22,6 +22,7 @@ app.add_typer(job_cmd.job_app, name="job")
 app.add_typer(audit_cmd.audit_app, name="audit")
 app.command("doctor")(doctor_cmd.doctor)
 app.command("web")(web_cmd.web)
+app.command("serve")(serve_cmd.serve)
 
 
 @app.command("demo")

@@ -61,11 +61,17 @@ def start(
     relay_max_circuits: int = typer.Option(8, min=0, help="Relay service: relayed connections at once per peer."),
     relay_max_mb: int = typer.Option(1024, min=0, help="Relay service: megabytes one relayed connection may carry."),
     relay_max_duration: int = typer.Option(3600, min=0, help="Relay service: seconds one relayed connection may last."),
+    relay_per_network: int = typer.Option(4, min=0, help="Relay service: slots for peers of one /24 (IPv6 /48)."),
+    relay_per_source: int = typer.Option(2, min=0, help="Relay service: relayed connections one source may hold "
+                                                        "to one peer."),
+    relay_any: bool = typer.Option(False, "--relay-any", help="Relay service: carry any peer's libp2p traffic, "
+                                                              "not only this mesh's Noise connections."),
     relays: int = typer.Option(2, min=0, max=8, help="Behind NAT: how many relays to reserve a slot on (0: none)."),
     reachability: str = typer.Option("auto", help="auto (ask peers to dial back), public or private."),
     allow_plugin: list[str] = typer.Option(
         [], "--allow-plugin", metavar="PATTERN",
-        help="Run jobs' plug-ins matching module:function PATTERN ('*' matches anything, e.g. 'mylab.models:*'); "
+        help="Run jobs' plug-ins matching module:function PATTERN ('*' matches any module part, or one function "
+             "name, e.g. 'mylab.models:*'); "
              "adds to node.toml [jobs] allow_plugins. Only built-in components run otherwise."),
     data: list[str] = typer.Option([], "--data", metavar="NAME=PATH",
                                    help="Where data set NAME lives here (adds to node.toml [data]); "
@@ -125,7 +131,9 @@ def start(
 
     relay = RelayLimitsConfig(service=relay_service, max_reservations=relay_max_reservations,
                               max_circuits=relay_max_circuits, max_circuit_bytes=relay_max_mb << 20,
-                              max_circuit_duration_s=relay_max_duration, reservations=relays)
+                              max_circuit_duration_s=relay_max_duration, reservations=relays,
+                              max_reservations_per_network=relay_per_network, max_circuits_per_source=relay_per_source,
+                              carry_any=relay_any)
     try:
         health = HealthConfig(suspect_after_s=suspect_after, down_after_s=down_after)
         runtime = NodeRuntime(NodeOptions(home=root, listen=listen, announce=announce, bootstrap=bootstrap,

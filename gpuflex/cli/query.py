@@ -54,6 +54,24 @@ def status(home: str | None = HomeOpt, json_out: bool = JsonOpt) -> None:
         typer.echo(f"job      {text(job['job_id'])} {text(job['name'])}: {text(job['state'])}, "
                    f"round {text(job['round'])}/{text(job['rounds'])}, phase {text(job['phase'])}, "
                    f"coordinator {short(job['coordinator'])}")
+    for line in serve_lines(st.get("serve") or {}):
+        typer.echo(line)
+
+
+def serve_lines(serve: dict) -> list[str]:  # type: ignore[type-arg]
+    """What this node serves (rate, tokens/s, latency) and the models it can route to."""
+    lines = [f"api      {text(serve['http'])}/v1"] if serve.get("http") else []
+    for m in serve.get("models", []):
+        ttft = "-" if m.get("ttft_ms_p50") is None else f"{m['ttft_ms_p50']:.0f}ms"
+        lat = "-" if m.get("latency_ms_p50") is None else f"{m['latency_ms_p50']:.0f}ms"
+        lines.append(f"serving  {text(m['name'])} ({text(m['source'])}): load {m['load']}/{m['capacity']}, "
+                     f"{m['rps']:.2f} req/s, {m['tokens_per_s']:.1f} tok/s, first token {ttft}, "
+                     f"latency {lat}, {m['requests']} requests, {m['errors']} errors")
+    for name, why in (serve.get("failed") or {}).items():
+        lines.append(f"serving  {text(name)}: not loaded: {text(why, 200)}")
+    for name, row in sorted((serve.get("mesh_models") or {}).items()):
+        lines.append(f"routes   {text(name)} -> {len(row['servers'])} server(s)")
+    return lines
 
 
 def join_summary(join: dict) -> str:  # type: ignore[type-arg]

@@ -10,7 +10,9 @@ peer offers it again.
 
 Refused jobs are not saved, and a saved job (written before its plug-in was disallowed, or by
 an older version) is judged again at start and refused the same way; its file is left for the
-operator, so allowing the plug-in later resumes it.
+operator, so allowing the plug-in later resumes it. A saved plug-in job whose code was running
+when the node last stopped without shutting down (``crashmark``) is refused at start the same
+way, until the operator deletes its marker.
 
 A refusal that only a hostile or careless publisher earns (an invalid spec, a plug-in this
 node does not allow, more jobs than its caps) also penalises the publisher (the signer, not
@@ -41,7 +43,7 @@ CAP_RETRY_S = 60.0
 #: Penalty points (mesh.health) per refusal, by why; the ignore threshold is 10, and points
 #: decay at 0.05 a second.
 PENALTY: dict[RefusalKind, float] = {RefusalKind.SPEC: 1.0, RefusalKind.PLUGIN: 1.0, RefusalKind.CAP: 1.0,
-                                     RefusalKind.DATA: 0.0, RefusalKind.PUBLISHER: 0.0}
+                                     RefusalKind.DATA: 0.0, RefusalKind.PUBLISHER: 0.0, RefusalKind.CRASHED: 0.0}
 
 
 class Admission:

@@ -2,6 +2,12 @@
 
 It binds to 127.0.0.1 only and checks a token from a 0600 file on every request, so only the
 node's owner (or someone they hand the token to over an SSH tunnel) can drive it.
+
+Any local process can connect, though, so what a connection costs before its token is checked
+is bounded: at most ``MAX_CONNECTIONS`` are open at once (a new one beyond is closed at once); a
+connection must show a valid token within ``AUTH_TIMEOUT_S`` with a line of at most
+``MAX_AUTH_LINE`` bytes; and at most ``MAX_UNAUTHENTICATED`` wait for that at once, the oldest
+closed first when another arrives, so a client that sends its token at once always gets in.
 """
 
 from __future__ import annotations
@@ -11,6 +17,7 @@ import json
 import logging
 import os
 import secrets
+from collections import deque
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -24,6 +31,14 @@ from mesh.fsutil import atomic_write_text
 
 log = logging.getLogger("gpuflex.control")
 MAX_LINE = 1 << 20
+#: Connections open at once, authenticated or not.
+MAX_CONNECTIONS = 64
+#: Connections still waiting to show a token; the oldest is closed when another arrives.
+MAX_UNAUTHENTICATED = 16
+#: A connection that shows no valid token within this long is closed.
+AUTH_TIMEOUT_S = 5.0
+#: The longest request line before a valid token has been seen.
+MAX_AUTH_LINE = 64 << 10
 
 Method = Callable[[dict[str, Any]], Awaitable[Any]]
 
@@ -53,6 +68,8 @@ class ControlServer:
         self.peer_id = peer_id
         self.port = port
         self.token = load_or_create_token(home)
+        self._open = 0
+        self._waiting: deque[trio.CancelScope] = deque()  # connections yet to show a token, oldest first
 
     async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         listeners = await trio.open_tcp_listeners(self.port, host="127.0.0.1")
@@ -74,34 +91,73 @@ class ControlServer:
             pass
 
     async def _serve(self, stream: trio.SocketStream) -> None:
+        if self._open >= MAX_CONNECTIONS:
+            log.warning("control API: %d connections open, its limit; closing a new one", self._open)
+            await stream.aclose()
+            return
+        self._open += 1
         buf = bytearray()
         try:
-            while True:
-                line, buf = await _read_line(stream, buf)
-                if line is None:
-                    return
-                keep_open = await self._handle_line(stream, line)
+            line = await self._first_request(stream, buf)
+            while line is not None:
+                keep_open, _ = await self._handle_line(stream, line)
                 if not keep_open:
                     return
+                line, buf = await _read_line(stream, buf)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass
         except Exception as exc:  # the API must never take the node down
             log.warning("control connection failed: %s", exc)
         finally:
+            self._open -= 1
             await stream.aclose()
 
-    async def _handle_line(self, stream: trio.SocketStream, line: bytes) -> bool:
+    async def _first_request(self, stream: trio.SocketStream, buf: bytearray) -> bytes | None:
+        """The first request line that shows the token, read within ``AUTH_TIMEOUT_S`` while
+        this connection is among the ``MAX_UNAUTHENTICATED`` newest waiting ones; None when the
+        connection is to be closed. It is served afterwards, with no time limit."""
+        with trio.move_on_after(AUTH_TIMEOUT_S) as scope:
+            self._waiting.append(scope)
+            while len(self._waiting) > MAX_UNAUTHENTICATED:
+                self._waiting.popleft().cancel()
+            try:
+                while True:
+                    line, rest = await _read_line(stream, buf, MAX_AUTH_LINE)
+                    buf[:] = rest
+                    if line is None or self._authorized(line):
+                        return line
+                    keep_open, _ = await self._handle_line(stream, line)  # says what is wrong
+                    if not keep_open:
+                        return None
+            finally:
+                if scope in self._waiting:
+                    self._waiting.remove(scope)
+        log.debug("control API: closed a connection that showed no token in time")
+        return None
+
+    def _authorized(self, line: bytes) -> bool:
+        try:
+            req = json.loads(line)
+        except ValueError:
+            return False
+        token = req.get("token") if isinstance(req, dict) else None
+        return isinstance(token, str) and hmac.compare_digest(token, self.token)
+
+    async def _handle_line(self, stream: trio.SocketStream, line: bytes) -> tuple[bool, bool]:
+        """(keep the connection open, the request showed the token)."""
         try:
             req = json.loads(line)
             if not isinstance(req, dict):
                 raise ValueError("not an object")
         except ValueError:
             await _send(stream, {"ok": False, "error": "request is not a JSON object"})
-            return True
-        token = req.get("token")
-        if not isinstance(token, str) or not hmac.compare_digest(token, self.token):
+            return True, False
+        if not self._authorized(line):
             await _send(stream, {"ok": False, "error": "unauthorized"})
-            return False
+            return False, False
+        return await self._dispatch(stream, req), True
+
+    async def _dispatch(self, stream: trio.SocketStream, req: dict[str, Any]) -> bool:
         method = req.get("method")
         params = req.get("params") or {}
         if method == "events":
@@ -140,9 +196,10 @@ async def _send(stream: trio.SocketStream, obj: Any) -> None:
     await stream.send_all(json.dumps(obj, default=str).encode() + b"\n")
 
 
-async def _read_line(stream: trio.SocketStream, buf: bytearray) -> tuple[bytes | None, bytearray]:
+async def _read_line(stream: trio.SocketStream, buf: bytearray,
+                     limit: int = MAX_LINE) -> tuple[bytes | None, bytearray]:
     while b"\n" not in buf:
-        if len(buf) > MAX_LINE:
+        if len(buf) > limit:
             await _send(stream, {"ok": False, "error": "request line too long"})
             return None, buf
         chunk = await stream.receive_some(65536)

@@ -21,21 +21,22 @@ from typing import Any
 
 import trio
 
-from gpuflex.jobpolicy import JobPolicy
+from gpuflex.jobpolicy import PLUGIN_FIELDS, JobPolicy, Refusal, RefusalKind
 from gpuflex.node.admission import Admission
 from gpuflex.node.control import ApiError
+from gpuflex.node.crashmark import CrashMarks
 from gpuflex.node.driver import JobDriver
 from gpuflex.node.events import EventLog
 from gpuflex.node.faults import NO_FAULTS, Faults
 from gpuflex.node.kinds import EventKind, JobState
 from gpuflex.node.messages import JOB, PRESENCE, SYNC
 from gpuflex.node.nodeport import NodePort, NodeServices
-from gpuflex.node.port import TrainerFactory
-from gpuflex.node.prepare import load_trainer
+from gpuflex.node.prepare import TrainerFactory, load_trainer
 from gpuflex.node.state import JobInfo
 from gpuflex.node.summary import brief
 from gpuflex.node.sync import CatchUp
 from gpuflex.nodeconfig import NodeConfig
+from gpuflex.plugins import is_plugin_path
 from gpuflex.safetext import printable
 from mesh.codec import Envelope, WireError, open_envelope, seal
 from mesh.fsutil import atomic_write
@@ -49,13 +50,11 @@ log = logging.getLogger("gpuflex.jobs")
 PRESENCE_EVERY_S = 3.0
 #: A new job is announced in a presence within this long: jobs arriving together share one.
 PRESENCE_SOON_S = 0.2
-#: Jobs a presence names as still preparing, or as giving up a round's turns: bounded, so many
-#: jobs arriving together do not push presence past its 8 KiB limit.
+#: Jobs a presence names as preparing, or giving up a round's turns: bounded, within its 8 KiB limit.
 PRESENCE_MARKS = 16
 #: Presence broadcasts in flight at once; beyond that the next waits for the one before.
 PRESENCE_SENDS_AT_ONCE = 3
-#: Members of each running job watched first-hand besides the overlay neighbours; chosen as
-#: the overlay chooses (mesh.overlay), so no member is watched by everyone.
+#: Members of each running job watched first-hand besides the overlay neighbours (chosen as it chooses).
 WATCH_PER_JOB = 16
 #: How often each job re-checks whether min_nodes members are reachable, to say so.
 QUORUM_CHECK_S = 1.0
@@ -63,14 +62,12 @@ QUORUM_CHECK_S = 1.0
 INITIAL_SYNC_TRIES = 30
 #: Peers asked at start, and at most peers asked when a job needs to catch up.
 INITIAL_SYNC_PEERS, CATCH_UP_PEERS = 2, 4
-#: A peer whose ledger changed nothing here is not asked for it again, on its presence, for
-#: this long; at most this many such (job, peer) pairs are remembered.
+#: A peer whose ledger changed nothing here is not asked again for this long; (job, peer) pairs kept.
 FRUITLESS_SYNC_S, MAX_FRUITLESS = 30.0, 4096
 
 
 def pin_spec(spec: Any, home: Path, config: NodeConfig | None = None) -> Any:
-    """The spec as this node signs it: the workload may record hashes of the inputs every
-    member must hold alike (a language model's base weights and tokenizer)."""
+    """The spec as this node signs it: with hashes of inputs every member must hold alike (an LLM's weights)."""
     from gpuflex.ml.workload import WorkloadUnavailable, pin_job_spec
 
     try:
@@ -93,6 +90,7 @@ class JobManager:
                                    penalise=lambda peer, points: mesh.peers.penalise(peer, points).penalty)
         self.jobs_dir = home / "jobs"
         self.jobs_dir.mkdir(parents=True, exist_ok=True)
+        self.marks = CrashMarks(self.jobs_dir)
         self.drivers: dict[str, JobDriver] = {}
         self.contributed: dict[str, int] = {}
         self.unsaved_jobs: set[str] = set()  # jobs whose file could not be written, reported once
@@ -161,6 +159,13 @@ class JobManager:
             return None
         if self.admission.judge(job_id, spec, env.sender, None if resumed else self._unfinished()) is not None:
             return None
+        plugins = any(is_plugin_path(getattr(spec, name) or "") for name in PLUGIN_FIELDS)
+        if resumed and plugins and self.marks.stopped_inside(job_id):
+            self.admission.refuse(job_id, Refusal(RefusalKind.CRASHED, (
+                "its plug-in code was running when this node last stopped without shutting down, so it may "
+                f"have crashed the node; not resumed (delete {self.marks.marker(job_id)} to run it again)")),
+                env.sender, spec.name, penalise=False)
+            return None
         members = tuple(sorted({m for m in body["members"] if isinstance(m, str)}))
         if not resumed:
             try:
@@ -173,7 +178,8 @@ class JobManager:
                 return None
         self.unsaved_jobs.discard(job_id)
         info = JobInfo(job_id=job_id, spec=spec, initial_members=members, frame=env.raw, submitted_by=env.sender)
-        port = NodePort(self.mesh, self.events, self.home, job_id, self._services)
+        port = NodePort(self.mesh, self.events, self.home, job_id, self._services,
+                        marks=self.marks if plugins else None)
         driver = JobDriver(info, port, self.jobs_dir, faults=self.faults,
                            trainers=self._trainers)
         self.drivers[job_id] = driver
@@ -211,12 +217,9 @@ class JobManager:
         self._presence_due.set()
 
     async def send_presence(self) -> None:
-        """Each job's presence goes to that job's members alone (``JobDriver.known_members``),
-        one message per set of jobs a peer shares with this node: no message names a job its
-        recipient is not in, or grows with the jobs on the mesh, and a node in no job sends
-        nothing. Applied here first, as a broadcast would be."""
-        # Finished jobs too: a member that fell behind (a full disk, a partition) learns from
-        # this that it is behind and catches up, even after everyone else is done.
+        """Each job's presence goes to its members alone (``JobDriver.known_members``), one message per set
+        of jobs a peer shares with this node: none grows with the mesh's jobs; no job, no presence."""
+        # Finished jobs too: a member that fell behind (a full disk, a partition) learns it and catches up.
         active = {j: d.committed for j, d in self.drivers.items() if d.state != JobState.FAILED and d.participates()}
         failed = dict(islice(((j, why) for j, d in self.drivers.items() if (why := d.failure)), PRESENCE_MARKS))
         if not active and not failed:  # a job that failed here is still told its members, so they plan without us
@@ -249,13 +252,11 @@ class JobManager:
                 nursery.start_soon(self.mesh.send_direct, frame, peers)
 
     def _presence_body(self, active: dict[str, int], failed: dict[str, str] | None = None) -> dict[str, Any]:
-        # Each job's training throughput here (coordinators of time-budgeted rounds plan by it), its
-        # ledger head and weight (a peer whose ledger is lighter, or as heavy on another head, fetches ours).
+        # Throughput (budgeted rounds plan by it); ledger head and weight (a lighter peer fetches ours).
         rates = {j: round(r, 3) for j in active if (r := self.drivers[j].throughput()) > 0}
         heads = {j: self.drivers[j].head() for j in active}
         weights = {j: self.drivers[j].weight for j in active}
-        # Jobs still being prepared here, and the round whose coordinator turns this node
-        # gave up meanwhile: peers skip those turns instead of waiting out a plan timeout.
+        # Jobs still preparing here, and the round whose turns this node gave up: peers skip those turns.
         preparing = list(islice((j for j in active if self.drivers[j].preparing), PRESENCE_MARKS))
         passes = dict(islice(((j, r) for j in active if (r := self.drivers[j].passes_round)), PRESENCE_MARKS))
         return {"jobs": active, "heads": heads, "weights": weights, "rates": rates,
@@ -303,8 +304,7 @@ class JobManager:
                 continue
             ahead = driver.saw_presence(sender, last_round, heads.get(job), rates.get(job), weights.get(job),
                                         preparing=job in preparing, passes=passes.get(job))
-            # A peer whose last ledger changed nothing here is not asked again for a while,
-            # whatever it claims: a claim to be ahead costs the claimant, not this node.
+            # A peer whose last ledger changed nothing here is not asked again for a while, whatever it claims.
             rested = now >= self._fruitless.get((job, sender), -FRUITLESS_SYNC_S) + FRUITLESS_SYNC_S
             if ahead and rested and job not in self._syncing and self._nursery is not None:
                 self._nursery.start_soon(self._catch_up, job, sender)

@@ -10,6 +10,7 @@ from typing import Any, TypeVar
 import trio
 
 from gpuflex.node.clock import DeadlineClock
+from gpuflex.node.crashmark import CrashMarks
 from gpuflex.node.events import EventLog
 from gpuflex.node.kinds import EventKind
 from gpuflex.node.port import FETCH_TIMEOUT_S, REQUEST_TIMEOUT_S, BlobStorePort
@@ -34,8 +35,10 @@ class NodeServices:
 
 class NodePort:
     def __init__(self, mesh: MeshNode, events: EventLog, home: Path, job_id: str, services: NodeServices,
-                 clock: DeadlineClock | None = None) -> None:
+                 clock: DeadlineClock | None = None, marks: CrashMarks | None = None) -> None:
+        """``marks``: for a job that runs plug-in code, where that code is marked as running."""
         self._mesh, self._events, self._job_id, self._services = mesh, events, job_id, services
+        self._marks = marks
         self._home = home
         self._clock = clock or DeadlineClock()
 
@@ -116,4 +119,7 @@ class NodePort:
         await self._services.catch_up(prefer)
 
     async def offload(self, fn: Callable[..., T], *args: Any) -> T:
-        return await trio.to_thread.run_sync(fn, *args)
+        if self._marks is None:
+            return await trio.to_thread.run_sync(fn, *args)
+        with self._marks.running(self._job_id):
+            return await trio.to_thread.run_sync(fn, *args)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable, Collection, Sequence
 
-from aggregation.tree import ParentMap, build_tree
+from aggregation.tree import ParentMap, build_tree, cut_groups
 from mesh.netprefix import network_prefix
 
 
@@ -89,10 +89,17 @@ def group_seed(job: str, round_: int, prev_result: str) -> bytes:
 
 def masked_tree(root: str, members: Sequence[str], private: Collection[str], group_size: int,
                 min_group: int, seed: bytes) -> ParentMap:
-    """The one group tree a masked round may use: members in the seed's order (so no
-    coordinator chooses who is grouped with whom), reachable ones leading as
-    ``order_for_tree`` places them, and groups cut no smaller than a leader plus ``min_group``
-    masking members whenever the round has that many members at all."""
+    """The one group tree a masked round may use: who is grouped with whom comes from the
+    members and the seed alone, never from what the coordinator says of them; groups are cut
+    no smaller than a leader plus ``min_group`` masking members whenever the round has that many
+    members at all.
+
+    ``private`` (the plan's list of members behind NAT, the coordinator's word) only chooses
+    who leads inside a group already fixed: its first reachable member in the seed's order, or
+    its first member when none is reachable (peers reach it through its relay). Steering the
+    groups through that list, as ``order_for_tree`` would (it moves private members between
+    groups to put reachable leaders at their head), would let a coordinator put a member in a
+    group of its own Sybils."""
     others = sorted((p for p in set(members) if p != root),
                     key=lambda p: hashlib.blake2b(seed + p.encode(), digest_size=16).digest())
     n = len(others) + 1
@@ -101,5 +108,9 @@ def masked_tree(root: str, members: Sequence[str], private: Collection[str], gro
     if count > 1 and n // count < min_group + 1:  # the smallest group would mask too few
         count = max(1, n // (min_group + 1))
         size = -(-n // count)
-    ordered, size = order_for_tree(root, [root, *others], private, size)
+    ordered: list[str] = []
+    for group in cut_groups([root, *others], size):  # the bottom groups build_tree makes
+        lead = 0 if root in group else next((i for i, p in enumerate(group) if p not in private), 0)
+        ordered += [group[lead], *group[:lead], *group[lead + 1:]]
     return build_tree(ordered, size, root)
+

@@ -19,7 +19,9 @@ from gpuflex.home import CONTROL_FILE, KEY_FILE, PEERS_FILE
 from gpuflex.node.control import ApiError, ControlServer
 from gpuflex.node.events import EventLog
 from gpuflex.node.jobs import JobManager
+from gpuflex.node.serving import NodeServing, serve_settings
 from gpuflex.nodeconfig import NodeConfig, NodeConfigError, load_node_config
+from gpuflex.serve import ServeError
 from mesh.health import HealthConfig
 from mesh.identity import Identity
 from mesh.limits import PeerLimits
@@ -130,6 +132,11 @@ class NodeRuntime:
             on_event=self._mesh_event,
         )
         self.jobs = JobManager(self.mesh, self.events, self.home, self._faults(options), self.config)
+        try:
+            self.serving = NodeServing(self.mesh, self.jobs, self.home, serve_settings(self.config, self.home),
+                                       self.config)
+        except ServeError as exc:
+            raise NodeStartError(f"{self.config.source or 'node.toml'}: {exc}") from None
         self._stop = trio.Event()
         self.metrics_addr: tuple[str, int] | None = None
 
@@ -168,6 +175,7 @@ class NodeRuntime:
             nursery.start_soon(partial(trio.to_thread.run_sync, warm_up_torch,  # type: ignore[call-arg]
                                        abandon_on_cancel=True))  # (mypy misreads trio's TypeVarTuple signature)
             await nursery.start(self.jobs.run)
+            await nursery.start(self.serving.service.run)
             port = await nursery.start(control.run)
             log.info("control API on 127.0.0.1:%d (token in %s)", port, self.home / "control.token")
             if self.options.metrics:
@@ -196,6 +204,10 @@ class NodeRuntime:
             "ledger": self.jobs.api_ledger,
             "shutdown": self.api_shutdown,
             "clock": self.api_clock,
+            "serve_add": self.serving.api_add,
+            "serve_status": self.serving.api_status,
+            "infer_submit": self.serving.api_infer_submit,
+            "infer_results": self.serving.api_infer_results,
         }
 
     async def api_clock(self, params: dict[str, Any]) -> dict[str, Any]:
@@ -217,6 +229,7 @@ class NodeRuntime:
             "node_info": self.mesh.node_info(),
             "nat": {**mesh["nat"], "listening_since": mesh["listening_since"]},
             "jobs": self.jobs.job_briefs(),
+            "serve": self.serving.service.status(),
         }
 
     async def api_peers(self, params: dict[str, Any]) -> list[dict[str, Any]]:

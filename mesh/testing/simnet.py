@@ -521,7 +521,7 @@ class SimNetwork:
 
         return dial
 
-    def relay_client(self, host: SimHost, limits: Any, guard: Any) -> SimRelay:
+    def relay_client(self, host: SimHost, limits: Any, guard: Any, member: Any = None) -> SimRelay:
         return SimRelay(self, host)
 
     # -- the model ----------------------------------------------------------------------------------------

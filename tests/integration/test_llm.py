@@ -27,6 +27,20 @@ def shakespeare_file(tmp_path: Path) -> Path:
     return path
 
 
+def tiny_lora_spec(name: str = "lora-test", rounds: int = 3, local_steps: int = 6,
+                   eval_sequences: int = 32) -> dict:  # type: ignore[type-arg]
+    """Three nodes fine-tune a tiny llama with LoRA on Shakespeare split by speaking role."""
+    return {
+        "name": name, "model": "llama", "data": "shakespeare", "partition": "groups", "rounds": rounds,
+        "local_epochs": 0, "local_steps": local_steps, "batch_size": 8, "optimizer": "adamw", "lr": 1e-2,
+        "strategy": "diloco", "server_lr": 0.8, "codec": "int8", "min_nodes": 3, "test_fraction": 0.1,
+        # Each node imports transformers when the job arrives; on a busy machine that takes
+        # longer than the default plan timeout, and a backup would plan beside the coordinator.
+        "plan_timeout_s": 20.0,
+        "llm": {"size": "tiny", "adapter": "lora", "lora_rank": 4, "seq_len": 64, "eval_sequences": eval_sequences},
+    }
+
+
 def test_three_nodes_fine_tune_a_tiny_llama_with_lora_and_export_the_adapter(mesh_factory, tmp_path) -> None:
     import torch
     from peft import PeftModel
@@ -39,15 +53,7 @@ def test_three_nodes_fine_tune_a_tiny_llama_with_lora_and_export_the_adapter(mes
         (mesh.home(i) / "node.toml").write_text(dump_node_config({"data": {"shakespeare": str(text)}}))
     mesh.start(timeout=120)
     mesh.wait_connected(60)
-    job = mesh.submit({
-        "name": "lora-test", "model": "llama", "data": "shakespeare", "partition": "groups", "rounds": 3,
-        "local_epochs": 0, "local_steps": 6, "batch_size": 8, "optimizer": "adamw", "lr": 1e-2,
-        "strategy": "diloco", "server_lr": 0.8, "codec": "int8", "min_nodes": 3, "test_fraction": 0.1,
-        # Each node imports transformers when the job arrives; on a busy machine that takes
-        # longer than the default plan timeout, and a backup would plan beside the coordinator.
-        "plan_timeout_s": 20.0,
-        "llm": {"size": "tiny", "adapter": "lora", "lora_rank": 4, "seq_len": 64, "eval_sequences": 32},
-    })
+    job = mesh.submit(tiny_lora_spec())
     mesh.wait_job(job, [0, 1, 2], timeout=200)
 
     frames = []

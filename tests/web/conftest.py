@@ -31,7 +31,8 @@ async def start(nursery: trio.Nursery, tmp_path: Path, token: str | None = None)
     portal = Portal(api, token=token, exporter=Exporter(api, tmp_path / "exports"),
                     wall_clock=lambda: NOW, version="test")
     url = await nursery.start(serve, portal, "127.0.0.1", 0)
-    client = httpx.AsyncClient(base_url=url, timeout=10, headers={"accept": "text/html"})
+    # What a browser sends from the portal's own pages: its origin on every state-changing request.
+    client = httpx.AsyncClient(base_url=url, timeout=10, headers={"accept": "text/html", "origin": url})
     return Served(url, api, portal, client)
 
 

@@ -135,3 +135,14 @@ def test_jobspec_does_not_import_torch():
     code = "import sys, gpuflex.jobspec, gpuflex.plugins; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_the_default_strategy_is_server_momentum_and_diloco_keeps_its_own_momentum() -> None:
+    plain = JobSpec.from_dict({"model": "mlp", "data": "sklearn-digits"})
+    assert (plain.strategy, plain.server_lr, plain.server_momentum) == ("fedavgm", 1.0, 0.7)
+    for strategy in ("diloco", "fedadam"):
+        spec = JobSpec.from_dict({"model": "mlp", "data": "sklearn-digits", "strategy": strategy})
+        assert spec.server_momentum == 0.9
+        assert JobSpec.from_dict({**spec.to_dict(), "server_momentum": 0.5}).server_momentum == 0.5
+    template = JobSpec.from_toml_text(example_job_toml())
+    assert (template.strategy, template.server_momentum, template.final_model) == ("fedavgm", 0.7, "best")

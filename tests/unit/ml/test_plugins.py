@@ -20,6 +20,11 @@ def test_loads_a_function():
         ("nocolon", "not of the form"),
         (f"{FIXTURES}:missing", "has no attribute 'missing'"),
         (f"{FIXTURES}:NOT_CALLABLE", "is a int, not a function"),
+        # What the module imported is no plug-in of it: not a module's function, nor one it imports.
+        (f"{FIXTURES}:np.abs", "goes through module 'numpy'"),
+        (f"{FIXTURES}:torch.save", "goes through module 'torch'"),
+        (f"{FIXTURES}:TensorDataset", "is defined in 'torch.utils.data.dataset', not in"),
+        (f"{FIXTURES}:tiny_model.__globals__", "Python's internals"),
     ],
 )
 def test_bad_paths_explain_what_was_expected(path: str, reason: str):

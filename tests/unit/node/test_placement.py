@@ -140,3 +140,29 @@ def test_hundred_members_ten_public_keep_groups_of_eight() -> None:
                                    punched=set(punched))
     assert size_before == 10  # without the punched homes: ten groups of ten under ten public leaders
     assert size == 8
+
+
+@given(st.integers(3, 30), st.integers(2, 6), st.integers(2, 4), st.binary(min_size=32, max_size=32),
+       st.sets(st.integers(0, 29)))
+def test_masked_groups_do_not_depend_on_the_coordinators_private_list(n: int, group_size: int, min_group: int,
+                                                                      seed: bytes, marked: set[int]) -> None:
+    """Whatever members the coordinator calls private, every member masks with the same group
+    (its group's members are the same); the list only picks a reachable leader inside it."""
+    from gpuflex.node.placement import masked_tree
+    from gpuflex.node.secure import mask_group
+
+    members = [f"peer{i:02d}" for i in range(n)]
+    private = {members[i] for i in marked if 0 < i < n}
+    plain = masked_tree(members[0], members, (), group_size, min_group, seed)
+    steered = masked_tree(members[0], members, private, group_size, min_group, seed)
+
+    def group(tree: dict[str, str | None], p: str) -> frozenset[str]:
+        leader, masking = mask_group(tree, p)
+        return frozenset({leader, *masking})
+
+    assert sorted(steered) == members and steered[members[0]] is None
+    for p in members:
+        assert group(steered, p) == group(plain, p), p
+        leader = mask_group(steered, p)[0]
+        if leader != members[0] and any(q not in private for q in group(steered, p)):
+            assert leader not in private  # a reachable leader wherever the group has one

@@ -35,9 +35,13 @@ def policy(**flags: Any) -> JobPolicy:
     return JobPolicy(with_flags(NodeConfig(), **flags), own_id=ME)
 
 
-def test_patterns_match_whole_paths_with_star_for_any_run_of_characters() -> None:
+def test_patterns_match_whole_paths_with_star_for_modules_or_one_function_name() -> None:
     assert pattern_regex("mylab.models:*").match("mylab.models:make")
-    assert pattern_regex("mylab.models:*").match("mylab.models:Zoo.make")
+    # '*' in the function part is one name: never an attribute path through what a module imports.
+    assert not pattern_regex("mylab.models:*").match("mylab.models:os.abort")
+    assert not pattern_regex("mylab.models:*").match("mylab.models:Zoo.make")
+    assert pattern_regex("mylab.models:Zoo.*").match("mylab.models:Zoo.make")
+    assert not pattern_regex("mylab.*:*").match("mylab.models:os.abort")
     assert not pattern_regex("mylab.models:*").match("mylab.modelsx:make")
     assert not pattern_regex("mylab.models:make").match("mylab.models:make_evil")
     assert pattern_regex("mylab.*:*").match("mylab.a.b:c") and not pattern_regex("mylab.*:*").match("mylabx:c")

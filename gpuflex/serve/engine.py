@@ -1,0 +1,183 @@
+"""Continuous batching over one causal language model, with a KV cache (torch, no trio).
+
+The batch is a set of sequences decoded together, one token each per step, sharing one
+key/value cache laid out ``[batch, heads, positions, head_dim]`` and left-padded: a row's
+padding is masked out and its position ids count only its own tokens, so a sequence's
+tokens do not depend on what else is in the batch (greedy decoding gives exactly what it
+gives alone, up to float rounding).
+
+Between two decode steps :meth:`BatchEngine.admit` prefills new sequences in one forward
+pass and splices their cache into the running batch (padding the shorter side on the left),
+and :meth:`BatchEngine.retire` drops finished ones (and the padding columns no row needs any
+more). So a new request waits for one decode step, not for the batch to finish.
+
+Every method runs on one worker thread at a time (``scheduler.Scheduler`` calls them).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass
+class Seq:
+    """One sequence in (or waiting for) the batch."""
+
+    rid: int
+    prompt_ids: list[int]
+    max_new: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int | None = None
+    logprobs: bool = False
+    out_ids: list[int] = field(default_factory=list)
+    out_logprobs: list[float] = field(default_factory=list)
+    generator: torch.Generator | None = None
+
+    def __post_init__(self) -> None:
+        if self.temperature > 0:
+            self.generator = torch.Generator()
+            self.generator.manual_seed(self.seed if self.seed is not None else torch.seed() % (2**63))
+
+
+def kv_bytes_per_token(config: Any) -> int:
+    """Cache bytes one token of one sequence holds (keys and values, every layer, float32)."""
+    def first(*names: str) -> int:
+        return int(next((v for v in (getattr(config, n, None) for n in names) if v), 1))
+
+    heads = first("num_attention_heads", "n_head")
+    kv_heads = first("num_key_value_heads", "num_attention_heads", "n_head")
+    head_dim = first("head_dim") if getattr(config, "head_dim", None) else first("hidden_size", "n_embd") // heads
+    return 2 * first("num_hidden_layers", "n_layer") * kv_heads * head_dim * 4
+
+
+def max_positions(config: Any) -> int:
+    return int(getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None) or 1024)
+
+
+def _pad_left(t: torch.Tensor, length: int) -> torch.Tensor:
+    return t if t.shape[-2] == length else F.pad(t, (0, 0, length - t.shape[-2], 0))
+
+
+class BatchEngine:
+    def __init__(self, model: Any, eos_id: int | None) -> None:
+        from transformers import DynamicCache
+
+        self.model = model.eval()
+        self.eos_id = eos_id
+        self._cache_cls = DynamicCache
+        params = inspect.signature(model.forward).parameters
+        self._cache_kw = "cache" if "cache" in params else "past_key_values"
+        self.seqs: list[Seq] = []
+        self.cache: Any = None
+        self.mask = torch.zeros(0, 0, dtype=torch.long)
+        self.last_pos = torch.zeros(0, dtype=torch.long)
+        self.pending = torch.zeros(0, dtype=torch.long)  # each row's newest token, not yet in the cache
+
+    @property
+    def size(self) -> int:
+        return len(self.seqs)
+
+    @property
+    def width(self) -> int:
+        """Cache positions per row (the longest row plus the others' left padding)."""
+        return int(self.mask.shape[1])
+
+    def _forward(self, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, cache: Any) -> torch.Tensor:
+        with torch.inference_mode():
+            out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True,
+                             **{self._cache_kw: cache})
+        return out.logits[:, -1, :].float()
+
+    def _pick(self, logits: torch.Tensor, seqs: Sequence[Seq]) -> list[int]:
+        """Each row's next token: greedy at temperature 0, else nucleus sampling from the
+        sequence's own seeded generator (so a seed reproduces a completion)."""
+        logp = torch.log_softmax(logits, dim=-1)
+        chosen: list[int] = []
+        for row, seq in enumerate(seqs):
+            if seq.generator is None:
+                token = int(torch.argmax(logits[row]))
+            else:
+                probs = torch.softmax(logits[row] / seq.temperature, dim=-1)
+                if seq.top_p < 1.0:
+                    sorted_p, order = torch.sort(probs, descending=True)
+                    keep = torch.cumsum(sorted_p, 0) - sorted_p < max(seq.top_p, 1e-9)
+                    probs = torch.zeros_like(probs).scatter_(0, order[keep], sorted_p[keep])
+                token = int(torch.multinomial(probs, 1, generator=seq.generator))
+            seq.out_ids.append(token)
+            if seq.logprobs:
+                seq.out_logprobs.append(float(logp[row, token]))
+            chosen.append(token)
+        return chosen
+
+    def admit(self, new: Sequence[Seq]) -> list[tuple[Seq, int]]:
+        """Prefill ``new`` in one pass, sample each one's first token, and join the batch."""
+        if not new:
+            return []
+        length = max(len(s.prompt_ids) for s in new)
+        ids = torch.tensor([[0] * (length - len(s.prompt_ids)) + s.prompt_ids for s in new])
+        mask = torch.tensor([[0] * (length - len(s.prompt_ids)) + [1] * len(s.prompt_ids) for s in new])
+        pos = (mask.cumsum(-1) - 1).clamp(min=0)
+        cache = self._cache_cls(config=self.model.config)
+        logits = self._forward(ids, mask, pos, cache)
+        firsts = self._pick(logits, new)
+        self._join(cache, mask, pos[:, -1], torch.tensor(firsts), list(new))
+        return list(zip(new, firsts, strict=True))
+
+    def _join(self, cache: Any, mask: torch.Tensor, last: torch.Tensor, pending: torch.Tensor,
+              seqs: list[Seq]) -> None:
+        if not self.seqs:
+            self.cache, self.mask, self.last_pos, self.pending, self.seqs = cache, mask, last, pending, seqs
+            return
+        width = max(self.width, mask.shape[1])
+        for mine, theirs in zip(self.cache.layers, cache.layers, strict=True):
+            mine.keys = torch.cat([_pad_left(mine.keys, width), _pad_left(theirs.keys, width)])
+            mine.values = torch.cat([_pad_left(mine.values, width), _pad_left(theirs.values, width)])
+        self.mask = torch.cat([F.pad(self.mask, (width - self.width, 0)), F.pad(mask, (width - mask.shape[1], 0))])
+        self.last_pos = torch.cat([self.last_pos, last])
+        self.pending = torch.cat([self.pending, pending])
+        self.seqs = self.seqs + seqs
+
+    def step(self) -> list[tuple[Seq, int]]:
+        """One decode step for every sequence in the batch: each gets one more token."""
+        if not self.seqs:
+            return []
+        self.mask = torch.cat([self.mask, torch.ones(self.size, 1, dtype=self.mask.dtype)], dim=1)
+        self.last_pos = self.last_pos + 1
+        logits = self._forward(self.pending[:, None], self.mask, self.last_pos[:, None], self.cache)
+        chosen = self._pick(logits, self.seqs)
+        self.pending = torch.tensor(chosen)
+        return list(zip(self.seqs, chosen, strict=True))
+
+    def retire(self, rids: set[int]) -> None:
+        """Drop the sequences ``rids`` (finished or abandoned) from the batch."""
+        keep = [i for i, s in enumerate(self.seqs) if s.rid not in rids]
+        if len(keep) == len(self.seqs):
+            return
+        if not keep:
+            self.seqs, self.cache = [], None
+            self.mask = torch.zeros(0, 0, dtype=torch.long)
+            self.last_pos = self.pending = torch.zeros(0, dtype=torch.long)
+            return
+        index = torch.tensor(keep)
+        mask = self.mask[index]
+        # Columns that are padding in every remaining row are no longer needed.
+        used = mask.any(dim=0).nonzero()
+        start = int(used[0]) if len(used) else 0
+        for layer in self.cache.layers:
+            layer.keys = layer.keys[index, :, start:].contiguous()
+            layer.values = layer.values[index, :, start:].contiguous()
+        self.mask = mask[:, start:]
+        self.last_pos, self.pending = self.last_pos[index], self.pending[index]
+        self.seqs = [self.seqs[i] for i in keep]
+
+    def cache_bytes(self) -> int:
+        if self.cache is None:
+            return 0
+        return sum(layer.keys.numel() * layer.keys.element_size() * 2 for layer in self.cache.layers)

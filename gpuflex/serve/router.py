@@ -1,0 +1,110 @@
+"""Taking a request anywhere and answering it from wherever the model is served.
+
+A request goes to the best server the directory names (this node itself, or a peer over a
+streamed mesh request on the connections rounds use, relayed ones included). If that server
+fails before it sends any text, the request is tried on the next (at most ``MAX_TRIES``
+servers): no text reached the caller, so nothing is lost or repeated. Once text has gone
+out, a failure ends the request with an error naming the server, since a second server
+would not continue the same sampled text.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncGenerator, Awaitable, Callable
+from typing import Any, Protocol
+
+from gpuflex.serve import BadRequest, Overloaded, ServeError, UnknownModel
+from gpuflex.serve.directory import Directory
+from gpuflex.serve.request import GenRequest
+from mesh.messaging import SendError
+
+log = logging.getLogger("gpuflex.serve")
+MAX_TRIES = 3
+#: Opening a stream to a server, and the longest silence between two of its items (a full
+#: batch's prefill on a slow CPU fits well inside it).
+OPEN_S, ITEM_S = 10.0, 120.0
+
+Local = Callable[[GenRequest], AsyncGenerator[dict[str, Any], None]]
+
+
+class RemoteServers(Protocol):
+    """How the router reaches a peer that serves (``service.ServeService``)."""
+
+    def remote(self, peer: str, req: GenRequest) -> AsyncGenerator[dict[str, Any], None]: ...
+
+    def rtts(self) -> dict[str, float | None]: ...
+
+    def penalise(self, peer: str) -> None: ...
+
+
+def error_of(item: dict[str, Any]) -> ServeError:
+    """The ServeError a server's error item stands for (its status, bounded)."""
+    status = item.get("status")
+    message = str(item.get("error"))[:500]
+    if status == 404:
+        return UnknownModel(message)
+    if status == 429:
+        return Overloaded(message)
+    if status == 400:
+        return BadRequest(message)
+    return ServeError(message, 502)
+
+
+class Router:
+    def __init__(self, own_id: str, directory: Directory, local: Local, servers: RemoteServers) -> None:
+        self.own_id, self.directory, self.local, self.servers = own_id, directory, local, servers
+
+    def _source(self, peer: str, req: GenRequest) -> AsyncGenerator[dict[str, Any], None]:
+        return self.local(req) if peer == self.own_id else self.servers.remote(peer, req)
+
+    async def generate(self, req: GenRequest, model_hash: str | None = None,
+                       exclude: frozenset[str] = frozenset(), on_server: Callable[[str], Awaitable[None]] | None = None,
+                       ) -> AsyncGenerator[dict[str, Any], None]:
+        """The request's items from the best server; fails over before its first item."""
+        tried: set[str] = set(exclude)
+        reasons: list[str] = []
+        busy = 0  # servers that refused only because their queue was full
+        for _ in range(MAX_TRIES):
+            choice = self.directory.choose(req.model, self.servers.rtts(), tried, model_hash)
+            if not choice:
+                break
+            peer = choice[0]
+            tried.add(peer)
+            if on_server is not None:
+                await on_server(peer)
+            got = 0
+            self.directory.routed(peer)
+            try:
+                async for item in self._source(peer, req):
+                    if "error" in item:
+                        raise error_of(item)
+                    if item.get("text"):
+                        got += 1  # text reached the caller: a retry would repeat or change it
+                    yield item
+                return
+            except (SendError, Overloaded) as exc:
+                if got:
+                    raise ServeError(f"the server {peer[-8:]} stopped after {got} pieces of the answer: {exc}",
+                                     502) from None
+                log.info("server %s failed before answering (%s); trying another", peer[-8:], exc)
+                reasons.append(f"{peer[-8:]}: {exc}")
+                if isinstance(exc, Overloaded):
+                    busy += 1
+                else:
+                    self.directory.failed(peer)
+            except ServeError as exc:
+                if got or exc.status in (400, 404) or peer == self.own_id:
+                    raise
+                reasons.append(f"{peer[-8:]}: {exc}")
+                self.directory.failed(peer)
+            finally:
+                self.directory.returned(peer)
+        if not reasons and self.directory.serves(req.model):
+            raise Overloaded(f"every server of {req.model!r} has as many of this node's requests as it takes")
+        if not reasons:
+            known = ", ".join(sorted(self.directory.models())) or "none"
+            raise UnknownModel(f"no node serves model {req.model!r} (served now: {known})")
+        if busy == len(reasons):
+            raise Overloaded(f"every server of {req.model!r} is busy; try again shortly")
+        raise ServeError(f"every server of {req.model!r} failed before answering: {'; '.join(reasons)}", 503)
