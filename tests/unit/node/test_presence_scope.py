@@ -28,7 +28,7 @@ class StandInJob:
         self.weight = 7
         self.preparing = False
         self.passes_round = 0
-        self.failure: str | None = None
+        self.failure = ""  # why the job failed here (JobDriver.failure); it has not
         self.seen: list[str] = []
 
     def participates(self) -> bool:
