@@ -133,8 +133,9 @@ class Discovery:
 
     # -- NodeInfo lookups ----------------------------------------------------------------------
 
-    def forget(self, peer: str, keep: int) -> None:
-        """``peer`` left the peer table: forget it, keeping at most ``keep`` lookup times."""
+    def forget_info(self, peer: str, keep: int) -> None:
+        """An evicted peer: when it was looked up stays (so it is not looked up again the
+        moment it returns), but the record of lookups is held to ``keep`` entries."""
         self._info_loading.discard(peer)
         while len(self._info_tried) > keep:
             del self._info_tried[next(iter(self._info_tried))]

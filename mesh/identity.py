@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import stat
 from dataclasses import dataclass, field
+from functools import cached_property, lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -34,6 +35,7 @@ class IdentityError(MeshError, RuntimeError):
     """The key file is missing, malformed or too widely readable."""
 
 
+@lru_cache(maxsize=8192)  # every verified message names its sender: base58 of a known key, again
 def peer_id_from_public_key(public_key: bytes) -> str:
     if len(public_key) != 32:
         raise ValueError("an Ed25519 public key has 32 bytes")
@@ -67,15 +69,17 @@ class Identity:
     def generate(cls) -> Identity:
         return cls(os.urandom(32))
 
-    @property
+    # Derived once: deriving the key pair from the seed costs as much as a signature, and the
+    # node reads its own key and id on every message it seals.
+    @cached_property
     def signing_key(self) -> SigningKey:
         return SigningKey(self.seed)
 
-    @property
+    @cached_property
     def public_key(self) -> bytes:
         return bytes(self.signing_key.verify_key)
 
-    @property
+    @cached_property
     def peer_id(self) -> str:
         return peer_id_from_public_key(self.public_key)
 

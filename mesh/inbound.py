@@ -21,7 +21,7 @@ from typing import Any, Protocol
 import trio
 
 from mesh.blob import BlobStore, serve_blob
-from mesh.codec import MAX_FRAME, ReplayGuard, Truncated, WireError, open_envelope
+from mesh.codec import MAX_FRAME, ReplayGuard, Truncated, WireError, frame_msg_id, open_envelope
 from mesh.framing import Stalled, read_frame, read_growing, read_len64, write_frame, write_obj
 from mesh.health import PeerTable
 from mesh.limits import Busy, Charge, LogThrottle, PeerLimits, PeerQuotas
@@ -189,8 +189,11 @@ class InboundStreams:
                                    f"{quotas.limits.gossip_peer_rate:g} streams/s; dropping the excess")
             return
         frame = await self._frame(stream, remote)
-        env = open_envelope(frame)
         node.bytes_received += len(frame)
+        if frame_msg_id(frame) in node.seen:  # one of up to D copies: no signature check again
+            node.peers.seen(remote)
+            return
+        env = open_envelope(frame)
         node.peers.seen(remote)
         if abs(time.time() - env.ts) > node.gossip_window_s:
             raise WireError("stale", f"gossiped {env.kind} is {time.time() - env.ts:.0f}s old")

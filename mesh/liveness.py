@@ -126,6 +126,11 @@ class Liveness:
         self._due_at = math.inf  # when the loop should wake next
         self._lagging_until = -math.inf
         self._nursery: trio.Nursery | None = None
+        # Whether to announce this node alive after start (``ANNOUNCE_AFTER_S``): only a node
+        # that was in a mesh before can be held suspect or down anywhere; a first-time node is a
+        # stranger to every peer, which drops a rumour about a stranger, so announcing it would
+        # cost every node D copies of N rumours when a mesh of N starts, and change nothing.
+        self.announce_start = True
         node.handlers.register(RUMOUR, self._on_rumour)
         node.handlers.register(PING_REQ, self._on_ping_req)
 
@@ -135,7 +140,7 @@ class Liveness:
 
     async def run(self) -> None:
         started = trio.current_time()
-        announce = list(ANNOUNCE_AFTER_S)
+        announce = list(ANNOUNCE_AFTER_S) if self.announce_start else []
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             while True:
@@ -420,13 +425,16 @@ class Liveness:
         return {"ok": await self.ping(peer)}
 
     def forget(self, peers: Iterable[str]) -> None:
-        """Peers gone from the peer table: nothing is kept for them, their ping streams closed."""
         for peer in peers:
             self.known.pop(peer, None)
             self.suspects.pop(peer, None)
-            kept = self._streams.pop(peer, None)
-            if kept is not None and self._nursery is not None:
-                self._nursery.start_soon(_reset, kept[0])
+
+    def drop(self, peer: str) -> None:
+        """A peer the full peer table evicted: forget it and close its kept ping stream."""
+        self.forget([peer])
+        dropped = self._streams.pop(peer, None)
+        if dropped is not None and self._nursery is not None:
+            self._nursery.start_soon(_reset, dropped[0])
 
 
 class _Pending:

@@ -40,6 +40,7 @@ from mesh.reachability import (
     parse,
 )
 from mesh.relay import RESERVE_RETRY_S, RelayClient
+from mesh.transport import Transport
 
 if TYPE_CHECKING:
     from mesh.health import PeerTable
@@ -63,6 +64,7 @@ class NatSettings(Protocol):
     mdns: bool
     listen: list[str]
     announce: list[str]
+    transport: Transport
 
 
 class NatHost(Protocol):
@@ -149,9 +151,9 @@ class NatService:
 
         self.node.handlers.register(DIALBACK, self._answer_dialback)
         inbound = self.node.inbound
-        self.relay = RelayClient(self.node.host, self.node.config.relay,
-                                 guard=lambda handler: inbound.guard_plain(handler, "relay_streams"),
-                                 member=self._is_member)
+        self.relay = self.node.config.transport.relay_client(
+            self.node.host, self.node.config.relay, lambda handler: inbound.guard_plain(handler, "relay_streams"),
+            member=self._is_member)
         async with self.relay.running(), trio.open_nursery() as nursery:
             if self.node.config.mdns and worth_announcing(self.node.config.listen):
                 self.lan = LanDiscovery(self.node.host, self._lan_peer)

@@ -51,7 +51,6 @@ from mesh.health import UP, HealthConfig, PeerRecord, PeerState, PeerTable, prot
 from mesh.host import (
     DEFAULT_LISTEN,
     HostError,
-    build_host,
     check_tcp_port_free,
     parse_multiaddr,
     sticky_listen,
@@ -76,6 +75,7 @@ from mesh.push import PUSH_MIN, push_payload
 from mesh.records import NODEINFO_NS, RecordValidator, nodeinfo_key
 from mesh.relay import RelayLimitsConfig
 from mesh.streaming import STREAM_PROTOCOL, StreamTable, read_items, send_request, serve_stream
+from mesh.transport import Libp2pTransport, Transport
 
 log = logging.getLogger("mesh.node")
 INFO_REQUEST = "info_req"
@@ -137,6 +137,9 @@ class MeshConfig:
     info_retry_s: float = 10.0  # NodeInfo of a peer that is not up is looked up this often
     # What one peer may cost this node (mesh.limits, docs/security.md).
     limits: PeerLimits = field(default_factory=PeerLimits)
+    # The network below the mesh (mesh.transport): py-libp2p over TCP unless a simulator
+    # (mesh.testing.simnet) supplies a modelled one.
+    transport: Transport = field(default_factory=Libp2pTransport)
 
 
 class MeshNode:
@@ -200,16 +203,17 @@ class MeshNode:
 
     async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         """Serve until ``stop()``; reports started once listening and bootstrapped."""
-        from libp2p.kad_dht.kad_dht import DHTMode, KadDHT
         from libp2p.records.validator import NamespacedValidator
-        from libp2p.tools.anyio_service import background_trio_service
 
-        for addr in self.config.listen:
-            check_tcp_port_free(addr)
+        net = self.config.transport
+        if net.uses_sockets:
+            for addr in self.config.listen:
+                check_tcp_port_free(addr)
         await trio.to_thread.run_sync(self.book.load)
-        wanted = sticky_listen(self.config.listen, self.book.listen)  # port 0: last time's port
+        self.liveness.announce_start = bool(self.book.joined)  # a node back in its mesh says so
+        wanted = sticky_listen(self.config.listen, self.book.listen) if net.uses_sockets else self.config.listen
         try:
-            self.host = build_host(self.identity, wanted, self.config.announce)
+            self.host = net.build_host(self.identity, wanted, self.config.announce)
         except HostError:
             raise  # already says what is wrong
         except Exception as exc:  # py-libp2p's constructors raise from unrelated roots
@@ -219,8 +223,7 @@ class MeshNode:
             self.book.listening(str(a) for ln in self.host.get_network().listeners.values() for a in ln.get_addrs())
             self._nursery = nursery
             validator = NamespacedValidator({NODEINFO_NS: cast(Any, RecordValidator("nodeinfo"))})
-            mode = DHTMode.CLIENT if self.config.client_mode else DHTMode.SERVER
-            self.dht = KadDHT(self.host, mode, validator=validator, validator_changed=True)
+            self.dht = net.build_dht(self.host, self.config.client_mode, validator)
             inbound = self.inbound
             self.host.set_stream_handler(MSG_PROTOCOL, inbound.guard(inbound.handle_msg))
             self.host.set_stream_handler(GOSSIP_PROTOCOL, inbound.guard(inbound.handle_gossip))
@@ -229,7 +232,7 @@ class MeshNode:
                 partial(serve_stream, self, self.config.limits.read_timeout_s)))
             self.handlers.register(INFO_REQUEST, self._answer_info_request)
             self.handlers.register(PEERS_REQUEST, self.pex.answer)
-            async with background_trio_service(self.dht):
+            async with net.serve_dht(self.dht):
                 self.listening_since = time.time()
                 await nursery.start(self.nat.run)
                 self._info_frame = self._seal_node_info()
@@ -378,10 +381,10 @@ class MeshNode:
     async def _join(self, nursery: trio.Nursery) -> None:
         """Dial the bootstrap peers and the address book (mesh.bootstrap); a node that has been
         in a mesh before waits for it with backoff instead of failing."""
-        from mesh.dialer import Libp2pDialer, bootstrap_candidates, join_candidates
+        from mesh.dialer import bootstrap_candidates, join_candidates
 
         boot = bootstrap_candidates(self.config.bootstrap, self.peer_id)
-        dial = self._dialer = Libp2pDialer(self.host)
+        dial = self._dialer = self.config.transport.dialer(self.host)
         policy = JoinPolicy(first_run_timeout_s=self.config.bootstrap_timeout_s,
                             backoff_max_s=max(1.0, self.config.rejoin_backoff_max_s))
 
@@ -459,12 +462,13 @@ class MeshNode:
             self._book_save_failed = False
 
     def _forget(self, peer: str) -> None:
-        """``peer`` left the full peer table (``mesh.peertable``): drop what is kept for it. When
-        its NodeInfo was looked up is kept a while longer (bounded, ``Discovery.forget``), so a
-        key that comes and goes is not looked up again each time it returns."""
-        self.discovery.forget(peer, keep=4 * self.config.health.max_peers)
+        """``peer`` left the full peer table (``mesh.peertable``): drop what is kept for it in
+        liveness, discovery and peer exchange. When it was looked up is kept a while longer
+        (bounded), so a key that comes and goes (a job's absent member, named again every
+        second) is not looked up again each time it returns."""
+        self.discovery.forget_info(peer, 4 * self.config.health.max_peers)
         self.pex.frames.pop(peer, None)
-        self.liveness.forget([peer])
+        self.liveness.drop(peer)
 
     def _peer_state_changed(self, rec: PeerRecord, old: PeerState, new: PeerState) -> None:
         if new == PeerState.UP and old == PeerState.DOWN:

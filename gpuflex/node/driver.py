@@ -46,7 +46,7 @@ from gpuflex.node.roles.leader import Leader
 from gpuflex.node.roles.member import Member
 from gpuflex.node.roles.root import Root
 from gpuflex.node.state import JobBook, JobInfo, RoundDeadlines, RoundState
-from gpuflex.node.summary import ledger_rows, metric_rows, summarize
+from gpuflex.node.summary import ledger_rows, members_gone_note, metric_rows, summarize
 from gpuflex.node.workplan import valid_rate
 from gpuflex.privacy import STOP, WARN, budget_status
 from gpuflex.safetext import printable
@@ -303,6 +303,9 @@ class JobDriver:
     def participates(self) -> bool:
         return self.book.participates()
 
+    def known_members(self) -> set[str]:  # the peers this job's presence goes to
+        return self.book.known_members()
+
     def head(self) -> str:
         """This job's ledger head as presence names it."""
         return self.book.ledger.head[:HEAD_CHARS]
@@ -412,9 +415,3 @@ class JobDriver:
         book = self.book
         return job_export(self.job_id, self.spec, book.head_model, book.ledger.results, self.port.blobs,
                           self.trainer(), metric_rows(book), ledger_rows(book), book.ledger.path)
-
-
-def members_gone_note(count: int) -> str:
-    """The job status note of a job none of whose members is reachable."""
-    return (f"all {count} members of this job are gone (offline or unknown); "
-            "waiting for one to return, at no cost")

@@ -31,8 +31,8 @@ from gpuflex.node.faults import NO_FAULTS, Faults
 from gpuflex.node.kinds import EventKind, JobState
 from gpuflex.node.messages import JOB, PRESENCE, SYNC, created_at
 from gpuflex.node.nodeport import NodePort, NodeServices
-from gpuflex.node.prepare import load_trainer
-from gpuflex.node.presence import PRESENCE_MARKS, send_presence
+from gpuflex.node.prepare import TrainerFactory, load_trainer
+from gpuflex.node.presence import PRESENCE_MARKS, group_recipients, presence_body
 from gpuflex.node.state import JobInfo
 from gpuflex.node.summary import brief
 from gpuflex.node.sync import CatchUp
@@ -44,6 +44,7 @@ from mesh.fsutil import atomic_write
 from mesh.health import PeerRecord, PeerState
 from mesh.messaging import Inbound, Rejected
 from mesh.node import MeshNode
+from mesh.overlay import neighbours
 
 log = logging.getLogger("gpuflex.jobs")
 #: Presence is refreshed this often; PRESENCE_FRESH_S (state.py) allows three missed beats.
@@ -52,14 +53,14 @@ PRESENCE_EVERY_S = 3.0
 PRESENCE_SOON_S = 0.2
 #: Presence broadcasts in flight at once; beyond that the next waits for the one before.
 PRESENCE_SENDS_AT_ONCE = 3
+WATCH_PER_JOB = 16  #: members of a running job watched first-hand, picked as mesh.overlay picks
 #: How often each job re-checks whether min_nodes members are reachable, to say so.
 QUORUM_CHECK_S = 1.0
 #: At start a node waits up to this many seconds (one try a second) for a first peer to sync from.
 INITIAL_SYNC_TRIES = 30
 #: Peers asked at start, and at most peers asked when a job needs to catch up.
 INITIAL_SYNC_PEERS, CATCH_UP_PEERS = 2, 4
-#: A peer whose ledger changed nothing here is not asked for it again, on its presence, for
-#: this long; at most this many such (job, peer) pairs are remembered.
+#: A peer whose ledger changed nothing here is not asked again for this long; (job, peer) pairs kept.
 FRUITLESS_SYNC_S, MAX_FRUITLESS = 30.0, 4096
 #: Peers whose verified contributions are counted (``credit``): the most credited are kept.
 MAX_CREDITED = 4096
@@ -82,9 +83,10 @@ def job_id_of(env: Envelope) -> str:
 
 class JobManager:
     def __init__(self, mesh: MeshNode, events: EventLog, home: Path, faults: Faults = NO_FAULTS,
-                 config: NodeConfig | None = None) -> None:
+                 config: NodeConfig | None = None, trainers: TrainerFactory | None = None) -> None:
         self.mesh, self.events, self.home, self.faults = mesh, events, home, faults
         self.config = config if config is not None else NodeConfig()
+        self._trainers = trainers or partial(load_trainer, config=self.config)  # a simulator's stand-in, or torch
         self.admission = Admission(JobPolicy(self.config, own_id=mesh.peer_id), events,
                                    penalise=lambda peer, points: mesh.peers.penalise(peer, points).penalty)
         self.jobs_dir = home / "jobs"
@@ -139,7 +141,6 @@ class JobManager:
         for driver in self.drivers.values():
             driver.notify()
 
-    # -- job arrival -------------------------------------------------------------------------
 
     def _unfinished(self) -> Counter[str]:
         """Jobs not yet done or failed here, per publisher: what the caps count."""
@@ -188,7 +189,7 @@ class JobManager:
         port = NodePort(self.mesh, self.events, self.home, job_id, self._services,
                         marks=self.marks if plugins else None)
         driver = JobDriver(info, port, self.jobs_dir, faults=self.faults,
-                           trainers=partial(load_trainer, config=self.config))
+                           trainers=self._trainers)
         self.drivers[job_id] = driver
         self.events.emit(EventKind.JOB_RECEIVED, job=job_id, peer=env.sender, message=(
             f"job {job_id} ({printable(spec.name, 60)}): {spec.rounds} rounds of {spec.model} on {spec.data}"))
@@ -217,21 +218,45 @@ class JobManager:
         driver = self.drivers.get(job) if isinstance(job, str) else None
         return 0 if driver is None else await driver.payload_limit(env.sender)
 
-    # -- presence ----------------------------------------------------------------------------
 
     def announce_soon(self) -> None:
         """Send presence within ``PRESENCE_SOON_S`` instead of at the next period."""
         self._presence_due.set()
 
     async def send_presence(self) -> None:
-        """Each job's presence to its members alone (``gpuflex.node.presence``)."""
-        await send_presence(self.mesh, self.drivers, self._on_presence, 3 * PRESENCE_EVERY_S)
+        """Each job's presence to its members alone (``JobDriver.known_members``), one message per
+        set of jobs shared with a peer, applied here first: none grows with the mesh's jobs."""
+        # Finished jobs too: a member that fell behind (a full disk, a partition) catches up.
+        active = {j: d.committed for j, d in self.drivers.items() if d.state != JobState.FAILED and d.participates()}
+        # Jobs that failed here, and why: peers leave this node out of their plans and say why.
+        failed = dict(islice(((j, why) for j, d in self.drivers.items() if (why := d.failure)), PRESENCE_MARKS))
+        if not active and not failed:  # a node in no job sends nothing
+            return
+        me = self.mesh.peer_id
+        try:
+            own = seal(self.mesh.identity, PRESENCE, presence_body(self.drivers, active, failed))
+            await self._on_presence(Inbound(open_envelope(own), None, me, gossip=True))
+        except (WireError, ValueError, Rejected) as exc:  # a map too large for its kind's limit
+            log.debug("own presence not applied: %s", exc)
+        alive, shared = set(self.mesh.peers.alive()), {}  # type: ignore[var-annotated]
+        for job in [*active, *failed]:
+            members = self.drivers[job].known_members() & alive
+            for peer in members - {me}:
+                shared.setdefault(peer, []).append(job)
+            if self.drivers[job].state == JobState.RUNNING:  # its rounds' members, spread evenly
+                self.mesh.watch(neighbours(me, members, WATCH_PER_JOB), 3 * PRESENCE_EVERY_S)
+        async with trio.open_nursery() as nursery:
+            for group, peers in group_recipients(shared).items():
+                try:
+                    frame = seal(self.mesh.identity, PRESENCE, presence_body(self.drivers,
+                        {j: active[j] for j in group if j in active}, {j: failed[j] for j in group if j in failed}))
+                    nursery.start_soon(self.mesh.send_direct, frame, peers)
+                except (WireError, ValueError) as exc:
+                    log.debug("presence for %d job(s) not sent: %s", len(group), exc)
 
     async def _presence_loop(self) -> None:
         while True:
-            # A broadcast returns once every peer has the frame or its push timed out: one
-            # starved peer (a machine held to a tenth of a core) held each node's next presence,
-            # and with it a new member's throughput, for seconds. So a few go out side by side.
+            # A few go out side by side: one starved peer held each node's next presence for seconds.
             if self._presence_sends < PRESENCE_SENDS_AT_ONCE and self._nursery is not None:
                 self._nursery.start_soon(self._send_presence_counted)
             else:
@@ -295,7 +320,6 @@ class JobManager:
         """Every job's recent models and steps: two jobs started alike share an initial model."""
         return set().union(*(d.recent_blobs() for d in self.drivers.values()))
 
-    # -- catch-up sync (gpuflex.node.sync) ----------------------------------------------------------
 
     async def _initial_sync(self) -> None:
         for _ in range(INITIAL_SYNC_TRIES):
@@ -324,7 +348,6 @@ class JobManager:
             if peer != self.mesh.peer_id and await self.syncer.sync_from_peer(peer):
                 return
 
-    # -- credit --------------------------------------------------------------------------------
 
     def credit(self, peer: str) -> None:
         """Count a verified contribution; past ``MAX_CREDITED`` peers the least credited goes."""
@@ -335,7 +358,6 @@ class JobManager:
     def rounds_contributed(self, peer: str) -> int:
         return self.contributed.get(peer, 0)
 
-    # -- control API ---------------------------------------------------------------------------
 
     def _find(self, params: dict[str, Any]) -> JobDriver:
         key = params.get("job")

@@ -86,6 +86,12 @@ class NodePort:
             out.add(self._mesh.peer_id)
         return out
 
+    def punched_peers(self) -> set[str]:
+        out = {rec.peer_id for rec in self._mesh.peers.all() if (rec.info or {}).get("reachability") == "relayed"}
+        if self._mesh.nat.reachability() == "relayed":
+            out.add(self._mesh.peer_id)
+        return out
+
     def why_unreachable(self, peer: str) -> str:
         self._mesh.peers.add(peer, displace=False)  # so the mesh looks up its NodeInfo, while there is room
         return str(self._mesh.nat.why_unreachable(peer) or "")

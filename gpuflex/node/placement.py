@@ -3,8 +3,9 @@
 A leader and the root receive updates, so they must be reachable by their children; a member
 behind NAT only ever dials out. ``order_for_tree`` orders the members so that
 ``aggregation.tree.build_tree`` (which makes the first member of each group its leader) puts
-reachable nodes at the head of every group, and widens the groups when there are too few
-reachable nodes to lead groups of the job's size. Members much slower than the others (in a
+reachable nodes at the head of every group; when there are too few to lead groups of the
+job's size, home nodes reached through a relay and a hole punch lead too, and only when even
+those are too few are the groups widened. Members much slower than the others (in a
 time-budgeted job) are placed as leaves too, when there are enough others to lead. With no
 member known to be private or slow the order is the plain one.
 """
@@ -19,11 +20,14 @@ from mesh.netprefix import network_prefix
 
 
 def order_for_tree(me: str, members: Sequence[str], private: Collection[str],
-                   group_size: int, slow: Collection[str] = ()) -> tuple[list[str], int]:
+                   group_size: int, slow: Collection[str] = (), punched: Collection[str] = ()) -> tuple[list[str], int]:
     """The member order for the plan and the group size to cut it with; ``me`` is the root.
 
     Leaders are reachable members, the ones not ``slow`` first: a slow leader would fold its
-    group's updates, and send them on, at its own pace."""
+    group's updates, and send them on, at its own pace. Then, when those are too few to lead
+    groups of ``group_size``, the ``punched`` ones among the private (home nodes reached through
+    a relay and a hole punch): they lead rather than any leader taking more than
+    ``group_size`` members. Groups grow past ``group_size`` only when even those are too few."""
     others = [p for p in members if p != me]
     priv = [p for p in others if p in private]
     late = [p for p in others if p in slow and p not in private]
@@ -32,7 +36,12 @@ def order_for_tree(me: str, members: Sequence[str], private: Collection[str],
     reach = [me] + [p for p in others if p not in private and p not in slow] + late
     n = len(others) + 1
     size = max(2, group_size)
-    if -(-n // size) > len(reach):  # too few reachable leaders: fewer, larger groups
+    needed = -(-n // size)
+    if needed > len(reach):  # too few directly reachable leaders: hole-punched homes lead too
+        holes = [p for p in priv if p in punched]
+        reach += holes[: needed - len(reach)]
+        priv = [p for p in priv if p not in reach]
+    if needed > len(reach):  # still too few: fewer, larger groups
         size = max(size, -(-n // len(reach)))
     count = -(-n // size)
     base, extra = divmod(n, count)

@@ -100,6 +100,11 @@ class JobPort(Protocol):
         never lead a group or root a round while others can."""
         ...
 
+    def punched_peers(self) -> set[str]:
+        """Of ``private_peers``, those that say they are reached through a relay and a hole
+        punch (``relayed``): they lead groups before any group grows past ``group_size``."""
+        ...
+
     def why_unreachable(self, peer: str) -> str:
         """What this node can tell of why ``peer`` is out of reach ("" if nothing)."""
         ...

@@ -19,6 +19,12 @@ METRIC_KEYS = ("loss", "accuracy", "perplexity", "train_loss", "contributors", "
 LISTED_MEMBERS = 64
 
 
+def members_gone_note(count: int) -> str:
+    """The job status note of a job none of whose members is reachable."""
+    return (f"all {count} members of this job are gone (offline or unknown); "
+            "waiting for one to return, at no cost")
+
+
 def metric_rows(book: JobBook) -> list[dict[str, Any]]:
     """One row per committed round: who coordinated and the round's metrics."""
     return [{"round": x.round, "coordinator": x.coordinator, **{k: x.metrics.get(k) for k in METRIC_KEYS}}

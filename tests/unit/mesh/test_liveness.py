@@ -320,3 +320,20 @@ def test_a_ping_waits_longer_for_a_peer_whose_round_trips_are_long() -> None:
     assert live.timeout("fast") == CFG.ping_timeout_s
     assert live.timeout("slow") == 6.0
     assert live.timeout("stuck") == 4 * CFG.ping_timeout_s
+
+
+async def test_only_a_node_back_in_its_mesh_announces_itself_alive(autojump_clock) -> None:
+    """A first-time node is a stranger everywhere (a rumour about a stranger is dropped), so its
+    alive announcements would only cost every node copies when a whole mesh starts; a node that
+    was in the mesh before announces itself, so peers holding it down see it up at once."""
+    for back in (False, True):
+        net, ids = Net(), peer_ids(4)
+        host = Host(net, ids)
+        live = Liveness(host, CFG)
+        live.announce_start = back
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(live.run)
+            await trio.sleep(30)
+            nursery.cancel_scope.cancel()
+        own = [b for _, b in host.rumours if b["peer"] == host.peer_id and b["state"] == "alive"]
+        assert bool(own) == back, (back, own)

@@ -240,6 +240,9 @@ class FakePort:
     def private_peers(self) -> set[str]:
         return set()  # the fake net has no NAT
 
+    def punched_peers(self) -> set[str]:
+        return set()
+
     def why_unreachable(self, peer: str) -> str:
         return ""
 

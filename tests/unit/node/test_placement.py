@@ -1,4 +1,4 @@
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from aggregation.tree import build_tree
@@ -54,6 +54,7 @@ def test_four_members_with_one_slow_put_it_under_a_fast_leader() -> None:
 # -- secure-aggregation groups from public randomness; the per-network cap ----------------------
 
 
+@settings(deadline=None)  # a loaded machine must not fail a property on time
 @given(st.integers(3, 40), st.integers(2, 8), st.integers(2, 5), st.binary(min_size=32, max_size=32))
 def test_masked_groups_come_from_the_seed_and_mask_at_least_the_minimum(n: int, group_size: int, min_group: int,
                                                                         seed: bytes) -> None:
@@ -104,6 +105,41 @@ def test_network_prefixes() -> None:
     assert network_prefix("::ffff:203.0.113.7") == "203.0.113.0/24"
     assert network_prefix("127.0.0.1") is None and network_prefix("::1") is None
     assert network_prefix("not an address") is None and network_prefix(None) is None
+
+
+@given(st.integers(1, 12), st.integers(0, 40), st.integers(0, 40), st.integers(2, 8))
+@settings(deadline=None)  # a loaded machine must not fail a property on time
+def test_hole_punched_homes_lead_before_any_group_outgrows_group_size(
+        n_public: int, n_punched: int, n_private: int, group_size: int) -> None:
+    """A tenth of the members public: the homes reached through a hole punch lead groups too,
+    so groups keep ``group_size`` (the root leads one group per level, as in every tree); the
+    unpunched private members never lead while any reachable one could."""
+    public = [f"pub{i}" for i in range(n_public)]
+    punched = [f"hole{i}" for i in range(n_punched)]
+    private = [f"priv{i}" for i in range(n_private)]
+    me = public[0]
+    members = [*sorted(public[1:] + punched + private), me]
+    ordered, size = order_for_tree(me, members, set(punched + private), group_size, punched=set(punched))
+    assert sorted(ordered) == sorted(members) and ordered[0] == me
+    parent = build_tree(ordered, size, me)
+    receivers = {p for p in parent.values() if p is not None}
+    groups = -(-len(members) // group_size)
+    if groups <= n_public:
+        assert receivers <= set(public), "homes lead while public members suffice"
+    if groups <= n_public + n_punched:
+        assert size == group_size
+        assert receivers <= set(public + punched), f"unreachable leaders: {receivers - set(public + punched)}"
+
+
+def test_hundred_members_ten_public_keep_groups_of_eight() -> None:
+    public = [f"pub{i}" for i in range(10)]
+    punched = [f"hole{i}" for i in range(45)]
+    private = [f"priv{i}" for i in range(45)]
+    _, size_before = order_for_tree(public[0], public + punched + private, set(punched + private), 8)
+    _, size = order_for_tree(public[0], public + punched + private, set(punched + private), 8,
+                                   punched=set(punched))
+    assert size_before == 10  # without the punched homes: ten groups of ten under ten public leaders
+    assert size == 8
 
 
 @given(st.integers(3, 30), st.integers(2, 6), st.integers(2, 4), st.binary(min_size=32, max_size=32),

@@ -28,7 +28,7 @@ class StandInJob:
         self.weight = 7
         self.preparing = False
         self.passes_round = 0
-        self.failure: str | None = None
+        self.failure = ""  # why the job failed here (JobDriver.failure); it has not
         self.seen: list[str] = []
 
     def participates(self) -> bool:
@@ -39,10 +39,6 @@ class StandInJob:
 
     def head(self) -> str:
         return "ab" * 8
-
-    @property
-    def book(self) -> StandInJob:  # the job book's view: who the members are
-        return self
 
     def known_members(self) -> set[str]:
         return set(self.members)

@@ -1,0 +1,430 @@
+"""Many GPUFlex nodes in one process, on a modelled network, under trio's MockClock.
+
+Each simulated node is the production node minus its sockets and its torch: a real
+``MeshNode`` (liveness, discovery, gossip, NAT routing) on ``mesh.testing.simnet``'s modelled
+network, and a real ``JobManager`` with its drivers and round roles, whose trainer is a
+stand-in: it returns an update of a chosen size after a chosen number of modelled compute
+seconds (divided by the node's speed factor). Nothing else is replaced. Blocking work the
+node would hand to a thread runs inline instead (``inline_threads``), so it costs modelled
+time only where the stand-in trainer says so.
+
+``Simulation.run`` starts the nodes in waves, submits one job from the first node, follows
+the rounds, plays a churn trace, and samples every node's traffic once a modelled second.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+import shutil
+import tempfile
+import time
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from contextlib import asynccontextmanager, contextmanager
+from dataclasses import dataclass, field
+from enum import Enum
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import trio
+
+from gpuflex.jobspec import JobSpec
+from gpuflex.node.events import EventLog
+from gpuflex.node.jobs import JobManager, job_id_of
+from gpuflex.node.messages import JOB
+from mesh.codec import open_envelope, register_kind, seal
+from mesh.health import HealthConfig, PeerState
+from mesh.identity import Identity
+from mesh.messaging import GOSSIP_PROTOCOL, Inbound
+from mesh.node import MeshConfig, MeshNode
+from mesh.testing.simnet import LinkModel, SimNetwork
+
+log = logging.getLogger("gpuflex.sim")
+#: A gossiped message of the simulator's own: how far and how fast gossip reaches, at what cost.
+SIM_PROBE = "sim_probe"
+register_kind(SIM_PROBE, 4096)
+#: Bytes of the probe's body: about a plan's or a result's frame.
+PROBE_BYTES = 2048
+#: Modelled compute seconds owed by stand-in trainers that ran inline, slept by ``inline_threads``.
+_owed: list[float] = [0.0]
+
+
+@contextmanager
+def inline_threads() -> Iterator[None]:
+    """Run ``trio.to_thread.run_sync`` work inline for the duration (and sleep what a stand-in
+    trainer says its work took): under MockClock a real thread would let the clock jump while
+    it runs, and a thousand nodes' threads would cost more than their work."""
+    original = trio.to_thread.run_sync
+
+    async def run_inline(fn: Callable[..., Any], *args: Any, **_: Any) -> Any:
+        out = fn(*args)
+        owed, _owed[0] = _owed[0], 0.0
+        if owed > 0:
+            await trio.sleep(owed)
+        else:
+            await trio.lowlevel.checkpoint()
+        return out
+
+    trio.to_thread.run_sync = run_inline  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        trio.to_thread.run_sync = original
+
+
+def emit_event(events: EventLog, kind: Any, **fields: Any) -> None:
+    """A mesh event into the node's event log, as the runtime passes them on."""
+    events.emit(kind, **fields)
+
+
+class StandInTrainer:
+    """The trainer of a simulated node: a fixed-size update after modelled compute seconds."""
+
+    def __init__(self, index: int, dim: int, compute_s: float, speed: float) -> None:
+        self.index, self.dim, self.compute_s, self.speed = index, dim, compute_s, speed
+
+    @property
+    def num_samples(self) -> int:
+        return 100
+
+    def initial_params(self) -> np.ndarray:
+        return np.zeros(self.dim, dtype=np.float32)
+
+    def fitted(self) -> dict[str, Any]:
+        return {"device": "stand-in", "samples_per_s": 32 * self.speed / max(self.compute_s, 1e-3),
+                "precision": "fp32"}
+
+    def train(self, base: np.ndarray, max_steps: int = 0, time_limit_s: float = 0.0,
+              server_state: Mapping[str, np.ndarray] | None = None) -> tuple[np.ndarray, dict[str, Any]]:
+        seconds = self.compute_s / self.speed
+        if time_limit_s > 0:
+            seconds = min(seconds, time_limit_s)
+        _owed[0] += seconds
+        delta = np.full(self.dim, 0.001 * (1 + self.index % 7), dtype=np.float32)
+        return delta, {"samples": 32, "dataset_size": self.num_samples, "seconds": seconds, "steps": 1,
+                       "samples_per_s": 32 / max(seconds, 1e-6), "train_loss": 1.0}
+
+    def evaluate(self, params: np.ndarray) -> dict[str, float]:
+        return {"loss": float(np.abs(params).mean()), "accuracy": 0.5}
+
+    def export_model(self, params: np.ndarray, out: Path) -> list[Path]:
+        raise NotImplementedError("a stand-in trainer has no model to export")
+
+
+class ChurnKind(str, Enum):
+    JOIN = "join"  # a node not started at the outset starts
+    LEAVE = "leave"  # a node stops: its connections close at once
+    CRASH = "crash"  # a node goes silent: peers learn only from their own timeouts
+
+
+@dataclass(frozen=True)
+class ChurnEvent:
+    at_s: float  # modelled seconds after the job was submitted
+    kind: ChurnKind
+    node: int
+
+
+@dataclass
+class SimConfig:
+    nodes: int = 16
+    rounds: int = 5
+    public_fraction: float = 1.0
+    punchable_fraction: float = 0.5  # of the private nodes
+    up_mbit: float = 20.0
+    down_mbit: float = 100.0
+    spread_ms: float = 80.0  # positions on a square this wide (one-way milliseconds)
+    update_bytes: int = 64 * 1024
+    compute_s: float = 2.0
+    slow_fraction: float = 0.0  # nodes at speed 0.25
+    group_size: int = 8
+    seed: int = 0
+    settle_s: float = 20.0  # modelled seconds between the last node start and the job
+    churn: list[ChurnEvent] = field(default_factory=list)
+    late: int = 0  # nodes kept back for JOIN events (the last ``late`` indices)
+    time_limit_s: float = 3600.0  # modelled seconds the job may take
+    drain_s: float = 5.0  # modelled seconds run after the last round, before the report
+
+
+@dataclass
+class RoundFigure:
+    round: int
+    at_s: float
+    seconds: float
+    contributors: int
+    busiest_bytes: int
+
+
+class SimNode:
+    """One simulated node: its identity, link model, mesh and jobs."""
+
+    def __init__(self, index: int, identity: Identity, model: LinkModel, home: Path) -> None:
+        self.index, self.identity, self.model, self.home = index, identity, model, home
+        self.mesh: MeshNode | None = None
+        self.jobs: JobManager | None = None
+        self.scope: trio.CancelScope | None = None
+        self.started = trio.Event()
+        self.probes: dict[bytes, float] = {}  # probe body id -> modelled time it arrived here
+
+    @property
+    def peer_id(self) -> str:
+        return self.identity.peer_id
+
+    async def run(self, net: SimNetwork, bootstrap: list[str], cfg: SimConfig) -> None:
+        events = EventLog(history=32)
+        mesh = self.mesh = MeshNode(self.identity, MeshConfig(
+            listen=["/ip4/0.0.0.0/tcp/4001"], bootstrap=bootstrap, data_dir=self.home,
+            bulk_channel=False, mdns=False, health=HealthConfig(),
+            reachability="public" if self.model.public else "relayed" if self.model.punchable else "private",
+            bootstrap_timeout_s=60.0, transport=net), on_event=partial(emit_event, events))
+        async def on_probe(msg: Inbound) -> None:
+            body = msg.envelope.body
+            if isinstance(body, dict) and isinstance(body.get("id"), bytes):
+                self.probes.setdefault(body["id"], trio.current_time())
+
+        mesh.handlers.register(SIM_PROBE, on_probe)
+        dim = max(1, cfg.update_bytes // 4)
+        jobs = self.jobs = JobManager(mesh, events, self.home,
+                                      trainers=lambda *a: StandInTrainer(self.index, dim, cfg.compute_s, self.model.speed))
+        with trio.CancelScope() as scope:
+            self.scope = scope
+            async with trio.open_nursery() as nursery:
+                await nursery.start(mesh.run)
+                await nursery.start(jobs.run)
+                self.started.set()
+                await trio.sleep_forever()
+
+
+class Simulation:
+    """A simulated mesh (see the module docstring); ``run`` returns the report as a dict."""
+
+    def __init__(self, cfg: SimConfig, home: Path | None = None) -> None:
+        self.cfg = cfg
+        self.rng = random.Random(cfg.seed)
+        self.net = SimNetwork(cfg.seed)
+        # Node homes in memory where the system has it: a thousand address books and ledgers,
+        # each written atomically with fsync, would otherwise time the disk, not the protocol.
+        shm = Path("/dev/shm")
+        self._tmp = None if home is not None else tempfile.mkdtemp(
+            prefix="gpuflex-sim-", dir=shm if shm.is_dir() else None)
+        root = home if home is not None else Path(self._tmp or ".")
+        self.nodes: list[SimNode] = []
+        publics = max(1, round(cfg.nodes * cfg.public_fraction))
+        for i in range(cfg.nodes):
+            public = i < publics
+            model = LinkModel(
+                public=public, punchable=not public and self.rng.random() < cfg.punchable_fraction,
+                up_bps=cfg.up_mbit * 1e6 * (10 if public else 1), down_bps=cfg.down_mbit * 1e6 * (10 if public else 1),
+                xy=(self.rng.random() * cfg.spread_ms, self.rng.random() * cfg.spread_ms),
+                speed=0.25 if self.rng.random() < cfg.slow_fraction else 1.0)
+            node = SimNode(i, Identity.generate(), model, root / f"n{i}")
+            self.net.place(node.peer_id, model)
+            self.nodes.append(node)
+        self.samples: list[dict[str, Any]] = []
+        self.rounds: list[RoundFigure] = []
+        self.job_id: str | None = None
+        self.accepted: dict[int, list[str]] = {}  # round -> contributors of the committed result
+        self.crashed: dict[int, float] = {}  # node -> modelled time of its crash
+        self.detected: dict[int, float] = {}  # node -> when every live node had it down
+        self.gossip: dict[str, Any] = {}
+
+    def close(self) -> None:
+        if self._tmp is not None:
+            shutil.rmtree(self._tmp, ignore_errors=True)
+
+    def _addr(self, node: SimNode) -> str:
+        host = self.net.build_host(node.identity, [], [])
+        return f"/ip4/{host.ip}/tcp/4001/p2p/{node.peer_id}"
+
+    def live(self) -> list[SimNode]:
+        return [n for n in self.nodes if n.scope is not None and not n.scope.cancel_called and n.mesh is not None]
+
+    async def _start(self, nursery: trio.Nursery, node: SimNode) -> None:
+        seeds = [n for n in self.nodes[: max(1, round(self.cfg.nodes * self.cfg.public_fraction))]
+                 if n is not node and n.started.is_set()]
+        boot = [self._addr(n) for n in self.rng.sample(seeds, min(3, len(seeds)))]
+        nursery.start_soon(node.run, self.net, boot, self.cfg)
+        await node.started.wait()
+
+    async def _sample(self) -> None:
+        """Once a modelled second: every node's cumulative traffic and connections."""
+        while True:
+            now = trio.current_time()
+            live = self.live()
+            self.samples.append({
+                "t": now, "live": len(live),
+                "traffic": {n.index: (self.net.traffic[n.peer_id].msgs_out + self.net.traffic[n.peer_id].msgs_in,
+                                      self.net.traffic[n.peer_id].bytes_out + self.net.traffic[n.peer_id].bytes_in)
+                            for n in live},
+                "connections": [self.net.connections(n.peer_id) for n in live],
+                "alive_view": [len(n.mesh.peers.alive()) for n in live if n.mesh is not None],
+            })
+            await trio.sleep(1.0)
+
+    async def _churn(self, nursery: trio.Nursery, t0: float) -> None:
+        for ev in sorted(self.cfg.churn, key=lambda e: e.at_s):
+            await trio.sleep_until(t0 + ev.at_s)
+            node = self.nodes[ev.node]
+            if ev.kind == ChurnKind.JOIN:
+                await self._start(nursery, node)
+            elif node.scope is not None:
+                if ev.kind == ChurnKind.CRASH:
+                    self.net.crash(node.peer_id)
+                    self.crashed[ev.node] = trio.current_time()
+                    nursery.start_soon(self._watch_detection, ev.node)
+                node.scope.cancel()
+
+    async def _watch_detection(self, index: int) -> None:
+        """When did every live node that knew the crashed one see it ``down``?"""
+        peer = self.nodes[index].peer_id
+        while True:
+            knowing = [n for n in self.live() if n.mesh is not None and n.mesh.peers.get(peer) is not None]
+            rec_states = [n.mesh.peers.get(peer).state for n in knowing]  # type: ignore[union-attr]
+            if all(s == PeerState.DOWN for s in rec_states):
+                self.detected[index] = trio.current_time() - self.crashed[index]
+                return
+            await trio.sleep(0.25)
+
+    async def gossip_reach(self, wait_s: float = 10.0) -> dict[str, Any]:
+        """One message gossiped from the first node: when it reached each live node, and how
+        many gossip copies each node took in meanwhile (D or fewer, if the overlay holds)."""
+        first = self.nodes[0]
+        assert first.mesh is not None
+        probe_id = self.rng.randbytes(8)
+        copies: dict[str, int] = {}
+
+        def tap(receiver: str, protocol: str, chunk: bytes) -> None:
+            if protocol == GOSSIP_PROTOCOL and probe_id in chunk:
+                copies[receiver] = copies.get(receiver, 0) + 1
+
+        self.net.tap = tap
+        t0 = trio.current_time()
+        await first.mesh.broadcast(seal(first.identity, SIM_PROBE, {"id": probe_id, "pad": bytes(PROBE_BYTES)}))
+        await trio.sleep(wait_s)
+        self.net.tap = None
+        live = self.live()
+        arrived = sorted(n.probes[probe_id] - t0 for n in live if probe_id in n.probes)
+        share = len(arrived) / max(1, len(live))
+        return {"reached": round(share, 4),
+                "t99_s": round(arrived[max(0, math.ceil(0.99 * len(live)) - 1)], 3) if share >= 0.99 else None,
+                "t_all_s": round(arrived[-1], 3) if arrived else None,
+                "max_copies_per_node": max(copies.values(), default=0),
+                "mean_copies_per_node": round(sum(copies.values()) / max(1, len(live)), 2)}
+
+    def _driver(self, node: SimNode) -> Any:
+        if node.jobs is None or self.job_id is None:
+            return None
+        return node.jobs.drivers.get(self.job_id)
+
+    async def _submit(self) -> None:
+        first = self.nodes[0]
+        assert first.mesh is not None
+        cfg = self.cfg
+        spec = JobSpec.from_dict({
+            "model": "digits-cnn", "data": "sklearn-digits", "name": "sim", "rounds": cfg.rounds,
+            "min_nodes": 2, "group_size": cfg.group_size, "strategy": "fedavg", "server_lr": 1.0,
+            "train_timeout_s": max(30.0, 4 * cfg.compute_s / 0.25), "plan_timeout_s": 10.0,
+            "reduce_timeout_s": 10.0})
+        members = sorted({first.peer_id, *first.mesh.peers.alive()})
+        frame = seal(first.identity, JOB, {"spec": spec.to_dict(), "members": members, "created": time.time()})
+        self.job_id = job_id_of(open_envelope(frame, expect_kind=JOB))
+        await first.mesh.broadcast(frame)
+
+    async def _follow_rounds(self, t0: float) -> None:
+        """Record each round as the first live node that has it commits it."""
+        last_t, last_bytes = t0, self._bytes_now()
+        done = 0
+        while done < self.cfg.rounds:
+            await trio.sleep(0.1)
+            committed = max((d.committed for n in self.live() if (d := self._driver(n)) is not None), default=0)
+            while done < committed:
+                done += 1
+                now, now_bytes = trio.current_time(), self._bytes_now()
+                busiest = max((b - last_bytes.get(i, 0) for i, b in now_bytes.items()), default=0)
+                self.rounds.append(RoundFigure(done, round(now - t0, 2), round(now - last_t, 2),
+                                               self._contributors(done), busiest))
+                last_t, last_bytes = now, now_bytes
+
+    def _contributors(self, round_: int) -> int:
+        for n in self.live():
+            d = self._driver(n)
+            if d is not None and len(d.book.ledger.results) >= round_:
+                res = d.book.ledger.results[round_ - 1]
+                self.accepted[round_] = [str(c.get("peer")) for c in res.contributors]
+                return len(res.contributors)
+        return 0
+
+    def _bytes_now(self) -> dict[int, int]:
+        return {n.index: self.net.traffic[n.peer_id].bytes_in + self.net.traffic[n.peer_id].bytes_out
+                for n in self.nodes}
+
+    async def run(self, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+        say = progress or (lambda text: None)
+        cfg = self.cfg
+        with inline_threads():
+            async with trio.open_nursery() as nursery:
+                starting = self.nodes[: cfg.nodes - cfg.late]
+                wave = max(8, int(math.sqrt(len(starting))))
+                for at in range(0, len(starting), wave):
+                    async with trio.open_nursery() as batch:
+                        for node in starting[at: at + wave]:
+                            batch.start_soon(self._start, nursery, node)
+                    say(f"started {min(at + wave, len(starting))}/{len(starting)} nodes "
+                        f"at t={trio.current_time():.1f}s")
+                    await trio.sleep(1.0)
+                nursery.start_soon(self._sample)
+                await trio.sleep(cfg.settle_s)
+                idle_from = trio.current_time()
+                await trio.sleep(min(10.0, cfg.settle_s))
+                idle_to = trio.current_time()
+                self.gossip = await self.gossip_reach()
+                say(f"gossip reach: {self.gossip}")
+                t0 = trio.current_time()
+                await self._submit()
+                say(f"job submitted at t={t0:.1f}s")
+                nursery.start_soon(self._churn, nursery, t0)
+                with trio.move_on_after(cfg.time_limit_s):
+                    await self._follow_rounds(t0)
+                say(f"{len(self.rounds)} rounds committed at t={trio.current_time():.1f}s")
+                await trio.sleep(cfg.drain_s)  # the last result reaches the other nodes
+                report = self.report(idle_from, idle_to)
+                nursery.cancel_scope.cancel()
+        return report
+
+    def _rates(self, t_from: float, t_to: float) -> dict[str, float]:
+        """Messages and bytes per live node per modelled second between two samples."""
+        a = min(self.samples, key=lambda s: abs(s["t"] - t_from))
+        b = min(self.samples, key=lambda s: abs(s["t"] - t_to))
+        span = max(b["t"] - a["t"], 1e-9)
+        both = [i for i in b["traffic"] if i in a["traffic"]]
+        if not both:
+            return {"msgs": 0.0, "bytes": 0.0, "max_msgs": 0.0, "max_bytes": 0.0}
+        msgs = [(b["traffic"][i][0] - a["traffic"][i][0]) / span for i in both]
+        byts = [(b["traffic"][i][1] - a["traffic"][i][1]) / span for i in both]
+        return {"msgs": sum(msgs) / len(both), "bytes": sum(byts) / len(both),
+                "max_msgs": max(msgs), "max_bytes": max(byts)}
+
+    def report(self, idle_from: float, idle_to: float) -> dict[str, Any]:
+        last = self.samples[-1] if self.samples else {"connections": [0], "alive_view": [0]}
+        return {
+            "nodes": self.cfg.nodes, "rounds_wanted": self.cfg.rounds, "rounds_committed": len(self.rounds),
+            "idle_per_node_s": self._rates(idle_from, idle_to),
+            "connections_per_node": {"mean": sum(last["connections"]) / max(1, len(last["connections"])),
+                                     "max": max(last["connections"] or [0])},
+            "alive_view_mean": sum(last["alive_view"]) / max(1, len(last["alive_view"])),
+            "rounds": [r.__dict__ for r in self.rounds],
+            "detection_s": {str(k): round(v, 2) for k, v in self.detected.items()},
+            "crashed_undetected": [k for k in self.crashed if k not in self.detected],
+            "gossip": self.gossip,
+        }
+
+
+@asynccontextmanager
+async def simulation(cfg: SimConfig) -> AsyncIterator[Simulation]:
+    sim = Simulation(cfg)
+    try:
+        yield sim
+    finally:
+        sim.close()
