@@ -35,7 +35,7 @@ log = logging.getLogger("gpuflex.rounds")
 GIVE_WAY_AFTER_S = 0.5
 #: A job published longer ago than this, with no ledger here, is caught up (for at most
 #: ``CATCH_UP_FIRST_S``) before it is prepared: its peers may hold rounds, or its end.
-CATCH_UP_FIRST_AFTER_S, CATCH_UP_FIRST_S = 10.0, 3.0
+CATCH_UP_FIRST_AFTER_S, CATCH_UP_FIRST_S = 10.0, 8.0
 
 
 def load_trainer(spec: Any, index: int, parts: int, home: Path, data_hook: Callable[..., Any] | None,

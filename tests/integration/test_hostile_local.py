@@ -133,7 +133,7 @@ async def fetch_past_strangers(mesh: LocalMesh, job: str, hostile: MeshNode, tar
     """Ask ``target`` for a finished job's model over the bulk channel, let twenty strangers
     from 127.0.0.2 reach the offered port first, then dial it and check the blob."""
     digest = (await trio.to_thread.run_sync(lambda: mesh.job(0, job)))["model_hash"]
-    stream = await hostile._open(target, BLOB_PROTOCOL, 15)
+    stream = await hostile.open(target, BLOB_PROTOCOL, 15)
     await write_obj(stream, {"h": digest, "bulk": bulk.preferred_ciphers()})
     with trio.fail_after(15):
         reply = await read_obj(stream)

@@ -147,5 +147,7 @@ def test_doctor_job_reads_yaml_like_toml(tmp_path: Path):
     assert findings and all(f.status == OK for f in findings), findings
     bad = tmp_path / "bad.yml"
     bad.write_text("model: [unclosed\n", encoding="utf-8")
-    (finding,) = check_job_fit(bad, home=tmp_path / "home")
-    assert finding.status == FAIL and "not a valid YAML job" in finding.message
+    findings = list(check_job_fit(bad, home=tmp_path / "home"))
+    # One headline, then each error on a line of its own, as `job submit` lists them.
+    assert findings and all(f.status == FAIL for f in findings)
+    assert any("not a valid YAML job" in f.message for f in findings), findings

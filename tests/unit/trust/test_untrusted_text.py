@@ -7,7 +7,7 @@ import logging
 from pathlib import Path
 
 from gpuflex.cli.common import hardware_summary, number, text
-from gpuflex.cli.job_cmd import format_row, format_spec, format_status
+from gpuflex.cli.job_cmd import format_rows, format_spec, format_status
 from gpuflex.logs import TextFormatter
 from gpuflex.plot import plot_label, plot_metrics
 from gpuflex.safetext import MAX_CHARS, printable
@@ -36,7 +36,7 @@ def summary(**over: object) -> dict:
 
 
 def test_job_status_and_list_print_hostile_text_as_text() -> None:
-    out = format_status(summary()) + "\n" + format_row(summary())
+    out = format_status(summary()) + "\n" + "\n".join(format_rows([summary()]))
     assert "\x1b" not in out and "\r" not in out and "\x07" not in out and "\u202e" not in out
     assert "[/evil]\\x1b[2J" in out and "forged line\\n" in out
     assert "1        -    0.5000           -      -" in out  # a string where the loss belongs prints as '-'
