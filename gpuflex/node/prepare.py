@@ -62,16 +62,20 @@ class Preparation:
             port.emit(EventKind.STATE_CORRUPT, message=f"ledger of job {book.job_id}: {problem}; recovering")
         book.advance()
         book.loaded = True
-        if not book.ledger.results and self._long_running():
+        late = not book.ledger.results and self._long_running()
+        if late:
             # A job that began a while ago and has no ledger here: this node joined late. Wait
-            # for peers' ledger before preparing (at most CATCH_UP_FIRST_S), so a job that has
-            # finished is not fitted to the device nor given turns it no longer has.
-            # (The peer it came from usually sends the ledger in the same sync, just after.)
+            # for peers' ledger before fitting (at most CATCH_UP_FIRST_S), so a job that has
+            # finished is not fitted to the device nor given turns it no longer has. The model
+            # is built first: its size bounds the model blobs that adopting the ledger fetches.
+            await self._build()
             await port.catch_up()
             await book.changed.wait_for(lambda: bool(book.ledger.results), trio.current_time() + CATCH_UP_FIRST_S)
         giving_way = trio.CancelScope()
         book.tasks.start_soon(self._give_way, giving_way)
         try:
+            if not late:
+                await self._build()
             await self._fit_to_device()
         finally:
             giving_way.cancel()
@@ -91,12 +95,22 @@ class Preparation:
             return False
         return created > 0 and time.time() - created > CATCH_UP_FIRST_AFTER_S  # 0: no time was signed
 
-    async def _fit_to_device(self) -> None:
-        """Load this node's part of the data, fit the job to the device, measure throughput."""
+    async def _build(self) -> None:
+        """Load this node's part of the data and build the model; its size bounds the model
+        blobs this job may fetch (``Models.blob_limit``)."""
         book, port = self.book, self.port
         index, parts = book.info.part_for(book.me)
         self.trainer = trainer = await port.offload(self._trainers, book.spec, index, parts, port.home,
                                                     self._faults.data_hook())
+        init = await port.offload(trainer.initial_params)
+        book.model_size = int(init.size)
+        book.sized.set()
+        book.init_hash = port.blobs.put_parts(model_parts(init, {}))
+
+    async def _fit_to_device(self) -> None:
+        """Fit the job to the device and measure throughput."""
+        book, port, trainer = self.book, self.port, self.trainer
+        assert trainer is not None
         # A node that joins after the last round takes the final ledger (usually while its
         # workload loads): nothing to train, so no device to fit and nothing to announce.
         if book.finished:
@@ -111,10 +125,6 @@ class Preparation:
         settings: dict[str, Any] = {k: v for k, v in book.fit.items() if v is not None and k not in ("peer", "message")}
         port.emit(EventKind.DEVICE_FITTED, message=f"job {book.job_id}: training on {fitted.get('summary', book.device)}",
                   **settings)
-        init = await port.offload(trainer.initial_params)
-        book.model_size = int(init.size)
-        book.sized.set()
-        book.init_hash = port.blobs.put_parts(model_parts(init, {}))
 
     async def _give_way(self, scope: trio.CancelScope) -> None:
         """Give up this round's coordinator turns once ``GIVE_WAY_AFTER_S`` has passed and an

@@ -13,10 +13,6 @@ from tests.integration.conftest import light_spec
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "known regression: adopting a ledger now fetches the model blob only once the job's model is "
-    "built here (its size bounds the fetch), so the late node's wait for the ledger ends only when "
-    "preparation does; the two must be decoupled"))
 def test_a_late_node_does_not_prepare_a_finished_job(mesh_factory) -> None:
     mesh = mesh_factory(3)
     mesh.start(timeout=120, count=2)
