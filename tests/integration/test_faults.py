@@ -134,9 +134,6 @@ def fill_up(path: Path) -> None:
     raise AssertionError(f"{path} never filled up")
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "known regression since per-job presence met page-verified catch-up: after its disk frees, the "
-    "node does not catch the first job up within 240 s; it passes on the code before either"))
 def test_disk_full_is_reported_keeps_the_ledger_and_the_node_catches_up(small_tmpfs, mesh_factory) -> None:
     mesh = mesh_factory(3)
     jobs_dir = small_tmpfs(mesh.home(2) / "jobs", "1m")  # node 2's job state: ledgers and job files
