@@ -232,7 +232,7 @@ async def test_fresh_signers_get_no_peer_entry_and_passed_on_peers_stay_within_t
         async def gossip(first: int) -> None:  # a message node 0 rejects, each from a fresh key
             for key in signers[first::8]:
                 with contextlib.suppress(Exception):
-                    stream = await hostile.node._open(target, GOSSIP_PROTOCOL, 10)
+                    stream = await hostile.node.open(target, GOSSIP_PROTOCOL, 10)
                     await write_frame(stream, seal(key, PRESENCE, {"jobs": "none"}))
                     await stream.close()
 
