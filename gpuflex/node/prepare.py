@@ -54,6 +54,7 @@ class Preparation:
     def __init__(self, port: JobPort, book: JobBook, trainers: TrainerFactory, faults: Faults) -> None:
         self.port, self.book, self._trainers, self._faults = port, book, trainers, faults
         self.trainer: Trainer | None = None
+        self._init: Any = None  # round 0's model, until its size is said (``_size``)
 
     async def run(self) -> None:
         book, port = self.book, self.port
@@ -69,6 +70,7 @@ class Preparation:
             # finished is not fitted to the device nor given turns it no longer has. The model
             # is built first: its size bounds the model blobs that adopting the ledger fetches.
             await self._build()
+            self._size()
             await port.catch_up()
             await book.changed.wait_for(lambda: bool(book.ledger.results), trio.current_time() + CATCH_UP_FIRST_S)
         giving_way = trio.CancelScope()
@@ -102,10 +104,17 @@ class Preparation:
         index, parts = book.info.part_for(book.me)
         self.trainer = trainer = await port.offload(self._trainers, book.spec, index, parts, port.home,
                                                     self._faults.data_hook())
-        init = await port.offload(trainer.initial_params)
-        book.model_size = int(init.size)
+        self._init = await port.offload(trainer.initial_params)
+
+    def _size(self) -> None:
+        """Say the model's size (what its blobs may weigh) and keep round 0's model."""
+        book = self.book
+        if book.sized.is_set() or self._init is None:
+            return
+        book.model_size = int(self._init.size)
         book.sized.set()
-        book.init_hash = port.blobs.put_parts(model_parts(init, {}))
+        book.init_hash = self.port.blobs.put_parts(model_parts(self._init, {}))
+        self._init = None
 
     async def _fit_to_device(self) -> None:
         """Fit the job to the device and measure throughput."""
@@ -125,6 +134,7 @@ class Preparation:
         settings: dict[str, Any] = {k: v for k, v in book.fit.items() if v is not None and k not in ("peer", "message")}
         port.emit(EventKind.DEVICE_FITTED, message=f"job {book.job_id}: training on {fitted.get('summary', book.device)}",
                   **settings)
+        self._size()
 
     async def _give_way(self, scope: trio.CancelScope) -> None:
         """Give up this round's coordinator turns once ``GIVE_WAY_AFTER_S`` has passed and an
