@@ -12,6 +12,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from gpuflex.llmspec import is_llm
 from gpuflex.node.messages import Result
 from gpuflex.node.modelblob import unpack_model
 from gpuflex.node.selection import best_result
@@ -58,10 +59,6 @@ def job_export(job_id: str, spec: Any, head: str, results: Sequence[Result], blo
                      read_best=lambda: blobs.read(best_hash))
 
 
-def _is_llm(spec: Any) -> bool:
-    return bool(getattr(spec, "llm", None))
-
-
 def _write_model(job: JobExport, blob: bytes, out: Path) -> list[Path]:
     """One committed model: the workload's files and the exact blob the ledger's hash names."""
     out.mkdir(parents=True, exist_ok=True)
@@ -89,7 +86,7 @@ def export_results(job: JobExport, out: Path) -> list[Path]:
     has_best = bool(job.best_hash) and job.best_hash != job.model_hash and job.read_best is not None
     pick_best = has_best and getattr(job.spec, "final_model", "last") == "best"
     files = _write_model(job, job.read_best() if pick_best and job.read_best else job.read_model(), out)
-    if has_best and not _is_llm(job.spec):
+    if has_best and not is_llm(job.spec.model):
         other = job.read_model if pick_best else job.read_best
         assert other is not None
         files += _write_model(job, other(), out / ("last" if pick_best else "best"))
