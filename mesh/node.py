@@ -437,7 +437,7 @@ class MeshNode:
         try:
             while True:
                 for rec in self.peers.all():
-                    if rec.state == UP:
+                    if rec.state == UP and rec.reached:  # a stranger's word is a hint, not a verified peer
                         claimed = rec.info.get("addrs") if isinstance(rec.info, dict) else None
                         self.book.seen(rec.peer_id, claimed if isinstance(claimed, list) else [])
                     if rec.addrs:
