@@ -385,7 +385,8 @@ async def test_fresh_keys_that_connect_hold_a_bounded_share_of_the_table_and_pus
     periods = elapsed / HealthConfig().ping_interval_s + 2
     print(f"node 0: {len(rows)} entries; (strangers, hints, reached) of the {len(connected)} fresh keys: "
           f"{held}; {len(pings)} pings to them in {elapsed:.0f}s")
-    assert len(connected) >= 2 * stranger_quota(MAX_PEERS), f"only {len(connected)} fresh keys connected"
+    # More fresh keys connected than strangers may hold (on a loaded machine a few time out).
+    assert len(connected) >= stranger_quota(MAX_PEERS) + 8, f"only {len(connected)} fresh keys connected"
     assert max(s for s, _, _ in held) <= stranger_quota(MAX_PEERS), f"strangers held {held}"
     # Evicted strangers still connected are listed as hints, within the hints' quota; a fresh
     # key is reached only by one of node 0's own probes, a bounded number per period.
