@@ -65,7 +65,7 @@ def run_job(mesh: Any, rounds: int, steps: int, overlap: float, seed: int) -> di
     """One job to its end; the commit times seen on node 0 and each member's training seconds."""
     job = mesh.submit(job_spec(rounds, steps, overlap, seed))
     committed: dict[int, float] = {}
-    deadline = time.monotonic() + 120 + 90 * rounds
+    deadline = time.monotonic() + 300 + 180 * rounds
     from gpuflex.client import ControlError
 
     while time.monotonic() < deadline:  # bounded: the job ends or the deadline passes
