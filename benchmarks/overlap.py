@@ -108,7 +108,7 @@ def run(rounds: int, steps: int, pairs: int) -> list[dict[str, Any]]:
                          env={"PYTHONPATH": str(ROOT)}, extra_args=["--allow-plugin", PLUGIN])
         try:
             mesh.start(timeout=120)
-            mesh.wait_until(lambda: min(mesh.up_counts(range(5))) >= 4, 120, what="full discovery")
+            mesh.wait_until(lambda: min(mesh.up_counts(range(5))) >= 4, 300, what="full discovery")
             for pair in range(pairs):
                 for overlap in (0.0, 0.5):
                     results.append(run_job(mesh, rounds, steps, overlap, seed=pair))
