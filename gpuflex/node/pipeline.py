@@ -21,8 +21,8 @@ from aggregation.compression import Codec, ErrorFeedback, decode_delta, make_cod
 from aggregation.dp import add_gaussian_noise, clip_to_norm
 from aggregation.encoded import EncodedDelta
 from aggregation.errors import AggregationError
-from aggregation.robust import Rule, make_rule
 from aggregation.feddyn import FedDyn
+from aggregation.robust import Rule, make_rule
 from aggregation.scaffold import Scaffold
 from aggregation.secagg import default_threshold
 from aggregation.server_opt import ServerOptimizer, make_server_optimizer
