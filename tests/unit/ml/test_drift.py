@@ -102,8 +102,8 @@ def test_a_scaffold_member_sends_model_then_control_and_fedprox_sends_the_model_
     from gpuflex.nodeconfig import NodeConfig
 
     for kind, factor in (("scaffold", 2), ("fedprox", 1), ("feddyn", 1), ("none", 1)):
-        spec = JobSpec(model="mlp", data="sklearn-digits", partition="dirichlet", alpha=0.1,
-                       local_steps=2, drift_correction=kind)  # type: ignore[arg-type]
+        spec = JobSpec(model="mlp", data="sklearn-digits", partition="dirichlet", alpha=0.1, local_steps=2,
+                       drift_correction=kind, strategy="fedavg")  # type: ignore[arg-type]
         node = Workload(spec, 0, 2, config=NodeConfig())
         base = node.initial_params()
         delta, _ = node.train(base)
@@ -122,12 +122,15 @@ def test_the_job_file_refuses_scaffold_where_it_cannot_work(extra: dict, message
         JobSpec.from_dict(values)
 
 
-def test_the_job_file_refuses_feddyn_with_dp_noise() -> None:
+def test_the_job_file_refuses_feddyn_with_dp_noise_or_a_server_optimizer() -> None:
+    job = {"model": "digits-cnn", "data": "sklearn-digits", "drift_correction": "feddyn", "strategy": "fedavg"}
     with pytest.raises(JobSpecError, match="noise of"):
-        JobSpec.from_dict({"model": "digits-cnn", "data": "sklearn-digits", "drift_correction": "feddyn",
-                           "dp_clip": 1.0, "dp_noise_multiplier": 0.5})
-    assert JobSpec.from_dict({"model": "digits-cnn", "data": "sklearn-digits", "drift_correction": "feddyn",
-                              "norm_bound": 1.0}).drift_correction == "feddyn"
+        JobSpec.from_dict({**job, "dp_clip": 1.0, "dp_noise_multiplier": 0.5})
+    with pytest.raises(JobSpecError, match="needs strategy = 'fedavg'"):
+        JobSpec.from_dict({**job, "strategy": "fedavgm"})
+    with pytest.raises(JobSpecError, match="needs strategy = 'fedavg'"):
+        JobSpec.from_dict({k: v for k, v in job.items() if k != "strategy"})
+    assert JobSpec.from_dict({**job, "norm_bound": 1.0}).drift_correction == "feddyn"
 
 
 def test_drift_settings_are_bounded_and_named() -> None:
