@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from aggregation._checks import as_vector
+from aggregation._checks import as_vector, state_vector
 from aggregation.errors import AggregationError
 from aggregation.server_opt import ServerOptimizer, State
 
@@ -40,14 +40,7 @@ class FedDyn:
         d = as_vector(delta, "delta")
         if d.size != p.size:
             raise AggregationError(f"delta has {d.size} values, params have {p.size}")
-        total = state.get(SUM_KEY)
-        if total is None:
-            total = np.zeros_like(d)
-        else:
-            total = as_vector(total, f"state[{SUM_KEY!r}]")
-            if total.size != p.size:
-                raise AggregationError(f"state[{SUM_KEY!r}] has {total.size} values, the model {p.size}")
-        total = (total + d).astype(np.float32)
+        total = (state_vector(state, SUM_KEY, p.size) + d).astype(np.float32)
         inner_state = {k: v for k, v in state.items() if k != SUM_KEY}
         new_params, new_state = self.inner.step(params, (d + total).reshape(np.shape(params)), inner_state)
         return new_params, {**new_state, SUM_KEY: total}
