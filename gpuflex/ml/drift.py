@@ -19,6 +19,8 @@ optimizer, micro-batching, mixed precision and time budget:
   regulariser, with ``alpha`` the job's ``prox_mu``; ``h_i`` (the member's running estimate of
   its own gradient, in memory) drops by ``alpha * Δ_i`` after each round. The root keeps the
   mesh's sum in the model's state (``aggregation.feddyn``). No bytes beyond the model delta.
+  Under a lossy codec ``h_i`` follows the member's exact delta and the root's sum the decoded
+  mean, so the two drift apart by the codec's error, as SCAFFOLD's ``c`` and ``c_i`` do.
 """
 
 from __future__ import annotations
