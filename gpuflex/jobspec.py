@@ -52,7 +52,7 @@ AggregationMode = Literal["tree", "flat-robust"]
 NormBoundMode = Literal["clip", "reject"]
 OnBudget = Literal["stop", "warn"]
 Normalization = Literal["auto", "none", "fednova"]
-DriftCorrectionName = Literal["none", "fedprox", "scaffold"]
+DriftCorrectionName = Literal["none", "fedprox", "scaffold", "feddyn"]
 FinalModel = Literal["best", "last"]
 PARTITIONS: tuple[Partition, ...] = get_args(Partition)
 OPTIMIZERS: tuple[Optimizer, ...] = get_args(Optimizer)
@@ -170,8 +170,9 @@ class JobSpec:
     #: The residual is scaled by this before each update joins it (1: all of it is kept).
     #: SparseLoCo's 0.95 reached a lower loss than 1.0 on Shakespeare (BENCHMARKS.md).
     sparse_feedback_decay: float = 0.95
-    #: Client drift correction under skewed data: FedProx's proximal term (``prox_mu``) or
-    #: SCAFFOLD's control variates (twice the bytes per update); see gpuflex/ml/drift.py.
+    #: Client drift correction under skewed data: FedProx's proximal term (``prox_mu``),
+    #: SCAFFOLD's control variates (twice the bytes per update) or FedDyn's dynamic regulariser
+    #: (``prox_mu`` is its alpha; no extra bytes); see gpuflex/ml/drift.py.
     drift_correction: DriftCorrectionName = "none"
     prox_mu: float = 0.01
     #: Which committed model ``model.pt`` is: the round the root scored best on the held-out
