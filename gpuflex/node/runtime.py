@@ -207,6 +207,7 @@ class NodeRuntime:
             "clock": self.api_clock,
             "serve_add": self.serving.api_add,
             "serve_status": self.serving.api_status,
+            "serve_complete": self.serving.api_complete,
             "infer_submit": self.serving.api_infer_submit,
             "infer_results": self.serving.api_infer_results,
         }
