@@ -14,8 +14,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from gpuflex.serve.view import Serving
 from tui.model import Event, Job, Peer, Status, as_list
-from tui.serving import Serving
 from tui.source import DataSource
 
 

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 from textual.pilot import Pilot
 
+from gpuflex.serve.view import Serving
 from tests.tui.capture import screen_text
 from tests.tui.conftest import drive, loaded, make_app, until
 from tests.tui.fake_serving import FAILED_WHY, RUN_ID, serve_block
 from tests.tui.fake_source import FakeSource, peer_id
 from tui.app import DashboardApp
 from tui.screens.serving import ServingScreen
-from tui.serving import Serving
 from tui.widgets.keyed_table import KeyedTable
 
 

@@ -8,10 +8,10 @@ from rich.text import Text
 from textual.app import ComposeResult
 from textual.widgets import Static
 
+from gpuflex.serve.view import Figures, InferenceRun, ServedModel, Server, Serving
 from tui import format as fmt
 from tui.feed import Snapshot
 from tui.screens.base import DashboardScreen
-from tui.serving import Figures, InferenceRun, ServedModel, Server, Serving
 from tui.widgets.keyed_table import Cell, KeyedTable
 
 SERVER_COLUMNS = (

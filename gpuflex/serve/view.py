@@ -1,9 +1,11 @@
 """Typed view of a node's serving (the ``serve`` block of ``status``, docs/control-api.md):
 each server of the mesh with its models, load, requests and tokens per second and latency;
-the models this node serves itself; and its batch inference runs.
+the models this node serves itself; and its batch inference runs. The dashboard and the
+portal both draw from it (they are control-API clients: this module imports nothing of the
+node and no torch).
 
-Parsed as leniently as tui.model: a node without serving, or an older one, gives an empty
-view, and every figure that is not a number shows as a dash."""
+Parsed leniently: a node without serving, or an older or newer one, gives an empty or partial
+view, and a figure that is not a number is None (shown as a dash), never an exception."""
 
 from __future__ import annotations
 
@@ -11,11 +13,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from tui.model import as_list
-
 
 def _map(value: Any) -> Mapping[str, Any]:
     return value if isinstance(value, Mapping) else {}
+
+
+def as_list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
 
 
 def _num(value: Any) -> float | None:
