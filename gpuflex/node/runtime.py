@@ -198,8 +198,8 @@ class NodeRuntime:
         return {
             "status": self.api_status,
             "peers": self.api_peers,
-            "jobs": self.jobs.api_jobs,
-            "job_status": self.jobs.api_job_status,
+            "jobs": self.serving.api_jobs,  # training jobs, then batch inference jobs
+            "job_status": self.serving.api_job_status,
             "job_submit": self.jobs.api_submit,
             "job_results": self.jobs.api_results,
             "ledger": self.jobs.api_ledger,

@@ -91,6 +91,27 @@ class NodeServing:
         except trio.TooSlowError:
             raise ApiError(f"no answer within {PLAYGROUND_DEADLINE_S:.0f} s") from None
 
+    async def api_jobs(self, params: dict[str, Any]) -> list[dict[str, Any]]:
+        """``jobs``: the training jobs, then this node's batch inference jobs (``kind``
+        ``inference``), so ``gpuflex job list``, the dashboard and the portal list both."""
+        return [*await self.jobs.api_jobs(params), *self._run_rows()]
+
+    def _run_rows(self) -> list[dict[str, Any]]:
+        return [r.job_row() for r in reversed(list(self.service.runs.values()))]
+
+    async def api_job_status(self, params: dict[str, Any]) -> dict[str, Any]:
+        """``job_status``: an inference job's summary when the id names one, else a training
+        job's (the newest training job when none is named, as before)."""
+        key = str(params.get("job") or "")
+        if key and not any(j.startswith(key) or d.spec.name == key for j, d in self.jobs.drivers.items()):
+            try:
+                run = self.service.run_of(key)
+            except ServeError:
+                pass  # the job manager says there is no such job, in its words
+            else:
+                return {**run.job_row(), "spec": {"kind": "inference", **run.spec_table()}}
+        return await self.jobs.api_job_status(params)
+
     async def api_infer_submit(self, params: dict[str, Any]) -> dict[str, Any]:
         """Start (or resume) a batch inference run; its id is the hash of its settings."""
         try:

@@ -215,6 +215,16 @@ def test_a_batch_inference_job_spreads_over_the_servers_resumes_after_a_kill_and
     assert 3 <= len(lines_before) < 24  # killed midway
     mesh.start_node(2)  # the run resumes with the node
     mesh.wait_until(lambda: done_count() == 24, timeout=240)
+    # A job like the others: listed by `gpuflex job list`, summarised by `gpuflex job status`.
+    listed = gpuflex("job", "list", "--node", str(mesh.home(2)))
+    assert listed.returncode == 0 and run in listed.stdout and "24/24" in listed.stdout, listed.stdout
+    shown = gpuflex("job", "status", run[:8], "--node", str(mesh.home(2)), "--json")
+    summary = json.loads(shown.stdout)
+    assert summary["kind"] == "inference" and summary["state"] == "done" and summary["done"] == 24
+    assert sum(summary["servers"].values()) == 24 and len(summary["servers"]) == 2, summary["servers"]
+    assert summary["spec"]["model"] == "tiny" and summary["spec"]["prompts"] == 24
+    text = gpuflex("job", "status", run[:8], "--node", str(mesh.home(2))).stdout
+    assert "batch inference" in text and "answers 24/24" in text and text.count("answers") == 3, text
     out = tmp_path / "answers.jsonl"
     written = gpuflex("job", "results", run[:8], "--out", str(out), "--node", str(mesh.home(2)))
     assert written.returncode == 0 and written.stdout.strip() == str(out), written.stderr
