@@ -97,7 +97,8 @@ def format_inference(js: dict[str, Any]) -> str:
              f"state        {text(js.get('state'))}  answers {number(js.get('done'), 'd')}/{number(js.get('total'), 'd')}",
              f"model        {text(js.get('model'))}  (max_tokens {number(js.get('max_tokens'), 'd')}, "
              f"temperature {number(js.get('temperature'), 'g')})"]
-    servers = js.get("servers") if isinstance(js.get("servers"), dict) else {}
+    servers = js.get("servers")
+    servers = servers if isinstance(servers, dict) else {}
     lines += [f"server       {short(peer)}: {number(count, 'd')} answers" for peer, count in sorted(servers.items())]
     if js.get("error"):
         lines.append(f"error        {text(js['error'], 1000)}")

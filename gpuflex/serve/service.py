@@ -254,7 +254,8 @@ class ServeService:
             server.append(peer)
 
         started = trio.current_time()
-        text, finish, usage, first_ms = "", "stop", {}, None
+        text, finish, first_ms = "", "stop", None
+        usage: dict[str, Any] = {}
         try:
             async with aclosing(self.router.generate(req, on_server=note)) as items:
                 async for item in items:
