@@ -121,21 +121,28 @@ def ttft(url: str, model: str, prompt: str) -> float:
     raise RuntimeError("no token came back")
 
 
+def tiny_serving_mesh(tmp: Path, size: int, server: int, **kwargs: Any) -> Any:
+    """A LocalMesh (not started) of ``size`` nodes, each with its API on a free loopback port,
+    node ``server`` serving a tiny model as ``tiny``."""
+    from gpuflex.localmesh import LocalMesh
+
+    model, tok = build_model(64, 2, 256)
+    model.save_pretrained(tmp / "m")
+    tok.save_pretrained(tmp / "m")
+    mesh = LocalMesh(tmp / "mesh", size, **kwargs)
+    for i in range(size):
+        mesh.home(i).mkdir(parents=True, exist_ok=True)
+        models = f'[serve.models]\ntiny = "{tmp / "m"}"\n' if i == server else ""
+        (mesh.home(i) / "node.toml").write_text(f'[serve]\nhttp = "127.0.0.1:0"\n{models}')
+    return mesh
+
+
 def routing(samples: int) -> dict[str, Any]:
     import httpx
 
-    from gpuflex.localmesh import LocalMesh
-
     with tempfile.TemporaryDirectory(prefix="gpuflex-serve-bench-") as tmp:
-        model, tok = build_model(64, 2, 256)
-        model.save_pretrained(Path(tmp) / "m")
-        tok.save_pretrained(Path(tmp) / "m")
-        mesh = LocalMesh(Path(tmp) / "mesh", 2)
+        mesh = tiny_serving_mesh(Path(tmp), 2, server=0)
         try:
-            for i in range(2):
-                mesh.home(i).mkdir(parents=True, exist_ok=True)
-                models = f'[serve.models]\ntiny = "{Path(tmp) / "m"}"\n' if i == 0 else ""
-                (mesh.home(i) / "node.toml").write_text(f'[serve]\nhttp = "127.0.0.1:0"\n{models}')
             mesh.start(timeout=120)
             mesh.wait_connected(60)
             urls = [mesh.call(i, "status")["serve"]["http"] for i in range(2)]

@@ -39,9 +39,22 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common import add_json_flag, emit, format_table, log
-from benchmarks.serving import batching_model_dir, build_model
+from benchmarks.serving import batching_model_dir, build_model, tiny_serving_mesh
 
 ORDER = (1, 2, 4, 4, 2, 1)
+
+
+@contextlib.contextmanager
+def _env(key: str, value: str) -> Any:
+    old = os.environ.get(key)
+    os.environ[key] = value
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = old
 
 
 # -- scale-out -------------------------------------------------------------------------------------
@@ -98,6 +111,10 @@ def scale_out(quota: float, clients: int, requests: int, tokens: int, batch: int
         tok.save_pretrained(model_dir)
         mesh = LocalMesh(Path(tmp) / "mesh", 5, log_level="warning")
         stack.callback(mesh.close)
+        # One torch thread per node: two threads spinning inside a quota of a few hundredths of
+        # a core would spend it waiting on each other (a node started in its cgroup sizes its
+        # threads to its quota; these are capped after loading, so they are told).
+        stack.enter_context(_env("OMP_NUM_THREADS", "1"))
         for i in range(5):
             mesh.home(i).mkdir(parents=True, exist_ok=True)
             (mesh.home(i) / "node.toml").write_text(node_toml(i, model_dir, batch))
@@ -140,7 +157,6 @@ def first_byte_s(host: Any, url: str, prompt: str) -> float:
 
 
 def relay(samples: int) -> dict[str, Any]:
-    from gpuflex.localmesh import LocalMesh
     from tests.integration.nat_topology import NatTopology, NetnsUnavailable
 
     try:
@@ -149,16 +165,9 @@ def relay(samples: int) -> dict[str, Any]:
         return {"skipped": f"no NAT topology here: {exc}"}
     hosts = [topo.public, topo.homes[0].hosts[0], topo.homes[1].hosts[0]]
     with tempfile.TemporaryDirectory(prefix="gpuflex-relay-bench-") as tmp:
-        model_dir = Path(tmp) / "m"
-        model, tok = build_model(64, 2, 256)
-        model.save_pretrained(model_dir)
-        tok.save_pretrained(model_dir)
-        mesh = LocalMesh(Path(tmp) / "mesh", 3, placement=lambda i: hosts[i].placement(), log_level="warning")
+        mesh = tiny_serving_mesh(Path(tmp), 3, server=1, placement=lambda i: hosts[i].placement(),
+                                 log_level="warning")
         try:
-            for i in range(3):
-                mesh.home(i).mkdir(parents=True, exist_ok=True)
-                models = f'[serve.models]\ntiny = "{model_dir}"\n' if i == 1 else ""
-                (mesh.home(i) / "node.toml").write_text(f'[serve]\nhttp = "127.0.0.1:0"\n{models}')
             mesh.start(timeout=300)
             mesh.wait_until(lambda: all(mesh.call(i, "status")["nat"]["reachability"] == "relayed"
                                         for i in (1, 2)), timeout=180)

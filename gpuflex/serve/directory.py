@@ -95,6 +95,14 @@ class Directory:
         self.servers[peer] = ServerInfo(models, capacity, load, trio.current_time(), sent=old.sent if old else 0,
                                         failed_at=old.failed_at if old else -math.inf, stats=stats or {})
 
+    def heard(self, peer: str) -> None:
+        """``peer`` just streamed part of an answer: it is alive and serving, however late its
+        last announcement (a server short of CPU can miss its beats while it decodes, and must
+        not drop out of the directory, its queued requests refused as "no node serves")."""
+        info = self.servers.get(peer)
+        if info is not None:
+            info.at = max(info.at, trio.current_time())
+
     def forget(self, peer: str) -> None:
         self.servers.pop(peer, None)
 

@@ -176,6 +176,7 @@ class ServeService:
             async for item in items:
                 if not isinstance(item, dict):
                     raise ServeError(f"server {peer[-8:]} sent a garbled item", 502)
+                self.directory.heard(peer)
                 yield item
 
     def rtts(self) -> dict[str, float | None]:

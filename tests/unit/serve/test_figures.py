@@ -69,3 +69,22 @@ def test_a_nodes_figures_add_its_models_rates_and_weigh_their_medians_by_request
     assert row["ttft_ms_p50"] == pytest.approx((10 * 3 + 50 * 1) / 4, abs=0.1)
     assert row["latency_ms_p50"] == pytest.approx((100 * 3 + 500) / 4, abs=0.1)
     assert node_row([]) == {"rps": 0, "tokens_per_s": 0, "ttft_ms_p50": None, "latency_ms_p50": None}
+
+
+async def test_a_server_that_streams_stays_in_the_directory_though_its_announcements_are_late(
+        autojump_clock: object) -> None:
+    import trio
+
+    from gpuflex.serve.directory import FRESH_S
+
+    d = Directory("me")
+    d.update("busy", {"m": "ab" * 16}, 4, 4)
+    d.update("quiet", {"m": "ab" * 16}, 4, 0)
+    await trio.sleep(FRESH_S * 0.6)
+    d.heard("busy")  # it streamed part of an answer: alive, however late its next beat
+    d.heard("stranger")  # never announced: hearing it adds nothing
+    await trio.sleep(FRESH_S * 0.6)
+    assert d.choose("m", {}) == ["busy"] and d.serves("m")
+    assert "stranger" not in d.servers
+    await trio.sleep(FRESH_S)
+    assert d.choose("m", {}) == [] and not d.serves("m")
