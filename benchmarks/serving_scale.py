@@ -98,6 +98,12 @@ def load(url: str, model: str, clients: int, requests: int, tokens: int) -> dict
             "wall_s": round(wall, 2), "tok_s": round(sum(made) / wall, 2)}
 
 
+def cpu_s(pid: int) -> float:
+    """CPU seconds (user and system) process ``pid`` has used, threads included."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def scale_out(quota: float, clients: int, requests: int, tokens: int, batch: int) -> dict[str, Any]:
     import httpx
 
@@ -138,7 +144,12 @@ def scale_out(quota: float, clients: int, requests: int, tokens: int, batch: int
         runs = []
         for n in ORDER:
             log(f"scale-out: {clients} clients, {n} server(s)")
-            runs.append({"servers": n, **load(url, f"s{n}", clients, requests, tokens)})
+            before = [cpu_s(mesh.procs[i].pid) for i in range(5)]
+            row = {"servers": n, **load(url, f"s{n}", clients, requests, tokens)}
+            used = [round(cpu_s(mesh.procs[i].pid) - b, 2) for i, b in zip(range(5), before, strict=True)]
+            row["front_cpu_share"] = round(used[4] / row["wall_s"], 3)  # cores the routing node used
+            row["servers_cpu_share"] = [round(u / row["wall_s"], 3) for u in used[:4]]
+            runs.append(row)
         throttled = [q.throttled() for q in quotas]
     best = {n: statistics.mean(r["tok_s"] for r in runs if r["servers"] == n) for n in (1, 2, 4)}
     return {"quota_cores": quota, "clients": clients, "requests_per_client": requests, "tokens": tokens,
@@ -246,7 +257,8 @@ def render(result: dict[str, Any]) -> str:
     if s.get("runs"):
         parts.append(format_table(s["runs"], [("servers", "servers", "d"), ("answers", "answers", "d"),
                                               ("errors", "errors", "d"), ("tokens", "tokens", "d"),
-                                              ("wall_s", "wall s", ".2f"), ("tok_s", "tok/s", ".2f")]))
+                                              ("wall_s", "wall s", ".2f"), ("tok_s", "tok/s", ".2f"),
+                                              ("front_cpu_share", "routing node cores", ".3f")]))
         parts.append(f"speed-up: 2 servers {s['speedup_2']}x, 4 servers {s['speedup_4']}x; "
                      f"throttled periods per server {s['throttled_periods']}")
     r = result.get("relay") or {}

@@ -38,7 +38,7 @@ from web.credit import compute_credit, credit_csv
 from web.exports import FILES, Exporter, ExportError, MissingFile, Verdict, downloads_for
 from web.hub import Hub, Snapshot
 from web.security import COOKIE, Guard, safe_next, session_value
-from web.serving import DEADLINE_S, MAX_BODY, BadForm, parse_form
+from web.serving import DEADLINE_S, MAX_ASKING, MAX_BODY, BadForm, Busy, parse_form
 from web.source import NodeRefused, NodeUnavailable, Source
 from web.views import PAGES, Page
 from web.wheel import WheelFinder
@@ -73,6 +73,7 @@ class Portal:
         self.version = version
         self._nursery: trio.Nursery | None = None
         self._fetching: set[str] = set()
+        self._asking = 0  # playground prompts in flight
 
     # -- rendering ----------------------------------------------------------------------------
 
@@ -198,10 +199,16 @@ class Portal:
         try:
             ask = parse_form(body)
             extra["ask"] = ask
-            extra["answer"] = await self.source.call("serve_complete", ask.params(), timeout=DEADLINE_S)
+            if self._asking >= MAX_ASKING:
+                raise Busy(f"{MAX_ASKING} prompts are being answered already; send it again shortly")
+            self._asking += 1
+            try:
+                extra["answer"] = await self.source.call("serve_complete", ask.params(), timeout=DEADLINE_S)
+            finally:
+                self._asking -= 1
             status = 200
         except BadForm as exc:
-            extra["problem"], status = str(exc), 400
+            extra["problem"], status = str(exc), 429 if isinstance(exc, Busy) else 400
         except NodeRefused as exc:
             extra["problem"], status = str(exc), 502
         except NodeUnavailable as exc:

@@ -25,10 +25,16 @@ MAX_BODY = 64 * 1024
 PROMPT_CHARS = 8192
 MAX_TOKENS = 512
 DEADLINE_S = 130.0  # the node's own is 120 s
+#: Playground prompts the portal has in flight at once; more are refused, not queued.
+MAX_ASKING = 4
 
 
 class BadForm(ValueError):
     """The playground's form is out of bounds; the message says which field."""
+
+
+class Busy(BadForm):
+    """The portal has MAX_ASKING prompts in flight already."""
 
 
 @dataclass(frozen=True)

@@ -102,3 +102,37 @@ async def test_a_playground_post_from_another_site_never_reaches_the_node(served
         assert "serve_complete" not in served.api.calls
         ok = await bare.post("/playground", data=form, headers={"sec-fetch-site": "same-origin"})
         assert ok.status_code == 200 and served.api.calls.count("serve_complete") == 1
+
+
+async def test_prompts_beyond_the_portals_limit_in_flight_are_refused_not_queued(served: Served) -> None:
+    import trio
+
+    from web.serving import MAX_ASKING
+
+    served.api.serve = serve_block()
+    release = trio.Event()
+    original = served.api.complete
+
+    async def slow_call(method: str, params: dict | None = None, timeout: float | None = None) -> object:
+        if method == "serve_complete":
+            await release.wait()  # the node is still answering
+            return original(params or {})
+        return await FakeCall(method, params, timeout)
+
+    FakeCall = served.api.call
+    served.api.call = slow_call  # type: ignore[method-assign]
+    codes: list[int] = []
+
+    async def ask() -> None:
+        codes.append((await served.client.post("/playground", data={"model": "bard", "prompt": "hi"})).status_code)
+
+    async with trio.open_nursery() as nursery:
+        for _ in range(MAX_ASKING):
+            nursery.start_soon(ask)
+        with trio.fail_after(10):
+            while served.portal._asking < MAX_ASKING:
+                await trio.sleep(0.01)
+        refused = await served.client.post("/playground", data={"model": "bard", "prompt": "one too many"})
+        assert refused.status_code == 429 and "send it again shortly" in refused.text
+        release.set()
+    assert codes == [200] * MAX_ASKING
