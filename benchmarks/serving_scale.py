@@ -12,7 +12,7 @@ scheduler beside CTranslate2 on the same model.
    concurrent clients each send ``--requests`` completions of ``--tokens`` tokens to the front
    node, which routes them over the mesh; each server batches at most ``--batch`` sequences, so
    more servers also mean more sequences at once. Throughput is completion tokens per second of
-   wall time.
+   wall time; each process's CPU time per run shows where the cores went.
 2. **Relay.** The NAT topology of the tests (network namespaces, root only): a model served in
    one home, asked for from a node in another home whose only path to it is the public node's
    relay. Time to first byte of a streamed completion (the API sends its headers with the first
@@ -21,8 +21,9 @@ scheduler beside CTranslate2 on the same model.
 3. **CTranslate2.** The batching benchmark's llama-shaped model (random weights, byte
    vocabulary) converted with CTranslate2's own converter (float32), and the same requests
    (``--ct2-requests`` of 64 tokens, greedy, exactly 64 tokens each) answered by CTranslate2's
-   ``Generator.generate_batch`` (all at once, ``max_batch_size`` 8, as many threads as torch
-   has) and by the node's scheduler with 8 concurrent clients, one after the other here.
+   ``Generator.generate_batch`` (all at once, ``max_batch_size`` 8, the better of one thread
+   and as many as torch has) and by the node's scheduler with 8 concurrent clients, one after
+   the other here. CTranslate2's greedy tokens are checked against ``generate``'s first.
 """
 
 from __future__ import annotations

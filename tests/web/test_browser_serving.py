@@ -71,7 +71,12 @@ def test_the_playground_answers_a_prompt_typed_in_the_browser(node_and_browser: 
         box.clear()
         box.send_keys("12")
         drv.find_element(By.CSS_SELECTOR, "#playground button[type=submit]").click()
-        mark = wait_for(lambda: drv.find_elements(By.CSS_SELECTOR, "#pg-answer mark"), 120, "the answer")[0]
+        try:
+            mark = wait_for(lambda: drv.find_elements(By.CSS_SELECTOR, "#pg-answer mark, #pg-problem"), 120,
+                            "the answer")[0]
+        except AssertionError:
+            raise AssertionError(f"no answer; the page: {drv.page_source[-3000:]}") from None
+        assert mark.tag_name == "mark", mark.text
         answer = mark.get_attribute("textContent")
         tok = AutoTokenizer.from_pretrained(model_dir)
         model = AutoModelForCausalLM.from_pretrained(model_dir).eval()

@@ -102,6 +102,17 @@ async def test_a_playground_post_from_another_site_never_reaches_the_node(served
         assert "serve_complete" not in served.api.calls
         ok = await bare.post("/playground", data=form, headers={"sec-fetch-site": "same-origin"})
         assert ok.status_code == 200 and served.api.calls.count("serve_complete") == 1
+        # What Chromium sends for a form posted from the portal's own page under its no-referrer
+        # policy: Origin "null", and the fetch metadata that says same-origin.
+        ok = await bare.post("/playground", data=form, headers={"origin": "null", "sec-fetch-site": "same-origin"})
+        assert ok.status_code == 200 and served.api.calls.count("serve_complete") == 2
+        for site in ("cross-site", "same-site"):  # a sandboxed frame elsewhere also says "null"
+            resp = await bare.post("/playground", data=form, headers={"origin": "null", "sec-fetch-site": site})
+            assert resp.status_code == 403
+        resp = await bare.post("/playground", data=form, headers={"origin": "http://evil.example",
+                                                                  "sec-fetch-site": "same-origin"})
+        assert resp.status_code == 403  # no browser sends both; refused all the same
+        assert served.api.calls.count("serve_complete") == 2
 
 
 async def test_prompts_beyond_the_portals_limit_in_flight_are_refused_not_queued(served: Served) -> None:
