@@ -147,3 +147,17 @@ async def test_prompts_beyond_the_portals_limit_in_flight_are_refused_not_queued
         assert refused.status_code == 429 and "send it again shortly" in refused.text
         release.set()
     assert codes == [200] * MAX_ASKING
+
+
+async def test_a_batch_inference_job_is_listed_with_the_jobs_and_its_page_offers_its_answers(served: Served) -> None:
+    served.api.serve = serve_block()
+    run = dict(serve_block()["runs"][0])  # as the node's ``jobs`` lists it (BatchRun.job_row)
+    run.update(job_id=RUN_ID, round=12, rounds=24, phase="infer", role="collector", coordinator="",
+               members=[peer_id(1)], metrics=[], servers={peer_id(1): 12})
+    served.api.job_list.append(run)
+    assert RUN_ID in (await served.client.get("/jobs")).text
+    page = (await served.client.get(f"/jobs/{RUN_ID}")).text
+    assert f"gpuflex job results {RUN_ID} --out answers.jsonl" in page and "<dt>Answers</dt>" in page
+    assert "Audit the ledger" not in page and "ledger.msgpack" not in page  # it has no ledger of rounds
+    training = (await served.client.get(f"/jobs/{served.api.job_list[0]['job_id']}")).text
+    assert "Audit the ledger" in training and "<dt>Round</dt>" in training
