@@ -202,7 +202,7 @@ class NodeRuntime:
             "job_status": self.serving.api_job_status,
             "job_submit": self.jobs.api_submit,
             "job_results": self.jobs.api_results,
-            "ledger": self.jobs.api_ledger,
+            "ledger": self.serving.api_ledger,
             "shutdown": self.api_shutdown,
             "clock": self.api_clock,
             "serve_add": self.serving.api_add,

@@ -112,6 +112,14 @@ class NodeServing:
                 return {**run.job_row(), "spec": {"kind": "inference", **run.spec_table()}}
         return await self.jobs.api_job_status(params)
 
+    async def api_ledger(self, params: dict[str, Any]) -> list[dict[str, Any]]:
+        """``ledger``: a training job's committed rounds; a batch inference job has none (its
+        answers' signed records are its log: ``gpuflex job results``)."""
+        key = str(params.get("job") or "")
+        if key and key not in self.jobs.drivers and any(r.startswith(key) for r in self.service.runs):
+            return []
+        return await self.jobs.api_ledger(params)
+
     async def api_infer_submit(self, params: dict[str, Any]) -> dict[str, Any]:
         """Start (or resume) a batch inference run; its id is the hash of its settings."""
         try:

@@ -243,6 +243,7 @@ def test_a_batch_inference_job_spreads_over_the_servers_resumes_after_a_kill_and
     assert summary["kind"] == "inference" and summary["state"] == "done" and summary["done"] == 24
     assert sum(summary["servers"].values()) == 24 and len(summary["servers"]) == 2, summary["servers"]
     assert summary["spec"]["model"] == "tiny" and summary["spec"]["prompts"] == 24
+    assert mesh.call(2, "ledger", {"job": run}) == []  # no rounds: its log is the signed answers
     text = gpuflex("job", "status", run[:8], "--node", str(mesh.home(2))).stdout
     assert "batch inference" in text and "answers 24/24" in text and text.count("answers") == 3, text
     out = tmp_path / "answers.jsonl"
