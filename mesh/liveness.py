@@ -95,6 +95,8 @@ class LivenessHost(Protocol):
 
     def watch_set(self) -> set[str]: ...
 
+    def keep_set(self) -> set[str]: ...
+
     def connected_ids(self) -> set[str]: ...
 
     async def open(self, peer: str, protocol: str, timeout: float) -> Any: ...
@@ -119,10 +121,12 @@ class Liveness:
         self.backoff = PeerBackoff()
         self._turn: list[str] = []  # watched peers still to probe this turn
         self._down_turn: list[str] = []
+        self._down_fresh = False
         self._streams: dict[str, tuple[Any, float]] = {}  # peer -> (ping stream, last used)
         self._redialling: set[str] = set()
         self._pinging: dict[str, _Pending] = {}
         self._probing: set[str] = set()
+        self._keep: set[str] = set()  # the node's keep set, as of the last period
         self._due_at = math.inf  # when the loop should wake next
         self._lagging_until = -math.inf
         self._nursery: trio.Nursery | None = None
@@ -165,6 +169,7 @@ class Liveness:
         """The peers to probe this period: ``probes`` watched ones in turn, first contacts,
         and a down one."""
         peers = self.node.peers
+        self._keep = self.node.keep_set()
         watched = sorted(p for p in self.node.watch_set() if p in peers and p != self.node.peer_id)
         live = [p for p in watched if peers.get(p).state != DOWN]  # type: ignore[union-attr]
         self._turn = [p for p in self._turn if p in live]
@@ -177,12 +182,26 @@ class Liveness:
                 if not self._turn:
                     break
             out.append(self._turn.pop(0))
-        fresh = [r.peer_id for r in peers.all() if r.last_seen is None and r.state != DOWN]
+        # First contact only with the peers this node keeps (``keep_set``): every other member is
+        # known by hearsay, so a new mesh of N does not cost N first contacts on every node.
+        fresh = sorted(p for p in self._keep if (r := peers.get(p)) is not None
+                       and r.last_seen is None and r.state != DOWN)
         out += [p for p in fresh if p not in out][:FIRST_CONTACTS_PER_PERIOD]
-        down = peers.ids(DOWN)
-        self._down_turn = [p for p in self._down_turn if p in down] or down
-        out += [p for p in self._down_turn[:DOWN_PER_PERIOD] if p not in out]
-        self._down_turn = self._down_turn[DOWN_PER_PERIOD:]
+        # Down peers in turn, DOWN_PER_PERIOD a period: the list is taken afresh only once a
+        # turn is through, so a period costs the same whatever the size of the table.
+        looked = 0
+        while looked < DOWN_PER_PERIOD:
+            if not self._down_turn:
+                self._down_turn = peers.ids(DOWN) if not self._down_fresh else []
+                self._down_fresh = True  # at most one new list a period
+                if not self._down_turn:
+                    break
+            peer = self._down_turn.pop(0)
+            rec = peers.get(peer)
+            if rec is not None and rec.state == DOWN and peer not in out:
+                out.append(peer)
+                looked += 1
+        self._down_fresh = False
         return out
 
     async def sweep(self) -> None:
@@ -206,7 +225,7 @@ class Liveness:
                 dead.append(peer)
                 if self._nursery is not None:
                     self._nursery.start_soon(self._say, peer, Verdict.DOWN, self.known.get(peer, 0))
-        self.node.peers.reevaluate(unseen_only=True)
+        self.node.peers.reevaluate(unseen_only=True, among=self._keep)
         return [] if self._nursery is not None else dead
 
     async def probe(self, peer: str) -> bool:
@@ -224,7 +243,7 @@ class Liveness:
                         # Alive, though taken for dead: tell it, so that it refutes everywhere.
                         self._nursery.start_soon(self._tell, peer)
                     return True
-                if rec.last_seen is None or rec.state == DOWN:
+                if (rec.last_seen is None and not rec.vouched) or rec.state == DOWN:
                     return False  # never reached, or already dead: silence ages it (PeerTable)
                 if await self._ask_others(peer):
                     self.node.peers.seen(peer)

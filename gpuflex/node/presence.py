@@ -2,6 +2,8 @@
 
 Presence goes to each job's members alone, one message per set of jobs a peer shares with
 this node, so no message grows with the number of jobs on the mesh (docs/architecture.md).
+In a job of more than ``PRESENCE_TO_ALL`` members it goes to a bounded few of them
+(``recipients``), so what a member sends does not grow with the job either.
 """
 
 from __future__ import annotations
@@ -10,9 +12,17 @@ from collections.abc import Mapping
 from itertools import islice
 from typing import Any, Protocol
 
+from mesh.overlay import neighbours
+
 #: Jobs a presence names as still preparing, or as giving up a round's turns: bounded, so many
 #: jobs arriving together do not push presence past its kind's size limit.
 PRESENCE_MARKS = 16
+#: A job of at most this many members: each member's presence goes to every other.
+PRESENCE_TO_ALL = 32
+#: Otherwise to this many of the members, spread as the overlay spreads neighbours (ledger
+#: heads travel on from there), and to the next rounds' coordinators (this many attempts'),
+#: who plan by presence (throughput, still preparing, gave up a turn).
+PRESENCE_SPREAD, PRESENCE_COORDINATORS = 16, 3
 
 
 class PresenceSource(Protocol):
@@ -55,3 +65,28 @@ def group_recipients(shared: Mapping[str, list[str]]) -> dict[tuple[str, ...], l
     for peer, in_jobs in shared.items():
         groups.setdefault(tuple(in_jobs), []).append(peer)
     return groups
+
+
+class PlanView(Protocol):
+    """What ``recipients`` reads of a job's round state (``gpuflex.node.state``)."""
+
+    def expected_coordinator(self, attempt: int) -> str | None: ...
+
+
+def recipients(me: str, members: set[str], book: PlanView, parent: Mapping[str, str | None] | None,
+               cache: dict[str, Any]) -> set[str]:
+    """Whom one job's presence goes to: every member in a small job; in a larger one the
+    ``PRESENCE_SPREAD`` members the overlay would link this node to (recomputed only when
+    the members change, kept in ``cache``), the coordinators of the next attempts, and this
+    node's parent and children in the round's tree (``parent``, the plan's)."""
+    if len(members) <= PRESENCE_TO_ALL:
+        return members - {me}
+    key = frozenset(members)
+    if cache.get("key") != key:
+        cache["key"], cache["spread"] = key, neighbours(me, members, PRESENCE_SPREAD)
+    out = set(cache["spread"])
+    out.update(c for a in range(PRESENCE_COORDINATORS) if (c := book.expected_coordinator(a)) is not None)
+    if parent is not None and me in parent:
+        out.update(p for p, up in parent.items() if up == me)
+        out.add(parent[me] or me)
+    return (out & members) - {me}

@@ -253,13 +253,12 @@ class Simulation:
         while True:
             now = trio.current_time()
             live = self.live()
+            traffic = self.net.traffic
             self.samples.append({
                 "t": now, "live": len(live),
-                "traffic": {n.index: (self.net.traffic[n.peer_id].msgs_out + self.net.traffic[n.peer_id].msgs_in,
-                                      self.net.traffic[n.peer_id].bytes_out + self.net.traffic[n.peer_id].bytes_in)
-                            for n in live},
+                "traffic": {n.index: (t.msgs_out + t.msgs_in, t.bytes_out + t.bytes_in)
+                            for n in live if (t := traffic[n.peer_id]) is not None},
                 "connections": [self.net.connections(n.peer_id) for n in live],
-                "alive_view": [len(n.mesh.peers.alive()) for n in live if n.mesh is not None],
             })
             await trio.sleep(1.0)
 
@@ -407,13 +406,14 @@ class Simulation:
                 "max_msgs": max(msgs), "max_bytes": max(byts)}
 
     def report(self, idle_from: float, idle_to: float) -> dict[str, Any]:
-        last = self.samples[-1] if self.samples else {"connections": [0], "alive_view": [0]}
+        last = self.samples[-1] if self.samples else {"connections": [0]}
+        alive_view = [len(n.mesh.peers.alive()) for n in self.live() if n.mesh is not None] or [0]
         return {
             "nodes": self.cfg.nodes, "rounds_wanted": self.cfg.rounds, "rounds_committed": len(self.rounds),
             "idle_per_node_s": self._rates(idle_from, idle_to),
             "connections_per_node": {"mean": sum(last["connections"]) / max(1, len(last["connections"])),
                                      "max": max(last["connections"] or [0])},
-            "alive_view_mean": sum(last["alive_view"]) / max(1, len(last["alive_view"])),
+            "alive_view_mean": sum(alive_view) / len(alive_view),
             "rounds": [r.__dict__ for r in self.rounds],
             "detection_s": {str(k): round(v, 2) for k, v in self.detected.items()},
             "crashed_undetected": [k for k in self.crashed if k not in self.detected],
