@@ -239,9 +239,8 @@ class JobManager:
             log.debug("own presence not applied: %s", exc)
         alive, shared = set(self.mesh.peers.alive()), {}  # type: ignore[var-annotated]
         for job in [*active, *failed]:
-            members, book = self.drivers[job].known_members() & alive, self.drivers[job].book
-            plan = book.current.plan
-            for peer in recipients(me, members, book, plan.parent if plan else None, self._spread.setdefault(job, {})):
+            members = self.drivers[job].known_members() & alive
+            for peer in recipients(me, members, self.drivers[job], self._spread.setdefault(job, {})):
                 shared.setdefault(peer, []).append(job)
             if self.drivers[job].state == JobState.RUNNING:  # its rounds' members, spread evenly
                 self.mesh.watch(self._spread[job].get("spread") or neighbours(me, members, WATCH_PER_JOB),

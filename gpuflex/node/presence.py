@@ -67,26 +67,30 @@ def group_recipients(shared: Mapping[str, list[str]]) -> dict[tuple[str, ...], l
     return groups
 
 
-class PlanView(Protocol):
+class RoundView(Protocol):
     """What ``recipients`` reads of a job's round state (``gpuflex.node.state``)."""
 
     def expected_coordinator(self, attempt: int) -> str | None: ...
 
+    @property
+    def current(self) -> Any: ...
 
-def recipients(me: str, members: set[str], book: PlanView, parent: Mapping[str, str | None] | None,
-               cache: dict[str, Any]) -> set[str]:
+
+def recipients(me: str, members: set[str], driver: Any, cache: dict[str, Any]) -> set[str]:
     """Whom one job's presence goes to: every member in a small job; in a larger one the
     ``PRESENCE_SPREAD`` members the overlay would link this node to (recomputed only when
     the members change, kept in ``cache``), the coordinators of the next attempts, and this
-    node's parent and children in the round's tree (``parent``, the plan's)."""
+    node's parent and children in the current round's tree (``driver.book``, its round state)."""
     if len(members) <= PRESENCE_TO_ALL:
         return members - {me}
     key = frozenset(members)
     if cache.get("key") != key:
         cache["key"], cache["spread"] = key, neighbours(me, members, PRESENCE_SPREAD)
+    book: RoundView = driver.book
     out = set(cache["spread"])
     out.update(c for a in range(PRESENCE_COORDINATORS) if (c := book.expected_coordinator(a)) is not None)
-    if parent is not None and me in parent:
-        out.update(p for p, up in parent.items() if up == me)
-        out.add(parent[me] or me)
+    plan = book.current.plan
+    if plan is not None and me in plan.parent:
+        out.update(p for p, up in plan.parent.items() if up == me)
+        out.add(plan.parent[me] or me)
     return (out & members) - {me}
