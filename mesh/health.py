@@ -87,6 +87,7 @@ class PeerRecord:
 
 
 StateListener = Callable[[PeerRecord, PeerState, PeerState], None]
+RttListener = Callable[[str, float], None]
 EvictListener = Callable[[str], None]
 
 
@@ -108,6 +109,7 @@ class PeerTable:
         self._marks: Marks[PeerRecord] = Marks()  # penalised keys that are not peers (mesh.peertable)
         self._listeners: list[StateListener] = []
         self._evict_listeners: list[EvictListener] = []
+        self._rtt_listeners: list[RttListener] = []
         self.evicted = 0
         # Bumped whenever the membership (who is in the table, in which state) changes: what
         # depends on it alone (the overlay, ``mesh.overlay``) is recomputed only then.
@@ -115,6 +117,10 @@ class PeerTable:
 
     def on_change(self, listener: StateListener) -> None:
         self._listeners.append(listener)
+
+    def on_rtt(self, listener: RttListener) -> None:
+        """``listener(peer_id, rtt_ms)`` for every round trip measured (network coordinates)."""
+        self._rtt_listeners.append(listener)
 
     def on_evict(self, listener: EvictListener) -> None:
         """``listener(peer_id)`` when an entry leaves the table: drop what is kept for it."""
@@ -196,6 +202,8 @@ class PeerTable:
         rec.last_seen = self.clock()
         if rtt_ms is not None:
             rec.rtt_ms = rtt_ms if rec.rtt_ms is None else 0.7 * rec.rtt_ms + 0.3 * rtt_ms
+            for rtt_listener in self._rtt_listeners:
+                rtt_listener(peer_id, rtt_ms)
         self._set_state(rec, UP)
 
     def vouch(self, peer_id: str) -> None:

@@ -77,6 +77,7 @@ from mesh.records import NODEINFO_NS, RecordValidator, nodeinfo_key
 from mesh.relay import RelayLimitsConfig
 from mesh.streaming import STREAM_PROTOCOL, StreamTable, read_items, send_request, serve_stream
 from mesh.transport import Libp2pTransport, Transport
+from mesh.vivaldi import Coordinate, from_wire, observe
 
 log = logging.getLogger("mesh.node")
 INFO_REQUEST = "info_req"
@@ -92,6 +93,8 @@ BLOB_OPEN_S = 10.0
 BOOK_EVERY_S = 2.0
 #: Connections outside the keep set idle this long are closed, up to this many every period.
 TRIM_IDLE_S, TRIM_PER_PERIOD, TRIM_EVERY_S = 30.0, 16, 5.0
+#: NodeInfo given to a peer that asks is signed afresh when older than this (its coordinate moves).
+INFO_RESEAL_S = 60.0
 #: DHT routing-table entries, nearest first, that this node keeps first-hand contact with.
 DHT_NEAREST = 8
 #: The cached overlay is also recomputed this often: an ignored peer's time runs out by the
@@ -190,8 +193,13 @@ class MeshNode:
         self.liveness = Liveness(self, config.health)
         self.discovery = Discovery(self)
         self.gossip = Gossip(self)
+        # Where this node sits in the network (mesh.vivaldi), and where its peers say they do.
+        self.coord = Coordinate()
+        self.coords: dict[str, Coordinate] = {}
+        self._info_sealed_at = -math.inf
         self.peers.on_change(self._peer_state_changed)
         self.peers.on_evict(self._forget)
+        self.peers.on_rtt(self._observe_rtt)
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -292,6 +300,7 @@ class MeshNode:
     def node_info(self) -> dict[str, Any]:
         info = {"version": __version__, **self.config.node_info, **self.nat.info()}
         info["peer_id"] = self.peer_id
+        info["coord"] = self.coord.wire()
         info["addrs"] = [a if "/p2p-circuit" in a else a.split("/p2p/")[0] for a in self.multiaddrs()]
         info["ts"] = time.time()
         return info
@@ -323,6 +332,7 @@ class MeshNode:
         self._on_event(MeshEvent.REACHABILITY, message=f"this node is {new} (was {old})", reachability=new)
 
     def _seal_node_info(self) -> bytes:
+        self._info_sealed_at = protocol_clock()
         return seal(self.identity, "nodeinfo", self.node_info())
 
     def sealed_info(self) -> bytes:
@@ -371,7 +381,20 @@ class MeshNode:
         return self.watch_set() | set(self.dht_nearest()) | self._bootstrap_ids
 
     async def _answer_info_request(self, msg: Inbound) -> bytes | None:
+        if self._info_frame is not None and trio.current_time() - self._info_sealed_at > INFO_RESEAL_S:
+            self._info_frame = self._seal_node_info()  # its network coordinate moves
         return self._info_frame
+
+    def note_coord(self, peer: str, value: object) -> None:
+        """``peer``'s network coordinate, as its own signed NodeInfo or presence states it."""
+        coord = from_wire(value)
+        if coord is not None and peer in self.peers and peer != self.peer_id:
+            self.coords[peer] = coord
+
+    def _observe_rtt(self, peer: str, rtt_ms: float) -> None:
+        remote = self.coords.get(peer)
+        if remote is not None:
+            self.coord = observe(self.coord, remote, rtt_ms)
 
     async def fetch_node_info(self, peer: str, timeout: float = 5.0) -> dict[str, Any] | None:
         """NodeInfo of ``peer``: asked of the peer itself, else looked up in the DHT by PeerID."""
@@ -392,6 +415,7 @@ class MeshNode:
             self.inbound.reject(peer, WireError("signature", "NodeInfo is signed by another peer"), "nodeinfo")
             return None
         self.pex.remember(peer, frame)
+        self.note_coord(peer, env.body.get("coord"))
         return env.body
 
     def _learn_info(self, peer: str, info: dict[str, Any]) -> None:
@@ -402,6 +426,7 @@ class MeshNode:
         if peer not in self.peers:
             return  # a full table turned it away (mesh.peertable): nothing kept for it anywhere
         self.peers.vouch(peer)
+        self.note_coord(peer, info.get("coord"))
         try:  # so a dial to it has somewhere to go (a DHT walk would have put them there too)
             from libp2p.peer.id import ID
             from multiaddr import Multiaddr
@@ -538,6 +563,7 @@ class MeshNode:
         second) is not looked up again each time it returns."""
         self.discovery.forget_info(peer, 4 * self.config.health.max_peers)
         self.pex.frames.pop(peer, None)
+        self.coords.pop(peer, None)
         self.liveness.drop(peer)
 
     def _peer_state_changed(self, rec: PeerRecord, old: PeerState, new: PeerState) -> None:

@@ -233,7 +233,7 @@ class JobManager:
             return
         me = self.mesh.peer_id
         try:
-            own = seal(self.mesh.identity, PRESENCE, presence_body(self.drivers, active, failed))
+            own = seal(self.mesh.identity, PRESENCE, presence_body(self.drivers, active, failed, self.mesh.coord.wire()))
             await self._on_presence(Inbound(open_envelope(own), None, me, gossip=True))
         except (WireError, ValueError, Rejected) as exc:  # a map too large for its kind's limit
             log.debug("own presence not applied: %s", exc)
@@ -249,7 +249,8 @@ class JobManager:
             for group, peers in group_recipients(shared).items():
                 try:
                     frame = seal(self.mesh.identity, PRESENCE, presence_body(self.drivers,
-                        {j: active[j] for j in group if j in active}, {j: failed[j] for j in group if j in failed}))
+                        {j: active[j] for j in group if j in active}, {j: failed[j] for j in group if j in failed},
+                        self.mesh.coord.wire()))
                     nursery.start_soon(self.mesh.send_direct, frame, peers)
                 except (WireError, ValueError) as exc:
                     log.debug("presence for %d job(s) not sent: %s", len(group), exc)
@@ -282,6 +283,7 @@ class JobManager:
         weights = msg.envelope.body.get("weights")
         weights = weights if isinstance(weights, dict) else {}
         sender = msg.envelope.sender
+        self.mesh.note_coord(sender, msg.envelope.body.get("coord"))  # where it sits (mesh.vivaldi)
         rates = msg.envelope.body.get("rates")
         rates = rates if isinstance(rates, dict) else {}
         passes = msg.envelope.body.get("passes")

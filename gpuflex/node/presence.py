@@ -43,20 +43,22 @@ class PresenceSource(Protocol):
 
 
 def presence_body(drivers: Mapping[str, PresenceSource], active: dict[str, int],
-                  failed: dict[str, str]) -> dict[str, Any]:
+                  failed: dict[str, str], coord: list[float] | None = None) -> dict[str, Any]:
     """One presence for the jobs ``active`` (job → committed rounds) and ``failed`` (job → why).
 
     Throughput: coordinators of time-budgeted rounds plan by it. Ledger head and weight
     (verified contributions): a peer whose ledger is lighter, or as heavy on another head,
     learns to fetch ours. Jobs still preparing, and the round whose coordinator turns this node
-    gave up: peers skip those turns instead of waiting out a plan timeout."""
+    gave up: peers skip those turns instead of waiting out a plan timeout. The node's network
+    coordinate (``mesh.vivaldi``): coordinators group members by nearness."""
     rates = {j: round(r, 3) for j in active if (r := drivers[j].throughput()) > 0}
     heads = {j: drivers[j].head() for j in active}
     weights = {j: drivers[j].weight for j in active}
     preparing = list(islice((j for j in active if drivers[j].preparing), PRESENCE_MARKS))
     passes = dict(islice(((j, r) for j in active if (r := drivers[j].passes_round)), PRESENCE_MARKS))
     return {"jobs": active, "heads": heads, "weights": weights, "rates": rates,
-            "preparing": preparing, "passes": passes, **({"failed": failed} if failed else {})}
+            "preparing": preparing, "passes": passes, **({"failed": failed} if failed else {}),
+            **({"coord": coord} if coord is not None else {})}
 
 
 def group_recipients(shared: Mapping[str, list[str]]) -> dict[tuple[str, ...], list[str]]:
