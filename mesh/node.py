@@ -97,6 +97,8 @@ TRIM_IDLE_S, TRIM_PER_PERIOD, TRIM_EVERY_S = 30.0, 16, 5.0
 INFO_RESEAL_S = 60.0
 #: DHT routing-table entries, nearest first, that this node keeps first-hand contact with.
 DHT_NEAREST = 8
+#: The overlay follows a changed membership at most this often.
+OVERLAY_EVERY_S = 2.0
 #: The cached overlay is also recomputed this often: an ignored peer's time runs out by the
 #: clock, not by a change to the table.
 IGNORE_RECHECK_S = 5.0
@@ -170,7 +172,7 @@ class MeshNode:
         self.joiner: Joiner | None = None
         self._dialer: Any = None
         self._pinned: dict[str, float] = {}  # peer -> trio time until which it is watched
-        self._overlay: tuple[Any, list[str]] = (None, [])  # (membership version, neighbours)
+        self._overlay: tuple[Any, list[str]] = ((None, -math.inf), [])  # ((version, when), neighbours)
         self._bootstrap_ids: set[str] = set()
         self._used: dict[str, float] = {}  # peer -> trio time this node last opened a stream to it
         self._book_save_failed = False
@@ -344,11 +346,14 @@ class MeshNode:
 
     def neighbours(self) -> list[str]:
         """This node's overlay neighbours among the mesh's members (``mesh.overlay``),
-        recomputed only when the membership changed (``PeerTable.version``): every gossip
-        forward and probe period asks, and a ring of a thousand members costs a sort."""
-        key = (self.peers.version, int(self.peers.clock() // IGNORE_RECHECK_S))
-        if self._overlay[0] != key:
-            self._overlay = (key, neighbours(self.peer_id, self.peers.members()))
+        recomputed only when the membership changed (``PeerTable.version``), and then at most
+        every ``OVERLAY_EVERY_S``: every gossip forward and probe period asks, a ring of a
+        thousand members costs a sort, and a joining mesh changes every node's view each moment."""
+        now = self.peers.clock()
+        key = (self.peers.version, int(now // IGNORE_RECHECK_S))
+        (old, at), cached = self._overlay
+        if old != key and (now - at >= OVERLAY_EVERY_S or not cached):
+            self._overlay = ((key, now), neighbours(self.peer_id, self.peers.members()))
         return list(self._overlay[1])
 
     def watch(self, peers: Iterable[str], for_s: float) -> None:
