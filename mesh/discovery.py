@@ -128,6 +128,9 @@ class Discovery:
         text = str(pid)
         if text == self.node.peer_id:
             return
+        rec = self.node.peers.get(text)
+        if rec is not None and rec.addrs:
+            return  # known, with addresses: this runs every second over every connection
         try:
             addrs = [str(a) for a in self.node.host.get_peerstore().addrs(pid)]
         except PeerStoreError:  # known from a connection, with no address stored yet
