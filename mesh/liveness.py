@@ -127,6 +127,7 @@ class Liveness:
         self._pinging: dict[str, _Pending] = {}
         self._probing: set[str] = set()
         self._keep: set[str] = set()  # the node's keep set, as of the last period
+        self._kept_since: dict[str, float] = {}  # peer of the keep set -> when it joined it
         self._due_at = math.inf  # when the loop should wake next
         self._lagging_until = -math.inf
         self._nursery: trio.Nursery | None = None
@@ -214,7 +215,7 @@ class Liveness:
 
     def expire(self) -> list[str]:
         """Suspects whose time is up are down; returns them (announced in the background
-        when running). Peers never reached age by silence (``PeerTable.reevaluate``)."""
+        when running). Peers of the keep set never reached age by silence (``_age_unseen``)."""
         now = trio.current_time()
         dead = []
         for peer in [p for p, ends in self.suspects.items() if now >= ends]:
@@ -225,8 +226,24 @@ class Liveness:
                 dead.append(peer)
                 if self._nursery is not None:
                     self._nursery.start_soon(self._say, peer, Verdict.DOWN, self.known.get(peer, 0))
-        self.node.peers.reevaluate(unseen_only=True, among=self._keep)
+        self._age_unseen(now)
         return [] if self._nursery is not None else dead
+
+    def _age_unseen(self, now: float) -> None:
+        """Peers of the keep set this node never reached are ``suspect``, then ``down``, here
+        (no rumour: others may reach them) by silence counted from when they joined the keep
+        set, so a member known by hearsay for long is not condemned before its first contact."""
+        since = {p: self._kept_since.get(p, now) for p in self._keep}
+        self._kept_since = since
+        for peer, at in since.items():
+            rec = self.node.peers.get(peer)
+            if rec is None or rec.last_seen is not None:
+                continue
+            silent = now - max(at, rec.first_seen)
+            if silent >= self.config.down_after_s:
+                self.node.peers.set_state(peer, DOWN)
+            elif silent >= self.config.suspect_after_s and rec.state != DOWN:
+                self.node.peers.set_state(peer, SUSPECT)
 
     async def probe(self, peer: str) -> bool:
         """Direct, then indirect, twice a period apart; suspicion (and a rumour) if nobody
@@ -243,8 +260,8 @@ class Liveness:
                         # Alive, though taken for dead: tell it, so that it refutes everywhere.
                         self._nursery.start_soon(self._tell, peer)
                     return True
-                if (rec.last_seen is None and not rec.vouched) or rec.state == DOWN:
-                    return False  # never reached, or already dead: silence ages it (PeerTable)
+                if rec.last_seen is None or rec.state == DOWN:
+                    return False  # never reached, or already dead: silence ages it (``_age_unseen``)
                 if await self._ask_others(peer):
                     self.node.peers.seen(peer)
                     return True
