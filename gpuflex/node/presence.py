@@ -89,8 +89,11 @@ def recipients(me: str, members: set[str], driver: Any, cache: dict[str, Any]) -
     if cache.get("key") != key:
         cache["key"], cache["spread"] = key, neighbours(me, members, PRESENCE_SPREAD)
     book: RoundView = driver.book
-    out = set(cache["spread"])
-    out.update(c for a in range(PRESENCE_COORDINATORS) if (c := book.expected_coordinator(a)) is not None)
+    round_ = book.current.round
+    if cache.get("round") != round_:  # a rendezvous ranking of every eligible member: once a round
+        cache["round"], cache["coordinators"] = round_, {
+            c for a in range(PRESENCE_COORDINATORS) if (c := book.expected_coordinator(a)) is not None}
+    out = set(cache["spread"]) | cache["coordinators"]
     plan = book.current.plan
     if plan is not None and me in plan.parent:
         out.update(p for p, up in plan.parent.items() if up == me)
