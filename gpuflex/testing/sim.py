@@ -336,7 +336,7 @@ class Simulation:
         self.job_id = job_id_of(open_envelope(frame, expect_kind=JOB))
         await first.mesh.broadcast(frame)
 
-    async def _follow_rounds(self, t0: float) -> None:
+    async def _follow_rounds(self, t0: float, say: Callable[[str], None] = lambda text: None) -> None:
         """Record each round as the first live node that has it commits it, with the plan
         in force (as the first node that has one saw it)."""
         last_t, last_bytes = t0, self._bytes_now()
@@ -360,6 +360,7 @@ class Simulation:
                 if done in plans:
                     self._describe_plan(fig, plans[done])
                 self.rounds.append(fig)
+                say(f"round {done} committed at t={now:.1f}s: {fig.seconds} s, {fig.contributors} contributors")
                 last_t, last_bytes = now, now_bytes
 
     def _describe_plan(self, fig: RoundFigure, plan: Any) -> None:
@@ -424,7 +425,7 @@ class Simulation:
                 say(f"job submitted at t={t0:.1f}s")
                 nursery.start_soon(self._churn, nursery, t0)
                 with trio.move_on_after(cfg.time_limit_s):
-                    await self._follow_rounds(t0)
+                    await self._follow_rounds(t0, say)
                 say(f"{len(self.rounds)} rounds committed at t={trio.current_time():.1f}s")
                 await trio.sleep(cfg.drain_s)  # the last result reaches the other nodes
                 report = self.report(idle_from, idle_to)
