@@ -418,6 +418,10 @@ class Simulation:
                 idle_from = trio.current_time()
                 await trio.sleep(min(10.0, cfg.settle_s))
                 idle_to = trio.current_time()
+                idle = self._rates(idle_from, idle_to)
+                conns = self.samples[-1]["connections"] if self.samples else [0]
+                say(f"idle: {idle['msgs']:.1f} msgs/s, {idle['bytes'] / 1e3:.1f} kB/s per node; "
+                    f"{sum(conns) / max(1, len(conns)):.0f} connections per node (most {max(conns)})")
                 self.gossip = await self.gossip_reach()
                 say(f"gossip reach: {self.gossip}")
                 t0 = trio.current_time()
