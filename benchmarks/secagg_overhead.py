@@ -66,7 +66,7 @@ class Group:
 
 def build_group(spec: Any, ids: list[Any], deltas: list[np.ndarray], round_: int = 1, drop: int = 0) -> Group:
     """ids[0] leads; the first ``drop`` members train and mask, but never send."""
-    from gpuflex.node.pipeline import DeltaEncoder, decode_payload, make_reducer, secagg_member
+    from gpuflex.node.pipeline import DeltaEncoder, decode_update, make_reducer, secagg_member
 
     leader = ids[0].peer_id
     plan = SimpleNamespace(job="bench", round=round_, attempt=0,
@@ -84,7 +84,7 @@ def build_group(spec: Any, ids: list[Any], deltas: list[np.ndarray], round_: int
     size = deltas[0].size
     with Stopwatch() as lead:
         for peer, payload in payloads:
-            red.add(decode_payload(spec, payload, size), float(SAMPLES), peer)
+            red.add(decode_update(spec, payload, size), float(SAMPLES), peer)
     return Group(red, sides, len(payloads[0][1]), member.seconds / len(ids[1:]), lead.seconds)
 
 

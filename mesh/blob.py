@@ -22,7 +22,7 @@ import blake3
 import trio
 
 from mesh import bulk
-from mesh.codec import Truncated, WireError
+from mesh.codec import Truncated, WireError, WireReason
 from mesh.errors import MeshError
 from mesh.framing import Stalled, Stream, read_exactly, read_obj, write_obj
 from mesh.limits import BulkGate
@@ -209,7 +209,7 @@ async def serve_blob(stream: Stream, store: BlobStore, max_request: int = 4096,
     digest = request.get("h") if isinstance(request, dict) else None
     if not valid_hash(digest):
         await write_obj(stream, {"ok": False, "error": "bad request"})
-        raise WireError("garbled", "blob request without a valid hash")
+        raise WireError(WireReason.GARBLED, "blob request without a valid hash")
     if not store.has(digest):
         await write_obj(stream, {"ok": False, "error": "not found"})
         return None
@@ -291,7 +291,7 @@ async def receive_blob(stream: Stream, store: BlobStore, digest: str, peer: str,
         raise BlobError(f"peer {peer} does not serve blob {digest[:16]}…: {err}")
     size = reply.get("size")
     if not isinstance(size, int) or size < 0 or size > max_size:
-        raise WireError("oversized", f"peer {peer} announced a blob of {size!r} bytes (limit {max_size})")
+        raise WireError(WireReason.OVERSIZED, f"peer {peer} announced a blob of {size!r} bytes (limit {max_size})")
     incoming = store.incoming(digest, size)
     try:
         offer = reply.get("bulk")

@@ -41,7 +41,15 @@ from mesh.addressbook import BOOK_FILE, AddressBook
 from mesh.blob import BLOB_PROTOCOL, BlobError, BlobIntegrityError, BlobStore, receive_blob
 from mesh.bootstrap import BootstrapError as BootstrapError  # re-exported: callers catch it here
 from mesh.bootstrap import Joiner, JoinPolicy
-from mesh.codec import MAX_FRAME, ReplayGuard, WireError, open_envelope, register_kind, seal
+from mesh.codec import (
+    MAX_FRAME,
+    ReplayGuard,
+    WireError,
+    WireReason,
+    open_envelope,
+    register_kind,
+    seal,
+)
 from mesh.compat import StrEnum
 from mesh.discovery import Discovery
 from mesh.discovery import best_effort as best_effort  # re-exported: the mesh's one catch-all
@@ -356,7 +364,7 @@ class MeshNode:
             self.inbound.reject(peer, exc, "nodeinfo")
             return None
         if env.sender != peer or not isinstance(env.body, dict):
-            self.inbound.reject(peer, WireError("signature", "NodeInfo is signed by another peer"), "nodeinfo")
+            self.inbound.reject(peer, WireError(WireReason.SIGNATURE, "NodeInfo is signed by another peer"), "nodeinfo")
             return None
         self.pex.remember(peer, frame)
         return env.body
@@ -619,7 +627,7 @@ class MeshNode:
                 self.peers.seen(peer)
                 return path
             except BlobIntegrityError as exc:
-                self.inbound.reject(peer, WireError("hash", str(exc)), "blob")
+                self.inbound.reject(peer, WireError(WireReason.HASH, str(exc)), "blob")
                 errors.append(str(exc))
                 integrity.append(exc)
             except WireError as exc:  # an announced size over the limit, a stalled transfer

@@ -18,6 +18,7 @@ import trio
 from aggregation.tree import children
 from gpuflex.node.messages import Partial, Plan, Update, capped
 from gpuflex.node.pipeline import Reducer
+from gpuflex.node.secure import MaskedUpdate
 
 
 def subtree_height(parent: dict[str, str | None], node: str) -> int:
@@ -77,7 +78,7 @@ class Collector:
     def accepts(self, peer: str) -> bool:
         return not self.closed and peer in self.allowed and peer not in self.covered
 
-    def _fold(self, reporter: str, vector: np.ndarray, samples: int, covers: set[str]) -> None:
+    def _fold(self, reporter: str, vector: np.ndarray | MaskedUpdate, samples: int, covers: set[str]) -> None:
         self.acc.add(vector, float(samples), reporter)
         self.samples += samples
         self.covered |= covers
@@ -86,7 +87,7 @@ class Collector:
             self.done.set()
             self.on_done()
 
-    def add_update(self, update: Update, delta: np.ndarray) -> None:
+    def add_update(self, update: Update, delta: np.ndarray | MaskedUpdate) -> None:
         """Fold a verified update, weighing at most the plan's sample cap (``capped``)."""
         update = capped(update, self.plan.sample_cap)
         self.updates.append(update)

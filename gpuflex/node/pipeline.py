@@ -29,14 +29,16 @@ from aggregation.sparse import SparseVector, Transform, decode_sparse, encode_no
 from aggregation.weighted import WeightedAccumulator
 from gpuflex.node.modelblob import pack_delta, unpack_delta
 from gpuflex.node.secure import (
+    MAGIC,
     GroupContext,
+    MaskedUpdate,
     SecAggMember,
     SecAggReducer,
     decode_masked,
     mask_group,
 )
 from gpuflex.plugins import is_plugin_path, load_callable
-from mesh.codec import WireError
+from mesh.codec import WireError, WireReason
 from mesh.fsutil import atomic_write
 
 if TYPE_CHECKING:
@@ -57,15 +59,16 @@ class Reducer(Protocol):
     @property
     def count(self) -> int: ...
 
-    def add(self, vector: np.ndarray, weight: float, reporter: str) -> None: ...
+    def add(self, vector: np.ndarray | MaskedUpdate, weight: float, reporter: str) -> None: ...
 
     def result(self) -> np.ndarray: ...
 
 
-def _require_plain(vector: object, reporter: str) -> None:
+def _plain(vector: np.ndarray | MaskedUpdate, reporter: str) -> np.ndarray:
     """A masked update can only be unmasked by its own group's leader, never after failover."""
-    if not isinstance(vector, (np.ndarray, SparseVector)):
-        raise WireError("round", f"masked update from {reporter[-8:]} reached a node outside its group")
+    if isinstance(vector, MaskedUpdate):
+        raise WireError(WireReason.ROUND, f"masked update from {reporter[-8:]} reached a node outside its group")
+    return vector
 
 
 class MeanReducer:
@@ -78,8 +81,8 @@ class MeanReducer:
     def count(self) -> int:
         return self._acc.count
 
-    def add(self, vector: np.ndarray, weight: float, reporter: str) -> None:
-        _require_plain(vector, reporter)
+    def add(self, vector: np.ndarray | MaskedUpdate, weight: float, reporter: str) -> None:
+        vector = _plain(vector, reporter)
         if isinstance(vector, SparseVector):  # summed as it is, never expanded to a dense copy
             self._acc.add_sparse(vector.size, vector.index, vector.values, weight)
         else:
@@ -113,14 +116,14 @@ class RobustReducer:
     def count(self) -> int:
         return len(self.vectors)
 
-    def add(self, vector: np.ndarray, weight: float, reporter: str) -> None:
-        _require_plain(vector, reporter)
+    def add(self, vector: np.ndarray | MaskedUpdate, weight: float, reporter: str) -> None:
+        vector = _plain(vector, reporter)
         if isinstance(vector, SparseVector):  # a robust rule needs every input whole
             vector = vector.dense()
         if not np.all(np.isfinite(vector)):
-            raise WireError("garbled", f"update from {reporter[-8:]} has non-finite values")
+            raise WireError(WireReason.GARBLED, f"update from {reporter[-8:]} has non-finite values")
         if self.vectors and vector.shape != self.vectors[0].shape:
-            raise WireError("garbled", f"update from {reporter[-8:]} has the wrong size")
+            raise WireError(WireReason.GARBLED, f"update from {reporter[-8:]} has the wrong size")
         self.vectors.append(np.asarray(vector, dtype=np.float32))
         self.weights.append(float(weight))
         self.reporters.append(reporter)
@@ -285,9 +288,9 @@ def decode_sparse_payload(spec: JobSpec, payload: bytes, size: int) -> SparseVec
     try:
         vec, transform, chunk = decode_sparse(EncodedDelta.from_bytes(payload))
     except AggregationError as exc:
-        raise WireError("garbled", f"sparse delta could not be decoded: {exc}") from None
+        raise WireError(WireReason.GARBLED, f"sparse delta could not be decoded: {exc}") from None
     if vec.size != size or chunk != spec.sparse_chunk or transform is not _job_transform(spec):
-        raise WireError("garbled", f"sparse delta has size {vec.size}, chunk {chunk}, transform {transform.name}; "
+        raise WireError(WireReason.GARBLED, f"sparse delta has size {vec.size}, chunk {chunk}, transform {transform.name}; "
                         f"the job needs {size}, {spec.sparse_chunk}, {spec.sparse_transform}")
     return vec
 
@@ -316,14 +319,20 @@ def secagg_member(spec: JobSpec, identity: Identity, plan: Plan) -> SecAggMember
     return SecAggMember(identity, ctx)
 
 
-def decode_payload(spec: JobSpec, payload: bytes, size: int) -> np.ndarray:
-    """A leader's side: wire bytes back to a float32 vector of ``size`` entries.
+def is_masked(spec: JobSpec, payload: bytes) -> bool:
+    """Whether an update's payload is masked (secure aggregation): only its group's leader,
+    through the SecAggReducer, can fold it."""
+    return spec.secure_aggregation and payload[:4] == MAGIC
 
-    Under secure aggregation a masked payload decodes to a MaskedUpdate instead, which only
-    the SecAggReducer accepts.
-    """
-    if spec.secure_aggregation and payload[:4] == b"GFSA":
-        return decode_masked(payload, size)  # type: ignore[return-value]
+
+def decode_update(spec: JobSpec, payload: bytes, size: int) -> np.ndarray | MaskedUpdate:
+    """A leader's side of one update: masked (``decode_masked``) or plain (``decode_payload``)."""
+    return decode_masked(payload, size) if is_masked(spec, payload) else decode_payload(spec, payload, size)
+
+
+def decode_payload(spec: JobSpec, payload: bytes, size: int) -> np.ndarray:
+    """A plain update's wire bytes back to a float32 vector of ``size`` entries (a masked one
+    goes through ``decode_update``)."""
     if spec.codec == "none":
         return unpack_delta(payload, size)
     if spec.codec == "sparse":
@@ -333,13 +342,13 @@ def decode_payload(spec: JobSpec, payload: bytes, size: int) -> np.ndarray:
         # The job's codec and the model's size, checked before decoding: a codec that names
         # its size (top-k, sparse) must not make a leader allocate whatever size it claims.
         if enc.codec != spec.codec or enc.size != size:
-            raise WireError("garbled", f"delta is {enc.codec!r} of {enc.size} values; the job needs "
+            raise WireError(WireReason.GARBLED, f"delta is {enc.codec!r} of {enc.size} values; the job needs "
                             f"{spec.codec!r} of {size}")
         vec = decode_delta(enc)
     except AggregationError as exc:
-        raise WireError("garbled", f"delta could not be decoded: {exc}") from None
+        raise WireError(WireReason.GARBLED, f"delta could not be decoded: {exc}") from None
     if vec.size != size or not np.all(np.isfinite(vec)):
-        raise WireError("garbled", "decoded delta has the wrong size or non-finite values")
+        raise WireError(WireReason.GARBLED, "decoded delta has the wrong size or non-finite values")
     return vec
 
 
@@ -388,10 +397,10 @@ def replay_step(spec: JobSpec, params: np.ndarray, state: dict[str, np.ndarray],
     try:
         enc = EncodedDelta.from_bytes(step)
         if enc.size != update_size(spec, params.size):
-            raise WireError("garbled", f"committed step has {enc.size} values, the model {params.size}")
+            raise WireError(WireReason.GARBLED, f"committed step has {enc.size} values, the model {params.size}")
         avg = decode_delta(enc)
     except AggregationError as exc:
-        raise WireError("garbled", f"committed step could not be decoded: {exc}") from None
+        raise WireError(WireReason.GARBLED, f"committed step could not be decoded: {exc}") from None
     return server_optimizer(spec).step(params, avg, state)
 
 

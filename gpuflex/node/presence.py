@@ -2,17 +2,79 @@
 
 Presence goes to each job's members alone, one message per set of jobs a peer shares with
 this node, so no message grows with the number of jobs on the mesh (docs/architecture.md).
+Like every round message it has a builder (``make_presence``) and a parser
+(``parse_presence``): the jobs code only ever sees typed, bounded values.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from itertools import islice
 from typing import Any, Protocol
 
-#: Jobs a presence names as still preparing, or as giving up a round's turns: bounded, so many
-#: jobs arriving together do not push presence past its kind's size limit.
+from gpuflex.node.ledger import LedgerClaim
+from gpuflex.node.messages import MAX_ROUND, PRESENCE
+from gpuflex.node.workplan import valid_rate
+from gpuflex.safetext import printable
+from mesh.codec import Envelope, WireError, WireReason, seal
+from mesh.identity import Identity
+
+#: Jobs a presence names as still preparing, as passing a round's turns, or as failed: bounded,
+#: so many jobs arriving together do not push presence past its kind's size limit.
 PRESENCE_MARKS = 16
+#: Why a job failed on a peer, as its presence says: at most this many characters are kept.
+FAILED_REASON_CHARS = 200
+
+
+@dataclass(frozen=True)
+class JobPresence:
+    """What a peer's presence says of one job it takes part in, each value typed and bounded
+    (a value of the wrong type reads as unsaid: None, False)."""
+
+    claim: LedgerClaim  # its ledger: committed rounds, weight, head
+    rate: float | None = None  # its training throughput, samples per second
+    preparing: bool = False  # still loading the job: skip its coordinator turns
+    passes: int | None = None  # the round whose coordinator turns it passes
+
+    @classmethod
+    def from_wire(cls, last_round: Any, head: Any = None, rate: Any = None, weight: Any = None, *,
+                  preparing: bool = False, passes: Any = None) -> JobPresence:
+        passed = passes if isinstance(passes, int) and not isinstance(passes, bool) and 1 <= passes <= MAX_ROUND else None
+        return cls(LedgerClaim.from_wire(last_round, weight, head), valid_rate(rate), preparing, passed)
+
+
+@dataclass(frozen=True)
+class Presence:
+    """One parsed presence message."""
+
+    sender: str
+    jobs: dict[str, JobPresence]  # the jobs it takes part in
+    failed: dict[str, str]  # jobs that failed there, none of them in ``jobs``, and why ("" unsaid)
+
+
+def _map(body: dict[str, Any], name: str) -> dict[Any, Any]:
+    value = body.get(name)
+    return value if isinstance(value, dict) else {}
+
+
+def parse_presence(env: Envelope) -> Presence:
+    """A presence's body checked: a job map is required; every other field is optional and a
+    malformed one reads as unsaid, as a node that sends fewer fields would be read."""
+    body = env.body
+    jobs = body.get("jobs") if isinstance(body, dict) else None
+    if not isinstance(body, dict) or not isinstance(jobs, dict):
+        raise WireError(WireReason.GARBLED, "presence without a job map")
+    heads, weights, rates, passes = (_map(body, name) for name in ("heads", "weights", "rates", "passes"))
+    preparing = body.get("preparing")
+    preparing = {j for j in preparing if isinstance(j, str)} if isinstance(preparing, list) else set()
+    failed = {job: printable(why, FAILED_REASON_CHARS) if isinstance(why, str) and why else ""
+              for job, why in islice(_map(body, "failed").items(), PRESENCE_MARKS)
+              if isinstance(job, str) and job not in jobs}
+    return Presence(env.sender, {
+        job: JobPresence.from_wire(last, heads.get(job), rates.get(job), weights.get(job),
+                                   preparing=job in preparing, passes=passes.get(job))
+        for job, last in jobs.items() if isinstance(job, str)}, failed)
 
 
 class PresenceSource(Protocol):
@@ -47,6 +109,12 @@ def presence_body(drivers: Mapping[str, PresenceSource], active: dict[str, int],
     passes = dict(islice(((j, r) for j in active if (r := drivers[j].passes_round)), PRESENCE_MARKS))
     return {"jobs": active, "heads": heads, "weights": weights, "rates": rates,
             "preparing": preparing, "passes": passes, **({"failed": failed} if failed else {})}
+
+
+def make_presence(identity: Identity, drivers: Mapping[str, PresenceSource], active: dict[str, int],
+                  failed: dict[str, str]) -> bytes:
+    """A signed presence for ``active`` and ``failed`` jobs (``presence_body``)."""
+    return seal(identity, PRESENCE, presence_body(drivers, active, failed))
 
 
 def group_recipients(shared: Mapping[str, list[str]]) -> dict[tuple[str, ...], list[str]]:

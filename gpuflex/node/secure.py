@@ -49,7 +49,7 @@ from gpuflex.node.messages import (
     RecoveryRequest,
     parse_recovery_answer,
 )
-from mesh.codec import WireError, open_envelope, seal
+from mesh.codec import WireError, WireReason, open_envelope, seal
 from mesh.identity import Identity, public_key_from_peer_id
 
 MAGIC = b"GFSA"
@@ -95,7 +95,7 @@ def pairwise_keys(identity: Identity, peer: str, ctx: GroupContext) -> tuple[byt
     try:
         peer_x = crypto_sign_ed25519_pk_to_curve25519(public_key_from_peer_id(peer))
     except (ValueError, CryptoError) as exc:
-        raise WireError("garbled", f"cannot derive a key for {peer[-8:]}: {exc}") from None
+        raise WireError(WireReason.GARBLED, f"cannot derive a key for {peer[-8:]}: {exc}") from None
     shared = crypto_scalarmult(identity.x25519_private_key(), peer_x)
     pair = "|".join(sorted((identity.peer_id, peer))).encode()
     material = ctx.label() + b"|" + pair
@@ -154,20 +154,20 @@ class SecAggMember:
         split = (frozenset(survivors), frozenset(dropped))
         if (self.me not in split[0] or not split[1] or split[0] & split[1]
                 or split[0] | split[1] != set(self.ctx.group)):
-            raise WireError("round", "recovery request does not split the group into survivors and dropped members")
+            raise WireError(WireReason.ROUND, "recovery request does not split the group into survivors and dropped members")
         if self._split is not None and self._split != split:
-            raise WireError("round", "a second recovery request names other dropped members")
+            raise WireError(WireReason.ROUND, "a second recovery request names other dropped members")
         out = []
         for owner, partner, ciphertext in request:
             if self.me in (owner, partner) or owner not in self._keys:
-                raise WireError("round", "recovery request names this node's own seed")
+                raise WireError(WireReason.ROUND, "recovery request names this node's own seed")
             if owner not in split[0] or partner not in split[1]:
-                raise WireError("round", f"recovery request asks for the seed of {owner[-8:]} and "
+                raise WireError(WireReason.ROUND, f"recovery request asks for the seed of {owner[-8:]} and "
                                          f"{partner[-8:]}, which is not a survivor's seed with a dropped member")
             try:
                 plain = SecretBox(self._keys[owner][1]).decrypt(ciphertext)
             except CryptoError:
-                raise WireError("garbled", f"share from {owner[-8:]} does not decrypt") from None
+                raise WireError(WireReason.GARBLED, f"share from {owner[-8:]} does not decrypt") from None
             out.append((owner, partner, int.from_bytes(plain, "big")))
         self._split = split
         return out
@@ -183,9 +183,9 @@ def decode_masked(payload: bytes, size: int) -> MaskedUpdate:
         body = payload[8 + length :]
         shares = {(str(p), str(h)): bytes(c) for p, h, c in meta["shares"]}
     except Exception as exc:  # untrusted bytes may fail msgpack or the unpacking in any way
-        raise WireError("garbled", f"masked delta could not be decoded ({exc})") from None
+        raise WireError(WireReason.GARBLED, f"masked delta could not be decoded ({exc})") from None
     if len(body) != size * 4:
-        raise WireError("garbled", f"masked delta has {len(body)} bytes, expected {size * 4}")
+        raise WireError(WireReason.GARBLED, f"masked delta has {len(body)} bytes, expected {size * 4}")
     return MaskedUpdate(np.frombuffer(body, dtype="<u4").astype(secagg.RING_DTYPE), shares)
 
 
@@ -215,11 +215,11 @@ class SecAggReducer:
     def add(self, vector: np.ndarray | MaskedUpdate, weight: float, reporter: str) -> None:
         if not isinstance(vector, MaskedUpdate):
             if reporter in self.ctx.group:
-                raise WireError("round", f"{reporter[-8:]} must send a masked update")
+                raise WireError(WireReason.ROUND, f"{reporter[-8:]} must send a masked update")
             self._plain.add(vector, weight)
             return
         if reporter not in self.ctx.group or reporter in self._received:
-            raise WireError("round", f"masked update from {reporter[-8:]}, not a masking member here")
+            raise WireError(WireReason.ROUND, f"masked update from {reporter[-8:]}, not a masking member here")
         self._received[reporter] = vector
         self._weight += int(weight)
         self._ring = secagg.ring_sum([vector.ring] if self._ring is None else [self._ring, vector.ring])
@@ -243,15 +243,15 @@ class SecAggReducer:
 
     def add_answers(self, holder: str, answers: list[tuple[str, str, int]]) -> None:
         if holder not in self._received:
-            raise WireError("round", f"recovery answer from {holder[-8:]}, who is not a survivor")
+            raise WireError(WireReason.ROUND, f"recovery answer from {holder[-8:]}, who is not a survivor")
         if holder in self._answered:
-            raise WireError("round", f"second recovery answer from {holder[-8:]}")
+            raise WireError(WireReason.ROUND, f"second recovery answer from {holder[-8:]}")
         dropped = set(self.missing())
         for owner, partner, y in answers:
             if owner not in self._received or partner not in dropped or holder in (owner, partner):
-                raise WireError("round", f"recovery answer from {holder[-8:]} has a share nobody asked for")
+                raise WireError(WireReason.ROUND, f"recovery answer from {holder[-8:]} has a share nobody asked for")
             if not 0 <= y < secagg.PRIME:
-                raise WireError("garbled", f"recovery answer from {holder[-8:]} has a share outside the field")
+                raise WireError(WireReason.GARBLED, f"recovery answer from {holder[-8:]} has a share outside the field")
         self._answered.add(holder)
         for owner, partner, y in answers:
             self._answers.setdefault((owner, partner), []).append((self.ctx.x_of(holder), y))
@@ -305,10 +305,10 @@ def answer_recovery(identity: Identity, side: SecAggMember, req: RecoveryRequest
     """A survivor's signed answer to its own leader's request for this round attempt."""
     ctx = side.ctx
     if (req.job, req.round, req.attempt) != (ctx.job, ctx.round, ctx.attempt):
-        raise WireError("round", f"recovery request for round {req.round} attempt {req.attempt}, "
+        raise WireError(WireReason.ROUND, f"recovery request for round {req.round} attempt {req.attempt}, "
                                  f"this node masked in round {ctx.round} attempt {ctx.attempt}")
     if req.leader != ctx.leader:
-        raise WireError("round", f"recovery request from {req.leader[-8:]}, who does not lead this node's group")
+        raise WireError(WireReason.ROUND, f"recovery request from {req.leader[-8:]}, who does not lead this node's group")
     shares = side.answer(req.shares, req.survivors, req.dropped)
     return seal(identity, SECAGG_SHARES, {
         "job": ctx.job, "round": ctx.round, "attempt": ctx.attempt, "holder": identity.peer_id,
@@ -318,14 +318,14 @@ def answer_recovery(identity: Identity, side: SecAggMember, req: RecoveryRequest
 def accept_answer(red: SecAggReducer, holder: str, reply: object, request: bytes) -> None:
     """Check a survivor's answer against the request it was sent, then fold its shares in."""
     if not isinstance(reply, bytes):
-        raise WireError("garbled", f"recovery answer from {holder[-8:]} is not a signed frame")
+        raise WireError(WireReason.GARBLED, f"recovery answer from {holder[-8:]} is not a signed frame")
     ans = parse_recovery_answer(open_envelope(reply, expect_kind=SECAGG_SHARES))
     ctx = red.ctx
     if ans.holder != holder:
-        raise WireError("impersonation", f"recovery answer from {holder[-8:]} is signed by {ans.holder[-8:]}")
+        raise WireError(WireReason.IMPERSONATION, f"recovery answer from {holder[-8:]} is signed by {ans.holder[-8:]}")
     if (ans.job, ans.round, ans.attempt) != (ctx.job, ctx.round, ctx.attempt) or (
             ans.request != open_envelope(request).digest):
-        raise WireError("round", f"recovery answer from {holder[-8:]} does not match its request")
+        raise WireError(WireReason.ROUND, f"recovery answer from {holder[-8:]} does not match its request")
     red.add_answers(holder, ans.shares)
 
 

@@ -33,8 +33,9 @@ from aggregation.errors import AggregationError
 from aggregation.fednova import effective_norm, normalise, step_norm
 from aggregation.sparse import SparseVector
 from gpuflex.node.messages import Plan, Update
+from gpuflex.node.secure import MaskedUpdate
 from gpuflex.node.workfields import MAX_PLANNED_STEPS, MAX_UPDATE_BYTES
-from mesh.codec import WireError
+from mesh.codec import WireError, WireReason
 
 if TYPE_CHECKING:
     from gpuflex.jobspec import JobSpec
@@ -150,20 +151,23 @@ def checked_steps(spec: JobSpec, plan: Plan, up: Update) -> int:
     its plan allowed (a member that claimed more would scale everyone's update)."""
     steps = up.steps
     if steps < 1:
-        raise WireError("garbled", f"update from {up.peer[-8:]} does not say how many local steps it took")
+        raise WireError(WireReason.GARBLED, f"update from {up.peer[-8:]} does not say how many local steps it took")
     bound = plan.steps.get(up.peer) or spec.local_steps or MAX_PLANNED_STEPS
     if steps > bound:
-        raise WireError("round", f"update from {up.peer[-8:]} claims {steps} local steps, its plan allows {bound}")
+        raise WireError(WireReason.ROUND, f"update from {up.peer[-8:]} claims {steps} local steps, its plan allows {bound}")
     if up.samples > steps * spec.batch_size:  # its weight: the samples it saw, one batch a step
-        raise WireError("round", f"update from {up.peer[-8:]} claims {up.samples} samples seen in {steps} "
+        raise WireError(WireReason.ROUND, f"update from {up.peer[-8:]} claims {up.samples} samples seen in {steps} "
                                  f"steps of {spec.batch_size}")
     return steps
 
 
-def fold_vector(spec: JobSpec, plan: Plan, up: Update, vector: np.ndarray) -> np.ndarray:
-    """What a leader folds for ``up``: its delta, divided by its step norm under FedNova."""
+def fold_vector(spec: JobSpec, plan: Plan, up: Update, vector: np.ndarray | MaskedUpdate) -> np.ndarray | MaskedUpdate:
+    """What a leader folds for ``up``: its delta, divided by its step norm under FedNova (a
+    masked delta cannot be: its leader sees only the group's sum)."""
     if not spec.uses_fednova:
         return vector
+    if isinstance(vector, MaskedUpdate):
+        raise WireError(WireReason.ROUND, f"masked update from {up.peer[-8:]} cannot be normalised by its local steps")
     norm = norm_of(spec, checked_steps(spec, plan, up))
     if isinstance(vector, SparseVector):
         return SparseVector(vector.size, vector.index, normalise(vector.values, norm))  # type: ignore[return-value]
@@ -181,7 +185,7 @@ def effective_steps_norm(spec: JobSpec, plan: Plan, updates: Sequence[Update]) -
     try:
         return effective_norm([float(u.samples) for u in updates], norms)
     except AggregationError as exc:
-        raise WireError("round", f"cannot weigh the round's updates: {exc}") from None
+        raise WireError(WireReason.ROUND, f"cannot weigh the round's updates: {exc}") from None
 
 
 def _figure(metrics: Mapping[str, object], key: str, high: float) -> float:

@@ -18,13 +18,20 @@ import logging
 from gpuflex.errors import GpuflexError
 from gpuflex.node.evidence import EvidenceError, verify_round
 from gpuflex.node.kinds import EventKind
-from gpuflex.node.ledger import HEAD_CHARS, LedgerError, prefer_chain, verify_chain, verify_tail
+from gpuflex.node.ledger import (
+    HEAD_CHARS,
+    LedgerClaim,
+    LedgerError,
+    prefer_chain,
+    verify_chain,
+    verify_tail,
+)
 from gpuflex.node.messages import Result, parse_result, parse_secagg_reports
 from gpuflex.node.models import Models
 from gpuflex.node.policy import Reports
 from gpuflex.node.port import JobPort
 from gpuflex.node.state import JobBook
-from mesh.codec import WireError
+from mesh.codec import WireError, WireReason
 from mesh.errors import MeshError
 from mesh.fsutil import StateWriteError
 from mesh.messaging import Inbound, Rejected
@@ -43,7 +50,7 @@ class ResultApplier:
         book = self.book
         res = parse_result(msg.envelope)
         if res.job != book.job_id:
-            raise WireError("garbled", "result for another job")
+            raise WireError(WireReason.GARBLED, "result for another job")
         if res.round <= book.committed:
             refused = self._compete(msg.envelope.raw, res, msg.via)
             if refused:
@@ -161,18 +168,18 @@ class ResultApplier:
             book.advance()
             return True
 
-    def may_win(self, height: object, weight: object = None, head: object = None) -> bool:
+    def may_win(self, claim: LedgerClaim) -> bool:
         """Whether a peer's ledger of this job, as the peer describes it (unchecked), is worth
         fetching: it could win fork choice (``Ledger.may_win``). A finished job's ledger is
         final however heavy a peer's: it fetches only a ledger on a head not reported yet."""
         if self.book.finished:
-            return self.worth_reporting(head)
-        return self.book.ledger.may_win(height, weight, head)
+            return self.worth_reporting(claim.head)
+        return self.book.ledger.may_win(claim)
 
-    def worth_reporting(self, head: object) -> bool:
+    def worth_reporting(self, head: str | None) -> bool:
         """Whether a finished job should fetch a peer's ledger on ``head`` (a presence or sync
         page's head prefix) to report it: another head, not reported yet, within the cap."""
-        return (isinstance(head, str) and len(head) == HEAD_CHARS and head != self.book.ledger.head[:HEAD_CHARS]
+        return (head is not None and head != self.book.ledger.head[:HEAD_CHARS]
                 and len(self._forks_seen) < MAX_FORKS_REPORTED and not any(h.startswith(head) for h in self._forks_seen))
 
     def _keep_final(self, frames: list[bytes], peer: str) -> None:
@@ -197,7 +204,7 @@ class ResultApplier:
         book = self.book
         body = msg.envelope.body
         if not isinstance(body, dict) or body.get("job") != book.job_id:
-            raise WireError("garbled", "abort for another job")
+            raise WireError(WireReason.GARBLED, "abort for another job")
         rs = book.current
         plan = rs.plan if rs.round == body.get("round") else None
         if plan is None or plan.coordinator != msg.envelope.sender or plan.attempt != body.get("attempt"):

@@ -29,7 +29,7 @@ from gpuflex.node.placement import cap_per_prefix, group_seed, masked_tree, orde
 from gpuflex.node.port import JobPort
 from gpuflex.node.state import JobBook, RoundDeadlines, RoundState
 from gpuflex.node.workplan import keep_earlier, plan_steps, recorded_rates, slow_members, valid_rate
-from mesh.codec import WireError
+from mesh.codec import WireError, WireReason
 from mesh.health import PeerState
 from mesh.messaging import Inbound, Rejected
 
@@ -273,29 +273,29 @@ class Coordinator:
         rules = book.ledger.rules
         expected = book.expected_coordinator(plan.attempt)
         if plan.coordinator != expected:
-            raise WireError("round", f"plan from {plan.coordinator[-8:]} for attempt {plan.attempt}, which "
+            raise WireError(WireReason.ROUND, f"plan from {plan.coordinator[-8:]} for attempt {plan.attempt}, which "
                                      f"belongs to {expected[-8:] if expected else 'nobody'}")
         if not all(rules.allowed(p) for p in plan.members):
-            raise WireError("round", "plan names members outside the job's allowlist")
+            raise WireError(WireReason.ROUND, "plan names members outside the job's allowlist")
         try:
             levels = depth(plan.parent)
         except AggregationError as exc:
-            raise WireError("garbled", f"plan tree: {exc}") from None
+            raise WireError(WireReason.GARBLED, f"plan tree: {exc}") from None
         if levels > MAX_TREE_DEPTH:
-            raise WireError("round", f"plan tree is {levels} levels deep (at most {MAX_TREE_DEPTH})")
+            raise WireError(WireReason.ROUND, f"plan tree is {levels} levels deep (at most {MAX_TREE_DEPTH})")
         cap = rules.sample_cap(book.ledger.results)
         if cap is not None and plan.sample_cap != cap:
-            raise WireError("round", f"plan caps samples at {plan.sample_cap}, the ledger implies {cap}")
+            raise WireError(WireReason.ROUND, f"plan caps samples at {plan.sample_cap}, the ledger implies {cap}")
         budget = spec.compute_budget_s if spec.uses_budget else 0.0
         if plan.budget_s != budget or (spec.local_steps and max(plan.steps.values(), default=0) > spec.local_steps):
-            raise WireError("round", f"plan's compute budget ({plan.budget_s:g}s) or step counts are not "
+            raise WireError(WireReason.ROUND, f"plan's compute budget ({plan.budget_s:g}s) or step counts are not "
                                      f"the job's ({budget:g}s, local_steps={spec.local_steps})")
         if spec.secure_aggregation:
             seed = group_seed(book.job_id, plan.round, plan.prev_result)
             fair = masked_tree(plan.coordinator, plan.members, plan.private, spec.group_size,
                                spec.secagg_min_group, seed)
             if dict(plan.parent) != fair:
-                raise WireError("round", f"plan from {plan.coordinator[-8:]} chose its own secure-aggregation "
+                raise WireError(WireReason.ROUND, f"plan from {plan.coordinator[-8:]} chose its own secure-aggregation "
                                          "groups instead of those public randomness gives")
 
     async def accept(self, msg: Inbound) -> tuple[Plan, RoundDeadlines]:

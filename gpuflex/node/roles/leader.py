@@ -25,7 +25,7 @@ from gpuflex.node.messages import (
     parse_update,
     walk_contributions,
 )
-from gpuflex.node.pipeline import decode_payload, make_reducer, pack_partial, unpack_partial
+from gpuflex.node.pipeline import decode_update, make_reducer, pack_partial, unpack_partial
 from gpuflex.node.policy import Reports
 from gpuflex.node.port import JobPort
 from gpuflex.node.secure import SecAggReducer, collect_answers
@@ -33,7 +33,7 @@ from gpuflex.node.state import JobBook, RoundDeadlines
 from gpuflex.node.uplink import Work, send_up
 from gpuflex.node.workplan import fold_vector
 from mesh.blob import blob_hash
-from mesh.codec import WireError, seal
+from mesh.codec import WireError, WireReason, seal
 from mesh.health import PeerState
 from mesh.messaging import Inbound, Rejected
 
@@ -67,7 +67,7 @@ class Leader:
         if col is None or col.plan.env.digest != plan.env.digest:  # none, or a replaced plan's
             return False
         spec, up = self.book.spec, trained.update
-        col.add_update(up, fold_vector(spec, plan, up, decode_payload(spec, trained.payload, up.delta_size)))
+        col.add_update(up, fold_vector(spec, plan, up, decode_update(spec, trained.payload, up.delta_size)))
         return True
 
     # -- inbound ---------------------------------------------------------------------------------
@@ -84,7 +84,7 @@ class Leader:
             # the plan may reach this leader after the update
             await book.changed.wait_for(ready, self.port.clock.now() + EARLY_MESSAGE_WAIT_S)
         if job != book.job_id or round_ != book.current.round:
-            raise WireError("round", f"message for round {round_}, this node is at round {book.current.round}")
+            raise WireError(WireReason.ROUND, f"message for round {round_}, this node is at round {book.current.round}")
         rs = book.current
         col = rs.collectors.get(rs.plan.attempt) if rs.plan is not None and rs.round == round_ else None
         if col is None or not col.accepts(sender):
@@ -95,26 +95,26 @@ class Leader:
         up = parse_update(msg.envelope)
         col = await self._collector_for(up.job, up.round, up.peer)
         if up.plan != col.plan.digest:
-            raise WireError("round", f"update from {up.peer[-8:]} was made for another plan")
+            raise WireError(WireReason.ROUND, f"update from {up.peer[-8:]} was made for another plan")
         if up.base_hash != col.plan.base_hash:
-            raise WireError("round", "update was trained from another base model")
+            raise WireError(WireReason.ROUND, "update was trained from another base model")
         if msg.payload is None or blob_hash(msg.payload) != up.delta_hash:
-            raise WireError("hash", f"delta from {up.peer[-8:]} does not match its signed hash")
+            raise WireError(WireReason.HASH, f"delta from {up.peer[-8:]} does not match its signed hash")
         spec = self.book.spec
-        col.add_update(up, fold_vector(spec, col.plan, up, decode_payload(spec, msg.payload, up.delta_size)))
+        col.add_update(up, fold_vector(spec, col.plan, up, decode_update(spec, msg.payload, up.delta_size)))
         self.port.emit(EventKind.UPDATE_RECEIVED, up.round, up.peer, message=f"round {up.round}: update from {up.peer[-8:]}")
 
     async def on_partial(self, msg: Inbound) -> None:
         part = parse_partial(msg.envelope)
         col = await self._collector_for(part.job, part.round, part.leader)
         if msg.payload is None or blob_hash(msg.payload) != part.delta_hash:
-            raise WireError("hash", f"partial from {part.leader[-8:]} does not match its signed hash")
+            raise WireError(WireReason.HASH, f"partial from {part.leader[-8:]} does not match its signed hash")
         ups = walk_contributions(part.updates, part.partials, part.job, part.round, col.plan)
         covers = {u.peer for u in ups}
         if not covers <= col.allowed or covers & col.covered or sum(u.samples for u in ups) != part.samples:
-            raise WireError("round", f"partial from {part.leader[-8:]} covers the wrong contributions")
+            raise WireError(WireReason.ROUND, f"partial from {part.leader[-8:]} covers the wrong contributions")
         if any(u.base_hash != col.plan.base_hash for u in ups):
-            raise WireError("round", "partial mixes updates from another base model")
+            raise WireError(WireReason.ROUND, "partial mixes updates from another base model")
         col.add_partial(part, unpack_partial(self.book.spec, msg.payload,
                                              ups[0].delta_size if ups else len(msg.payload) // 4), ups)
         self.port.emit(EventKind.PARTIAL_VERIFIED, part.round, part.leader, message=(

@@ -26,7 +26,7 @@ from gpuflex.node.state import JobBook, RoundDeadlines
 from gpuflex.node.uplink import Work, send_up
 from gpuflex.node.workplan import RATE_WEIGHT, blend, fits_plan, local_work
 from mesh.blob import blob_hash
-from mesh.codec import WireError
+from mesh.codec import WireError, WireReason
 from mesh.messaging import Inbound, Rejected, SendError
 
 log = logging.getLogger("gpuflex.member")
@@ -214,7 +214,7 @@ class Member:
         if req.round < current:
             raise Rejected(f"round {req.round} is already committed here")
         if req.round > current:
-            raise WireError("round", f"recovery request for round {req.round}, this node is at round {current}")
+            raise WireError(WireReason.ROUND, f"recovery request for round {req.round}, this node is at round {current}")
         side = self.secagg_sides.get((req.round, req.attempt, req.leader))
         if side is None:  # a restart lost the keys, or this node never masked for that leader
             raise Rejected(f"this node sent {req.leader[-8:]} no masked update in round {req.round} "

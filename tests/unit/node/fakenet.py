@@ -31,6 +31,7 @@ from gpuflex.node.driver import JobDriver
 from gpuflex.node.kinds import EventKind
 from gpuflex.node.messages import JOB, PARTIAL, UPDATE, parse_partial, parse_update
 from gpuflex.node.modelblob import unpack_model
+from gpuflex.node.presence import JobPresence
 from gpuflex.node.ranking import coordinator_ranking
 from gpuflex.node.state import JobInfo
 from gpuflex.node.workplan import norm_of
@@ -479,10 +480,10 @@ class FakeNet:
                 for dst in self.nodes.values():
                     if dst is src or not self.reachable(src, dst) or dst.driver is None or dst.nursery is None:
                         continue
-                    if dst.driver.saw_presence(src.peer_id, src.driver.committed, src.driver.head(),
-                                               src.driver.throughput(), src.driver.weight,
-                                               preparing=src.driver.preparing, passes=src.driver.passes_round,
-                                               failed=src.driver.failure):
+                    seen = JobPresence.from_wire(src.driver.committed, src.driver.head(), src.driver.throughput(),
+                                                 src.driver.weight, preparing=src.driver.preparing,
+                                                 passes=src.driver.passes_round)
+                    if dst.driver.saw_presence(src.peer_id, seen, failed=src.driver.failure):
                         dst.nursery.start_soon(self.sync, dst, [src.peer_id])
             with trio.move_on_after(PRESENCE_EVERY_S):  # or sooner, when a node asks (announce_soon)
                 await self._presence_due.wait()

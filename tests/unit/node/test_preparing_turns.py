@@ -12,6 +12,7 @@ import pytest
 import trio
 
 from gpuflex.node.kinds import EventKind
+from gpuflex.node.presence import JobPresence
 from tests.unit.node.fakenet import FakeNet, FakeNode, fast_spec
 from tests.unit.node.test_budget_rounds import FAST, SLOW, round_lengths
 from tests.unit.node.test_round_protocol import contributors, one_ledger
@@ -96,9 +97,9 @@ async def test_a_turn_given_up_for_no_round_of_the_job_is_ignored(autojump_clock
     net = FakeNet(tmp_path, 2, fast_spec(rounds=2))
     here, peer = net.node(0), net.node(1)
     net._make(here)
-    here.driver.saw_presence(peer.peer_id, 0, passes=word)
+    here.driver.saw_presence(peer.peer_id, JobPresence.from_wire(0, passes=word))
     assert here.driver.book.passing == {}
-    here.driver.saw_presence(peer.peer_id, 0, passes=2)
+    here.driver.saw_presence(peer.peer_id, JobPresence.from_wire(0, passes=2))
     assert here.driver.book.passing == {peer.peer_id: 2}
 
 
@@ -111,7 +112,7 @@ async def test_what_a_peer_said_is_forgotten_with_its_presence(autojump_clock, t
     net._make(here)
     book = here.driver.book
     for node in (net.node(1), net.node(2), net.node(3)):
-        here.driver.saw_presence(node.peer_id, 0, rate=10.0, passes=1)
+        here.driver.saw_presence(node.peer_id, JobPresence.from_wire(0, rate=10.0, passes=1))
     kept = {net.node(2).peer_id, net.node(3).peer_id}
     assert set(book.presence) == kept
     assert set(book.rates) == set(book.passing) == book.ready_peers == kept
