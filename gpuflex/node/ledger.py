@@ -21,7 +21,7 @@ import msgpack
 from gpuflex.errors import GpuflexError
 from gpuflex.node.evidence import ChainRules, EvidenceError, verify_round
 from gpuflex.node.messages import RESULT, Result, parse_result
-from gpuflex.node.workfields import contributor_work
+from gpuflex.node.workfields import WireValue, contributor_work
 from mesh.codec import WireError, open_envelope
 from mesh.fsutil import atomic_write
 
@@ -42,7 +42,7 @@ class LedgerClaim:
     head: str | None = None  # the head digest's first HEAD_CHARS characters
 
     @classmethod
-    def from_wire(cls, height: Any, weight: Any = None, head: Any = None) -> LedgerClaim:
+    def from_wire(cls, height: WireValue, weight: WireValue = None, head: WireValue = None) -> LedgerClaim:
         return cls(height if _count(height) else None, weight if _count(weight) else None,
                    head if isinstance(head, str) and len(head) == HEAD_CHARS else None)
 
@@ -292,7 +292,7 @@ class Ledger:
         self._adopt(list(frames), verify_chain(frames, self.job, self.rules) if results is None else results)
 
 
-def _count(value: Any) -> TypeGuard[int]:
+def _count(value: WireValue) -> TypeGuard[int]:
     """A non-negative int from the wire (a bool is not one)."""
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 

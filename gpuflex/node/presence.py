@@ -15,6 +15,7 @@ from typing import Any, Protocol
 
 from gpuflex.node.ledger import LedgerClaim
 from gpuflex.node.messages import MAX_ROUND, PRESENCE
+from gpuflex.node.workfields import WireValue
 from gpuflex.node.workplan import valid_rate
 from gpuflex.safetext import printable
 from mesh.codec import Envelope, WireError, WireReason, seal
@@ -38,8 +39,8 @@ class JobPresence:
     passes: int | None = None  # the round whose coordinator turns it passes
 
     @classmethod
-    def from_wire(cls, last_round: Any, head: Any = None, rate: Any = None, weight: Any = None, *,
-                  preparing: bool = False, passes: Any = None) -> JobPresence:
+    def from_wire(cls, last_round: WireValue, head: WireValue = None, rate: WireValue = None,
+                  weight: WireValue = None, *, preparing: bool = False, passes: WireValue = None) -> JobPresence:
         passed = passes if isinstance(passes, int) and not isinstance(passes, bool) and 1 <= passes <= MAX_ROUND else None
         return cls(LedgerClaim.from_wire(last_round, weight, head), valid_rate(rate), preparing, passed)
 

@@ -49,6 +49,7 @@ from gpuflex.node.messages import (
     RecoveryRequest,
     parse_recovery_answer,
 )
+from gpuflex.node.workfields import WireValue
 from mesh.codec import WireError, WireReason, open_envelope, seal
 from mesh.identity import Identity, public_key_from_peer_id
 
@@ -315,7 +316,7 @@ def answer_recovery(identity: Identity, side: SecAggMember, req: RecoveryRequest
         "request": req.env.digest, "shares": [[o, d, y.to_bytes(SHARE_BYTES, "big")] for o, d, y in shares]})
 
 
-def accept_answer(red: SecAggReducer, holder: str, reply: object, request: bytes) -> None:
+def accept_answer(red: SecAggReducer, holder: str, reply: WireValue, request: bytes) -> None:
     """Check a survivor's answer against the request it was sent, then fold its shares in."""
     if not isinstance(reply, bytes):
         raise WireError(WireReason.GARBLED, f"recovery answer from {holder[-8:]} is not a signed frame")
@@ -330,7 +331,7 @@ def accept_answer(red: SecAggReducer, holder: str, reply: object, request: bytes
 
 
 async def collect_answers(identity: Identity, red: SecAggReducer,
-                          request: Callable[[str, bytes], Awaitable[object]],
+                          request: Callable[[str, bytes], Awaitable[WireValue]],
                           timeout: float) -> dict[str, Exception]:
     """The leader's round trip: every survivor gets its request at once, and each answer that
     checks out is folded into ``red``. Bounded by ``timeout``; returns, per survivor that gave

@@ -25,6 +25,7 @@ from gpuflex.node.kinds import JobState
 from gpuflex.node.ledger import Ledger
 from gpuflex.node.messages import Plan
 from gpuflex.node.status import StatusRecord
+from gpuflex.node.workfields import WireValue
 
 if TYPE_CHECKING:
     from gpuflex.jobspec import JobSpec
@@ -305,7 +306,7 @@ class JobBook:
     def recent_coordinators(self) -> list[str]:
         return [r.coordinator for r in self.ledger.results]
 
-    def recent_durations(self) -> list[object]:
+    def recent_durations(self) -> list[WireValue]:
         return [r.metrics.get("duration_s") for r in self.ledger.results]
 
     def eligible(self) -> list[str]:

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any, TypeGuard
+from typing import Any, TypeAlias, TypeGuard
 
 from mesh.codec import WireError, WireReason
 
+#: A value as msgpack decodes it from a peer, before any check: what the validators take.
+WireValue: TypeAlias = "bool | int | float | str | bytes | list[WireValue] | dict[str, WireValue] | None"
 #: A plan asks no member for more local steps than this, nor for a longer compute budget.
 MAX_PLANNED_STEPS = 1_000_000
 MAX_BUDGET_S = 86_400.0
@@ -27,7 +29,7 @@ WORK_BOUNDS: dict[str, float] = {"steps": MAX_PLANNED_STEPS, "compute_s": 1e6, "
                                  "compute_share": 1.0, "update_bytes": MAX_UPDATE_BYTES}
 
 
-def _number(value: object, high: float) -> TypeGuard[float]:
+def _number(value: WireValue, high: float) -> TypeGuard[float]:
     return (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
             and 0 <= value <= high)
 

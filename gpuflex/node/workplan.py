@@ -34,7 +34,7 @@ from aggregation.fednova import effective_norm, normalise, step_norm
 from aggregation.sparse import SparseVector
 from gpuflex.node.messages import Plan, Update
 from gpuflex.node.secure import MaskedUpdate
-from gpuflex.node.workfields import MAX_PLANNED_STEPS, MAX_UPDATE_BYTES
+from gpuflex.node.workfields import MAX_PLANNED_STEPS, MAX_UPDATE_BYTES, WireValue
 from mesh.codec import WireError, WireReason
 
 if TYPE_CHECKING:
@@ -58,7 +58,7 @@ RATE_WEIGHT = 0.5
 SGD_MOMENTUM = 0.9
 
 
-def valid_rate(value: object) -> float | None:
+def valid_rate(value: WireValue) -> float | None:
     """A peer's published throughput if it is a plausible number, else None (unknown)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
@@ -94,7 +94,7 @@ def plan_steps(members: Sequence[str], rates: Mapping[str, float], budget_s: flo
     return {peer: counts.get(peer, unknown) for peer in members}
 
 
-def slow_members(rates: Mapping[str, object]) -> set[str]:
+def slow_members(rates: Mapping[str, WireValue]) -> set[str]:
     """The members whose throughput is below ``SLOW_SHARE`` of the fastest one's (members with
     no valid throughput are not judged)."""
     valid = {peer: rate for peer, value in rates.items() if (rate := valid_rate(value)) is not None}
@@ -104,7 +104,7 @@ def slow_members(rates: Mapping[str, object]) -> set[str]:
     return {peer for peer, rate in valid.items() if rate < SLOW_SHARE * fastest}
 
 
-def recorded_rates(contributors: Sequence[Mapping[str, object]]) -> dict[str, object]:
+def recorded_rates(contributors: Sequence[Mapping[str, WireValue]]) -> dict[str, WireValue]:
     """Each contributor's throughput as a committed result records it (``member_work``): the
     same on every node that holds the ledger, so decisions made from it agree without messages."""
     return {str(c["peer"]): c.get("samples_per_s") for c in contributors if isinstance(c.get("peer"), str)}
@@ -188,7 +188,7 @@ def effective_steps_norm(spec: JobSpec, plan: Plan, updates: Sequence[Update]) -
         raise WireError(WireReason.ROUND, f"cannot weigh the round's updates: {exc}") from None
 
 
-def _figure(metrics: Mapping[str, object], key: str, high: float) -> float:
+def _figure(metrics: Mapping[str, WireValue], key: str, high: float) -> float:
     value = metrics.get(key)
     ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
     return float(value) if ok and 0 <= value <= high else 0.0  # type: ignore[operator, arg-type]
