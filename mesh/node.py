@@ -80,6 +80,8 @@ from mesh.nat import NatService
 from mesh.overlay import neighbours
 from mesh.pex import PEERS_REQUEST, PeerExchange
 from mesh.push import PUSH_MIN, push_payload
+from mesh.reachability import BEHIND_NAT, Reachability
+from mesh.reachability import parse as parse_reachability
 from mesh.records import NODEINFO_NS, RecordValidator, nodeinfo_key
 from mesh.relay import RelayLimitsConfig
 from mesh.streaming import STREAM_PROTOCOL, StreamTable, read_items, send_request, serve_stream
@@ -292,10 +294,11 @@ class MeshNode:
         info["ts"] = time.time()
         return info
 
-    def claimed_reachability(self, peer: str) -> str:
-        """What ``peer``'s NodeInfo says of its reachability (``unknown`` without one)."""
+    def claimed_reachability(self, peer: str) -> Reachability:
+        """What ``peer``'s NodeInfo says of its reachability (``unknown`` without one, or for
+        a word outside the vocabulary)."""
         rec = self.peers.get(peer)
-        return str(((rec.info if rec else None) or {}).get("reachability", "unknown"))
+        return parse_reachability(((rec.info if rec else None) or {}).get("reachability"))
 
     # What the inbound handlers (mesh.inbound) read of this node.
     @property
@@ -585,7 +588,7 @@ class MeshNode:
 
     def bulk_host(self) -> str | None:
         """Where this node may open a one-off bulk port: its --listen host, if it runs the channel."""
-        if self.nat.reachability() in ("private", "relayed"):
+        if self.nat.reachability() in BEHIND_NAT:
             return None  # nobody off this LAN could dial the port: the bytes stay on the stream
         return bulk.bind_host(self.config.listen) if self._use_bulk() else None
 
@@ -606,7 +609,7 @@ class MeshNode:
                                       lambda: self.dht.find_providers(digest, 8), DHT_PROVIDER_S) or []
             candidates += [str(p.peer_id) for p in found if str(p.peer_id) != self.peer_id]
         # Holders that accept connections first; one behind NAT is reached through its relay.
-        candidates.sort(key=lambda p: self.claimed_reachability(p) != "public")
+        candidates.sort(key=lambda p: self.claimed_reachability(p) != Reachability.PUBLIC)
         errors: list[str] = []
         integrity: list[BlobIntegrityError] = []
         for peer in candidates:

@@ -21,6 +21,8 @@ from mesh.codec import WireError, open_envelope, register_kind, seal
 from mesh.health import PeerTable
 from mesh.identity import Identity
 from mesh.messaging import Inbound, SendError
+from mesh.reachability import Reachability
+from mesh.reachability import parse as parse_reachability
 
 log = logging.getLogger("mesh.pex")
 PEERS_REQUEST = "peers_req"
@@ -101,5 +103,5 @@ class PeerExchange:
     def _sources(self) -> list[str]:
         """Up peers, public ones first (they are connected to everyone)."""
         ups = [r for r in self.node.peers.all() if r.state == "up"]
-        ups.sort(key=lambda r: (r.info or {}).get("reachability") != "public")
+        ups.sort(key=lambda r: parse_reachability((r.info or {}).get("reachability")) != Reachability.PUBLIC)
         return [r.peer_id for r in ups[:2]]

@@ -40,6 +40,7 @@ from mesh.health import HealthConfig, PeerState
 from mesh.identity import Identity
 from mesh.messaging import GOSSIP_PROTOCOL, Inbound
 from mesh.node import MeshConfig, MeshNode
+from mesh.reachability import Reachability
 from mesh.testing.simnet import LinkModel, SimNetwork
 
 log = logging.getLogger("gpuflex.sim")
@@ -177,7 +178,8 @@ class SimNode:
         mesh = self.mesh = MeshNode(self.identity, MeshConfig(
             listen=["/ip4/0.0.0.0/tcp/4001"], bootstrap=bootstrap, data_dir=self.home,
             bulk_channel=False, mdns=False, health=HealthConfig(),
-            reachability="public" if self.model.public else "relayed" if self.model.punchable else "private",
+            reachability=Reachability.PUBLIC if self.model.public else
+            Reachability.RELAYED if self.model.punchable else Reachability.PRIVATE,
             bootstrap_timeout_s=60.0, transport=net), on_event=partial(emit_event, events))
         async def on_probe(msg: Inbound) -> None:
             body = msg.envelope.body
