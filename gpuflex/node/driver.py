@@ -335,8 +335,8 @@ class JobDriver:
 
     @property
     def passes_round(self) -> int:
-        """The round whose coordinator turns this node gave up while preparing; 0 if none is current."""
-        return self.book.own_pass()
+        """The round whose coordinator turns this node passes while preparing; 0 if none is current."""
+        return self.book.passed_now()
 
     def may_win(self, claim: LedgerClaim) -> bool:
         """Whether a peer's ledger, as it describes it, is worth fetching (``ResultApplier.may_win``)."""

@@ -102,7 +102,7 @@ def presence_body(drivers: Mapping[str, PresenceSource], active: dict[str, int],
     Throughput: coordinators of time-budgeted rounds plan by it. Ledger head and weight
     (verified contributions): a peer whose ledger is lighter, or as heavy on another head,
     learns to fetch ours. Jobs still preparing, and the round whose coordinator turns this node
-    gave up: peers skip those turns instead of waiting out a plan timeout."""
+    passes: peers skip those turns instead of waiting out a plan timeout."""
     rates = {j: round(r, 3) for j in active if (r := drivers[j].throughput()) > 0}
     heads = {j: drivers[j].head() for j in active}
     weights = {j: drivers[j].weight for j in active}

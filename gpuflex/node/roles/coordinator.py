@@ -56,13 +56,13 @@ class Coordinator:
 
     # -- whose turn it is --------------------------------------------------------------------
 
-    def _passes(self, peer: str) -> bool:
+    def _skipped(self, peer: str) -> bool:
         """Whether ``peer`` will not plan its attempt, as far as this node can tell: it is down
         or unknown, it does not take part, it is behind NAT while a reachable candidate is up,
-        it said it gives up this round's turns (it was still preparing when a peer was ready)
+        it said it passes this round's turns (it was still preparing when a peer was ready)
         while a candidate that did not is up, or (in a time-budgeted job) the last result
         records it as slow while a faster one is up. Each of these is a fact every node learns
-        alike (health aside), so the node itself passes the same attempts its peers skip."""
+        alike (health aside), so the node itself skips the same attempts its peers skip."""
         book, port = self.book, self.port
         if peer == book.me:
             up = book.participates()
@@ -75,8 +75,8 @@ class Coordinator:
         passing = book.passing_now()
         if peer not in private and peer not in slow and peer not in passing:
             return False
-        # A private candidate gives way to any reachable one; a slow one to any reachable one
-        # that is not slow; one that gave up its turns to any reachable one that did not.
+        # A private candidate is skipped for any reachable one; a slow one for any reachable one
+        # that is not slow; one that passes its turns for any reachable one that does not.
         shunned = set(private)
         if peer in slow:
             shunned |= slow
@@ -96,15 +96,15 @@ class Coordinator:
             return set()
         return slow_members(recorded_rates(book.ledger.results[-1].contributors))
 
-    def _attempt_passes(self, attempt: int) -> bool:
+    def _attempt_skipped(self, attempt: int) -> bool:
         cand = self.book.expected_coordinator(attempt)
-        return cand is None or self._passes(cand)
+        return cand is None or self._skipped(cand)
 
     def _next_turn(self, attempt: int) -> int | None:
         """The first attempt from ``attempt`` on whose peer may plan; None if, in a whole turn
         of the ranking, none may (all down)."""
         for a in range(attempt, attempt + max(1, len(self.book.eligible()))):
-            if not self._attempt_passes(a):
+            if not self._attempt_skipped(a):
                 return a
         return None
 
@@ -133,7 +133,7 @@ class Coordinator:
         if cand == book.me:
             await self.coordinate(rs)
             return rs.plan if rs.has_plan() else None
-        await book.changed.wait_for(lambda: settled() or self._passes(cand), clock.now() + spec.plan_timeout)
+        await book.changed.wait_for(lambda: settled() or self._skipped(cand), clock.now() + spec.plan_timeout)
         return rs.plan if rs.has_plan() else None
 
     def _take_up_behind(self, rs: RoundState) -> bool:
@@ -329,7 +329,7 @@ class Coordinator:
             self._in_force(rs, plan, deadlines, take_up=True)
             return plan, deadlines
         live = current is not None and current.attempt >= rs.attempt  # not an attempt given up here
-        if live or any(not self._attempt_passes(a) for a in
+        if live or any(not self._attempt_skipped(a) for a in
                        range(reached, min(plan.attempt, reached + len(book.eligible())))):
             # A live peer's attempt comes first here: keep this plan until this node gives that up.
             rs.hold(plan)

@@ -1,7 +1,7 @@
 """Coordinator turns of a node still preparing the job, on the fake transport under MockClock.
 
 A node that is still loading its data and measuring its device when a peer has the job ready
-gives up its turns in the current round and says so in presence; its peers skip those turns
+passes its turns in the current round and says so in presence; its peers skip those turns
 instead of waiting a plan timeout for it, and it does not plan them once ready either. Nodes
 preparing side by side keep the ranking's order.
 """
@@ -41,7 +41,7 @@ async def test_a_node_still_preparing_gives_its_round_1_turn_to_a_ready_one(auto
         others = [n for n in net.nodes.values() if n is not late]
         await net.wait_rounds(1, others)
         assert late.driver.preparing, "round 1 committed while the late node was still preparing"
-        assert all(n.driver.book.passing_now() == set() for n in others), "round 1 is over: no turn is given up"
+        assert all(n.driver.book.passing_now() == set() for n in others), "round 1 is over: no turn is passed"
         await net.wait_rounds(2)
         results = one_ledger(net, 2)
         nursery.cancel_scope.cancel()
@@ -56,14 +56,14 @@ async def test_a_node_still_preparing_gives_its_round_1_turn_to_a_ready_one(auto
 async def test_nodes_preparing_side_by_side_keep_the_ranking(autojump_clock, tmp_path) -> None:
     net = FakeNet(tmp_path, 4, fast_spec(rounds=1, min_nodes=4))
     for node in net.nodes.values():
-        node.prepare_s = 2.0  # well past GIVE_WAY_AFTER_S, but nobody is ready before the others
+        node.prepare_s = 2.0  # well past PASS_TURNS_AFTER_S, but nobody is ready before the others
     async with trio.open_nursery() as nursery:
         await net.start(nursery)
         await net.wait_rounds(1)
         (res,) = one_ledger(net, 1)
         nursery.cancel_scope.cancel()
     assert (res.coordinator, res.attempt) == (net.ranking(1, 0)[0].peer_id, 0)
-    assert all(n.driver.book.pass_round == 0 for n in net.nodes.values())
+    assert all(n.driver.book.passed_round == 0 for n in net.nodes.values())
     assert contributors(res) == set(net.ids())
 
 
