@@ -119,7 +119,7 @@ class Reduced:
     updates: list[Update]  # signed updates folded here directly
     partials: list[Partial]  # signed partials of child leaders
     samples: int
-    reports: list[dict[str, Any]] = field(default_factory=list)  # secure-aggregation group reports
+    group_reports: list[dict[str, Any]] = field(default_factory=list)  # secure-aggregation group reports
     within: list[Update] = field(default_factory=list)  # the updates the partials carry
 
     @property

@@ -37,7 +37,7 @@ from gpuflex.node.messages import (
 )
 from gpuflex.node.models import Models
 from gpuflex.node.pipeline import RESIDUAL_FILE, DeltaEncoder
-from gpuflex.node.policy import Reports
+from gpuflex.node.policy import IncidentPolicy
 from gpuflex.node.port import JobPort, Trainer, TrainerFactory
 from gpuflex.node.prepare import Preparation, load_trainer
 from gpuflex.node.presence import FAILED_REASON_CHARS, JobPresence
@@ -74,14 +74,14 @@ class JobDriver:
         self.job_id, self.spec = info.job_id, info.spec
         self.preparation = Preparation(port, book, trainers, faults)
         self._members_gone = False  # waiting, at no cost, for any member to come back
-        reports = Reports(port, book.status, info.job_id)
+        incidents = IncidentPolicy(port, book.status, info.job_id)
         self.models = Models(port, book)
         self.coordinator = Coordinator(port, book, own_samples=self._own_samples, start_roles=self._start_roles)
-        self.leader = Leader(port, book, reports)
+        self.leader = Leader(port, book, incidents)
         self.member = Member(port, book, DeltaEncoder(info.spec, residual_path=book.dir / RESIDUAL_FILE), faults,
                              self.models.load, self.trainer, fold_own=self.leader.fold_own)
         self.root = Root(port, book, self.models.load, self.trainer)
-        self.applier = ResultApplier(port, book, self.models, reports)
+        self.applier = ResultApplier(port, book, self.models, incidents)
         self._handlers: dict[str, Callable[[Inbound], Awaitable[Any]]] = {
             PLAN: self.on_plan, UPDATE: self.leader.on_update, PARTIAL: self.leader.on_partial,
             RESULT: self.applier.on_result, ABORT: self.applier.on_abort,

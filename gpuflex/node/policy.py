@@ -13,7 +13,9 @@ from gpuflex.node.status import StatusRecord
 from mesh.fsutil import StateWriteError
 
 
-class Reports:
+class IncidentPolicy:
+    """What a job does when something goes wrong: the roles report each incident here."""
+
     def __init__(self, port: JobPort, status: StatusRecord, job_id: str) -> None:
         self.port, self.status, self.job_id = port, status, job_id
 

@@ -28,7 +28,7 @@ from gpuflex.node.ledger import (
 )
 from gpuflex.node.messages import Result, parse_result, parse_secagg_reports
 from gpuflex.node.models import Models
-from gpuflex.node.policy import Reports
+from gpuflex.node.policy import IncidentPolicy
 from gpuflex.node.port import JobPort
 from gpuflex.node.state import JobBook
 from mesh.codec import WireError, WireReason
@@ -42,8 +42,8 @@ MAX_FORKS_REPORTED = 8
 
 
 class ResultApplier:
-    def __init__(self, port: JobPort, book: JobBook, models: Models, reports: Reports) -> None:
-        self.port, self.book, self.models, self.reports = port, book, models, reports
+    def __init__(self, port: JobPort, book: JobBook, models: Models, incidents: IncidentPolicy) -> None:
+        self.port, self.book, self.models, self.incidents = port, book, models, incidents
         self._forks_seen: set[str] = set()
 
     async def on_result(self, msg: Inbound) -> None:
@@ -76,7 +76,7 @@ class ResultApplier:
         try:  # the same parent: this one result's evidence decides if it counts at all
             verify_round(res, book.ledger.results[: res.round - 1], book.ledger.rules)
         except EvidenceError as exc:
-            self.reports.rejected(res.coordinator, res.round, f"competing result rejected: {exc}")
+            self.incidents.rejected(res.coordinator, res.round, f"competing result rejected: {exc}")
             return ""
         # The chain it ends may be shorter than ours and still heavier (more contributions).
         if prefer_chain(book.ledger.results, [*book.ledger.results[: res.round - 1], res]):
@@ -105,15 +105,15 @@ class ResultApplier:
                 book.ledger.check_next(res)  # before its model is fetched: evidence first
                 await self.models.hold_committed(res)
                 book.ledger.append(frame, res, checked=True)
-                self.reports.write_recovered(book.committed)
+                self.incidents.write_recovered(book.committed)
                 self.models.prune()
                 # Any peer (a late joiner, a node resyncing) can now find the model by hash.
                 book.tasks.start_soon(port.announce_blob, res.model_hash)
             except (LedgerError, WireError) as exc:
-                self.reports.rejected(res.coordinator, res.round, f"round {res.round}: result rejected: {exc}")
+                self.incidents.rejected(res.coordinator, res.round, f"round {res.round}: result rejected: {exc}")
                 return
             except StateWriteError as exc:
-                self.reports.write_failed(res.round, exc)
+                self.incidents.write_failed(res.round, exc)
                 return
             except (MeshError, GpuflexError, OSError, ValueError) as exc:  # the model could not be held
                 port.emit(EventKind.COMMIT_FAILED, res.round, message=(
@@ -150,15 +150,15 @@ class ResultApplier:
                 forked = same < len(ours)
                 await self.models.hold_head(results, [peer, results[-1].coordinator])
                 book.ledger.replace(frames, results)
-                self.reports.write_recovered(book.committed)
+                self.incidents.write_recovered(book.committed)
                 if forked:
                     port.emit(EventKind.LEDGER_FORK_RESOLVED, len(results), peer, message=(
                         f"job {book.job_id}: switched to the winning branch from {peer[-8:]}"))
             except (LedgerError, WireError) as exc:
-                self.reports.rejected(peer, None, f"ledger from {peer[-8:]}: {exc}")
+                self.incidents.rejected(peer, None, f"ledger from {peer[-8:]}: {exc}")
                 return False
             except StateWriteError as exc:
-                self.reports.write_failed(len(frames), exc)
+                self.incidents.write_failed(len(frames), exc)
                 return False
             except (MeshError, GpuflexError, OSError, ValueError) as exc:  # its model could not be held
                 log.warning("could not adopt the ledger from %s: %s", peer[-8:], exc)
@@ -189,7 +189,7 @@ class ResultApplier:
         try:
             theirs = verify_chain(frames, book.job_id, book.ledger.rules)
         except LedgerError as exc:
-            self.reports.rejected(peer, None, f"ledger from {peer[-8:]}: {exc}")
+            self.incidents.rejected(peer, None, f"ledger from {peer[-8:]}: {exc}")
             return
         head = theirs[-1].digest if theirs else ""
         if head in self._forks_seen or len(self._forks_seen) >= MAX_FORKS_REPORTED:
@@ -221,9 +221,9 @@ class ResultApplier:
             raise Rejected("abort does not match the plan in force")
         rs.abort(plan.attempt)
         if book.spec.secure_aggregation:  # the next coordinator records why this attempt failed
-            reports = parse_secagg_reports(body.get("secagg", []), "abort")
+            group_reports = parse_secagg_reports(body.get("secagg", []), "abort")
             book.secagg_history = {r: v for r, v in book.secagg_history.items() if r >= plan.round}
-            book.secagg_history.setdefault(plan.round, []).extend(reports)
+            book.secagg_history.setdefault(plan.round, []).extend(group_reports)
         book.status.stall(f"round {plan.round} attempt {plan.attempt} aborted: {str(body.get('reason', ''))[:600]}")
         self.port.emit(EventKind.ROUND_ABORTED, plan.round, msg.envelope.sender, message=(
             f"round {plan.round}: coordinator aborted attempt {plan.attempt}: {body.get('reason', '')}"))

@@ -26,7 +26,7 @@ from gpuflex.node.messages import (
     walk_contributions,
 )
 from gpuflex.node.pipeline import decode_update, make_reducer, pack_partial, unpack_partial
-from gpuflex.node.policy import Reports
+from gpuflex.node.policy import IncidentPolicy
 from gpuflex.node.port import JobPort
 from gpuflex.node.secure import SecAggReducer, collect_answers
 from gpuflex.node.state import JobBook, RoundDeadlines
@@ -47,8 +47,8 @@ RECOVERY_MARGIN_S = 1.0
 
 
 class Leader:
-    def __init__(self, port: JobPort, book: JobBook, reports: Reports) -> None:
-        self.port, self.book, self.reports = port, book, reports
+    def __init__(self, port: JobPort, book: JobBook, incidents: IncidentPolicy) -> None:
+        self.port, self.book, self.incidents = port, book, incidents
 
     def open(self, plan: Plan, deadlines: RoundDeadlines, is_root: bool) -> Collector:
         """Start collecting for ``plan``; the collector is this round's for its attempt."""
@@ -147,18 +147,18 @@ class Leader:
             self.port.emit(EventKind.REDUCE_EMPTY, plan.round, message=f"round {plan.round}: nothing reached this leader")
             return None
         updates, samples = col.updates, col.samples
-        reports = [r for p in col.partials for r in p.secagg]
+        group_reports = [r for p in col.partials for r in p.secagg]
         avg: np.ndarray | None
         if isinstance(col.acc, SecAggReducer):
             avg, report = await self._secagg_unmask(plan, col.acc)
-            reports.insert(0, report)
+            group_reports.insert(0, report)
             if avg is None:  # the masked sum is lost: keep only what came in clear
                 updates = [u for u in col.updates if u.peer not in col.acc.ctx.group]
                 samples = sum(u.samples for u in updates) + sum(p.samples for p in col.partials)
                 avg = col.acc.plain_result()
         else:
             avg = col.acc.result()
-        return Reduced(avg, updates, col.partials, samples, reports, col.within)
+        return Reduced(avg, updates, col.partials, samples, group_reports, col.within)
 
     async def send_partial(self, plan: Plan, deadlines: RoundDeadlines, reduced: Reduced) -> None:
         """Sign the group's partial and deliver it up the tree."""
@@ -173,7 +173,7 @@ class Leader:
             "updates": [u.env.raw for u in reduced.updates], "partials": [p.env.raw for p in reduced.partials],
         }
         if self.book.spec.secure_aggregation:
-            body["secagg"] = reduced.reports
+            body["secagg"] = reduced.group_reports
         frame = seal(self.port.identity, PARTIAL, body)
         await send_up(self.port, self.book, plan, deadlines, frame, payload, Work.PARTIAL)
 
@@ -213,7 +213,7 @@ class Leader:
         problems = await collect_answers(self.port.identity, red, request, timeout + RECOVERY_MARGIN_S)
         for holder, exc in sorted(problems.items()):
             if isinstance(exc, WireError):
-                self.reports.rejected(holder, plan.round,
+                self.incidents.rejected(holder, plan.round,
                                       f"round {plan.round}: recovery answer from {holder[-8:]} rejected: {exc}")
             else:
                 log.warning("round %d: no recovery answer from %s: %s", plan.round, holder[-8:], exc)
