@@ -107,7 +107,7 @@ def direct_request(ids: list[Any], sides: dict[str, Any], sent: list[int]) -> An
 
 def measure(size: int, members: int) -> dict[str, Any]:
     from gpuflex.jobspec import JobSpec
-    from gpuflex.node.secure import collect_answers
+    from gpuflex.node.recovery import collect_answers
     from mesh.identity import Identity
 
     plain_spec = JobSpec.from_dict({"model": "mlp", "data": "sklearn-digits"})
@@ -152,7 +152,8 @@ async def wire_round_trip(members: int, reps: int) -> dict[str, Any]:
     number of concurrent direct requests of the same sizes to a handler that does nothing."""
     from gpuflex.jobspec import JobSpec
     from gpuflex.node.messages import SECAGG_RECOVER, parse_recovery_request
-    from gpuflex.node.secure import answer_recovery, collect_answers
+    from gpuflex.node.recovery import collect_answers
+    from gpuflex.node.secure import answer_recovery
     from mesh.codec import register_kind, seal
     from mesh.health import HealthConfig
     from mesh.identity import Identity

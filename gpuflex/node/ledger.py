@@ -1,4 +1,4 @@
-"""The round ledger: a hash chain of signed RoundResults, kept on every node.
+"""The round ledger: a hash chain of signed Results, kept on every node.
 
 Each result names the digest of the one before it, so the file can be audited offline and a
 removed, reordered or edited round breaks the chain. The file is rewritten atomically after

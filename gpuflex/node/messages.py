@@ -13,7 +13,7 @@ from functools import cached_property
 from typing import Any
 
 from gpuflex.node.workfields import claimed_steps, plan_budget, planned_steps, update_device
-from mesh.blob import valid_hash
+from mesh.blobhash import valid_hash
 from mesh.codec import Envelope, WireError, WireReason, open_envelope, register_kind, seal
 from mesh.compat import StrEnum
 from mesh.identity import Identity

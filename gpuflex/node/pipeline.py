@@ -201,7 +201,7 @@ def plugin_rule(spec: JobSpec) -> Rule:
 
 
 def describe_rule(spec: JobSpec) -> dict[str, Any]:
-    """The aggregation settings a RoundResult records, so an audit shows how it was combined."""
+    """The aggregation settings a Result records, so an audit shows how it was combined."""
     return {"rule": spec.rule, "params": dict(sorted(spec.rule_params.items())),
             "mode": spec.aggregation_mode, "norm_bound": spec.norm_bound,
             "norm_bound_mode": spec.norm_bound_mode, "secure_aggregation": spec.secure_aggregation,

@@ -16,8 +16,8 @@ delivers, the leader hands each survivor the shares addressed to it about u's se
 ``secagg_recover`` request); survivors decrypt and return them (a signed ``secagg_shares``
 answer), and any ``threshold`` of them rebuild the seeds that remove the masks dangling from u.
 A survivor answers for one split of the group into survivors and dropped members only, and
-never about its own seeds. The round driver (gpuflex/node/rounds.py) moves the messages; the
-checks and the bookkeeping are here.
+never about its own seeds. The roles move the messages (the leader's round trip is
+``gpuflex.node.recovery``); the checks and the bookkeeping are here, with no I/O.
 
 Known limit: there is no second, self mask (Bonawitz et al.'s "double masking"). A member
 that is declared dropped but whose update still reaches the leader after the recovery could
@@ -29,12 +29,11 @@ from __future__ import annotations
 
 import hashlib
 import struct
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import msgpack
 import numpy as np
-import trio
 from nacl.bindings import crypto_scalarmult, crypto_sign_ed25519_pk_to_curve25519
 from nacl.exceptions import CryptoError
 from nacl.secret import SecretBox
@@ -328,30 +327,3 @@ def accept_answer(red: SecAggReducer, holder: str, reply: WireValue, request: by
             ans.request != open_envelope(request).digest):
         raise WireError(WireReason.ROUND, f"recovery answer from {holder[-8:]} does not match its request")
     red.add_answers(holder, ans.shares)
-
-
-async def collect_answers(identity: Identity, red: SecAggReducer,
-                          request: Callable[[str, bytes], Awaitable[WireValue]],
-                          timeout: float) -> dict[str, Exception]:
-    """The leader's round trip: every survivor gets its request at once, and each answer that
-    checks out is folded into ``red``. Bounded by ``timeout``; returns, per survivor that gave
-    no usable answer, why (a WireError means the answer itself was bad)."""
-    try:
-        frames = recovery_frames(identity, red)
-    except ValueError as exc:  # a request over its size limit: the group is far too large
-        raise secagg.SecAggError(str(exc)) from None
-    problems: dict[str, Exception] = {}
-
-    async def ask(holder: str, frame: bytes) -> None:
-        try:
-            accept_answer(red, holder, await request(holder, frame), frame)
-        except Exception as exc:  # any failure of one survivor only counts against the threshold
-            problems[holder] = exc
-
-    with trio.move_on_after(timeout):
-        async with trio.open_nursery() as nursery:
-            for holder, frame in frames.items():
-                nursery.start_soon(ask, holder, frame)
-    for holder in frames.keys() - problems.keys() - red.answered:
-        problems[holder] = TimeoutError(f"no answer within {timeout:.0f}s")
-    return problems

@@ -28,7 +28,8 @@ from gpuflex.node.messages import (
 from gpuflex.node.pipeline import decode_update, make_reducer, pack_partial, unpack_partial
 from gpuflex.node.policy import IncidentPolicy
 from gpuflex.node.port import JobPort
-from gpuflex.node.secure import SecAggReducer, collect_answers
+from gpuflex.node.recovery import collect_answers
+from gpuflex.node.secure import SecAggReducer
 from gpuflex.node.state import JobBook, RoundDeadlines
 from gpuflex.node.uplink import Work, send_up
 from gpuflex.node.workplan import fold_vector

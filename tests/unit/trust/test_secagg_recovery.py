@@ -18,12 +18,12 @@ from gpuflex.node.messages import (
     parse_secagg_reports,
 )
 from gpuflex.node.pipeline import secagg_context
+from gpuflex.node.recovery import collect_answers
 from gpuflex.node.secure import (
     SecAggMember,
     SecAggReducer,
     accept_answer,
     answer_recovery,
-    collect_answers,
     recovery_frames,
 )
 from mesh.codec import WireError, open_envelope, seal
