@@ -32,6 +32,7 @@ from gpuflex.node.recovery import collect_answers
 from gpuflex.node.secure import SecAggReducer
 from gpuflex.node.state import JobBook, RoundDeadlines
 from gpuflex.node.uplink import Work, send_up
+from gpuflex.node.workfields import WireValue
 from gpuflex.node.workplan import fold_vector
 from mesh.blob import blob_hash
 from mesh.codec import WireError, WireReason, seal
@@ -208,7 +209,7 @@ class Leader:
         time only counts against the threshold, one whose answer is bad is also penalised."""
         timeout = max(RECOVERY_TIMEOUT_MIN_S, plan.reduce_slack_s)
 
-        async def request(holder: str, frame: bytes) -> object:
+        async def request(holder: str, frame: bytes) -> WireValue:
             return await self.port.request(holder, frame, timeout=timeout)
 
         problems = await collect_answers(self.port.identity, red, request, timeout + RECOVERY_MARGIN_S)
