@@ -179,7 +179,8 @@ class ReplayGuard:
     def check(self, env: Envelope, now: float | None = None) -> None:
         now = time.time() if now is None else now
         if abs(now - env.ts) > self.window_s:
-            raise WireError(WireReason.STALE, f"timestamp is {now - env.ts:+.0f}s away from now (window {self.window_s:.0f}s)")
+            raise WireError(WireReason.STALE,
+                            f"timestamp is {now - env.ts:+.0f}s away from now (window {self.window_s:.0f}s)")
         key = env.public_key + env.nonce
         if key in self._seen:
             raise WireError(WireReason.REPLAY, f"{env.kind} from {env.sender} was already received")
@@ -250,7 +251,8 @@ def open_envelope(
     if kind not in table:
         raise WireError(WireReason.KIND, f"unknown message kind {kind!r}")
     if len(frame) > table[kind]:
-        raise WireError(WireReason.OVERSIZED, f"{kind} frame of {len(frame)} bytes exceeds its {table[kind]} byte limit")
+        raise WireError(WireReason.OVERSIZED,
+                        f"{kind} frame of {len(frame)} bytes exceeds its {table[kind]} byte limit")
     if expect_kind is not None and kind != expect_kind:
         raise WireError(WireReason.KIND, f"expected a {expect_kind} message, got {kind}")
     if not verify(pub, SIGNING_DOMAIN + header_bytes, signature):

@@ -157,7 +157,8 @@ class InboundStreams:
         frame = await self._frame(stream, remote)
         env = open_envelope(frame, replay=node.replay)
         if env.sender != remote:
-            raise WireError(WireReason.IMPERSONATION, f"{env.kind} signed by {env.sender[-8:]} arrived from {remote[-8:]}")
+            raise WireError(WireReason.IMPERSONATION,
+                            f"{env.kind} signed by {env.sender[-8:]} arrived from {remote[-8:]}")
         size = await read_len64(stream, self.stall_s)
         pushed = bool(size & PUSH_FLAG)
         size &= ~PUSH_FLAG
@@ -165,7 +166,8 @@ class InboundStreams:
         if size:
             limit = min(node.max_payload, await node.handlers.payload_limit(env))
             if size > limit:
-                raise WireError(WireReason.OVERSIZED, f"{env.kind} payload of {size} bytes exceeds its limit of {limit}")
+                raise WireError(WireReason.OVERSIZED,
+                                f"{env.kind} payload of {size} bytes exceeds its limit of {limit}")
             self.quotas.payloads.take(remote)
             try:
                 if pushed:

@@ -248,7 +248,8 @@ class JobManager:
         async with trio.open_nursery() as nursery:
             for group, peers in group_recipients(shared).items():
                 try:
-                    frame = make_presence(self.mesh.identity, self.drivers, {j: active[j] for j in group if j in active},
+                    frame = make_presence(self.mesh.identity, self.drivers,
+                                          {j: active[j] for j in group if j in active},
                                           {j: failed[j] for j in group if j in failed})
                     nursery.start_soon(self.mesh.send_direct, frame, peers)
                 except (WireError, ValueError) as exc:

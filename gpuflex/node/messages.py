@@ -319,13 +319,15 @@ def walk_contributions(updates: list[bytes], partials: list[bytes], job: str, ro
             raise WireError(WireReason.ROUND, f"update from {up.peer[-8:]} belongs to another round")
         if plan is not None:
             if up.plan != plan.digest or up.peer not in plan.parent:
-                raise WireError(WireReason.ROUND, f"update from {up.peer[-8:]} was not made for this plan by one of its members")
+                raise WireError(WireReason.ROUND,
+                                f"update from {up.peer[-8:]} was not made for this plan by one of its members")
             up = capped(up, plan.sample_cap)
         found.append(up)
     for frame in partials:
         part = parse_partial(open_envelope(frame, expect_kind=PARTIAL))
         if plan is not None and (part.attempt != plan.attempt or part.leader not in plan.parent):
-            raise WireError(WireReason.ROUND, f"partial from {part.leader[-8:]} is not from this plan's attempt and members")
+            raise WireError(WireReason.ROUND,
+                            f"partial from {part.leader[-8:]} is not from this plan's attempt and members")
         found.extend(walk_contributions(part.updates, part.partials, job, round_, plan, depth + 1))
     if depth == 0 and len({u.peer for u in found}) != len(found):
         raise WireError(WireReason.ROUND, "a peer's update is counted twice")

@@ -81,7 +81,8 @@ class NodePort:
         return None if rec is None else rec.state
 
     def private_peers(self) -> set[str]:
-        out = {rec.peer_id for rec in self._mesh.peers.all() if self._mesh.claimed_reachability(rec.peer_id) in BEHIND_NAT}
+        out = {rec.peer_id for rec in self._mesh.peers.all()
+               if self._mesh.claimed_reachability(rec.peer_id) in BEHIND_NAT}
         if self._mesh.nat.reachability() in BEHIND_NAT:
             out.add(self._mesh.peer_id)
         return out

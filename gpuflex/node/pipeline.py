@@ -290,7 +290,8 @@ def decode_sparse_payload(spec: JobSpec, payload: bytes, size: int) -> SparseVec
     except AggregationError as exc:
         raise WireError(WireReason.GARBLED, f"sparse delta could not be decoded: {exc}") from None
     if vec.size != size or chunk != spec.sparse_chunk or transform is not _job_transform(spec):
-        raise WireError(WireReason.GARBLED, f"sparse delta has size {vec.size}, chunk {chunk}, transform {transform.name}; "
+        raise WireError(WireReason.GARBLED,
+                        f"sparse delta has size {vec.size}, chunk {chunk}, transform {transform.name}; "
                         f"the job needs {size}, {spec.sparse_chunk}, {spec.sparse_transform}")
     return vec
 

@@ -41,7 +41,8 @@ class JobPresence:
     @classmethod
     def from_wire(cls, last_round: WireValue, head: WireValue = None, rate: WireValue = None,
                   weight: WireValue = None, *, preparing: bool = False, passes: WireValue = None) -> JobPresence:
-        passed = passes if isinstance(passes, int) and not isinstance(passes, bool) and 1 <= passes <= MAX_ROUND else None
+        passed = (passes if isinstance(passes, int) and not isinstance(passes, bool)
+                  and 1 <= passes <= MAX_ROUND else None)
         return cls(LedgerClaim.from_wire(last_round, weight, head), valid_rate(rate), preparing, passed)
 
 

@@ -154,7 +154,8 @@ class SecAggMember:
         split = (frozenset(survivors), frozenset(dropped))
         if (self.me not in split[0] or not split[1] or split[0] & split[1]
                 or split[0] | split[1] != set(self.ctx.group)):
-            raise WireError(WireReason.ROUND, "recovery request does not split the group into survivors and dropped members")
+            raise WireError(WireReason.ROUND,
+                            "recovery request does not split the group into survivors and dropped members")
         if self._split is not None and self._split != split:
             raise WireError(WireReason.ROUND, "a second recovery request names other dropped members")
         out = []
@@ -308,7 +309,8 @@ def answer_recovery(identity: Identity, side: SecAggMember, req: RecoveryRequest
         raise WireError(WireReason.ROUND, f"recovery request for round {req.round} attempt {req.attempt}, "
                                  f"this node masked in round {ctx.round} attempt {ctx.attempt}")
     if req.leader != ctx.leader:
-        raise WireError(WireReason.ROUND, f"recovery request from {req.leader[-8:]}, who does not lead this node's group")
+        raise WireError(WireReason.ROUND,
+                        f"recovery request from {req.leader[-8:]}, who does not lead this node's group")
     shares = side.answer(req.shares, req.survivors, req.dropped)
     return seal(identity, SECAGG_SHARES, {
         "job": ctx.job, "round": ctx.round, "attempt": ctx.attempt, "holder": identity.peer_id,

@@ -38,7 +38,8 @@ def plan_budget(body: Mapping[str, Any]) -> float:
     """A plan's ``budget_s`` (0.0 when absent: a round without a time budget)."""
     value = body.get("budget_s", 0.0)
     if not _number(value, MAX_BUDGET_S):
-        raise WireError(WireReason.GARBLED, f"plan field 'budget_s' must be a number of seconds in [0, {MAX_BUDGET_S:g}]")
+        raise WireError(WireReason.GARBLED,
+                        f"plan field 'budget_s' must be a number of seconds in [0, {MAX_BUDGET_S:g}]")
     return float(value)
 
 
@@ -48,7 +49,8 @@ def planned_steps(body: Mapping[str, Any], members: Mapping[str, Any]) -> dict[s
     if not isinstance(steps, dict) or not all(
             isinstance(k, str) and k in members and isinstance(v, int) and not isinstance(v, bool)
             and 1 <= v <= MAX_PLANNED_STEPS for k, v in steps.items()):
-        raise WireError(WireReason.GARBLED, f"plan field 'steps' must map members to counts in [1, {MAX_PLANNED_STEPS}]")
+        raise WireError(WireReason.GARBLED,
+                        f"plan field 'steps' must map members to counts in [1, {MAX_PLANNED_STEPS}]")
     return dict(steps)
 
 

@@ -154,7 +154,8 @@ def checked_steps(spec: JobSpec, plan: Plan, up: Update) -> int:
         raise WireError(WireReason.GARBLED, f"update from {up.peer[-8:]} does not say how many local steps it took")
     bound = plan.steps.get(up.peer) or spec.local_steps or MAX_PLANNED_STEPS
     if steps > bound:
-        raise WireError(WireReason.ROUND, f"update from {up.peer[-8:]} claims {steps} local steps, its plan allows {bound}")
+        raise WireError(WireReason.ROUND,
+                        f"update from {up.peer[-8:]} claims {steps} local steps, its plan allows {bound}")
     if up.samples > steps * spec.batch_size:  # its weight: the samples it saw, one batch a step
         raise WireError(WireReason.ROUND, f"update from {up.peer[-8:]} claims {up.samples} samples seen in {steps} "
                                  f"steps of {spec.batch_size}")

@@ -214,7 +214,8 @@ class Member:
         if req.round < current:
             raise Rejected(f"round {req.round} is already committed here")
         if req.round > current:
-            raise WireError(WireReason.ROUND, f"recovery request for round {req.round}, this node is at round {current}")
+            raise WireError(WireReason.ROUND,
+                            f"recovery request for round {req.round}, this node is at round {current}")
         side = self.secagg_sides.get((req.round, req.attempt, req.leader))
         if side is None:  # a restart lost the keys, or this node never masked for that leader
             raise Rejected(f"this node sent {req.leader[-8:]} no masked update in round {req.round} "

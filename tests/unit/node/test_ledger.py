@@ -185,9 +185,11 @@ def test_a_claim_in_presence_or_a_sync_page_is_only_a_reason_to_fetch(tmp_path: 
     assert (ledger.weight, len(ledger)) == (9, 3)
     assert ledger.may_win(LedgerClaim.from_wire(2, 10, "x" * HEAD_CHARS))  # heavier though shorter: fetched
     assert not ledger.may_win(LedgerClaim.from_wire(5, 8, "x" * HEAD_CHARS))  # longer but lighter: not
-    assert ledger.may_win(LedgerClaim.from_wire(4, 9)) and not ledger.may_win(LedgerClaim.from_wire(3, 9, head))  # as heavy: longer, or another head
+    # as heavy: longer, or another head
+    assert ledger.may_win(LedgerClaim.from_wire(4, 9)) and not ledger.may_win(LedgerClaim.from_wire(3, 9, head))
     assert ledger.may_win(LedgerClaim.from_wire(3, 9, "x" * HEAD_CHARS))
-    assert ledger.may_win(LedgerClaim.from_wire(4)) and not ledger.may_win(LedgerClaim.from_wire(3, None, head))  # a peer that says no weight: by height
+    # a peer that says no weight: by height
+    assert ledger.may_win(LedgerClaim.from_wire(4)) and not ledger.may_win(LedgerClaim.from_wire(3, None, head))
     for junk in (True, -1, "9", 1.5, None):
         assert not ledger.may_win(LedgerClaim.from_wire(junk, 10**9, "x" * HEAD_CHARS))
     assert ledger.frames == frames  # nothing a peer says changes the ledger

@@ -61,7 +61,9 @@ def test_what_make_presence_writes_parse_presence_reads_back(jobs: dict[str, Any
     assert set(got.failed) == set(failed) and all(len(why) <= FAILED_REASON_CHARS for why in got.failed.values())
 
 
-wire = st.recursive(st.none() | st.booleans() | st.integers(-(2**63), 2**64 - 1) | st.floats() | st.text(max_size=20) | st.binary(max_size=8),
+scalars = (st.none() | st.booleans() | st.integers(-(2**63), 2**64 - 1) | st.floats() | st.text(max_size=20)
+           | st.binary(max_size=8))
+wire = st.recursive(scalars,
                     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner, max_size=4),
                     max_leaves=20)
 bodies = st.dictionaries(st.sampled_from(["jobs", "heads", "weights", "rates", "passes", "preparing", "failed"]),
