@@ -15,10 +15,11 @@ from typing import Any
 import numpy as np
 import trio
 
+from aggregation.sparse import SparseVector
 from aggregation.tree import children
 from gpuflex.node.messages import Partial, Plan, Update, capped
 from gpuflex.node.pipeline import Reducer
-from gpuflex.node.secure import MaskedUpdate
+from gpuflex.node.secure import Folded
 
 
 def subtree_height(parent: dict[str, str | None], node: str) -> int:
@@ -78,7 +79,7 @@ class Collector:
     def accepts(self, peer: str) -> bool:
         return not self.closed and peer in self.allowed and peer not in self.covered
 
-    def _fold(self, reporter: str, vector: np.ndarray | MaskedUpdate, samples: int, covers: set[str]) -> None:
+    def _fold(self, reporter: str, vector: Folded, samples: int, covers: set[str]) -> None:
         self.acc.add(vector, float(samples), reporter)
         self.samples += samples
         self.covered |= covers
@@ -87,13 +88,13 @@ class Collector:
             self.done.set()
             self.on_done()
 
-    def add_update(self, update: Update, delta: np.ndarray | MaskedUpdate) -> None:
+    def add_update(self, update: Update, delta: Folded) -> None:
         """Fold a verified update, weighing at most the plan's sample cap (``capped``)."""
         update = capped(update, self.plan.sample_cap)
         self.updates.append(update)
         self._fold(update.peer, delta, update.samples, {update.peer})
 
-    def add_partial(self, partial: Partial, delta: np.ndarray, ups: list[Update]) -> None:
+    def add_partial(self, partial: Partial, delta: np.ndarray | SparseVector, ups: list[Update]) -> None:
         """Fold a verified partial; ``ups``: the updates it carries, as its check walked them."""
         self.partials.append(partial)
         self.within.extend(ups)

@@ -30,6 +30,7 @@ from aggregation.weighted import WeightedAccumulator
 from gpuflex.node.modelblob import pack_delta, unpack_delta
 from gpuflex.node.secure import (
     MAGIC,
+    Folded,
     GroupContext,
     MaskedUpdate,
     SecAggMember,
@@ -59,12 +60,12 @@ class Reducer(Protocol):
     @property
     def count(self) -> int: ...
 
-    def add(self, vector: np.ndarray | MaskedUpdate, weight: float, reporter: str) -> None: ...
+    def add(self, vector: Folded, weight: float, reporter: str) -> None: ...
 
     def result(self) -> np.ndarray: ...
 
 
-def _plain(vector: np.ndarray | MaskedUpdate, reporter: str) -> np.ndarray:
+def _plain(vector: Folded, reporter: str) -> np.ndarray | SparseVector:
     """A masked update can only be unmasked by its own group's leader, never after failover."""
     if isinstance(vector, MaskedUpdate):
         raise WireError(WireReason.ROUND, f"masked update from {reporter[-8:]} reached a node outside its group")
@@ -81,7 +82,7 @@ class MeanReducer:
     def count(self) -> int:
         return self._acc.count
 
-    def add(self, vector: np.ndarray | MaskedUpdate, weight: float, reporter: str) -> None:
+    def add(self, vector: Folded, weight: float, reporter: str) -> None:
         vector = _plain(vector, reporter)
         if isinstance(vector, SparseVector):  # summed as it is, never expanded to a dense copy
             self._acc.add_sparse(vector.size, vector.index, vector.values, weight)
@@ -116,7 +117,7 @@ class RobustReducer:
     def count(self) -> int:
         return len(self.vectors)
 
-    def add(self, vector: np.ndarray | MaskedUpdate, weight: float, reporter: str) -> None:
+    def add(self, vector: Folded, weight: float, reporter: str) -> None:
         vector = _plain(vector, reporter)
         if isinstance(vector, SparseVector):  # a robust rule needs every input whole
             vector = vector.dense()
@@ -304,11 +305,11 @@ def pack_partial(spec: JobSpec, avg: np.ndarray) -> bytes:
     return pack_delta(avg)
 
 
-def unpack_partial(spec: JobSpec, payload: bytes, size: int) -> np.ndarray:
+def unpack_partial(spec: JobSpec, payload: bytes, size: int) -> np.ndarray | SparseVector:
     """``pack_partial`` undone, checked against the model's ``size`` (a SparseVector under
     codec = "sparse", which the reducers take as it is)."""
     if spec.codec == "sparse":
-        return decode_sparse_payload(spec, payload, size)  # type: ignore[return-value]
+        return decode_sparse_payload(spec, payload, size)
     return unpack_delta(payload, size)
 
 
@@ -320,24 +321,20 @@ def secagg_member(spec: JobSpec, identity: Identity, plan: Plan) -> SecAggMember
     return SecAggMember(identity, ctx)
 
 
-def is_masked(spec: JobSpec, payload: bytes) -> bool:
-    """Whether an update's payload is masked (secure aggregation): only its group's leader,
-    through the SecAggReducer, can fold it."""
-    return spec.secure_aggregation and payload[:4] == MAGIC
+def decode_update(spec: JobSpec, payload: bytes, size: int) -> Folded:
+    """A leader's side of one update: masked under secure aggregation (only its group's leader
+    folds it, through the SecAggReducer), else plain (``decode_payload``)."""
+    masked = spec.secure_aggregation and payload[:4] == MAGIC
+    return decode_masked(payload, size) if masked else decode_payload(spec, payload, size)
 
 
-def decode_update(spec: JobSpec, payload: bytes, size: int) -> np.ndarray | MaskedUpdate:
-    """A leader's side of one update: masked (``decode_masked``) or plain (``decode_payload``)."""
-    return decode_masked(payload, size) if is_masked(spec, payload) else decode_payload(spec, payload, size)
-
-
-def decode_payload(spec: JobSpec, payload: bytes, size: int) -> np.ndarray:
-    """A plain update's wire bytes back to a float32 vector of ``size`` entries (a masked one
-    goes through ``decode_update``)."""
+def decode_payload(spec: JobSpec, payload: bytes, size: int) -> np.ndarray | SparseVector:
+    """A plain update's wire bytes back to a float32 vector of ``size`` entries, or its
+    nonzeros under codec = "sparse" (a masked update goes through ``decode_update``)."""
     if spec.codec == "none":
         return unpack_delta(payload, size)
     if spec.codec == "sparse":
-        return decode_sparse_payload(spec, payload, size)  # type: ignore[return-value]
+        return decode_sparse_payload(spec, payload, size)
     try:
         enc = EncodedDelta.from_bytes(payload)
         # The job's codec and the model's size, checked before decoding: a codec that names

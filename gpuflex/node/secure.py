@@ -31,6 +31,7 @@ import hashlib
 import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TypeAlias
 
 import msgpack
 import numpy as np
@@ -39,6 +40,7 @@ from nacl.exceptions import CryptoError
 from nacl.secret import SecretBox
 
 from aggregation import secagg
+from aggregation.sparse import SparseVector
 from aggregation.tree import children
 from aggregation.weighted import WeightedAccumulator
 from gpuflex.node.messages import (
@@ -114,6 +116,11 @@ class MaskedUpdate:
 
     ring: np.ndarray
     shares: dict[tuple[str, str], bytes]
+
+
+#: What a leader folds for one update or partial: a plain delta (a SparseVector under codec =
+#: "sparse", summed as it is) or, under secure aggregation, a masked one.
+Folded: TypeAlias = "np.ndarray | SparseVector | MaskedUpdate"
 
 
 class SecAggMember:
@@ -213,11 +220,12 @@ class SecAggReducer:
     def answered(self) -> set[str]:
         return set(self._answered)
 
-    def add(self, vector: np.ndarray | MaskedUpdate, weight: float, reporter: str) -> None:
+    def add(self, vector: Folded, weight: float, reporter: str) -> None:
         if not isinstance(vector, MaskedUpdate):
             if reporter in self.ctx.group:
                 raise WireError(WireReason.ROUND, f"{reporter[-8:]} must send a masked update")
-            self._plain.add(vector, weight)
+            # A job under secure aggregation sends no sparse deltas (its spec refuses codec = "sparse").
+            self._plain.add(vector.dense() if isinstance(vector, SparseVector) else vector, weight)
             return
         if reporter not in self.ctx.group or reporter in self._received:
             raise WireError(WireReason.ROUND, f"masked update from {reporter[-8:]}, not a masking member here")

@@ -27,13 +27,11 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
-import numpy as np
-
 from aggregation.errors import AggregationError
 from aggregation.fednova import effective_norm, normalise, step_norm
 from aggregation.sparse import SparseVector
 from gpuflex.node.messages import Plan, Update
-from gpuflex.node.secure import MaskedUpdate
+from gpuflex.node.secure import Folded, MaskedUpdate
 from gpuflex.node.workfields import MAX_PLANNED_STEPS, MAX_UPDATE_BYTES, WireValue
 from mesh.codec import WireError, WireReason
 
@@ -162,7 +160,7 @@ def checked_steps(spec: JobSpec, plan: Plan, up: Update) -> int:
     return steps
 
 
-def fold_vector(spec: JobSpec, plan: Plan, up: Update, vector: np.ndarray | MaskedUpdate) -> np.ndarray | MaskedUpdate:
+def fold_vector(spec: JobSpec, plan: Plan, up: Update, vector: Folded) -> Folded:
     """What a leader folds for ``up``: its delta, divided by its step norm under FedNova (a
     masked delta cannot be: its leader sees only the group's sum)."""
     if not spec.uses_fednova:
@@ -171,7 +169,7 @@ def fold_vector(spec: JobSpec, plan: Plan, up: Update, vector: np.ndarray | Mask
         raise WireError(WireReason.ROUND, f"masked update from {up.peer[-8:]} cannot be normalised by its local steps")
     norm = norm_of(spec, checked_steps(spec, plan, up))
     if isinstance(vector, SparseVector):
-        return SparseVector(vector.size, vector.index, normalise(vector.values, norm))  # type: ignore[return-value]
+        return SparseVector(vector.size, vector.index, normalise(vector.values, norm))
     return normalise(vector, norm)
 
 
