@@ -20,8 +20,8 @@ from typing import Any
 import msgpack
 
 from gpuflex.errors import GpuflexError
-from gpuflex.node.ledger import LedgerError, verify_chain
-from gpuflex.node.messages import (
+from gpuflex.node.core.ledger import LedgerError, verify_chain
+from gpuflex.node.core.messages import (
     PARTIAL,
     PLAN,
     Result,

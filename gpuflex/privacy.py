@@ -1,7 +1,7 @@
 """The privacy budget of client-side DP: ε at the job's δ after r rounds (RDP accountant).
 
 Every selected member clips its update to ``dp_clip`` and adds Gaussian noise of std
-``dp_noise_multiplier * dp_clip`` (see gpuflex/node/pipeline.py), so each round is one Gaussian
+``dp_noise_multiplier * dp_clip`` (see gpuflex/node/core/pipeline.py), so each round is one Gaussian
 mechanism with noise multiplier z and sampling rate 1 for every member, whatever the others do.
 The guarantee is per member (user-level: neighbouring data sets differ in one member's whole
 data). Composition over rounds is tracked in Rényi DP (Mironov 2017) by Google's

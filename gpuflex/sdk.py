@@ -41,7 +41,7 @@ from typing import Any
 
 from gpuflex.client import ControlClient, ControlError
 from gpuflex.errors import GpuflexError
-from gpuflex.node.kinds import JobState
+from gpuflex.node.core.kinds import JobState
 from gpuflex.plugins import EXPECTED, PluginError, is_plugin_path, load_callable
 
 Ref = str | Callable[..., Any] | None

@@ -17,9 +17,9 @@ import trio
 
 from aggregation.sparse import SparseVector
 from aggregation.tree import children
-from gpuflex.node.messages import Partial, Plan, Update, capped
-from gpuflex.node.pipeline import Reducer
-from gpuflex.node.secure import Folded
+from gpuflex.node.core.messages import Partial, Plan, Update, capped
+from gpuflex.node.core.pipeline import Reducer
+from gpuflex.node.core.secure import Folded
 
 
 def subtree_height(parent: dict[str, str | None], node: str) -> int:

@@ -21,11 +21,9 @@ import trio
 
 from aggregation.tree import children
 from gpuflex.node.collector import Collector
-from gpuflex.node.export import JobExport, job_export
-from gpuflex.node.faults import NO_FAULTS, Faults
-from gpuflex.node.kinds import EventKind, JobState, Phase, Role
-from gpuflex.node.ledger import HEAD_CHARS, ChainCheck, LedgerClaim
-from gpuflex.node.messages import (
+from gpuflex.node.core.kinds import EventKind, JobState, Phase, Role
+from gpuflex.node.core.ledger import HEAD_CHARS, ChainCheck, LedgerClaim
+from gpuflex.node.core.messages import (
     ABORT,
     PARTIAL,
     PLAN,
@@ -35,8 +33,10 @@ from gpuflex.node.messages import (
     MessageKind,
     Plan,
 )
+from gpuflex.node.core.pipeline import RESIDUAL_FILE, DeltaEncoder
+from gpuflex.node.export import JobExport, job_export
+from gpuflex.node.faults import NO_FAULTS, Faults
 from gpuflex.node.models import Models
-from gpuflex.node.pipeline import RESIDUAL_FILE, DeltaEncoder
 from gpuflex.node.policy import IncidentPolicy
 from gpuflex.node.port import JobPort, Trainer, TrainerFactory
 from gpuflex.node.prepare import Preparation, load_trainer

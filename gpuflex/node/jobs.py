@@ -24,12 +24,12 @@ import trio
 from gpuflex.jobpolicy import PLUGIN_FIELDS, JobPolicy, Refusal, RefusalKind
 from gpuflex.node.admission import Admission
 from gpuflex.node.control import ApiError
+from gpuflex.node.core.kinds import EventKind, JobState
+from gpuflex.node.core.messages import JOB, PRESENCE, SYNC, created_at
 from gpuflex.node.crashmark import CrashMarks
 from gpuflex.node.driver import JobDriver
 from gpuflex.node.events import EventLog
 from gpuflex.node.faults import NO_FAULTS, Faults
-from gpuflex.node.kinds import EventKind, JobState
-from gpuflex.node.messages import JOB, PRESENCE, SYNC, created_at
 from gpuflex.node.nodeport import NodePort, NodeServices
 from gpuflex.node.prepare import TrainerFactory, load_trainer
 from gpuflex.node.presence import PRESENCE_MARKS, group_recipients, make_presence, parse_presence

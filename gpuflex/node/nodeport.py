@@ -10,9 +10,9 @@ from typing import Any, TypeVar
 import trio
 
 from gpuflex.node.clock import DeadlineClock
+from gpuflex.node.core.kinds import EventKind
 from gpuflex.node.crashmark import CrashMarks
 from gpuflex.node.events import EventLog
-from gpuflex.node.kinds import EventKind
 from gpuflex.node.port import FETCH_TIMEOUT_S, REQUEST_TIMEOUT_S, BlobStorePort
 from mesh.health import PeerState
 from mesh.identity import Identity

@@ -7,7 +7,7 @@ kept on the status until a write succeeds, and then reported as recovered.
 
 from __future__ import annotations
 
-from gpuflex.node.kinds import EventKind
+from gpuflex.node.core.kinds import EventKind
 from gpuflex.node.port import JobPort
 from gpuflex.node.status import StatusRecord
 from mesh.fsutil import StateWriteError

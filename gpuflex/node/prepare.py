@@ -19,14 +19,14 @@ from typing import Any
 
 import trio
 
+from gpuflex.node.core.kinds import EventKind
+from gpuflex.node.core.messages import JOB, created_at
+from gpuflex.node.core.modelblob import model_parts
+from gpuflex.node.core.workfields import DEVICE_CHARS
+from gpuflex.node.core.workplan import valid_rate
 from gpuflex.node.faults import Faults
-from gpuflex.node.kinds import EventKind
-from gpuflex.node.messages import JOB, created_at
-from gpuflex.node.modelblob import model_parts
 from gpuflex.node.port import JobPort, Trainer, TrainerFactory
 from gpuflex.node.state import JobBook
-from gpuflex.node.workfields import DEVICE_CHARS
-from gpuflex.node.workplan import valid_rate
 from mesh.codec import WireError, open_envelope
 
 log = logging.getLogger("gpuflex.rounds")

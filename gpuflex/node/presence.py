@@ -13,10 +13,10 @@ from dataclasses import dataclass
 from itertools import islice
 from typing import Any, Protocol
 
-from gpuflex.node.ledger import LedgerClaim
-from gpuflex.node.messages import MAX_ROUND, PRESENCE
-from gpuflex.node.workfields import WireValue
-from gpuflex.node.workplan import valid_rate
+from gpuflex.node.core.ledger import LedgerClaim
+from gpuflex.node.core.messages import MAX_ROUND, PRESENCE
+from gpuflex.node.core.workfields import WireValue
+from gpuflex.node.core.workplan import valid_rate
 from gpuflex.safetext import printable
 from mesh.codec import Envelope, WireError, WireReason, seal
 from mesh.identity import Identity

@@ -1,6 +1,6 @@
 """The leader's dropout-recovery round trip under secure aggregation: ask every survivor for
 the shares it holds of the dangling seeds, all at once and bounded in time, and fold in each
-answer that checks out (``gpuflex.node.secure`` checks, keeps the books, and does no I/O).
+answer that checks out (``gpuflex.node.core.secure`` checks, keeps the books, and does no I/O).
 """
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from collections.abc import Awaitable, Callable
 import trio
 
 from aggregation import secagg
-from gpuflex.node.secure import SecAggReducer, accept_answer, recovery_frames
-from gpuflex.node.workfields import WireValue
+from gpuflex.node.core.secure import SecAggReducer, accept_answer, recovery_frames
+from gpuflex.node.core.workfields import WireValue
 from mesh.identity import Identity
 
 

@@ -20,12 +20,12 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from gpuflex.node.clock import Notifier
-from gpuflex.node.evidence import ChainRules
-from gpuflex.node.kinds import JobState
-from gpuflex.node.ledger import Ledger
-from gpuflex.node.messages import Plan
+from gpuflex.node.core.evidence import ChainRules
+from gpuflex.node.core.kinds import JobState
+from gpuflex.node.core.ledger import Ledger
+from gpuflex.node.core.messages import Plan
+from gpuflex.node.core.workfields import WireValue
 from gpuflex.node.status import StatusRecord
-from gpuflex.node.workfields import WireValue
 
 if TYPE_CHECKING:
     from gpuflex.jobspec import JobSpec

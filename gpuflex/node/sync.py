@@ -34,8 +34,8 @@ from typing import Any, Protocol
 
 import trio
 
-from gpuflex.node.ledger import ChainCheck, LedgerClaim, LedgerError
-from gpuflex.node.messages import JOB, SYNC
+from gpuflex.node.core.ledger import ChainCheck, LedgerClaim, LedgerError
+from gpuflex.node.core.messages import JOB, SYNC
 from mesh.codec import Envelope, WireError, WireReason, open_envelope, seal
 from mesh.messaging import Inbound, Rejected, SendError
 from mesh.node import MeshNode

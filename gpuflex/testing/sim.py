@@ -32,9 +32,9 @@ import numpy as np
 import trio
 
 from gpuflex.jobspec import JobSpec
+from gpuflex.node.core.messages import JOB
 from gpuflex.node.events import EventLog
 from gpuflex.node.jobs import JobManager, job_id_of
-from gpuflex.node.messages import JOB
 from mesh.codec import open_envelope, register_kind, seal
 from mesh.health import HealthConfig, PeerState
 from mesh.identity import Identity

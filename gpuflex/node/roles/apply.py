@@ -16,9 +16,9 @@ from __future__ import annotations
 import logging
 
 from gpuflex.errors import GpuflexError
-from gpuflex.node.evidence import EvidenceError, verify_round
-from gpuflex.node.kinds import EventKind
-from gpuflex.node.ledger import (
+from gpuflex.node.core.evidence import EvidenceError, verify_round
+from gpuflex.node.core.kinds import EventKind
+from gpuflex.node.core.ledger import (
     HEAD_CHARS,
     LedgerClaim,
     LedgerError,
@@ -26,7 +26,7 @@ from gpuflex.node.ledger import (
     verify_chain,
     verify_tail,
 )
-from gpuflex.node.messages import Result, parse_result, parse_secagg_reports
+from gpuflex.node.core.messages import Result, parse_result, parse_secagg_reports
 from gpuflex.node.models import Models
 from gpuflex.node.policy import IncidentPolicy
 from gpuflex.node.port import JobPort

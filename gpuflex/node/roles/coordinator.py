@@ -22,13 +22,19 @@ import trio
 
 from aggregation.errors import AggregationError
 from aggregation.tree import build_tree, depth
-from gpuflex.node.evidence import cap_from
-from gpuflex.node.kinds import EventKind, Phase
-from gpuflex.node.messages import Plan, make_plan, parse_plan
-from gpuflex.node.placement import cap_per_prefix, group_seed, masked_tree, order_for_tree
+from gpuflex.node.core.evidence import cap_from
+from gpuflex.node.core.kinds import EventKind, Phase
+from gpuflex.node.core.messages import Plan, make_plan, parse_plan
+from gpuflex.node.core.placement import cap_per_prefix, group_seed, masked_tree, order_for_tree
+from gpuflex.node.core.workplan import (
+    keep_earlier,
+    plan_steps,
+    recorded_rates,
+    slow_members,
+    valid_rate,
+)
 from gpuflex.node.port import JobPort
 from gpuflex.node.state import JobBook, RoundDeadlines, RoundState
-from gpuflex.node.workplan import keep_earlier, plan_steps, recorded_rates, slow_members, valid_rate
 from mesh.codec import WireError, WireReason
 from mesh.health import PeerState
 from mesh.messaging import Inbound, Rejected

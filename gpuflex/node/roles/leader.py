@@ -16,8 +16,8 @@ import numpy as np
 
 from aggregation.secagg import SecAggError
 from gpuflex.node.collector import Collector, Reduced, subtree_height
-from gpuflex.node.kinds import EventKind
-from gpuflex.node.messages import (
+from gpuflex.node.core.kinds import EventKind
+from gpuflex.node.core.messages import (
     PARTIAL,
     Plan,
     TrainedUpdate,
@@ -25,15 +25,15 @@ from gpuflex.node.messages import (
     parse_update,
     walk_contributions,
 )
-from gpuflex.node.pipeline import decode_update, make_reducer, pack_partial, unpack_partial
+from gpuflex.node.core.pipeline import decode_update, make_reducer, pack_partial, unpack_partial
+from gpuflex.node.core.secure import SecAggReducer
+from gpuflex.node.core.workfields import WireValue
+from gpuflex.node.core.workplan import fold_vector
 from gpuflex.node.policy import IncidentPolicy
 from gpuflex.node.port import JobPort
 from gpuflex.node.recovery import collect_answers
-from gpuflex.node.secure import SecAggReducer
 from gpuflex.node.state import JobBook, RoundDeadlines
 from gpuflex.node.uplink import Work, send_up
-from gpuflex.node.workfields import WireValue
-from gpuflex.node.workplan import fold_vector
 from mesh.blob import blob_hash
 from mesh.codec import WireError, WireReason, seal
 from mesh.health import PeerState

@@ -15,16 +15,22 @@ import numpy as np
 import trio
 
 from aggregation.scaffold import CONTROL_KEY
+from gpuflex.node.core.kinds import EventKind, Phase
+from gpuflex.node.core.messages import (
+    Plan,
+    TrainedUpdate,
+    capped,
+    parse_recovery_request,
+    seal_update,
+)
+from gpuflex.node.core.modelblob import unpack_delta
+from gpuflex.node.core.pipeline import DeltaEncoder, secagg_member
+from gpuflex.node.core.secure import SecAggMember, answer_recovery
+from gpuflex.node.core.workplan import RATE_WEIGHT, blend, fits_plan, local_work
 from gpuflex.node.faults import Faults
-from gpuflex.node.kinds import EventKind, Phase
-from gpuflex.node.messages import Plan, TrainedUpdate, capped, parse_recovery_request, seal_update
-from gpuflex.node.modelblob import unpack_delta
-from gpuflex.node.pipeline import DeltaEncoder, secagg_member
 from gpuflex.node.port import JobPort, ModelLoader, Trainer
-from gpuflex.node.secure import SecAggMember, answer_recovery
 from gpuflex.node.state import JobBook, RoundDeadlines
 from gpuflex.node.uplink import Work, send_up
-from gpuflex.node.workplan import RATE_WEIGHT, blend, fits_plan, local_work
 from mesh.blob import blob_hash
 from mesh.codec import WireError, WireReason
 from mesh.messaging import Inbound, Rejected, SendError

@@ -15,13 +15,13 @@ from typing import Any
 import numpy as np
 
 from gpuflex.node.collector import Reduced
-from gpuflex.node.kinds import Phase
-from gpuflex.node.messages import ABORT, RESULT, Plan
-from gpuflex.node.modelblob import model_parts
-from gpuflex.node.pipeline import describe_rule, outer_step
+from gpuflex.node.core.kinds import Phase
+from gpuflex.node.core.messages import ABORT, RESULT, Plan
+from gpuflex.node.core.modelblob import model_parts
+from gpuflex.node.core.pipeline import describe_rule, outer_step
+from gpuflex.node.core.workplan import effective_steps_norm, member_work
 from gpuflex.node.port import JobPort, ModelLoader, Trainer
 from gpuflex.node.state import JobBook
-from gpuflex.node.workplan import effective_steps_norm, member_work
 from gpuflex.privacy import epsilon_spent
 from mesh.blob import blob_hash
 from mesh.codec import seal

@@ -27,14 +27,14 @@ from aggregation.fednova import fednova_mean
 from aggregation.tree import build_tree
 from gpuflex.jobspec import JobSpec
 from gpuflex.node.clock import DeadlineClock
+from gpuflex.node.core.kinds import EventKind
+from gpuflex.node.core.messages import JOB, PARTIAL, UPDATE, parse_partial, parse_update
+from gpuflex.node.core.modelblob import unpack_model
+from gpuflex.node.core.ranking import coordinator_ranking
+from gpuflex.node.core.workplan import norm_of
 from gpuflex.node.driver import JobDriver
-from gpuflex.node.kinds import EventKind
-from gpuflex.node.messages import JOB, PARTIAL, UPDATE, parse_partial, parse_update
-from gpuflex.node.modelblob import unpack_model
 from gpuflex.node.presence import JobPresence
-from gpuflex.node.ranking import coordinator_ranking
 from gpuflex.node.state import JobInfo
-from gpuflex.node.workplan import norm_of
 from mesh.blob import BlobError, blob_hash
 from mesh.codec import ReplayGuard, WireError, open_envelope, seal
 from mesh.health import PeerState

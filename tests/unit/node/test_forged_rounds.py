@@ -10,9 +10,15 @@ import contextlib
 import pytest
 import trio
 
-from gpuflex.node.evidence import ChainRules
-from gpuflex.node.kinds import EventKind
-from gpuflex.node.ledger import LedgerClaim, LedgerError, chain_weight, result_key, verify_chain
+from gpuflex.node.core.evidence import ChainRules
+from gpuflex.node.core.kinds import EventKind
+from gpuflex.node.core.ledger import (
+    LedgerClaim,
+    LedgerError,
+    chain_weight,
+    result_key,
+    verify_chain,
+)
 from mesh.codec import WireError, open_envelope
 from mesh.messaging import Inbound, Rejected
 from tests.unit.node.chain import STRANGER, next_round, parsed, private_branch
@@ -171,7 +177,7 @@ async def test_a_forged_result_that_waited_while_its_round_committed_is_still_re
     """A forged result for the round being applied here waits for the apply lock; when it gets
     it, the honest result of that round is committed. It is judged as a competing result then:
     logged and penalised, not dropped without a word."""
-    from gpuflex.node.messages import parse_result
+    from gpuflex.node.core.messages import parse_result
 
     net = FakeNet(tmp_path, 3, fast_spec(rounds=2, min_nodes=2))
     ids = [n.identity for n in net.nodes.values()]

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpuflex.node.ledger import (
+from gpuflex.node.core.ledger import (
     HEAD_CHARS,
     Ledger,
     LedgerClaim,
@@ -19,8 +19,8 @@ from gpuflex.node.ledger import (
     result_row,
     verify_chain,
 )
-from gpuflex.node.messages import RESULT, parse_result
-from gpuflex.node.workfields import DEVICE_CHARS
+from gpuflex.node.core.messages import RESULT, parse_result
+from gpuflex.node.core.workfields import DEVICE_CHARS
 from mesh.codec import SIGNING_DOMAIN, open_envelope, seal
 from tests.unit.node.chain import JOB, make_chain, private_branch, rules_for
 

@@ -2,7 +2,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from aggregation.tree import build_tree
-from gpuflex.node.placement import order_for_tree
+from gpuflex.node.core.placement import order_for_tree
 
 
 @given(st.integers(1, 30), st.integers(0, 30), st.integers(2, 6))
@@ -58,8 +58,8 @@ def test_four_members_with_one_slow_put_it_under_a_fast_leader() -> None:
 @given(st.integers(3, 40), st.integers(2, 8), st.integers(2, 5), st.binary(min_size=32, max_size=32))
 def test_masked_groups_come_from_the_seed_and_mask_at_least_the_minimum(n: int, group_size: int, min_group: int,
                                                                         seed: bytes) -> None:
-    from gpuflex.node.placement import masked_tree
-    from gpuflex.node.secure import mask_group
+    from gpuflex.node.core.placement import masked_tree
+    from gpuflex.node.core.secure import mask_group
 
     members = [f"peer{i:02d}" for i in range(n)]
     tree = masked_tree(members[0], members, (), group_size, min_group, seed)
@@ -73,7 +73,7 @@ def test_masked_groups_come_from_the_seed_and_mask_at_least_the_minimum(n: int, 
 
 
 def test_a_different_previous_result_reshuffles_the_groups() -> None:
-    from gpuflex.node.placement import group_seed, masked_tree
+    from gpuflex.node.core.placement import group_seed, masked_tree
 
     members = [f"peer{i:02d}" for i in range(12)]
     trees = {tuple(masked_tree(members[0], members, (), 4, 3, group_seed("job", 2, prev)).items())
@@ -83,7 +83,7 @@ def test_a_different_previous_result_reshuffles_the_groups() -> None:
 
 @given(st.lists(st.tuples(st.integers(0, 3), st.integers(0, 255)), min_size=1, max_size=30), st.integers(1, 4))
 def test_at_most_the_cap_per_network_and_loopback_is_exempt(hosts: list[tuple[int, int]], limit: int) -> None:
-    from gpuflex.node.placement import cap_per_prefix
+    from gpuflex.node.core.placement import cap_per_prefix
 
     ip = {f"p{i}": (f"203.0.{net}.{host}" if net else f"127.0.0.{host}") for i, (net, host) in enumerate(hosts)}
     kept, dropped = cap_per_prefix(list(ip), ip.get, limit, first={"p0"})
@@ -148,8 +148,8 @@ def test_masked_groups_do_not_depend_on_the_coordinators_private_list(n: int, gr
                                                                       seed: bytes, marked: set[int]) -> None:
     """Whatever members the coordinator calls private, every member masks with the same group
     (its group's members are the same); the list only picks a reachable leader inside it."""
-    from gpuflex.node.placement import masked_tree
-    from gpuflex.node.secure import mask_group
+    from gpuflex.node.core.placement import masked_tree
+    from gpuflex.node.core.secure import mask_group
 
     members = [f"peer{i:02d}" for i in range(n)]
     private = {members[i] for i in marked if 0 < i < n}

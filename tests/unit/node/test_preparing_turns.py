@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import trio
 
-from gpuflex.node.kinds import EventKind
+from gpuflex.node.core.kinds import EventKind
 from gpuflex.node.presence import JobPresence
 from tests.unit.node.fakenet import FakeNet, FakeNode, fast_spec
 from tests.unit.node.test_budget_rounds import FAST, SLOW, round_lengths

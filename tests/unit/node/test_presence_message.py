@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuflex.node.ledger import HEAD_CHARS, LedgerClaim
-from gpuflex.node.messages import PRESENCE
+from gpuflex.node.core.ledger import HEAD_CHARS, LedgerClaim
+from gpuflex.node.core.messages import PRESENCE
 from gpuflex.node.presence import (
     FAILED_REASON_CHARS,
     PRESENCE_MARKS,

@@ -12,7 +12,7 @@ from typing import Any, cast
 import pytest
 
 from gpuflex.node import sync
-from gpuflex.node.ledger import HEAD_CHARS, ChainCheck, Ledger, LedgerClaim
+from gpuflex.node.core.ledger import HEAD_CHARS, ChainCheck, Ledger, LedgerClaim
 from gpuflex.node.sync import CatchUp, job_page, ledger_page
 from mesh.codec import open_envelope
 from mesh.identity import Identity

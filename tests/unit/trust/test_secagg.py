@@ -9,8 +9,8 @@ import pytest
 
 from aggregation import secagg
 from gpuflex.jobspec import JobSpec
-from gpuflex.node.pipeline import DeltaEncoder, decode_update, make_reducer, secagg_member
-from gpuflex.node.secure import MaskedUpdate, SecAggReducer, mask_group, pairwise_keys
+from gpuflex.node.core.pipeline import DeltaEncoder, decode_update, make_reducer, secagg_member
+from gpuflex.node.core.secure import MaskedUpdate, SecAggReducer, mask_group, pairwise_keys
 from mesh.identity import Identity
 
 SPEC = JobSpec.from_dict({"model": "mlp", "data": "sklearn-digits", "secure_aggregation": True})
@@ -87,7 +87,7 @@ def test_shamir_split_and_recover() -> None:
 
 def test_pairwise_keys_agree_and_differ_per_round() -> None:
     ids, plan = group(2)
-    from gpuflex.node.pipeline import secagg_context
+    from gpuflex.node.core.pipeline import secagg_context
 
     ctx = secagg_context(SPEC, plan, ids[1].peer_id)
     assert ctx is not None

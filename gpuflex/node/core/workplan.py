@@ -30,9 +30,9 @@ from typing import TYPE_CHECKING
 from aggregation.errors import AggregationError
 from aggregation.fednova import effective_norm, normalise, step_norm
 from aggregation.sparse import SparseVector
-from gpuflex.node.messages import Plan, Update
-from gpuflex.node.secure import Folded, MaskedUpdate
-from gpuflex.node.workfields import MAX_PLANNED_STEPS, MAX_UPDATE_BYTES, WireValue
+from gpuflex.node.core.messages import Plan, Update
+from gpuflex.node.core.secure import Folded, MaskedUpdate
+from gpuflex.node.core.workfields import MAX_PLANNED_STEPS, MAX_UPDATE_BYTES, WireValue
 from mesh.codec import WireError, WireReason
 
 if TYPE_CHECKING:

@@ -27,8 +27,8 @@ from aggregation.secagg import default_threshold
 from aggregation.server_opt import ServerOptimizer, make_server_optimizer
 from aggregation.sparse import SparseVector, Transform, decode_sparse, encode_nonzero
 from aggregation.weighted import WeightedAccumulator
-from gpuflex.node.modelblob import pack_delta, unpack_delta
-from gpuflex.node.secure import (
+from gpuflex.node.core.modelblob import pack_delta, unpack_delta
+from gpuflex.node.core.secure import (
     MAGIC,
     Folded,
     GroupContext,
@@ -44,7 +44,7 @@ from mesh.fsutil import atomic_write
 
 if TYPE_CHECKING:
     from gpuflex.jobspec import JobSpec
-    from gpuflex.node.messages import Plan
+    from gpuflex.node.core.messages import Plan
     from mesh.identity import Identity
 
 log = logging.getLogger("gpuflex.pipeline")

@@ -19,9 +19,9 @@ from typing import Any, TypeGuard
 import msgpack
 
 from gpuflex.errors import GpuflexError
-from gpuflex.node.evidence import ChainRules, EvidenceError, verify_round
-from gpuflex.node.messages import RESULT, Result, parse_result
-from gpuflex.node.workfields import WireValue, contributor_work
+from gpuflex.node.core.evidence import ChainRules, EvidenceError, verify_round
+from gpuflex.node.core.messages import RESULT, Result, parse_result
+from gpuflex.node.core.workfields import WireValue, contributor_work
 from mesh.codec import WireError, open_envelope
 from mesh.fsutil import atomic_write
 

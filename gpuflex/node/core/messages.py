@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any
 
-from gpuflex.node.workfields import claimed_steps, plan_budget, planned_steps, update_device
+from gpuflex.node.core.workfields import claimed_steps, plan_budget, planned_steps, update_device
 from mesh.blobhash import valid_hash
 from mesh.codec import Envelope, WireError, WireReason, open_envelope, register_kind, seal
 from mesh.compat import StrEnum

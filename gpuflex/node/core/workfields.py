@@ -3,7 +3,7 @@ per-member step counts, an update's claimed steps and device, a result's per-mem
 
 Every figure here is written by a peer (a coordinator for the plan and the result, a member
 for its update), so each is checked or cut to its bound before anything weighs or shows it.
-What the figures mean for training and aggregation is ``gpuflex.node.workplan``'s.
+What the figures mean for training and aggregation is ``gpuflex.node.core.workplan``'s.
 """
 
 from __future__ import annotations

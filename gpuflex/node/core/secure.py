@@ -43,14 +43,14 @@ from aggregation import secagg
 from aggregation.sparse import SparseVector
 from aggregation.tree import children
 from aggregation.weighted import WeightedAccumulator
-from gpuflex.node.messages import (
+from gpuflex.node.core.messages import (
     SECAGG_RECOVER,
     SECAGG_SHARES,
     SHARE_BYTES,
     RecoveryRequest,
     parse_recovery_answer,
 )
-from gpuflex.node.workfields import WireValue
+from gpuflex.node.core.workfields import WireValue
 from mesh.codec import WireError, WireReason, open_envelope, seal
 from mesh.identity import Identity, public_key_from_peer_id
 

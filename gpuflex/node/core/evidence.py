@@ -34,8 +34,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from gpuflex.errors import GpuflexError
-from gpuflex.node.messages import MAX_SAMPLES, Result, Update, walk_contributions
-from gpuflex.node.ranking import coordinator_ranking
+from gpuflex.node.core.messages import MAX_SAMPLES, Result, Update, walk_contributions
+from gpuflex.node.core.ranking import coordinator_ranking
 from mesh.codec import WireError
 
 if TYPE_CHECKING:
