@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -18,6 +18,7 @@ from mesh.health import PeerState
 from mesh.identity import Identity
 from mesh.node import MeshNode
 from mesh.reachability import BEHIND_NAT, Reachability
+from mesh.vivaldi import Coordinate
 
 T = TypeVar("T")
 #: One fault scored against a peer that sent a job bad input.
@@ -93,6 +94,9 @@ class NodePort:
         if self._mesh.nat.reachability() == Reachability.RELAYED:
             out.add(self._mesh.peer_id)
         return out
+
+    def coordinates(self) -> Mapping[str, Coordinate]:
+        return {**self._mesh.coords, self._mesh.peer_id: self._mesh.coord}
 
     def why_unreachable(self, peer: str) -> str:
         self._mesh.peers.add(peer, displace=False)  # so the mesh looks up its NodeInfo, while there is room

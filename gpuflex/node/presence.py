@@ -2,8 +2,10 @@
 
 Presence goes to each job's members alone, one message per set of jobs a peer shares with
 this node, so no message grows with the number of jobs on the mesh (docs/architecture.md).
-Like every round message it has a builder (``make_presence``) and a parser
-(``parse_presence``): the jobs code only ever sees typed, bounded values.
+In a job of more than ``PRESENCE_TO_ALL`` members it goes to a bounded few of them
+(``recipients``), so what a member sends does not grow with the job either. Like every round
+message it has a builder (``make_presence``) and a parser (``parse_presence``): the jobs code
+only ever sees typed, bounded values.
 """
 
 from __future__ import annotations
@@ -20,12 +22,20 @@ from gpuflex.node.core.workplan import valid_rate
 from gpuflex.safetext import printable
 from mesh.codec import Envelope, WireError, WireReason, seal
 from mesh.identity import Identity
+from mesh.overlay import neighbours
+from mesh.vivaldi import Coordinate, from_wire
 
 #: Jobs a presence names as still preparing, as passing a round's turns, or as failed: bounded,
 #: so many jobs arriving together do not push presence past its kind's size limit.
 PRESENCE_MARKS = 16
 #: Why a job failed on a peer, as its presence says: at most this many characters are kept.
 FAILED_REASON_CHARS = 200
+#: A job of at most this many members: each member's presence goes to every other.
+PRESENCE_TO_ALL = 32
+#: Otherwise to this many of the members, spread as the overlay spreads neighbours (ledger
+#: heads travel on from there), and to the next rounds' coordinators (this many attempts'),
+#: who plan by presence (throughput, still preparing, passing a turn).
+PRESENCE_SPREAD, PRESENCE_COORDINATORS = 16, 3
 
 
 @dataclass(frozen=True)
@@ -53,6 +63,7 @@ class Presence:
     sender: str
     jobs: dict[str, JobPresence]  # the jobs it takes part in
     failed: dict[str, str]  # jobs that failed there, none of them in ``jobs``, and why ("" unsaid)
+    coord: Coordinate | None = None  # where it sits on the network (``mesh.vivaldi``), if said
 
 
 def _map(body: dict[str, Any], name: str) -> dict[Any, Any]:
@@ -76,7 +87,7 @@ def parse_presence(env: Envelope) -> Presence:
     return Presence(env.sender, {
         job: JobPresence.from_wire(last, heads.get(job), rates.get(job), weights.get(job),
                                    preparing=job in preparing, passes=passes.get(job))
-        for job, last in jobs.items() if isinstance(job, str)}, failed)
+        for job, last in jobs.items() if isinstance(job, str)}, failed, from_wire(body.get("coord")))
 
 
 class PresenceSource(Protocol):
@@ -97,26 +108,28 @@ class PresenceSource(Protocol):
 
 
 def presence_body(drivers: Mapping[str, PresenceSource], active: dict[str, int],
-                  failed: dict[str, str]) -> dict[str, Any]:
+                  failed: dict[str, str], coord: list[float] | None = None) -> dict[str, Any]:
     """One presence for the jobs ``active`` (job → committed rounds) and ``failed`` (job → why).
 
     Throughput: coordinators of time-budgeted rounds plan by it. Ledger head and weight
     (verified contributions): a peer whose ledger is lighter, or as heavy on another head,
     learns to fetch ours. Jobs still preparing, and the round whose coordinator turns this node
-    passes: peers skip those turns instead of waiting out a plan timeout."""
+    passes: peers skip those turns instead of waiting out a plan timeout. The node's network
+    coordinate (``mesh.vivaldi``): coordinators group members by nearness."""
     rates = {j: round(r, 3) for j in active if (r := drivers[j].throughput()) > 0}
     heads = {j: drivers[j].head() for j in active}
     weights = {j: drivers[j].weight for j in active}
     preparing = list(islice((j for j in active if drivers[j].preparing), PRESENCE_MARKS))
     passes = dict(islice(((j, r) for j in active if (r := drivers[j].passes_round)), PRESENCE_MARKS))
     return {"jobs": active, "heads": heads, "weights": weights, "rates": rates,
-            "preparing": preparing, "passes": passes, **({"failed": failed} if failed else {})}
+            "preparing": preparing, "passes": passes, **({"failed": failed} if failed else {}),
+            **({"coord": coord} if coord is not None else {})}
 
 
 def make_presence(identity: Identity, drivers: Mapping[str, PresenceSource], active: dict[str, int],
-                  failed: dict[str, str]) -> bytes:
+                  failed: dict[str, str], coord: list[float] | None = None) -> bytes:
     """A signed presence for ``active`` and ``failed`` jobs (``presence_body``)."""
-    return seal(identity, PRESENCE, presence_body(drivers, active, failed))
+    return seal(identity, PRESENCE, presence_body(drivers, active, failed, coord))
 
 
 def group_recipients(shared: Mapping[str, list[str]]) -> dict[tuple[str, ...], list[str]]:
@@ -125,3 +138,35 @@ def group_recipients(shared: Mapping[str, list[str]]) -> dict[tuple[str, ...], l
     for peer, in_jobs in shared.items():
         groups.setdefault(tuple(in_jobs), []).append(peer)
     return groups
+
+
+class RoundView(Protocol):
+    """What ``recipients`` reads of a job's round state (``gpuflex.node.state``)."""
+
+    def expected_coordinator(self, attempt: int) -> str | None: ...
+
+    @property
+    def current(self) -> Any: ...
+
+
+def recipients(me: str, members: set[str], driver: Any, cache: dict[str, Any]) -> set[str]:
+    """Whom one job's presence goes to: every member in a small job; in a larger one the
+    ``PRESENCE_SPREAD`` members the overlay would link this node to (recomputed only when
+    the members change, kept in ``cache``), the coordinators of the next attempts, and this
+    node's parent and children in the current round's tree (``driver.book``, its round state)."""
+    if len(members) <= PRESENCE_TO_ALL:
+        return members - {me}
+    key = frozenset(members)
+    if cache.get("key") != key:
+        cache["key"], cache["spread"] = key, neighbours(me, members, PRESENCE_SPREAD)
+    book: RoundView = driver.book
+    round_ = book.current.round
+    if cache.get("round") != round_:  # a rendezvous ranking of every eligible member: once a round
+        cache["round"], cache["coordinators"] = round_, {
+            c for a in range(PRESENCE_COORDINATORS) if (c := book.expected_coordinator(a)) is not None}
+    out = set(cache["spread"]) | cache["coordinators"]
+    plan = book.current.plan
+    if plan is not None and me in plan.parent:
+        out.update(p for p, up in plan.parent.items() if up == me)
+        out.add(plan.parent[me] or me)
+    return (out & members) - {me}

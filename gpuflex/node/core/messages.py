@@ -34,9 +34,7 @@ class MessageKind(StrEnum):
     SECAGG_SHARES = "secagg_shares"
 
 
-JOB, PRESENCE, PLAN, UPDATE, PARTIAL, RESULT, ABORT, SYNC = (
-    MessageKind.JOB, MessageKind.PRESENCE, MessageKind.PLAN, MessageKind.UPDATE, MessageKind.PARTIAL,
-    MessageKind.RESULT, MessageKind.ABORT, MessageKind.SYNC)
+JOB, PRESENCE, PLAN, UPDATE, PARTIAL, RESULT, ABORT, SYNC = list(MessageKind)[:8]  # in the order above
 register_kind(JOB, 256 * 1024)
 register_kind(PRESENCE, 8 * 1024)
 register_kind(PLAN, 1024 * 1024)
@@ -273,8 +271,10 @@ class Result:
     env: Envelope
     step_hash: str | None = None  # the encoded step members rebuild the model from, if any
 
-    @property
+    @cached_property
     def digest(self) -> str:
+        """Hashed once: a result carries every member's signed update header, and the ledger's
+        head is read at every presence a node receives."""
         return self.env.digest
 
     @cached_property
