@@ -12,7 +12,7 @@ member therefore Shamir-shares every pairwise seed it holds among the rest of th
 ``threshold`` of those shares rebuild a seed, and fewer reveal nothing. Shares live in the prime
 field of the Mersenne prime 2^521 - 1, in plain Python integers, large enough for any 32-byte seed.
 
-No I/O and no key agreement here (see gpuflex/node/secure.py): seeds come in as bytes.
+No I/O and no key agreement here (see gpuflex/node/core/secure.py): seeds come in as bytes.
 """
 
 from __future__ import annotations

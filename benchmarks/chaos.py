@@ -37,7 +37,7 @@ from gpuflex.client import ControlError
 from gpuflex.demo import demo_spec
 from gpuflex.home import PEERS_FILE
 from gpuflex.localmesh import LocalMesh, free_port
-from gpuflex.node.ledger import Ledger
+from gpuflex.node.core.ledger import Ledger
 
 SENT = re.compile(r"round (\d+): update sent to")
 JOINED = re.compile(r"joined the mesh through \S+ \((\d+) known peers dialled, ([\d.]+)s\)")

@@ -30,7 +30,7 @@ JOB: dict[str, Any] = {"name": "dp", "model": "digits-cnn", "data": "sklearn-dig
 def simulate(epsilon: float, rounds: int, clip: float, seed: int = 0) -> dict[str, Any]:
     from gpuflex.jobspec import JobSpec
     from gpuflex.ml.workload import Workload
-    from gpuflex.node.pipeline import DeltaEncoder
+    from gpuflex.node.core.pipeline import DeltaEncoder
     from gpuflex.privacy import epsilon_spent, noise_for_epsilon
 
     z = 0.0 if math.isinf(epsilon) else noise_for_epsilon(epsilon, rounds)

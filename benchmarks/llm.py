@@ -101,7 +101,7 @@ def mesh_job(base: Path, nodes: int, spec: dict[str, Any], text: Path, models: d
              timeout: float, floor_mb: float = 2500.0) -> dict[str, Any]:
     """Run one job on ``nodes`` fresh node processes; ledger rows, bytes, memory, final params."""
     from gpuflex.localmesh import LocalMesh
-    from gpuflex.node.modelblob import unpack_model
+    from gpuflex.node.core.modelblob import unpack_model
 
     mesh = LocalMesh(base, nodes, log_level="warning")
     guard = MemoryGuard(mesh, floor_mb)

@@ -1,7 +1,7 @@
 """Final digits accuracy for each (rule, attack) with 0-3 of 10 nodes hostile.
 
 Two ways to run, same job, same attacks (gpuflex/adversary.py), same reducers
-(gpuflex/node/pipeline.py ``make_reducer``):
+(gpuflex/node/core/pipeline.py ``make_reducer``):
 
 * default: an **in-process simulation** of the round: 10 Workloads train from the same base,
   the chosen ones poison their delta (or, for label-flip, train on flipped labels), and the
@@ -55,7 +55,7 @@ def simulate(rule: str, attack: str | None, attackers: int, mode: str, rounds: i
     from gpuflex.adversary import flip_labels, make_adversary
     from gpuflex.jobspec import JobSpec
     from gpuflex.ml.workload import Workload
-    from gpuflex.node.pipeline import make_reducer
+    from gpuflex.node.core.pipeline import make_reducer
 
     spec = JobSpec.from_dict(job_dict(rule, mode, rounds))
     nodes = [Workload(spec, i, NODES) for i in range(NODES)]

@@ -1,6 +1,6 @@
 """What the committed-round checks cost per round: the checks a node ran before (signatures,
 hash links, contributor list, ``min_nodes`` read from the result's own metric) against the
-checks it runs now (``gpuflex.node.evidence.verify_round``: the plan's coordinator from the
+checks it runs now (``gpuflex.node.core.evidence.verify_round``: the plan's coordinator from the
 ranking, every update made for that plan by one of its members, the sample cap, ``min_nodes``
 counted from signed updates; and the canonical-encoding check on every frame), side by side
 on the same real signed rounds, in one process.
@@ -26,8 +26,8 @@ from benchmarks.common import format_table, ratio
 def signed_chain(members: int, rounds: int) -> tuple[list[bytes], Any]:
     """A real ledger: ``rounds`` rounds, each planned by its attempt-0 coordinator and counting
     every member's signed update (what ``verify_round`` accepts)."""
-    from gpuflex.node.evidence import ChainRules
-    from gpuflex.node.messages import RESULT, UPDATE, make_plan, parse_result
+    from gpuflex.node.core.evidence import ChainRules
+    from gpuflex.node.core.messages import RESULT, UPDATE, make_plan, parse_result
     from mesh.blob import blob_hash
     from mesh.codec import open_envelope, seal
     from mesh.identity import Identity
@@ -69,7 +69,13 @@ def signed_chain(members: int, rounds: int) -> tuple[list[bytes], Any]:
 
 def check_before(frames: list[bytes], job: str, min_nodes: int) -> None:
     """The checks a node ran on each round before committed rounds carried their evidence."""
-    from gpuflex.node.messages import PLAN, RESULT, parse_plan, parse_result, walk_contributions
+    from gpuflex.node.core.messages import (
+        PLAN,
+        RESULT,
+        parse_plan,
+        parse_result,
+        walk_contributions,
+    )
     from mesh.codec import open_envelope
 
     prev = ""
@@ -89,7 +95,7 @@ def check_before(frames: list[bytes], job: str, min_nodes: int) -> None:
 
 def check_after(frames: list[bytes], rules: Any) -> None:
     """Today's checks: ``verify_chain`` with the job's rules (``evidence.verify_round`` per round)."""
-    from gpuflex.node.ledger import verify_chain
+    from gpuflex.node.core.ledger import verify_chain
 
     verify_chain(frames, rules.job, rules)
 
@@ -109,7 +115,7 @@ def paired_ms(before: Callable[[], None], after: Callable[[], None], budget_s: f
 
 
 def measure(members: int, rounds: int) -> dict[str, Any]:
-    from gpuflex.node.messages import RESULT, parse_result
+    from gpuflex.node.core.messages import RESULT, parse_result
     from mesh.codec import canonical_frame, open_envelope
 
     frames, rules = signed_chain(members, rounds)
@@ -120,7 +126,7 @@ def measure(members: int, rounds: int) -> dict[str, Any]:
         _one_before(frames[-1], history, job, rules.min_nodes)
 
     def gossip_after() -> None:
-        from gpuflex.node.evidence import verify_round
+        from gpuflex.node.core.evidence import verify_round
 
         verify_round(parse_result(open_envelope(frames[-1], expect_kind=RESULT)), history, rules)
 
@@ -139,7 +145,13 @@ def measure(members: int, rounds: int) -> dict[str, Any]:
 
 
 def _one_before(frame: bytes, history: list[Any], job: str, min_nodes: int) -> None:
-    from gpuflex.node.messages import PLAN, RESULT, parse_plan, parse_result, walk_contributions
+    from gpuflex.node.core.messages import (
+        PLAN,
+        RESULT,
+        parse_plan,
+        parse_result,
+        walk_contributions,
+    )
     from mesh.codec import open_envelope
 
     res = parse_result(open_envelope(frame, expect_kind=RESULT))
@@ -153,7 +165,7 @@ def frame_pairs(result_frame: bytes) -> list[tuple[bytes, bytes]]:
     """(header, signature) of every frame one round carries: the result, its plan, its updates."""
     import msgpack
 
-    from gpuflex.node.messages import RESULT, parse_result
+    from gpuflex.node.core.messages import RESULT, parse_result
     from mesh.codec import open_envelope
 
     res = parse_result(open_envelope(result_frame, expect_kind=RESULT))

@@ -66,7 +66,7 @@ class Group:
 
 def build_group(spec: Any, ids: list[Any], deltas: list[np.ndarray], round_: int = 1, drop: int = 0) -> Group:
     """ids[0] leads; the first ``drop`` members train and mask, but never send."""
-    from gpuflex.node.pipeline import DeltaEncoder, decode_payload, make_reducer, secagg_member
+    from gpuflex.node.core.pipeline import DeltaEncoder, decode_update, make_reducer, secagg_member
 
     leader = ids[0].peer_id
     plan = SimpleNamespace(job="bench", round=round_, attempt=0,
@@ -84,14 +84,14 @@ def build_group(spec: Any, ids: list[Any], deltas: list[np.ndarray], round_: int
     size = deltas[0].size
     with Stopwatch() as lead:
         for peer, payload in payloads:
-            red.add(decode_payload(spec, payload, size), float(SAMPLES), peer)
+            red.add(decode_update(spec, payload, size), float(SAMPLES), peer)
     return Group(red, sides, len(payloads[0][1]), member.seconds / len(ids[1:]), lead.seconds)
 
 
 def direct_request(ids: list[Any], sides: dict[str, Any], sent: list[int]) -> Any:
     """The survivors' side of the exchange without a transport; counts the bytes both ways."""
-    from gpuflex.node.messages import SECAGG_RECOVER, parse_recovery_request
-    from gpuflex.node.secure import answer_recovery
+    from gpuflex.node.core.messages import SECAGG_RECOVER, parse_recovery_request
+    from gpuflex.node.core.secure import answer_recovery
     from mesh.codec import open_envelope
 
     by_id = {i.peer_id: i for i in ids}
@@ -107,7 +107,7 @@ def direct_request(ids: list[Any], sides: dict[str, Any], sent: list[int]) -> An
 
 def measure(size: int, members: int) -> dict[str, Any]:
     from gpuflex.jobspec import JobSpec
-    from gpuflex.node.secure import collect_answers
+    from gpuflex.node.recovery import collect_answers
     from mesh.identity import Identity
 
     plain_spec = JobSpec.from_dict({"model": "mlp", "data": "sklearn-digits"})
@@ -151,8 +151,9 @@ async def wire_round_trip(members: int, reps: int) -> dict[str, Any]:
     fresh groups, each with one member dropped. Interleaved with it, the baseline: the same
     number of concurrent direct requests of the same sizes to a handler that does nothing."""
     from gpuflex.jobspec import JobSpec
-    from gpuflex.node.messages import SECAGG_RECOVER, parse_recovery_request
-    from gpuflex.node.secure import answer_recovery, collect_answers
+    from gpuflex.node.core.messages import SECAGG_RECOVER, parse_recovery_request
+    from gpuflex.node.core.secure import answer_recovery
+    from gpuflex.node.recovery import collect_answers
     from mesh.codec import register_kind, seal
     from mesh.health import HealthConfig
     from mesh.identity import Identity

@@ -381,7 +381,7 @@ class TreePeer:
 
     async def on_vector(self, msg: Any) -> None:
         """A child's vector or partial, folded the moment it lands, as a leader's collector does."""
-        from gpuflex.node.modelblob import unpack_delta
+        from gpuflex.node.core.modelblob import unpack_delta
         from mesh.codec import WireError
 
         body = msg.envelope.body
@@ -404,7 +404,7 @@ class TreePeer:
         """From ``start_at`` until this peer holds the average; returns it."""
         import trio
 
-        from gpuflex.node.modelblob import pack_delta, unpack_delta
+        from gpuflex.node.core.modelblob import pack_delta, unpack_delta
         from mesh.blob import blob_hash
         from mesh.codec import seal
 

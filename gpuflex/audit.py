@@ -1,7 +1,7 @@
 """Offline audit of a job's ledger: is the record of training intact, and who did the work?
 
 A ledger file (``ledger.msgpack``, exported by ``gpuflex job results``) is a hash chain of
-RoundResults, each signed by its coordinator and carrying the signed plan, every signed
+Results, each signed by its coordinator and carrying the signed plan, every signed
 Update header, every leader's signed Partial, the metrics and (from the trust release on) the
 rule applied and the job-spec hash. Verification needs no network and no node: only the
 public keys inside the PeerIDs. The model check compares BLAKE3-256 of a *model blob*
@@ -20,8 +20,8 @@ from typing import Any
 import msgpack
 
 from gpuflex.errors import GpuflexError
-from gpuflex.node.ledger import LedgerError, verify_chain
-from gpuflex.node.messages import (
+from gpuflex.node.core.ledger import LedgerError, verify_chain
+from gpuflex.node.core.messages import (
     PARTIAL,
     PLAN,
     Result,

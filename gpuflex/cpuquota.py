@@ -16,6 +16,8 @@ import time
 import uuid
 from pathlib import Path
 
+from gpuflex.errors import GpuflexError
+
 CGROUP_CPU = Path("/sys/fs/cgroup/cpu")
 CGROUP_V2 = Path("/sys/fs/cgroup")
 PERIOD_US = 100_000
@@ -64,7 +66,7 @@ def usable_cores() -> int:
     return max(1, cores)
 
 
-class QuotaUnavailable(RuntimeError):
+class QuotaUnavailable(GpuflexError, RuntimeError):
     """No cgroup CPU controller this process may write to (not root, or none enabled)."""
 
 

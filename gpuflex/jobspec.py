@@ -378,7 +378,7 @@ def example_job_yaml(template: str = "job") -> str:
 # --- field checks -------------------------------------------------------------------------
 
 
-class _Invalid(ValueError):
+class _Invalid(GpuflexError, ValueError):
     pass
 
 

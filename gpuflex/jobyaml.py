@@ -19,6 +19,8 @@ import functools
 import re
 from typing import Any
 
+from gpuflex.errors import GpuflexError
+
 #: A job file is a page of settings; anything larger is a mistake, not a job.
 MAX_JOB_FILE_BYTES = 256 * 1024
 #: File name endings read as YAML; everything else is TOML.
@@ -39,7 +41,7 @@ _ALLOWED_TAGS = frozenset({
 })
 
 
-class YamlJobError(ValueError):
+class YamlJobError(GpuflexError, ValueError):
     """The text is not a YAML job file this reader accepts; the message says why in one line."""
 
 

@@ -36,6 +36,8 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from gpuflex.errors import GpuflexError
+
 try:
     import tomllib
 except ModuleNotFoundError:  # Python 3.10
@@ -62,7 +64,7 @@ _PATTERN_RE = re.compile(r"^[A-Za-z0-9_.*]{1,200}:[A-Za-z0-9_.*]{1,200}$")
 _PEER_ID_RE = re.compile(r"^[1-9A-HJ-NP-Za-km-z]{16,128}$")
 
 
-class NodeConfigError(ValueError):
+class NodeConfigError(GpuflexError, ValueError):
     """``node.toml`` is unreadable or has a bad key; the message names the file and the key."""
 
 

@@ -1,7 +1,7 @@
 """The privacy budget of client-side DP: ε at the job's δ after r rounds (RDP accountant).
 
 Every selected member clips its update to ``dp_clip`` and adds Gaussian noise of std
-``dp_noise_multiplier * dp_clip`` (see gpuflex/node/pipeline.py), so each round is one Gaussian
+``dp_noise_multiplier * dp_clip`` (see gpuflex/node/core/pipeline.py), so each round is one Gaussian
 mechanism with noise multiplier z and sampling rate 1 for every member, whatever the others do.
 The guarantee is per member (user-level: neighbouring data sets differ in one member's whole
 data). Composition over rounds is tracked in Rényi DP (Mironov 2017) by Google's
@@ -15,10 +15,21 @@ import math
 from functools import lru_cache
 from typing import TYPE_CHECKING
 
+from mesh.compat import StrEnum
+
 if TYPE_CHECKING:
     from gpuflex.jobspec import JobSpec
 
-OK, WARN, STOP = "ok", "warn", "stop"
+
+class BudgetStatus(StrEnum):
+    """Whether the next round may run within a job's privacy budget (``budget_status``)."""
+
+    OK = "ok"  # within the budget, or no budget
+    WARN = "warn"  # past it; the job's ``dp_on_budget`` says to go on and say so
+    STOP = "stop"  # past it; the job stops before the round
+
+
+OK, WARN, STOP = BudgetStatus.OK, BudgetStatus.WARN, BudgetStatus.STOP
 
 
 @lru_cache(maxsize=1024)
@@ -43,7 +54,7 @@ def epsilon_spent(spec: JobSpec, rounds: int) -> float:
     return epsilon_for(spec.dp_noise_multiplier if spec.uses_dp else 0.0, rounds, spec.dp_delta)
 
 
-def budget_status(spec: JobSpec, rounds_done: int) -> str:
+def budget_status(spec: JobSpec, rounds_done: int) -> BudgetStatus:
     """OK, or what the job's ``dp_on_budget`` says to do before the next round.
 
     The check looks one round ahead: a round that would take ε past the budget is the one

@@ -41,11 +41,12 @@ from typing import Any
 
 from gpuflex.client import ControlClient, ControlError
 from gpuflex.errors import GpuflexError
+from gpuflex.node.core.kinds import JobState
 from gpuflex.plugins import EXPECTED, PluginError, is_plugin_path, load_callable
 
 Ref = str | Callable[..., Any] | None
 PLUGIN_FIELDS = ("model", "data", "train_fn", "partitioner", "rule")
-FINISHED = ("done", "failed")
+FINISHED = (JobState.DONE, JobState.FAILED)
 
 # Process-local plug-ins for run_local(): the spec names them "gpuflex.sdk:LOCAL.<name>",
 # which the ordinary plug-in loader resolves because every node lives in this process.
@@ -203,11 +204,11 @@ class JobHandle:
             except ControlError as exc:  # the job may not have reached this node's runner yet
                 if "unknown job" not in str(exc) and "knows no jobs" not in str(exc):
                     raise
-                js = {"state": "pending", "metrics": []}
+                js = {"state": JobState.PENDING, "metrics": []}
             yield js
-            if js["state"] == "failed":
+            if js["state"] == JobState.FAILED:
                 raise JobFailed(f"job {self.job_id} failed: {js.get('error') or 'unknown error'}")
-            if js["state"] == "done":
+            if js["state"] == JobState.DONE:
                 return
             if deadline is not None and time.monotonic() > deadline:
                 raise TimeoutError(f"job {self.job_id} not done after {timeout:.0f}s "
@@ -453,7 +454,7 @@ class LocalJobHandle(JobHandle):
 
     def close(self) -> None:
         try:
-            if self._state is None and self.status()["state"] == "done":
+            if self._state is None and self.status()["state"] == JobState.DONE:
                 self.state_dict()
         except ControlError:
             pass
@@ -503,5 +504,5 @@ def run_local(model_fn: Ref, data_fn: Ref, *, nodes: int = 3, workdir: str | os.
     return LocalJobHandle(job_id, cluster, owned, refs)
 
 
-__all__ = ["JobFailed", "JobHandle", "LocalCluster", "LocalJobHandle", "ModelUnavailable", "best_round",
+__all__ = ["JobFailed", "JobHandle", "JobState", "LocalCluster", "LocalJobHandle", "ModelUnavailable", "best_round",
            "build_spec", "importable_path", "run_local", "submit", "submit_file"]

@@ -4,7 +4,7 @@ It is what the tuning of the demo defaults ran on, what tests use to check that 
 converges, what the communication benchmarks count bytes with, and a quick way for a user to
 try a job before starting nodes. The numbers go through the node's own code: each member's
 delta through the job's encoder (DP, codec) and the leader's decoder and reducer
-(gpuflex/node/pipeline.py), and the root's step through the job's server optimizer
+(gpuflex/node/core/pipeline.py), and the root's step through the job's server optimizer
 (aggregation/server_opt.py), so what converges here converges the same way on a mesh.
 Transport, signatures and the tree are left out; they do not touch the numbers.
 """
@@ -45,8 +45,8 @@ def simulate(
     (``download_bytes``): the encoded step where the job's codec lets members replay it,
     else the model blob, optimizer state included.
     """
-    from gpuflex.node.modelblob import pack_model
-    from gpuflex.node.pipeline import DeltaEncoder, decode_payload, make_reducer, outer_step
+    from gpuflex.node.core.modelblob import pack_model
+    from gpuflex.node.core.pipeline import DeltaEncoder, decode_payload, make_reducer, outer_step
 
     if error_feedback is not None:
         spec = dataclasses.replace(spec, error_feedback=error_feedback)

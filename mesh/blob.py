@@ -16,13 +16,17 @@ import math
 import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, TypeGuard
+from typing import Any
 
-import blake3
 import trio
 
 from mesh import bulk
-from mesh.codec import Truncated, WireError
+from mesh.blobhash import HASH_HEX_LEN as HASH_HEX_LEN  # re-exported, as the four below
+from mesh.blobhash import blob_hash as blob_hash
+from mesh.blobhash import blob_hasher as blob_hasher
+from mesh.blobhash import parts_hash as parts_hash
+from mesh.blobhash import valid_hash as valid_hash
+from mesh.codec import Truncated, WireError, WireReason
 from mesh.errors import MeshError
 from mesh.framing import Stalled, Stream, read_exactly, read_obj, write_obj
 from mesh.limits import BulkGate
@@ -30,7 +34,6 @@ from mesh.push import await_verdict, dial_and_transfer
 
 BLOB_PROTOCOL = "/gpuflex/blob/1.0.0"
 CHUNK = 1 << 20
-HASH_HEX_LEN = 64
 # A transfer that makes no progress this long is given up, so a cut link frees the caller
 # long before the whole-transfer timeout.
 STALL_S = 15.0
@@ -48,27 +51,6 @@ class BlobIntegrityError(BlobError):
     def __init__(self, peer: str, expected: str, got: str) -> None:
         super().__init__(f"peer {peer} served wrong bytes for blob {expected[:16]}… (got {got[:16]}…)")
         self.peer = peer
-
-
-def blob_hasher() -> Any:
-    """An incremental hasher whose ``hexdigest()`` is the blob hash of what it was fed."""
-    return blake3.blake3()
-
-
-def blob_hash(data: bytes | memoryview) -> str:
-    return blake3.blake3(data).hexdigest()
-
-
-def parts_hash(parts: Sequence[bytes | memoryview]) -> str:
-    """The blob hash of the concatenation of ``parts``, without joining them."""
-    hasher = blob_hasher()
-    for part in parts:
-        hasher.update(part)
-    return str(hasher.hexdigest())
-
-
-def valid_hash(text: object) -> TypeGuard[str]:
-    return isinstance(text, str) and len(text) == HASH_HEX_LEN and all(c in "0123456789abcdef" for c in text)
 
 
 class BlobStore:
@@ -209,7 +191,7 @@ async def serve_blob(stream: Stream, store: BlobStore, max_request: int = 4096,
     digest = request.get("h") if isinstance(request, dict) else None
     if not valid_hash(digest):
         await write_obj(stream, {"ok": False, "error": "bad request"})
-        raise WireError("garbled", "blob request without a valid hash")
+        raise WireError(WireReason.GARBLED, "blob request without a valid hash")
     if not store.has(digest):
         await write_obj(stream, {"ok": False, "error": "not found"})
         return None
@@ -291,7 +273,7 @@ async def receive_blob(stream: Stream, store: BlobStore, digest: str, peer: str,
         raise BlobError(f"peer {peer} does not serve blob {digest[:16]}…: {err}")
     size = reply.get("size")
     if not isinstance(size, int) or size < 0 or size > max_size:
-        raise WireError("oversized", f"peer {peer} announced a blob of {size!r} bytes (limit {max_size})")
+        raise WireError(WireReason.OVERSIZED, f"peer {peer} announced a blob of {size!r} bytes (limit {max_size})")
     incoming = store.incoming(digest, size)
     try:
         offer = reply.get("bulk")

@@ -45,7 +45,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from mesh.codec import Truncated, WireError
+from mesh.codec import Truncated, WireError, WireReason
 from mesh.errors import MeshError
 
 FRAME = 1 << 20  # plaintext bytes per sealed frame
@@ -108,11 +108,11 @@ class BulkOffer:
     @classmethod
     def from_wire(cls, obj: object) -> BulkOffer:
         if not isinstance(obj, dict):
-            raise WireError("garbled", "bulk offer is not a map")
+            raise WireError(WireReason.GARBLED, "bulk offer is not a map")
         port, key, tid, cipher = obj.get("port"), obj.get("key"), obj.get("tid"), obj.get("cipher")
         if not (isinstance(port, int) and 0 < port < 65536 and isinstance(key, bytes) and len(key) == 32
                 and isinstance(tid, bytes) and len(tid) == 16 and cipher in CIPHERS):
-            raise WireError("garbled", "bulk offer has a bad port, key, id or cipher")
+            raise WireError(WireReason.GARBLED, "bulk offer has a bad port, key, id or cipher")
         return cls(port, key, tid, str(cipher))
 
 
@@ -137,7 +137,7 @@ def _read_frame(sock: socket.socket, buf: bytearray, limit: int) -> memoryview:
     _recv_exactly(sock, head)
     (size,) = _LEN.unpack(head)
     if size < TAG or size > limit + TAG:
-        raise WireError("oversized", f"bulk frame of {size} bytes (limit {limit + TAG})")
+        raise WireError(WireReason.OVERSIZED, f"bulk frame of {size} bytes (limit {limit + TAG})")
     view = memoryview(buf)[:size]
     _recv_exactly(sock, view)
     return view
@@ -198,7 +198,7 @@ class _Listening:
             try:
                 hello = _read_frame(conn, buf, len(HELLO))
                 if aead.decrypt(_nonce(0, _HELLO), hello, self.offer.tid) != HELLO:
-                    raise WireError("auth", "bulk hello does not match")
+                    raise WireError(WireReason.AUTH, "bulk hello does not match")
             except Exception:  # whoever dialled and failed the hello, however, is not our peer
                 conn.close()
                 strangers += 1
@@ -280,9 +280,9 @@ def _receive_sealed(sock: socket.socket, offer: BulkOffer, size: int, sink: Call
                 try:
                     n = aead.decrypt_into(_nonce(counter, _DATA), sealed, offer.tid, sealed[: len(sealed) - TAG])
                 except Exception:  # the AEAD libraries raise their own types for a bad tag
-                    raise WireError("auth", f"bulk frame {counter} failed authentication") from None
+                    raise WireError(WireReason.AUTH, f"bulk frame {counter} failed authentication") from None
                 if got + n > size:
-                    raise WireError("oversized", f"bulk channel sent more than the {size} bytes announced")
+                    raise WireError(WireReason.OVERSIZED, f"bulk channel sent more than the {size} bytes announced")
                 sink(sealed[:n])
                 got += n
                 counter += 1
@@ -338,7 +338,7 @@ class BulkPusher(_Dialing):
 def _mapped(fh: Any, size: int) -> Iterator[memoryview]:
     """The file's pages, read in place: sealing straight from the page cache skips a copy."""
     if os.fstat(fh.fileno()).st_size < size:
-        raise WireError("truncated", "blob file is shorter than its announced size")
+        raise WireError(WireReason.TRUNCATED, "blob file is shorter than its announced size")
     mapping = mmap.mmap(fh.fileno(), size, prot=mmap.PROT_READ) if size else None
     view = memoryview(mapping) if mapping is not None else memoryview(b"")
     try:

@@ -24,6 +24,7 @@ from typing import Any
 
 import msgpack
 
+from mesh.compat import StrEnum
 from mesh.errors import MeshError
 from mesh.identity import Identity, peer_id_from_public_key, verify
 
@@ -40,10 +41,31 @@ _KIND_LIMITS: dict[str, int] = {
 }
 
 
-class WireError(MeshError, ValueError):
-    """Untrusted input that was rejected; ``reason`` is a short machine-readable code."""
+class WireReason(StrEnum):
+    """Why untrusted input was rejected: the codes a rejection is logged, counted and
+    penalised by (``mesh.inbound.PENALTY``). Plain strings on the wire of events and logs."""
 
-    def __init__(self, reason: str, message: str) -> None:
+    GARBLED = "garbled"  # not the schema: a missing field, a wrong type, bad msgpack
+    TRUNCATED = "truncated"  # a frame or stream that ended early
+    STALLED = "stalled"  # a stream that sent nothing for too long
+    OVERSIZED = "oversized"  # over its kind's or its job's size limit
+    SIGNATURE = "signature"  # a signature that does not verify
+    VERSION = "version"  # an unknown schema version
+    KIND = "kind"  # an unknown or unexpected message kind
+    STALE = "stale"  # outside the replay window
+    REPLAY = "replay"  # a (sender, nonce) already seen
+    IMPERSONATION = "impersonation"  # signed by someone other than who it names
+    AUTH = "auth"  # a secured channel whose handshake or frame fails authentication
+    HASH = "hash"  # bytes that do not match their hash
+    ROUND = "round"  # inconsistent with the round it names (plan, attempt, base, members)
+    EVIDENCE = "evidence"  # a result whose evidence does not hold
+
+
+class WireError(MeshError, ValueError):
+    """Untrusted input that was rejected; ``reason`` says why (``WireReason``)."""
+
+    def __init__(self, reason: WireReason | str, message: str) -> None:
+        reason = WireReason(reason)  # a code outside the vocabulary is a bug here, not input
         super().__init__(f"{reason}: {message}")
         self.reason = reason
 
@@ -55,7 +77,7 @@ class Truncated(WireError):
     crashed; one that stops half way may be cutting frames on purpose."""
 
     def __init__(self, message: str, received: int) -> None:
-        super().__init__("truncated", message)
+        super().__init__(WireReason.TRUNCATED, message)
         self.received = received
 
 
@@ -119,7 +141,7 @@ def seal(identity: Identity, kind: str, body: Any, *, ts: float | None = None) -
 
 
 def _reject_ext(code: int, data: bytes) -> Any:
-    raise WireError("garbled", f"msgpack extension type {code} is not allowed")
+    raise WireError(WireReason.GARBLED, f"msgpack extension type {code} is not allowed")
 
 
 def _unpack(data: bytes, what: str) -> Any:
@@ -137,13 +159,13 @@ def _unpack(data: bytes, what: str) -> Any:
     except WireError:
         raise
     except (msgpack.ExtraData, msgpack.FormatError, msgpack.StackError) as exc:
-        raise WireError("garbled", f"{what} is not valid msgpack ({exc.__class__.__name__})") from None
+        raise WireError(WireReason.GARBLED, f"{what} is not valid msgpack ({exc.__class__.__name__})") from None
     except ValueError as exc:
         text = str(exc)
-        reason = "truncated" if "incomplete" in text.lower() else "garbled"
+        reason = WireReason.TRUNCATED if "incomplete" in text.lower() else WireReason.GARBLED
         raise WireError(reason, f"{what} could not be decoded ({text})") from None
     except Exception as exc:  # untrusted bytes may fail msgpack in any other way
-        raise WireError("garbled", f"{what} could not be decoded ({exc.__class__.__name__})") from None
+        raise WireError(WireReason.GARBLED, f"{what} could not be decoded ({exc.__class__.__name__})") from None
 
 
 class ReplayGuard:
@@ -157,10 +179,11 @@ class ReplayGuard:
     def check(self, env: Envelope, now: float | None = None) -> None:
         now = time.time() if now is None else now
         if abs(now - env.ts) > self.window_s:
-            raise WireError("stale", f"timestamp is {now - env.ts:+.0f}s away from now (window {self.window_s:.0f}s)")
+            raise WireError(WireReason.STALE,
+                            f"timestamp is {now - env.ts:+.0f}s away from now (window {self.window_s:.0f}s)")
         key = env.public_key + env.nonce
         if key in self._seen:
-            raise WireError("replay", f"{env.kind} from {env.sender} was already received")
+            raise WireError(WireReason.REPLAY, f"{env.kind} from {env.sender} was already received")
         self._seen[key] = env.ts
         while self._seen and (len(self._seen) > self.max_entries):
             self._seen.popitem(last=False)
@@ -201,38 +224,39 @@ def open_envelope(
 ) -> Envelope:
     """Decode and verify an untrusted frame, or raise ``WireError``."""
     if not isinstance(frame, (bytes, bytearray, memoryview)):
-        raise WireError("garbled", "frame is not bytes")
+        raise WireError(WireReason.GARBLED, "frame is not bytes")
     frame = bytes(frame)
     if len(frame) > MAX_FRAME:
-        raise WireError("oversized", f"frame of {len(frame)} bytes exceeds {MAX_FRAME}")
+        raise WireError(WireReason.OVERSIZED, f"frame of {len(frame)} bytes exceeds {MAX_FRAME}")
     outer = _unpack(frame, "frame")
     if not (isinstance(outer, list) and len(outer) == 2 and all(isinstance(x, bytes) for x in outer)):
-        raise WireError("garbled", "frame is not [header, signature]")
+        raise WireError(WireReason.GARBLED, "frame is not [header, signature]")
     header_bytes, signature = outer
     if frame != canonical_frame(header_bytes, signature):
-        raise WireError("garbled", "frame is not in its canonical encoding (re-encoded by someone)")
+        raise WireError(WireReason.GARBLED, "frame is not in its canonical encoding (re-encoded by someone)")
     header = _unpack(header_bytes, "header")
     if not isinstance(header, dict):
-        raise WireError("garbled", "header is not a map")
+        raise WireError(WireReason.GARBLED, "header is not a map")
     version = header.get("v")
     if version != SCHEMA_VERSION:
-        raise WireError("version", f"unknown schema version {version!r} (this node speaks {SCHEMA_VERSION})")
+        raise WireError(WireReason.VERSION, f"unknown schema version {version!r} (this node speaks {SCHEMA_VERSION})")
     kind, pub, ts, nonce = header.get("k"), header.get("p"), header.get("t"), header.get("n")
     if not isinstance(kind, str) or not isinstance(pub, bytes) or len(pub) != 32:
-        raise WireError("garbled", "header lacks a kind or a 32-byte public key")
+        raise WireError(WireReason.GARBLED, "header lacks a kind or a 32-byte public key")
     if not isinstance(ts, int) or isinstance(ts, bool) or not isinstance(nonce, bytes) or len(nonce) != 16:
-        raise WireError("garbled", "header lacks a timestamp or a 16-byte nonce")
+        raise WireError(WireReason.GARBLED, "header lacks a timestamp or a 16-byte nonce")
     if "b" not in header:
-        raise WireError("garbled", "header has no body")
+        raise WireError(WireReason.GARBLED, "header has no body")
     table = _KIND_LIMITS if limits is None else limits
     if kind not in table:
-        raise WireError("kind", f"unknown message kind {kind!r}")
+        raise WireError(WireReason.KIND, f"unknown message kind {kind!r}")
     if len(frame) > table[kind]:
-        raise WireError("oversized", f"{kind} frame of {len(frame)} bytes exceeds its {table[kind]} byte limit")
+        raise WireError(WireReason.OVERSIZED,
+                        f"{kind} frame of {len(frame)} bytes exceeds its {table[kind]} byte limit")
     if expect_kind is not None and kind != expect_kind:
-        raise WireError("kind", f"expected a {expect_kind} message, got {kind}")
+        raise WireError(WireReason.KIND, f"expected a {expect_kind} message, got {kind}")
     if not verify(pub, SIGNING_DOMAIN + header_bytes, signature):
-        raise WireError("signature", f"bad signature on {kind} message")
+        raise WireError(WireReason.SIGNATURE, f"bad signature on {kind} message")
     env = Envelope(
         kind=kind,
         sender=peer_id_from_public_key(pub),

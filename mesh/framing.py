@@ -20,7 +20,7 @@ from typing import Any, Protocol
 import msgpack
 import trio
 
-from mesh.codec import Truncated, WireError
+from mesh.codec import Truncated, WireError, WireReason
 
 _LEN = struct.Struct(">I")
 _LEN64 = struct.Struct(">Q")
@@ -37,7 +37,7 @@ class Stalled(WireError):
     """No byte arrived for the read timeout; ``received`` bytes of the item had arrived."""
 
     def __init__(self, message: str, received: int) -> None:
-        super().__init__("stalled", message)
+        super().__init__(WireReason.STALLED, message)
         self.received = received
 
 
@@ -100,7 +100,7 @@ async def read_frame(stream: Stream, max_size: int, stall_s: float | None = None
                      charge: Callable[[int], None] | None = None) -> bytes:
     (size,) = _LEN.unpack(await read_exactly(stream, _LEN.size, stall_s))
     if size > max_size:
-        raise WireError("oversized", f"peer announced a {size} byte frame; the limit is {max_size}")
+        raise WireError(WireReason.OVERSIZED, f"peer announced a {size} byte frame; the limit is {max_size}")
     return await read_growing(stream, size, "frame", stall_s, charge)
 
 
@@ -115,7 +115,7 @@ async def read_obj(stream: Stream, max_size: int = 64 * 1024, stall_s: float | N
         return msgpack.unpackb(raw, raw=False, strict_map_key=True, max_bin_len=max_size,
                                max_str_len=max_size, max_array_len=4096, max_map_len=4096)
     except Exception as exc:  # untrusted bytes may fail msgpack in any way
-        raise WireError("garbled", f"control frame could not be decoded ({exc.__class__.__name__})") from None
+        raise WireError(WireReason.GARBLED, f"control frame could not be decoded ({exc.__class__.__name__})") from None
 
 
 async def write_len64(stream: Stream, size: int) -> None:

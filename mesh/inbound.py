@@ -21,7 +21,15 @@ from typing import Any, Protocol
 import trio
 
 from mesh.blob import BlobStore, serve_blob
-from mesh.codec import MAX_FRAME, ReplayGuard, Truncated, WireError, frame_msg_id, open_envelope
+from mesh.codec import (
+    MAX_FRAME,
+    ReplayGuard,
+    Truncated,
+    WireError,
+    WireReason,
+    frame_msg_id,
+    open_envelope,
+)
 from mesh.framing import Stalled, read_frame, read_growing, read_len64, write_frame, write_obj
 from mesh.health import PeerTable
 from mesh.limits import Busy, Charge, LogThrottle, PeerLimits, PeerQuotas
@@ -30,7 +38,7 @@ from mesh.push import PUSH_FLAG, receive_pushed
 
 log = logging.getLogger("mesh.node")
 # A cut or stalled stream can be an honest peer's timeout; forged or garbled input cannot.
-PENALTY = {"truncated": 0.5, "stale": 0.5, "stalled": 0.5}
+PENALTY = {WireReason.TRUNCATED: 0.5, WireReason.STALE: 0.5, WireReason.STALLED: 0.5}
 #: Closing or resetting a stream: the peer may be gone, never wait long for it.
 STREAM_CLOSE_S = 2.0
 
@@ -149,7 +157,8 @@ class InboundStreams:
         frame = await self._frame(stream, remote)
         env = open_envelope(frame, replay=node.replay)
         if env.sender != remote:
-            raise WireError("impersonation", f"{env.kind} signed by {env.sender[-8:]} arrived from {remote[-8:]}")
+            raise WireError(WireReason.IMPERSONATION,
+                            f"{env.kind} signed by {env.sender[-8:]} arrived from {remote[-8:]}")
         size = await read_len64(stream, self.stall_s)
         pushed = bool(size & PUSH_FLAG)
         size &= ~PUSH_FLAG
@@ -157,7 +166,8 @@ class InboundStreams:
         if size:
             limit = min(node.max_payload, await node.handlers.payload_limit(env))
             if size > limit:
-                raise WireError("oversized", f"{env.kind} payload of {size} bytes exceeds its limit of {limit}")
+                raise WireError(WireReason.OVERSIZED,
+                                f"{env.kind} payload of {size} bytes exceeds its limit of {limit}")
             self.quotas.payloads.take(remote)
             try:
                 if pushed:
@@ -196,7 +206,7 @@ class InboundStreams:
         env = open_envelope(frame)
         node.peers.seen(remote)
         if abs(time.time() - env.ts) > node.gossip_window_s:
-            raise WireError("stale", f"gossiped {env.kind} is {time.time() - env.ts:.0f}s old")
+            raise WireError(WireReason.STALE, f"gossiped {env.kind} is {time.time() - env.ts:.0f}s old")
         if env.msg_id in node.seen:
             return
         if not quotas.gossip_origins.allow(env.sender):

@@ -36,7 +36,7 @@ from typing import Any, Protocol
 import trio
 
 from mesh.bootstrap import PeerBackoff
-from mesh.codec import WireError, register_kind, seal
+from mesh.codec import WireError, WireReason, register_kind, seal
 from mesh.compat import StrEnum
 from mesh.framing import read_exactly
 from mesh.health import DOWN, SUSPECT, UP, HealthConfig, PeerTable
@@ -404,7 +404,7 @@ class Liveness:
             else (None, None, None)
         if not isinstance(peer, str) or len(peer) > MAX_PEER_ID or not isinstance(inc, int) \
                 or isinstance(inc, bool) or not 0 <= inc < 1 << 62 or state not in set(Verdict):
-            raise WireError("garbled", "liveness rumour without a peer, a state and an incarnation")
+            raise WireError(WireReason.GARBLED, "liveness rumour without a peer, a state and an incarnation")
         verdict = Verdict(state)
         if peer == self.node.peer_id:
             if verdict != Verdict.ALIVE and inc >= self.incarnation:
@@ -418,7 +418,7 @@ class Liveness:
             return  # a stranger (nothing to mark), or this node's own rumour coming back
         if verdict == Verdict.ALIVE:
             if msg.envelope.sender != peer:
-                raise WireError("impersonation", "only a peer itself can say it is alive")
+                raise WireError(WireReason.IMPERSONATION, "only a peer itself can say it is alive")
             if inc > self.known.get(peer, -1):
                 self.known[peer] = inc
                 self.suspects.pop(peer, None)
@@ -455,7 +455,7 @@ class Liveness:
         body = msg.envelope.body
         peer = body.get("peer") if isinstance(body, dict) else None
         if not isinstance(peer, str) or len(peer) > MAX_PEER_ID:
-            raise WireError("garbled", "ping request without a peer")
+            raise WireError(WireReason.GARBLED, "ping request without a peer")
         if peer not in self.node.peers or peer == self.node.peer_id:
             raise Rejected("not a peer this node knows")
         return {"ok": await self.ping(peer)}

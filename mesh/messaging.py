@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from mesh.codec import Envelope, WireError
+from mesh.codec import Envelope, WireError, WireReason
 from mesh.errors import MeshError
 
 MSG_PROTOCOL = "/gpuflex/msg/1.0.0"
@@ -75,7 +75,7 @@ class HandlerTable:
     async def dispatch(self, msg: Inbound) -> Any:
         handler = self._handlers.get(msg.envelope.kind)
         if handler is None:
-            raise WireError("kind", f"no handler for {msg.envelope.kind} messages")
+            raise WireError(WireReason.KIND, f"no handler for {msg.envelope.kind} messages")
         return await handler(msg)
 
 

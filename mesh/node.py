@@ -42,7 +42,15 @@ from mesh.addressbook import BOOK_FILE, AddressBook
 from mesh.blob import BLOB_PROTOCOL, BlobError, BlobIntegrityError, BlobStore, receive_blob
 from mesh.bootstrap import BootstrapError as BootstrapError  # re-exported: callers catch it here
 from mesh.bootstrap import Joiner, JoinPolicy
-from mesh.codec import MAX_FRAME, ReplayGuard, WireError, open_envelope, register_kind, seal
+from mesh.codec import (
+    MAX_FRAME,
+    ReplayGuard,
+    WireError,
+    WireReason,
+    open_envelope,
+    register_kind,
+    seal,
+)
 from mesh.compat import StrEnum
 from mesh.discovery import Discovery
 from mesh.discovery import best_effort as best_effort  # re-exported: the mesh's one catch-all
@@ -73,6 +81,8 @@ from mesh.nat import NatService
 from mesh.overlay import neighbours, ring_key
 from mesh.pex import PEERS_REQUEST, PeerExchange
 from mesh.push import PUSH_MIN, push_payload
+from mesh.reachability import BEHIND_NAT, Reachability
+from mesh.reachability import parse as parse_reachability
 from mesh.records import NODEINFO_NS, RecordValidator, nodeinfo_key
 from mesh.relay import RelayLimitsConfig
 from mesh.streaming import STREAM_PROTOCOL, StreamTable, read_items, send_request, serve_stream
@@ -307,10 +317,11 @@ class MeshNode:
         info["ts"] = time.time()
         return info
 
-    def claimed_reachability(self, peer: str) -> str:
-        """What ``peer``'s NodeInfo says of its reachability (``unknown`` without one)."""
+    def claimed_reachability(self, peer: str) -> Reachability:
+        """What ``peer``'s NodeInfo says of its reachability (``unknown`` without one, or for
+        a word outside the vocabulary)."""
         rec = self.peers.get(peer)
-        return str(((rec.info if rec else None) or {}).get("reachability", "unknown"))
+        return parse_reachability(((rec.info if rec else None) or {}).get("reachability"))
 
     # What the inbound handlers (mesh.inbound) read of this node.
     @property
@@ -390,9 +401,10 @@ class MeshNode:
             self._info_frame = self._seal_node_info()  # its network coordinate moves
         return self._info_frame
 
-    def note_coord(self, peer: str, value: object) -> None:
-        """``peer``'s network coordinate, as its own signed NodeInfo or presence states it."""
-        coord = from_wire(value)
+    def note_coord(self, peer: str, value: Coordinate | object) -> None:
+        """``peer``'s network coordinate, as its own signed NodeInfo or presence states it
+        (parsed already, or as it came off the wire)."""
+        coord = value if isinstance(value, Coordinate) else from_wire(value)
         if coord is not None and peer in self.peers and peer != self.peer_id:
             self.coords[peer] = coord
 
@@ -417,7 +429,7 @@ class MeshNode:
             self.inbound.reject(peer, exc, "nodeinfo")
             return None
         if env.sender != peer or not isinstance(env.body, dict):
-            self.inbound.reject(peer, WireError("signature", "NodeInfo is signed by another peer"), "nodeinfo")
+            self.inbound.reject(peer, WireError(WireReason.SIGNATURE, "NodeInfo is signed by another peer"), "nodeinfo")
             return None
         self.pex.remember(peer, frame)
         self.note_coord(peer, env.body.get("coord"))
@@ -679,7 +691,7 @@ class MeshNode:
 
     def bulk_host(self) -> str | None:
         """Where this node may open a one-off bulk port: its --listen host, if it runs the channel."""
-        if self.nat.reachability() in ("private", "relayed"):
+        if self.nat.reachability() in BEHIND_NAT:
             return None  # nobody off this LAN could dial the port: the bytes stay on the stream
         return bulk.bind_host(self.config.listen) if self._use_bulk() else None
 
@@ -700,7 +712,7 @@ class MeshNode:
                                       lambda: self.dht.find_providers(digest, 8), DHT_PROVIDER_S) or []
             candidates += [str(p.peer_id) for p in found if str(p.peer_id) != self.peer_id]
         # Holders that accept connections first; one behind NAT is reached through its relay.
-        candidates.sort(key=lambda p: self.claimed_reachability(p) != "public")
+        candidates.sort(key=lambda p: self.claimed_reachability(p) != Reachability.PUBLIC)
         errors: list[str] = []
         integrity: list[BlobIntegrityError] = []
         for peer in candidates:
@@ -721,7 +733,7 @@ class MeshNode:
                 self.peers.reached(peer)
                 return path
             except BlobIntegrityError as exc:
-                self.inbound.reject(peer, WireError("hash", str(exc)), "blob")
+                self.inbound.reject(peer, WireError(WireReason.HASH, str(exc)), "blob")
                 errors.append(str(exc))
                 integrity.append(exc)
             except WireError as exc:  # an announced size over the limit, a stalled transfer

@@ -22,6 +22,8 @@ from mesh.codec import WireError, open_envelope, register_kind, seal
 from mesh.health import PeerTable
 from mesh.identity import Identity
 from mesh.messaging import Inbound, SendError
+from mesh.reachability import Reachability
+from mesh.reachability import parse as parse_reachability
 
 log = logging.getLogger("mesh.pex")
 PEERS_REQUEST = "peers_req"
@@ -107,5 +109,5 @@ class PeerExchange:
         peers), drawn at random among those so that asks spread over the mesh."""
         ups = [r for r in self.node.peers.all() if r.state == "up" and r.last_seen is not None]
         random.shuffle(ups)
-        ups.sort(key=lambda r: (r.info or {}).get("reachability") != "public")
+        ups.sort(key=lambda r: parse_reachability((r.info or {}).get("reachability")) != Reachability.PUBLIC)
         return [r.peer_id for r in ups[:2]]

@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 import trio
 
 from mesh import bulk
-from mesh.codec import WireError
+from mesh.codec import WireError, WireReason
 from mesh.framing import Stalled, Stream, read_growing, read_obj, write_len64, write_obj
 from mesh.limits import BulkGate
 
@@ -162,5 +162,5 @@ async def _take(stream: Stream, inbox: bulk.BulkInbox, size: int, threads: trio.
             return None
     if failure or len(buf) != size:
         detail = failure[0] if failure else f"{len(buf)} of {size} bytes"
-        raise WireError("truncated", f"pushed payload did not arrive over the bulk channel: {detail}")
+        raise WireError(WireReason.TRUNCATED, f"pushed payload did not arrive over the bulk channel: {detail}")
     return bytes(buf)

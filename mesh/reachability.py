@@ -56,6 +56,10 @@ class Reachability(StrEnum):
     UNKNOWN = "unknown"  # not checked yet, or no peer could check
 
 
+#: The verdicts of a node others cannot dial directly: it leads no group and hosts no bulk port.
+BEHIND_NAT = frozenset({Reachability.PRIVATE, Reachability.RELAYED})
+
+
 def parse(value: object) -> Reachability:
     """A peer's claim, from its NodeInfo; anything unexpected is ``unknown``."""
     try:

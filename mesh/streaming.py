@@ -20,7 +20,7 @@ from typing import Any, Protocol
 
 import trio
 
-from mesh.codec import MAX_FRAME, ReplayGuard, WireError, open_envelope
+from mesh.codec import MAX_FRAME, ReplayGuard, WireError, WireReason, open_envelope
 from mesh.framing import read_frame, read_obj, write_frame, write_obj
 from mesh.messaging import Inbound, Rejected, SendError
 
@@ -66,10 +66,10 @@ async def serve_stream(node: StreamNode, stall_s: float, stream: Any, remote: st
     frame = await read_frame(stream, MAX_FRAME, stall_s)
     env = open_envelope(frame, replay=node.replay)
     if env.sender != remote:
-        raise WireError("impersonation", f"{env.kind} signed by {env.sender[-8:]} arrived from {remote[-8:]}")
+        raise WireError(WireReason.IMPERSONATION, f"{env.kind} signed by {env.sender[-8:]} arrived from {remote[-8:]}")
     handler = node.stream_handlers.get(env.kind)
     if handler is None:
-        raise WireError("kind", f"no stream handler for {env.kind} requests")
+        raise WireError(WireReason.KIND, f"no stream handler for {env.kind} requests")
 
     async def send(item: Any) -> None:
         await write_obj(stream, {"item": item})

@@ -6,7 +6,7 @@ link) and an error estimate. Every round trip it measures to a peer whose coordi
 it should be (Dabek et al., "Vivaldi: A Decentralized Network Coordinate System", 2004).
 The coordinate travels in the node's NodeInfo, so any node can estimate the RTT between two
 peers it never measured: what places a round's leaders near their members
-(``gpuflex.node.placement``).
+(``gpuflex.node.core.placement``).
 
 Pure arithmetic, no I/O. A peer's coordinate comes from the wire, so ``from_wire`` bounds it.
 """

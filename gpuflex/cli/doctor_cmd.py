@@ -24,7 +24,7 @@ def doctor(home: str | None = HomeOpt, json_out: bool = JsonOpt,
 
     checks = iter_checks(home, listen)
     if job is not None:
-        from gpuflex.doctor_fit import check_job_fit
+        from gpuflex.doctor.fit import check_job_fit
 
         checks = chain(checks, check_job_fit(job, home))
     findings = []

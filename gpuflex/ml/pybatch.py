@@ -22,6 +22,8 @@ from typing import Any
 
 import numpy as np
 
+from gpuflex.errors import GpuflexError
+
 #: A CIFAR-10 batch is 31 MB and CIFAR-100's training file 155 MB.
 MAX_FILE_BYTES = 256 << 20
 #: Opcodes read from one file: a batch of 10,000 images takes about 40,000.
@@ -29,7 +31,7 @@ MAX_OPS = 5_000_000
 MAX_DIMS = 4
 
 
-class BatchFormatError(ValueError):
+class BatchFormatError(GpuflexError, ValueError):
     """The file is not a python-batches pickle of the expected, data-only shape."""
 
 

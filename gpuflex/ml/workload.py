@@ -22,6 +22,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset, Subset
 
 from aggregation.scaffold import control_of
+from gpuflex.errors import GpuflexError
 from gpuflex.jobspec import JobSpec
 from gpuflex.ml.datasets import DataBundle, load_data
 from gpuflex.ml.drift import DriftCorrection
@@ -247,7 +248,7 @@ class Workload:
         return path
 
 
-class WorkloadUnavailable(RuntimeError):
+class WorkloadUnavailable(GpuflexError, RuntimeError):
     """This node cannot run (or pin) the job; the message says why in one line."""
 
 

@@ -31,8 +31,8 @@ import trio
 
 from gpuflex.jobpolicy import JobPolicy, Refusal, RefusalKind
 from gpuflex.jobspec import JobSpec
+from gpuflex.node.core.kinds import EventKind
 from gpuflex.node.events import EventLog
-from gpuflex.node.kinds import EventKind
 from gpuflex.safetext import printable
 
 log = logging.getLogger("gpuflex.jobs")

@@ -27,8 +27,8 @@ from typing import Any
 import numpy as np
 import trio
 
+from gpuflex.node.core.workplan import RATE_WEIGHT
 from gpuflex.node.port import JobPort, Trainer
-from gpuflex.node.workplan import RATE_WEIGHT
 
 log = logging.getLogger("gpuflex.ahead")
 

@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 import trio
 
-from mesh.codec import WireError
+from mesh.codec import WireError, WireReason
 
 #: Machines' wall clocks disagree by this much at most (as far as a deadline is concerned).
 MAX_CLOCK_SKEW_S = 30.0
@@ -46,17 +46,17 @@ class DeadlineClock:
         Every deadline that arrives on the wire passes here: a plan's training deadline of
         year 3000 would otherwise hold a round open until then."""
         if not math.isfinite(wall_deadline):
-            raise WireError("garbled", f"{what} is not a finite time")
+            raise WireError(WireReason.GARBLED, f"{what} is not a finite time")
         ahead = wall_deadline - self.wall()
         if ahead > longest_s + MAX_CLOCK_SKEW_S:
-            raise WireError("round", f"{what} is {ahead:.0f}s away; the job allows {longest_s:.0f}s")
+            raise WireError(WireReason.ROUND, f"{what} is {ahead:.0f}s away; the job allows {longest_s:.0f}s")
         return trio.current_time() + ahead
 
     @staticmethod
     def bounded_span(seconds: float, longest_s: float, what: str = "interval") -> float:
         """A peer's duration (a reduce slack), refused unless within [0, ``longest_s``]."""
         if not math.isfinite(seconds) or not 0 <= seconds <= longest_s + 1e-9:
-            raise WireError("round", f"{what} of {seconds:g}s is outside the job's [0, {longest_s:g}]s")
+            raise WireError(WireReason.ROUND, f"{what} of {seconds:g}s is outside the job's [0, {longest_s:g}]s")
         return seconds
 
     def to_wire(self, local_deadline: float) -> float:

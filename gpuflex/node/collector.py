@@ -15,9 +15,11 @@ from typing import Any
 import numpy as np
 import trio
 
+from aggregation.sparse import SparseVector
 from aggregation.tree import children
-from gpuflex.node.messages import Partial, Plan, Update, capped
-from gpuflex.node.pipeline import Reducer
+from gpuflex.node.core.messages import Partial, Plan, Update, capped
+from gpuflex.node.core.pipeline import Reducer
+from gpuflex.node.core.secure import Folded
 
 
 def subtree_height(parent: dict[str, str | None], node: str) -> int:
@@ -77,7 +79,7 @@ class Collector:
     def accepts(self, peer: str) -> bool:
         return not self.closed and peer in self.allowed and peer not in self.covered
 
-    def _fold(self, reporter: str, vector: np.ndarray, samples: int, covers: set[str]) -> None:
+    def _fold(self, reporter: str, vector: Folded, samples: int, covers: set[str]) -> None:
         self.acc.add(vector, float(samples), reporter)
         self.samples += samples
         self.covered |= covers
@@ -86,13 +88,13 @@ class Collector:
             self.done.set()
             self.on_done()
 
-    def add_update(self, update: Update, delta: np.ndarray) -> None:
+    def add_update(self, update: Update, delta: Folded) -> None:
         """Fold a verified update, weighing at most the plan's sample cap (``capped``)."""
         update = capped(update, self.plan.sample_cap)
         self.updates.append(update)
         self._fold(update.peer, delta, update.samples, {update.peer})
 
-    def add_partial(self, partial: Partial, delta: np.ndarray, ups: list[Update]) -> None:
+    def add_partial(self, partial: Partial, delta: np.ndarray | SparseVector, ups: list[Update]) -> None:
         """Fold a verified partial; ``ups``: the updates it carries, as its check walked them."""
         self.partials.append(partial)
         self.within.extend(ups)
@@ -118,7 +120,7 @@ class Reduced:
     updates: list[Update]  # signed updates folded here directly
     partials: list[Partial]  # signed partials of child leaders
     samples: int
-    reports: list[dict[str, Any]] = field(default_factory=list)  # secure-aggregation group reports
+    group_reports: list[dict[str, Any]] = field(default_factory=list)  # secure-aggregation group reports
     within: list[Update] = field(default_factory=list)  # the updates the partials carry
 
     @property

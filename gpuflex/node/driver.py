@@ -21,11 +21,9 @@ import trio
 
 from aggregation.tree import children
 from gpuflex.node.collector import Collector
-from gpuflex.node.export import JobExport, job_export
-from gpuflex.node.faults import NO_FAULTS, Faults
-from gpuflex.node.kinds import EventKind, JobState, Phase, Role
-from gpuflex.node.ledger import HEAD_CHARS, ChainCheck
-from gpuflex.node.messages import (
+from gpuflex.node.core.kinds import EventKind, JobState, Phase, Role
+from gpuflex.node.core.ledger import HEAD_CHARS, ChainCheck, LedgerClaim
+from gpuflex.node.core.messages import (
     ABORT,
     PARTIAL,
     PLAN,
@@ -35,11 +33,14 @@ from gpuflex.node.messages import (
     MessageKind,
     Plan,
 )
+from gpuflex.node.core.pipeline import RESIDUAL_FILE, DeltaEncoder
+from gpuflex.node.export import JobExport, job_export
+from gpuflex.node.faults import NO_FAULTS, Faults
 from gpuflex.node.models import Models
-from gpuflex.node.pipeline import RESIDUAL_FILE, DeltaEncoder
-from gpuflex.node.policy import Reports
+from gpuflex.node.policy import IncidentPolicy
 from gpuflex.node.port import JobPort, Trainer, TrainerFactory
 from gpuflex.node.prepare import Preparation, load_trainer
+from gpuflex.node.presence import FAILED_REASON_CHARS, JobPresence
 from gpuflex.node.roles.apply import ResultApplier
 from gpuflex.node.roles.coordinator import Coordinator
 from gpuflex.node.roles.leader import Leader
@@ -47,10 +48,8 @@ from gpuflex.node.roles.member import Member
 from gpuflex.node.roles.root import Root
 from gpuflex.node.state import JobBook, JobInfo, RoundDeadlines, RoundState
 from gpuflex.node.summary import ledger_rows, members_gone_note, metric_rows, summarize
-from gpuflex.node.workplan import valid_rate
 from gpuflex.privacy import STOP, WARN, budget_status
-from gpuflex.safetext import printable
-from mesh.codec import WireError
+from mesh.codec import WireError, WireReason
 from mesh.health import PeerState
 from mesh.messaging import Inbound, Rejected, SendError
 
@@ -65,8 +64,6 @@ ATTEMPT_MIN_S = 1.0
 MEMBERS_GONE_RECHECK_S = 60.0
 #: An update or partial that arrives before this node has prepared the job waits this long.
 PAYLOAD_READY_WAIT_S = 10.0
-#: Why a job failed on a peer, as its presence says: at most this many characters are kept.
-FAILED_REASON_CHARS = 200
 
 
 class JobDriver:
@@ -77,14 +74,14 @@ class JobDriver:
         self.job_id, self.spec = info.job_id, info.spec
         self.preparation = Preparation(port, book, trainers, faults)
         self._members_gone = False  # waiting, at no cost, for any member to come back
-        reports = Reports(port, book.status, info.job_id)
+        incidents = IncidentPolicy(port, book.status, info.job_id)
         self.models = Models(port, book)
         self.coordinator = Coordinator(port, book, own_samples=self._own_samples, start_roles=self._start_roles)
-        self.leader = Leader(port, book, reports)
+        self.leader = Leader(port, book, incidents)
         self.member = Member(port, book, DeltaEncoder(info.spec, residual_path=book.dir / RESIDUAL_FILE), faults,
                              self.models.load, self.trainer, fold_own=self.leader.fold_own)
         self.root = Root(port, book, self.models.load, self.trainer)
-        self.applier = ResultApplier(port, book, self.models, reports)
+        self.applier = ResultApplier(port, book, self.models, incidents)
         self._handlers: dict[str, Callable[[Inbound], Awaitable[Any]]] = {
             PLAN: self.on_plan, UPDATE: self.leader.on_update, PARTIAL: self.leader.on_partial,
             RESULT: self.applier.on_result, ABORT: self.applier.on_abort,
@@ -108,7 +105,7 @@ class JobDriver:
         """Route one of this job's messages to the role that handles its kind."""
         handler = self._handlers.get(msg.envelope.kind)
         if handler is None:
-            raise WireError("kind", f"a job does not handle {msg.envelope.kind} messages")
+            raise WireError(WireReason.KIND, f"a job does not handle {msg.envelope.kind} messages")
         return await handler(msg)
 
     # -- lifecycle ---------------------------------------------------------------------------------
@@ -320,17 +317,17 @@ class JobDriver:
         """This job's ledger weight in fork choice: its verified contributions."""
         return self.book.ledger.weight
 
-    def saw_presence(self, peer: str, last_round: object, head: object = None, rate: object = None,
-                     weight: object = None, *, preparing: bool = False, passes: object = None,
-                     failed: object = None) -> bool:
-        """Record ``peer``'s presence: its training throughput for this job, whether it is still
-        preparing the job, the round whose coordinator turns it gives up, and why the job failed
-        there, if it says. True when its ledger, as it describes it, may win over ours."""
-        gives_up = passes if isinstance(passes, int) and not isinstance(passes, bool) \
-            and 1 <= passes <= self.spec.rounds else None
-        why = printable(failed, FAILED_REASON_CHARS) if isinstance(failed, str) and failed else ""
-        self.book.saw_presence(peer, valid_rate(rate), preparing=preparing, passes=gives_up, failed=why)
-        return self.may_win(last_round, weight, head)
+    def saw_presence(self, peer: str, seen: JobPresence | None, *, failed: str = "") -> bool:
+        """Record ``peer``'s presence (``seen``; None when it names this job only as failed): its
+        training throughput for this job, whether it is still preparing the job, the round
+        whose coordinator turns it passes, and why the job failed there, if it says. True when
+        its ledger, as it describes it, may win over ours."""
+        if seen is None:
+            self.book.saw_presence(peer, None, failed=failed)
+            return False
+        passes = seen.passes if seen.passes is not None and seen.passes <= self.spec.rounds else None
+        self.book.saw_presence(peer, seen.rate, preparing=seen.preparing, passes=passes, failed=failed)
+        return self.may_win(seen.claim)
 
     @property
     def preparing(self) -> bool:
@@ -339,12 +336,12 @@ class JobDriver:
 
     @property
     def passes_round(self) -> int:
-        """The round whose coordinator turns this node gave up while preparing; 0 if none is current."""
-        return self.book.own_pass()
+        """The round whose coordinator turns this node passes while preparing; 0 if none is current."""
+        return self.book.passed_now()
 
-    def may_win(self, height: object, weight: object = None, head: object = None) -> bool:
+    def may_win(self, claim: LedgerClaim) -> bool:
         """Whether a peer's ledger, as it describes it, is worth fetching (``ResultApplier.may_win``)."""
-        return self.applier.may_win(height, weight, head)
+        return self.applier.may_win(claim)
 
     def throughput(self) -> float:
         """This node's training throughput for this job (samples per second; 0 if unknown)."""

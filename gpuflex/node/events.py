@@ -14,7 +14,7 @@ from typing import Any
 
 import trio
 
-from gpuflex.node.kinds import EventKind
+from gpuflex.node.core.kinds import EventKind
 from mesh.node import MeshEvent
 
 log = logging.getLogger("gpuflex.events")

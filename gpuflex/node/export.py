@@ -13,9 +13,9 @@ from typing import Any, Protocol
 import numpy as np
 
 from gpuflex.llmspec import is_llm
-from gpuflex.node.messages import Result
-from gpuflex.node.modelblob import unpack_model
-from gpuflex.node.selection import best_result
+from gpuflex.node.core.messages import Result
+from gpuflex.node.core.modelblob import unpack_model
+from gpuflex.node.core.selection import best_result
 from gpuflex.plot import plot_metrics
 from mesh.fsutil import atomic_write, atomic_write_text
 
@@ -41,7 +41,7 @@ class JobExport:
     metrics: list[dict[str, Any]]
     ledger: list[dict[str, Any]]
     ledger_path: Path  # the signed ledger as stored
-    #: The best-scored round's model (gpuflex.node.selection), when it is not the last one.
+    #: The best-scored round's model (gpuflex.node.core.selection), when it is not the last one.
     best_hash: str = ""
     best_round: int = 0
     read_best: Callable[[], bytes] | None = None
@@ -50,7 +50,7 @@ class JobExport:
 def job_export(job_id: str, spec: Any, head: str, results: Sequence[Result], blobs: Any, trainer: ModelWriter,
                metrics: list[dict[str, Any]], ledger: list[dict[str, Any]], ledger_path: Path) -> JobExport:
     """A job's outcome as its node holds it now: the head model, and the best-scored round's
-    (``gpuflex.node.selection``) while the node still keeps its blob."""
+    (``gpuflex.node.core.selection``) while the node still keeps its blob."""
     best = best_result(results)
     best_hash = best.model_hash if best is not None and blobs.has(best.model_hash) else ""
     return JobExport(job_id=job_id, spec=spec, model_hash=head, read_model=lambda: blobs.read(head),

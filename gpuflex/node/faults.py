@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from gpuflex.node.secure import GroupContext
+from gpuflex.node.core.secure import GroupContext
 
 
 class Faults(Protocol):

@@ -24,22 +24,28 @@ import trio
 from gpuflex.jobpolicy import PLUGIN_FIELDS, JobPolicy, Refusal, RefusalKind
 from gpuflex.node.admission import Admission
 from gpuflex.node.control import ApiError
+from gpuflex.node.core.kinds import EventKind, JobState
+from gpuflex.node.core.messages import JOB, PRESENCE, SYNC, created_at
 from gpuflex.node.crashmark import CrashMarks
 from gpuflex.node.driver import JobDriver
 from gpuflex.node.events import EventLog
 from gpuflex.node.faults import NO_FAULTS, Faults
-from gpuflex.node.kinds import EventKind, JobState
-from gpuflex.node.messages import JOB, PRESENCE, SYNC, created_at
 from gpuflex.node.nodeport import NodePort, NodeServices
 from gpuflex.node.prepare import TrainerFactory, load_trainer
-from gpuflex.node.presence import PRESENCE_MARKS, group_recipients, presence_body, recipients
+from gpuflex.node.presence import (
+    PRESENCE_MARKS,
+    group_recipients,
+    make_presence,
+    parse_presence,
+    recipients,
+)
 from gpuflex.node.state import JobInfo
 from gpuflex.node.summary import brief
 from gpuflex.node.sync import CatchUp
 from gpuflex.nodeconfig import NodeConfig
 from gpuflex.plugins import is_plugin_path
 from gpuflex.safetext import printable
-from mesh.codec import Envelope, WireError, open_envelope, seal
+from mesh.codec import Envelope, WireError, WireReason, open_envelope, seal
 from mesh.fsutil import atomic_write
 from mesh.health import PeerRecord, PeerState
 from mesh.messaging import Inbound, Rejected
@@ -159,7 +165,7 @@ class JobManager:
         body = env.body
         if not isinstance(body, dict) or not isinstance(body.get("spec"), dict) or not isinstance(
                 body.get("members"), list):
-            raise WireError("garbled", "job message lacks spec or members")
+            raise WireError(WireReason.GARBLED, "job message lacks spec or members")
         try:
             spec = JobSpec.from_dict(body["spec"])
         except JobSpecError as exc:
@@ -233,7 +239,7 @@ class JobManager:
             return
         me = self.mesh.peer_id
         try:
-            own = seal(self.mesh.identity, PRESENCE, presence_body(self.drivers, active, failed, self.mesh.coord.wire()))
+            own = make_presence(self.mesh.identity, self.drivers, active, failed, self.mesh.coord.wire())
             await self._on_presence(Inbound(open_envelope(own), None, me, gossip=True))
         except (WireError, ValueError, Rejected) as exc:  # a map too large for its kind's limit
             log.debug("own presence not applied: %s", exc)
@@ -248,9 +254,9 @@ class JobManager:
         async with trio.open_nursery() as nursery:
             for group, peers in group_recipients(shared).items():
                 try:
-                    frame = seal(self.mesh.identity, PRESENCE, presence_body(self.drivers,
-                        {j: active[j] for j in group if j in active}, {j: failed[j] for j in group if j in failed},
-                        self.mesh.coord.wire()))
+                    frame = make_presence(self.mesh.identity, self.drivers,
+                                          {j: active[j] for j in group if j in active},
+                                          {j: failed[j] for j in group if j in failed}, self.mesh.coord.wire())
                     nursery.start_soon(self.mesh.send_direct, frame, peers)
                 except (WireError, ValueError) as exc:
                     log.debug("presence for %d job(s) not sent: %s", len(group), exc)
@@ -275,35 +281,21 @@ class JobManager:
             self._presence_sends -= 1
 
     async def _on_presence(self, msg: Inbound) -> None:
-        jobs = msg.envelope.body.get("jobs") if isinstance(msg.envelope.body, dict) else None
-        if not isinstance(jobs, dict):
-            raise WireError("garbled", "presence without a job map")
-        heads = msg.envelope.body.get("heads")
-        heads = heads if isinstance(heads, dict) else {}
-        weights = msg.envelope.body.get("weights")
-        weights = weights if isinstance(weights, dict) else {}
-        sender = msg.envelope.sender
-        self.mesh.note_coord(sender, msg.envelope.body.get("coord"))  # where it sits (mesh.vivaldi)
-        rates = msg.envelope.body.get("rates")
-        rates = rates if isinstance(rates, dict) else {}
-        passes = msg.envelope.body.get("passes")
-        passes = passes if isinstance(passes, dict) else {}
-        preparing = msg.envelope.body.get("preparing")
-        preparing = {j for j in preparing if isinstance(j, str)} if isinstance(preparing, list) else set()
-        failed = msg.envelope.body.get("failed")
-        for job, why in islice(failed.items() if isinstance(failed, dict) else (), PRESENCE_MARKS):
-            driver = self.drivers.get(job) if isinstance(job, str) and job not in jobs else None
+        presence = parse_presence(msg.envelope)
+        sender = presence.sender
+        self.mesh.note_coord(sender, presence.coord)  # where it sits (mesh.vivaldi)
+        for job, why in presence.failed.items():
+            driver = self.drivers.get(job)
             if driver is not None:
                 driver.saw_presence(sender, None, failed=why)
         unknown = False
         now = trio.current_time()
-        for job, last_round in jobs.items():
+        for job, seen in presence.jobs.items():
             driver = self.drivers.get(job)
             if driver is None:
-                unknown = unknown or not (isinstance(job, str) and self.admission.refused(job) is not None)
+                unknown = unknown or self.admission.refused(job) is None
                 continue
-            ahead = driver.saw_presence(sender, last_round, heads.get(job), rates.get(job), weights.get(job),
-                                        preparing=job in preparing, passes=passes.get(job))
+            ahead = driver.saw_presence(sender, seen)
             # A peer whose last ledger changed nothing here is not asked again for a while,
             # whatever it claims: a claim to be ahead costs the claimant, not this node.
             rested = now >= self._fruitless.get((job, sender), -FRUITLESS_SYNC_S) + FRUITLESS_SYNC_S

@@ -8,12 +8,12 @@ import logging
 import numpy as np
 import trio
 
-from gpuflex.node.kinds import EventKind
-from gpuflex.node.messages import Result
-from gpuflex.node.modelblob import model_blob_limit, model_parts, unpack_model
-from gpuflex.node.pipeline import replay_step
+from gpuflex.node.core.kinds import EventKind
+from gpuflex.node.core.messages import Result
+from gpuflex.node.core.modelblob import model_blob_limit, model_parts, unpack_model
+from gpuflex.node.core.pipeline import replay_step
+from gpuflex.node.core.selection import best_result
 from gpuflex.node.port import JobPort
-from gpuflex.node.selection import best_result
 from gpuflex.node.state import JobBook
 from mesh.blob import BlobError, parts_hash
 from mesh.codec import WireError
@@ -128,7 +128,7 @@ class Models:
 
     def recent(self) -> set[str]:
         """The models (and steps) this job still needs on this node: the last few, and the
-        best-scored round's model, which the job's results may hand out (gpuflex.node.selection)."""
+        best-scored round's model, which the job's results may hand out (gpuflex.node.core.selection)."""
         results = self.book.ledger.results
         recent = results[-MODELS_KEPT:]
         keep = {x.model_hash for x in recent} | {x.step_hash for x in recent if x.step_hash}

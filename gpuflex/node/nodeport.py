@@ -10,13 +10,14 @@ from typing import Any, TypeVar
 import trio
 
 from gpuflex.node.clock import DeadlineClock
+from gpuflex.node.core.kinds import EventKind
 from gpuflex.node.crashmark import CrashMarks
 from gpuflex.node.events import EventLog
-from gpuflex.node.kinds import EventKind
 from gpuflex.node.port import FETCH_TIMEOUT_S, REQUEST_TIMEOUT_S, BlobStorePort
 from mesh.health import PeerState
 from mesh.identity import Identity
 from mesh.node import MeshNode
+from mesh.reachability import BEHIND_NAT, Reachability
 from mesh.vivaldi import Coordinate
 
 T = TypeVar("T")
@@ -82,14 +83,15 @@ class NodePort:
 
     def private_peers(self) -> set[str]:
         out = {rec.peer_id for rec in self._mesh.peers.all()
-               if (rec.info or {}).get("reachability") in ("private", "relayed")}
-        if self._mesh.nat.reachability() in ("private", "relayed"):
+               if self._mesh.claimed_reachability(rec.peer_id) in BEHIND_NAT}
+        if self._mesh.nat.reachability() in BEHIND_NAT:
             out.add(self._mesh.peer_id)
         return out
 
     def punched_peers(self) -> set[str]:
-        out = {rec.peer_id for rec in self._mesh.peers.all() if (rec.info or {}).get("reachability") == "relayed"}
-        if self._mesh.nat.reachability() == "relayed":
+        out = {rec.peer_id for rec in self._mesh.peers.all()
+               if self._mesh.claimed_reachability(rec.peer_id) == Reachability.RELAYED}
+        if self._mesh.nat.reachability() == Reachability.RELAYED:
             out.add(self._mesh.peer_id)
         return out
 

@@ -7,13 +7,15 @@ kept on the status until a write succeeds, and then reported as recovered.
 
 from __future__ import annotations
 
-from gpuflex.node.kinds import EventKind
+from gpuflex.node.core.kinds import EventKind
 from gpuflex.node.port import JobPort
 from gpuflex.node.status import StatusRecord
 from mesh.fsutil import StateWriteError
 
 
-class Reports:
+class IncidentPolicy:
+    """What a job does when something goes wrong: the roles report each incident here."""
+
     def __init__(self, port: JobPort, status: StatusRecord, job_id: str) -> None:
         self.port, self.status, self.job_id = port, status, job_id
 

@@ -17,7 +17,7 @@ from typing import Any, Protocol, TypeVar
 import numpy as np
 
 from gpuflex.node.clock import DeadlineClock
-from gpuflex.node.kinds import EventKind
+from gpuflex.node.core.kinds import EventKind
 from mesh.health import PeerState
 from mesh.identity import Identity
 from mesh.vivaldi import Coordinate

@@ -3,9 +3,9 @@
 Preparing takes from a fraction of a second to many (a slow machine loading its data and
 measuring its throughput). Meanwhile the node can hold no coordinator turn: a peer whose turn
 comes would wait a plan timeout for its plan, and once ready it would root the round at its own
-pace. So a node still preparing after ``GIVE_WAY_AFTER_S``, when an eligible peer has the job
-ready, gives up its turns in the current round and says so in presence; its peers skip those
-turns on that word (``Coordinator._passes``), and it skips them too, so both agree.
+pace. So a node still preparing after ``PASS_TURNS_AFTER_S``, when an eligible peer has the job
+ready, passes its turns in the current round and says so in presence; its peers skip those
+turns on that word (``Coordinator._skipped``), and it skips them too, so both agree.
 """
 
 from __future__ import annotations
@@ -19,20 +19,20 @@ from typing import Any
 
 import trio
 
+from gpuflex.node.core.kinds import EventKind
+from gpuflex.node.core.messages import JOB, created_at
+from gpuflex.node.core.modelblob import model_parts
+from gpuflex.node.core.workfields import DEVICE_CHARS
+from gpuflex.node.core.workplan import valid_rate
 from gpuflex.node.faults import Faults
-from gpuflex.node.kinds import EventKind
-from gpuflex.node.messages import JOB, created_at
-from gpuflex.node.modelblob import model_parts
 from gpuflex.node.port import JobPort, Trainer, TrainerFactory
 from gpuflex.node.state import JobBook
-from gpuflex.node.workfields import DEVICE_CHARS
-from gpuflex.node.workplan import valid_rate
 from mesh.codec import WireError, open_envelope
 
 log = logging.getLogger("gpuflex.rounds")
 #: A node still preparing a job this long after loading its ledger, while a peer has it ready,
-#: gives up its coordinator turns in the current round: nodes preparing side by side do not.
-GIVE_WAY_AFTER_S = 0.5
+#: passes its coordinator turns in the current round: nodes preparing side by side do not.
+PASS_TURNS_AFTER_S = 0.5
 #: A job published longer ago than this, with no ledger here, is caught up (for at most
 #: ``CATCH_UP_FIRST_S``) before it is prepared: its peers may hold rounds, or its end.
 CATCH_UP_FIRST_AFTER_S, CATCH_UP_FIRST_S = 10.0, 8.0
@@ -73,18 +73,18 @@ class Preparation:
             self._size()
             await port.catch_up()
             await book.changed.wait_for(lambda: bool(book.ledger.results), trio.current_time() + CATCH_UP_FIRST_S)
-        giving_way = trio.CancelScope()
-        book.tasks.start_soon(self._give_way, giving_way)
+        passing = trio.CancelScope()
+        book.tasks.start_soon(self._pass_turns, passing)
         try:
             if not late:
                 await self._build()
             await self._fit_to_device()
         finally:
-            giving_way.cancel()
+            passing.cancel()
         if problems or (book.ledger.results and not port.blobs.has(book.head_model)):
             await port.catch_up()
         book.ready.set()
-        # Say so at once: a peer still preparing gives its turns in this round to a ready one,
+        # Say so at once: a peer still preparing passes its turns in this round to a ready one,
         # and a time-budgeted job's coordinator plans only members with a measured throughput.
         port.announce_soon()
 
@@ -136,16 +136,16 @@ class Preparation:
                   **settings)
         self._size()
 
-    async def _give_way(self, scope: trio.CancelScope) -> None:
-        """Give up this round's coordinator turns once ``GIVE_WAY_AFTER_S`` has passed and an
-        eligible peer has the job ready (``JobBook.give_way``); cancelled when ready."""
+    async def _pass_turns(self, scope: trio.CancelScope) -> None:
+        """Pass this round's coordinator turns once ``PASS_TURNS_AFTER_S`` has passed and an
+        eligible peer has the job ready (``JobBook.pass_turns``); cancelled when ready."""
         book = self.book
         with scope:
-            await trio.sleep(GIVE_WAY_AFTER_S)
-            # A finished job has no turns left to give up (a node that joined after its end).
-            await book.changed.wait_for(lambda: not book.finished and book.give_way(), math.inf)
+            await trio.sleep(PASS_TURNS_AFTER_S)
+            # A finished job has no turns left to pass (a node that joined after its end).
+            await book.changed.wait_for(lambda: not book.finished and book.pass_turns(), math.inf)
         if scope.cancelled_caught:
             return
-        log.info("job %s: still preparing while a peer is ready: this node gives up its coordinator turns "
-                 "in round %d", book.job_id, book.pass_round)
+        log.info("job %s: still preparing while a peer is ready: this node passes its coordinator turns "
+                 "in round %d", book.job_id, book.passed_round)
         self.port.announce_soon()

@@ -14,9 +14,9 @@ from typing import Any
 import trio
 
 from gpuflex.node.control import ApiError
+from gpuflex.node.core.kinds import JobState
 from gpuflex.node.export import export_results
 from gpuflex.node.jobs import JobManager
-from gpuflex.node.kinds import JobState
 from gpuflex.nodeconfig import NodeConfig
 from gpuflex.serve import ServeError
 from gpuflex.serve.batchrun import parse_inference_spec

@@ -20,10 +20,11 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from gpuflex.node.clock import Notifier
-from gpuflex.node.evidence import ChainRules
-from gpuflex.node.kinds import JobState
-from gpuflex.node.ledger import Ledger
-from gpuflex.node.messages import Plan
+from gpuflex.node.core.evidence import ChainRules
+from gpuflex.node.core.kinds import JobState
+from gpuflex.node.core.ledger import Ledger
+from gpuflex.node.core.messages import Plan
+from gpuflex.node.core.workfields import WireValue
 from gpuflex.node.status import StatusRecord
 
 if TYPE_CHECKING:
@@ -261,12 +262,12 @@ class JobBook:
         # second, as it publishes it; this node's own as it measures it), and this node's device.
         self.rates: dict[str, float] = {}
         self.device = ""
-        # Coordinator turns given up while preparing. A node still loading its data and
+        # Coordinator turns passed while preparing. A node still loading its data and
         # measuring its device when a peer is ready says it plans no attempt of the round
-        # (``pass_round``): its turn would hold every member until it is ready. Peers that heard
-        # it skip its turns (``passing``: peer -> the round it gives up).
+        # (``passed_round``): its turn would hold every member until it is ready. Peers that heard
+        # it skip its turns (``passing``: peer -> the round it passes).
         self.loaded = False  # the ledger is read from disk: the current round is known
-        self.pass_round = 0
+        self.passed_round = 0
         self.passing: dict[str, int] = {}
         self.left: dict[str, str] = {}  # peer -> why the job failed there, as its presence says
         self.ready_peers: set[str] = set()  # peers whose last presence says they have the job ready
@@ -305,7 +306,7 @@ class JobBook:
     def recent_coordinators(self) -> list[str]:
         return [r.coordinator for r in self.ledger.results]
 
-    def recent_durations(self) -> list[object]:
+    def recent_durations(self) -> list[WireValue]:
         return [r.metrics.get("duration_s") for r in self.ledger.results]
 
     def eligible(self) -> list[str]:
@@ -327,7 +328,7 @@ class JobBook:
     def saw_presence(self, peer: str, rate: float | None = None, *, preparing: bool = False,
                      passes: int | None = None, failed: str = "") -> None:
         """Record ``peer``'s presence: its throughput, whether it has the job ready, the round
-        whose coordinator turns it gave up (``passes``), and why the job failed there, as it says."""
+        whose coordinator turns it passes (``passes``), and why the job failed there, as it says."""
         now = trio.current_time()
         self.presence.pop(peer, None)
         self.presence[peer] = now  # kept in order of last presence, oldest first
@@ -363,29 +364,29 @@ class JobBook:
         Bounded as presence is (``MAX_PRESENCE``)."""
         return set(self.presence) | set(self.info.initial_members) | set(self.eligible()) | {self.info.submitted_by}
 
-    def give_way(self) -> bool:
-        """While this node is still preparing the job: give up its coordinator turns in the
+    def pass_turns(self) -> bool:
+        """While this node is still preparing the job: pass its coordinator turns in the
         current round if an eligible peer with fresh presence has it ready. True when it does
         so now (the caller announces it)."""
-        if not self.loaded or self.ready.is_set() or not self.participates() or self.pass_round == self.current.round:
+        if not self.loaded or self.ready.is_set() or not self.participates() or self.passed_round == self.current.round:
             return False
         now = trio.current_time()
         if not any(p in self.ready_peers and now - self.presence.get(p, -math.inf) <= PRESENCE_FRESH_S
                    for p in self.eligible() if p != self.me):
             return False
-        self.pass_round = self.current.round
+        self.passed_round = self.current.round
         return True
 
-    def own_pass(self) -> int:
-        """The round whose coordinator turns this node gave up while preparing, if it is the
+    def passed_now(self) -> int:
+        """The round whose coordinator turns this node passes while preparing, if it is the
         current one; else 0."""
-        return self.pass_round if self.pass_round == self.current.round else 0
+        return self.passed_round if self.passed_round == self.current.round else 0
 
     def passing_now(self) -> set[str]:
         """Who said it plans no attempt of the current round (this node included)."""
         r = self.current.round
         out = {p for p, gives_up in self.passing.items() if gives_up == r}
-        if self.own_pass():
+        if self.passed_now():
             out.add(self.me)
         return out
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import trio
 
-from gpuflex.node.kinds import JobState, Phase, Role
+from gpuflex.node.core.kinds import JobState, Phase, Role
 
 
 @dataclass

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpuflex.node.kinds import JobState, Phase
-from gpuflex.node.ledger import result_row
+from gpuflex.node.core.kinds import JobState, Phase
+from gpuflex.node.core.ledger import result_row
 from gpuflex.node.state import JobBook
 from gpuflex.privacy import epsilon_spent
 

@@ -34,9 +34,9 @@ from typing import Any, Protocol
 
 import trio
 
-from gpuflex.node.ledger import ChainCheck, LedgerError
-from gpuflex.node.messages import JOB, SYNC
-from mesh.codec import Envelope, WireError, open_envelope, seal
+from gpuflex.node.core.ledger import ChainCheck, LedgerClaim, LedgerError
+from gpuflex.node.core.messages import JOB, SYNC
+from mesh.codec import Envelope, WireError, WireReason, open_envelope, seal
 from mesh.messaging import Inbound, Rejected, SendError
 from mesh.node import MeshNode
 
@@ -75,7 +75,7 @@ class SyncedJob(Protocol):
 
     def head(self) -> str: ...
 
-    def may_win(self, height: object, weight: object = None, head: object = None) -> bool: ...
+    def may_win(self, claim: LedgerClaim) -> bool: ...
 
     def job_frame(self) -> bytes: ...
 
@@ -140,10 +140,10 @@ class CatchUp:
         if job_id is None:
             after = body.get("after", "")
             if not isinstance(after, str) or len(after) > MAX_ID:
-                raise WireError("garbled", "sync request with a bad cursor")
+                raise WireError(WireReason.GARBLED, "sync request with a bad cursor")
             return job_page(self.jobs, after)
         if not isinstance(job_id, str) or not isinstance(start, int) or isinstance(start, bool) or start < 0:
-            raise WireError("garbled", "ledger sync request with a bad job or start")
+            raise WireError(WireReason.GARBLED, "ledger sync request with a bad job or start")
         job = self.jobs.get(job_id)
         if job is None:
             raise Rejected(f"unknown job {job_id[:MAX_ID]!r}")
@@ -181,9 +181,9 @@ class CatchUp:
             claims = await self._learn_jobs(peer)
             if claims is None:
                 return False
-            for job_id, (height, weight, head) in claims.items():
+            for job_id, claim in claims.items():
                 job = self.jobs.get(job_id)
-                if job is not None and job.may_win(height, weight, head):
+                if job is not None and job.may_win(claim):
                     await self._catch_up(peer, job_id, job)
             return True
         finally:
@@ -201,10 +201,10 @@ class CatchUp:
         finally:
             self._running.discard(peer)
 
-    async def _learn_jobs(self, peer: str) -> dict[str, tuple[object, object, object]] | None:
+    async def _learn_jobs(self, peer: str) -> dict[str, LedgerClaim] | None:
         """Every job ``peer`` names, adopted where this node takes it on, and per job what the
-        peer says of its ledger: (height, weight, head), unchecked (``may_win`` checks)."""
-        claims: dict[str, tuple[object, object, object]] = {}
+        peer says of its ledger, typed but unverified (``may_win`` judges it)."""
+        claims: dict[str, LedgerClaim] = {}
         after = ""
         for _ in range(MAX_PAGES):
             reply = await self._ask(peer, {"after": after})
@@ -221,7 +221,7 @@ class CatchUp:
             heads = heads if isinstance(heads, dict) else {}
             for job_id, height in (page.items() if isinstance(page, dict) else ()):
                 if isinstance(job_id, str) and len(claims) < MAX_PAGES * PAGE_JOBS:
-                    claims[job_id] = (height, weights.get(job_id), heads.get(job_id))
+                    claims[job_id] = LedgerClaim.from_wire(height, weights.get(job_id), heads.get(job_id))
             more = reply.get("more")
             if not isinstance(more, str) or more <= after or len(more) > MAX_ID:
                 break
@@ -247,7 +247,7 @@ class CatchUp:
                 for frame in page[: job.rounds - len(frames)]:
                     frames.append(check.extend(frame))
             except LedgerError as exc:
-                self.mesh.inbound.reject(peer, WireError("evidence", f"ledger from {peer[-8:]}: {exc}"),
+                self.mesh.inbound.reject(peer, WireError(WireReason.EVIDENCE, f"ledger from {peer[-8:]}: {exc}"),
                                          f"sync page of job {job_id}")
                 break
             if not reply or not reply.get("more"):

@@ -11,8 +11,8 @@ import logging
 from collections.abc import Callable
 
 from gpuflex.node.collector import ancestors
-from gpuflex.node.kinds import EventKind
-from gpuflex.node.messages import Plan
+from gpuflex.node.core.kinds import EventKind
+from gpuflex.node.core.messages import Plan
 from gpuflex.node.port import JobPort
 from gpuflex.node.state import JobBook, RoundDeadlines
 from mesh.compat import StrEnum

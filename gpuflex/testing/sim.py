@@ -32,14 +32,15 @@ import numpy as np
 import trio
 
 from gpuflex.jobspec import JobSpec
+from gpuflex.node.core.messages import JOB
 from gpuflex.node.events import EventLog
 from gpuflex.node.jobs import JobManager, job_id_of
-from gpuflex.node.messages import JOB
 from mesh.codec import open_envelope, register_kind, seal
 from mesh.health import HealthConfig, PeerState
 from mesh.identity import Identity
 from mesh.messaging import GOSSIP_PROTOCOL, Inbound
 from mesh.node import MeshConfig, MeshNode
+from mesh.reachability import Reachability
 from mesh.testing.simnet import LinkModel, SimNetwork
 
 log = logging.getLogger("gpuflex.sim")
@@ -182,7 +183,8 @@ class SimNode:
         mesh = self.mesh = MeshNode(self.identity, MeshConfig(
             listen=["/ip4/0.0.0.0/tcp/4001"], bootstrap=bootstrap, data_dir=self.home,
             bulk_channel=False, mdns=False, health=HealthConfig(),
-            reachability="public" if self.model.public else "relayed" if self.model.punchable else "private",
+            reachability=Reachability.PUBLIC if self.model.public else
+            Reachability.RELAYED if self.model.punchable else Reachability.PRIVATE,
             bootstrap_timeout_s=60.0, transport=net), on_event=partial(emit_event, events))
         async def on_probe(msg: Inbound) -> None:
             body = msg.envelope.body
@@ -367,7 +369,7 @@ class Simulation:
         """The plan's tree: size, depth, widest fan-in, and its members' mean modelled RTT to
         their parent, beside the same for the plain member order on the same members."""
         from aggregation.tree import build_tree, depth
-        from gpuflex.node.placement import order_for_tree
+        from gpuflex.node.core.placement import order_for_tree
 
         parent = dict(plan.parent)
         kids: dict[str, int] = {}

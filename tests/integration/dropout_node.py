@@ -19,8 +19,8 @@ import signal
 import sys
 from dataclasses import dataclass
 
+from gpuflex.node.core.secure import GroupContext
 from gpuflex.node.faults import NoFaults, install
-from gpuflex.node.secure import GroupContext
 
 DROP_ENV = "GPUFLEX_TEST_SECAGG_DROP"
 log = logging.getLogger("tests.dropout")

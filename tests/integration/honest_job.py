@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from gpuflex.localmesh import LocalMesh
-from gpuflex.node.ledger import Ledger, verify_chain
+from gpuflex.node.core.ledger import Ledger, verify_chain
 
 
 def committed(mesh: LocalMesh, job: str, nodes: Sequence[int] = (0, 1)) -> int:

@@ -21,7 +21,7 @@ import msgpack
 import numpy as np
 import trio
 
-from gpuflex.node.messages import (
+from gpuflex.node.core.messages import (
     JOB,
     PLAN,
     PRESENCE,
@@ -34,7 +34,7 @@ from gpuflex.node.messages import (
     parse_plan,
     parse_result,
 )
-from gpuflex.node.modelblob import model_parts
+from gpuflex.node.core.modelblob import model_parts
 from mesh.blob import blob_hash
 from mesh.codec import Envelope, open_envelope, seal
 from mesh.framing import write_frame

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from gpuflex.localmesh import LocalMesh
-from gpuflex.node.ledger import Ledger, read_ledger_file, verify_chain
+from gpuflex.node.core.ledger import Ledger, read_ledger_file, verify_chain
 from tests.integration.conftest import light_spec
 from tests.integration.netns import NetnsPair
 

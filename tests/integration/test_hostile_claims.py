@@ -25,10 +25,10 @@ import pytest
 import trio
 
 from gpuflex.localmesh import LocalMesh
+from gpuflex.node.core.ledger import Ledger
+from gpuflex.node.core.messages import ABORT, JOB, PLAN, PRESENCE, RESULT, SYNC
+from gpuflex.node.core.modelblob import model_blob_limit
 from gpuflex.node.jobs import job_id_of
-from gpuflex.node.ledger import Ledger
-from gpuflex.node.messages import ABORT, JOB, PLAN, PRESENCE, RESULT, SYNC
-from gpuflex.node.modelblob import model_blob_limit
 from mesh.addressbook import AddressBook
 from mesh.blob import BLOB_PROTOCOL
 from mesh.codec import open_envelope, seal

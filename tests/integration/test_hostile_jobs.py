@@ -27,9 +27,9 @@ import pytest
 import trio
 
 from gpuflex.localmesh import LocalMesh
+from gpuflex.node.core.ledger import Ledger, verify_chain
+from gpuflex.node.core.messages import JOB
 from gpuflex.node.jobs import job_id_of
-from gpuflex.node.ledger import Ledger, verify_chain
-from gpuflex.node.messages import JOB
 from mesh.codec import open_envelope, seal
 from mesh.identity import Identity
 from mesh.node import MeshConfig, MeshNode

@@ -24,9 +24,9 @@ import pytest
 import trio
 
 from gpuflex.localmesh import LocalMesh
+from gpuflex.node.core.ledger import Ledger, verify_chain
+from gpuflex.node.core.messages import ABORT, JOB, UPDATE
 from gpuflex.node.jobs import job_id_of
-from gpuflex.node.ledger import Ledger, verify_chain
-from gpuflex.node.messages import ABORT, JOB, UPDATE
 from mesh.blob import BLOB_PROTOCOL
 from mesh.codec import open_envelope, seal
 from mesh.framing import read_obj, write_frame, write_obj

@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 
 from gpuflex.localmesh import LocalMesh
-from gpuflex.node.ledger import Ledger, verify_chain
-from gpuflex.node.messages import JOB, RESULT, parse_result
-from gpuflex.node.ranking import coordinator_ranking
+from gpuflex.node.core.ledger import Ledger, verify_chain
+from gpuflex.node.core.messages import JOB, RESULT, parse_result
+from gpuflex.node.core.ranking import coordinator_ranking
 from mesh.codec import open_envelope, seal
 from tests.integration.conftest import digits_spec, load_factor
 from tests.integration.hostile_peer import HostilePeer, ground, old_digest, re_encodings
@@ -272,7 +272,7 @@ def test_a_coordinator_cannot_choose_secure_aggregation_groups_nor_mask_a_group_
     time.sleep(2.0)
     assert not [u for u in h.updates if u.sender == victim], "the victim sent its update to the hostile leader"
     # Plan B: the groups public randomness gives, but only the victim and one Sybil mask.
-    from gpuflex.node.placement import group_seed, masked_tree
+    from gpuflex.node.core.placement import group_seed, masked_tree
 
     fair = masked_tree(h.peer_id, members, [], 4, 3, group_seed(job, 1))
     # The victim has moved past attempt 0 by now (nobody planned it): one plan for each of the
@@ -309,7 +309,7 @@ def test_a_finished_jobs_ledger_is_final_and_every_node_holds_the_same_one(arena
     again = mesh.job(0, job)
     assert again["model_hash"] == status["model_hash"] and again["metrics"] == status["metrics"]
     from gpuflex.jobspec import JobSpec
-    from gpuflex.node.evidence import ChainRules
+    from gpuflex.node.core.evidence import ChainRules
 
     results = verify_chain(after[0], job)
     rules = ChainRules.for_job(job, JobSpec.from_dict(digits_spec(rounds=ROUNDS, min_nodes=2, **TIMING)),

@@ -19,11 +19,11 @@ import pytest
 
 from aggregation.tree import build_tree
 from gpuflex.localmesh import LocalMesh
-from gpuflex.node.ledger import Ledger
-from gpuflex.node.messages import JOB, RESULT, make_plan, parse_result
-from gpuflex.node.placement import group_draw, group_seed, masked_tree, order_for_tree
-from gpuflex.node.ranking import coordinator_ranking
-from gpuflex.node.secure import mask_group
+from gpuflex.node.core.ledger import Ledger
+from gpuflex.node.core.messages import JOB, RESULT, make_plan, parse_result
+from gpuflex.node.core.placement import group_draw, group_seed, masked_tree, order_for_tree
+from gpuflex.node.core.ranking import coordinator_ranking
+from gpuflex.node.core.secure import mask_group
 from mesh.codec import open_envelope, seal
 from mesh.identity import Identity
 from tests.integration.conftest import digits_spec, load_factor

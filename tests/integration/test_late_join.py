@@ -1,5 +1,5 @@
 """A node that joins a mesh after a job ended takes the job's final ledger, and neither fits
-the job to its device nor gives up coordinator turns for it: there are no rounds left."""
+the job to its device nor passes coordinator turns for it: there are no rounds left."""
 
 from __future__ import annotations
 
@@ -31,4 +31,4 @@ def test_a_late_node_does_not_prepare_a_finished_job(mesh_factory) -> None:
     mesh.wait_until(synced, 120, what="the late node taking the finished job's ledger")
     log = mesh.log_path(2).read_text()
     assert f"job {job}: training on" not in log, log
-    assert "gives up its coordinator turns" not in log, log
+    assert "passes its coordinator turns" not in log, log

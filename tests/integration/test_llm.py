@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuflex.node.ledger import Ledger, verify_chain
+from gpuflex.node.core.ledger import Ledger, verify_chain
 from gpuflex.nodeconfig import dump_node_config
 from tests.unit.ml.conftest import PLAY, shared_data_dir
 

@@ -16,9 +16,9 @@ from collections.abc import Callable
 
 import pytest
 
-from gpuflex.node.evidence import ChainRules
-from gpuflex.node.ledger import Ledger
-from gpuflex.node.messages import RESULT, UPDATE, Plan, Result, parse_plan, parse_result
+from gpuflex.node.core.evidence import ChainRules
+from gpuflex.node.core.ledger import Ledger
+from gpuflex.node.core.messages import RESULT, UPDATE, Plan, Result, parse_plan, parse_result
 from mesh.blob import blob_hash
 from mesh.codec import open_envelope, seal
 from tests.integration.conftest import light_spec, load_factor

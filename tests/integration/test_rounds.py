@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from gpuflex.node.ledger import Ledger, verify_chain
+from gpuflex.node.core.ledger import Ledger, verify_chain
 from mesh.blob import blob_hash
 from tests.integration.conftest import digits_spec
 

@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 
 from gpuflex.localmesh import LocalMesh
-from gpuflex.node.messages import PLAN, RESULT, parse_plan
-from gpuflex.node.modelblob import unpack_model
+from gpuflex.node.core.messages import PLAN, RESULT, parse_plan
+from gpuflex.node.core.modelblob import unpack_model
 from mesh.codec import open_envelope
 from tests.integration.conftest import digits_spec
 from tests.integration.dropout_node import DROP_ENV

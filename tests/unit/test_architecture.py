@@ -1,5 +1,6 @@
-"""The architecture holds: import-linter's contracts (pyproject.toml, [tool.importlinter]), and
-no module of the node grows past what one reader can hold (DESIGN.md: about 400 lines)."""
+"""The architecture holds: import-linter's contracts (pyproject.toml, [tool.importlinter]), no
+module of the node grows past what one reader can hold (docs/architecture.md: about 400 lines),
+and the design of record, docs/architecture.md, names every module of the node."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-#: DESIGN.md's "about 400 lines", with a little room before a split is due.
+#: docs/architecture.md's "about 400 lines", with a little room before a split is due.
 MAX_NODE_MODULE_LINES = 420
 
 
@@ -25,3 +26,18 @@ def test_no_node_module_is_over_about_400_lines() -> None:
              for p in (ROOT / "gpuflex" / "node").rglob("*.py")}
     assert sizes and all(n <= MAX_NODE_MODULE_LINES for n in sizes.values()), \
         {p: n for p, n in sizes.items() if n > MAX_NODE_MODULE_LINES}
+
+
+def node_modules() -> list[str]:
+    """Every module of ``gpuflex/node`` as the architecture names it: its path below the node,
+    without ``.py`` (``driver``, ``roles/member``); packages' ``__init__`` left out."""
+    node = ROOT / "gpuflex" / "node"
+    return sorted(p.relative_to(node).with_suffix("").as_posix() for p in node.rglob("*.py") if p.name != "__init__.py")
+
+
+def test_the_architecture_names_every_node_module() -> None:
+    doc = (ROOT / "docs" / "architecture.md").read_text()
+    modules = node_modules()
+    assert len(modules) > 30  # the walk found the node
+    missing = [m for m in modules if f"`{m}`" not in doc]
+    assert missing == [], f"docs/architecture.md does not name {missing}: add each to its layer"

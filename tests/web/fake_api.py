@@ -17,7 +17,7 @@ from typing import Any
 import msgpack
 import trio
 
-from gpuflex.node.ledger import result_row, verify_chain
+from gpuflex.node.core.ledger import result_row, verify_chain
 from tests.tui.fake_source import JOB_ID as HOSTILE_JOB
 from tests.tui.fake_source import METRICS, SELF, history, job_row, ledger_rows, node_info, peer_rows
 from tests.unit.node.chain import JOB, make_chain
@@ -69,7 +69,7 @@ def metric_row(r: int, rounds: int, llm: bool) -> dict[str, Any]:
 
 
 def synthetic_ledger(rounds: int, llm: bool) -> list[dict[str, Any]]:
-    """``ledger`` rows as the node sends them (gpuflex.node.ledger.result_row), without a chain."""
+    """``ledger`` rows as the node sends them (gpuflex.node.core.ledger.result_row), without a chain."""
     from tests.tui.fake_source import peer_id
 
     rows = []

@@ -87,8 +87,8 @@ def test_csv_cells_never_start_a_formula() -> None:
 
 
 def test_the_nodes_ledger_rows_fill_each_contributions_work() -> None:
-    # The shape the node's ``ledger`` method really returns (gpuflex.node.ledger.result_row).
-    from gpuflex.node.ledger import result_row, verify_chain
+    # The shape the node's ``ledger`` method really returns (gpuflex.node.core.ledger.result_row).
+    from gpuflex.node.core.ledger import result_row, verify_chain
     from tests.unit.node.chain import JOB, make_chain
 
     frames, _ = make_chain(rounds=1, work=lambda r, k: {

@@ -15,10 +15,12 @@ from __future__ import annotations
 import importlib
 import os
 
+from gpuflex.errors import GpuflexError
+
 EXTRA_MODULES = ("transformers", "peft", "safetensors", "tokenizers")
 
 
-class LLMError(RuntimeError):
+class LLMError(GpuflexError, RuntimeError):
     """A language-model job cannot run here; the message is one line that says why."""
 
 

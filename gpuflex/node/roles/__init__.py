@@ -1,4 +1,4 @@
-"""The round protocol's roles, one module each (DESIGN.md, "Protocol of one round").
+"""The round protocol's roles, one module each (docs/architecture.md, "One round").
 
 - ``coordinator``: obtain the round's plan, making it when this node ranks first.
 - ``member``: train, send the update up the tree, send it again if its receiver dies.

@@ -16,15 +16,22 @@ from __future__ import annotations
 import logging
 
 from gpuflex.errors import GpuflexError
-from gpuflex.node.evidence import EvidenceError, verify_round
-from gpuflex.node.kinds import EventKind
-from gpuflex.node.ledger import HEAD_CHARS, LedgerError, prefer_chain, verify_chain, verify_tail
-from gpuflex.node.messages import Result, parse_result, parse_secagg_reports
+from gpuflex.node.core.evidence import EvidenceError, verify_round
+from gpuflex.node.core.kinds import EventKind
+from gpuflex.node.core.ledger import (
+    HEAD_CHARS,
+    LedgerClaim,
+    LedgerError,
+    prefer_chain,
+    verify_chain,
+    verify_tail,
+)
+from gpuflex.node.core.messages import Result, parse_result, parse_secagg_reports
 from gpuflex.node.models import Models
-from gpuflex.node.policy import Reports
+from gpuflex.node.policy import IncidentPolicy
 from gpuflex.node.port import JobPort
 from gpuflex.node.state import JobBook
-from mesh.codec import WireError
+from mesh.codec import WireError, WireReason
 from mesh.errors import MeshError
 from mesh.fsutil import StateWriteError
 from mesh.messaging import Inbound, Rejected
@@ -35,15 +42,15 @@ MAX_FORKS_REPORTED = 8
 
 
 class ResultApplier:
-    def __init__(self, port: JobPort, book: JobBook, models: Models, reports: Reports) -> None:
-        self.port, self.book, self.models, self.reports = port, book, models, reports
+    def __init__(self, port: JobPort, book: JobBook, models: Models, incidents: IncidentPolicy) -> None:
+        self.port, self.book, self.models, self.incidents = port, book, models, incidents
         self._forks_seen: set[str] = set()
 
     async def on_result(self, msg: Inbound) -> None:
         book = self.book
         res = parse_result(msg.envelope)
         if res.job != book.job_id:
-            raise WireError("garbled", "result for another job")
+            raise WireError(WireReason.GARBLED, "result for another job")
         if res.round <= book.committed:
             refused = self._compete(msg.envelope.raw, res, msg.via)
             if refused:
@@ -69,7 +76,7 @@ class ResultApplier:
         try:  # the same parent: this one result's evidence decides if it counts at all
             verify_round(res, book.ledger.results[: res.round - 1], book.ledger.rules)
         except EvidenceError as exc:
-            self.reports.rejected(res.coordinator, res.round, f"competing result rejected: {exc}")
+            self.incidents.rejected(res.coordinator, res.round, f"competing result rejected: {exc}")
             return ""
         # The chain it ends may be shorter than ours and still heavier (more contributions).
         if prefer_chain(book.ledger.results, [*book.ledger.results[: res.round - 1], res]):
@@ -98,15 +105,15 @@ class ResultApplier:
                 book.ledger.check_next(res)  # before its model is fetched: evidence first
                 await self.models.hold_committed(res)
                 book.ledger.append(frame, res, checked=True)
-                self.reports.write_recovered(book.committed)
+                self.incidents.write_recovered(book.committed)
                 self.models.prune()
                 # Any peer (a late joiner, a node resyncing) can now find the model by hash.
                 book.tasks.start_soon(port.announce_blob, res.model_hash)
             except (LedgerError, WireError) as exc:
-                self.reports.rejected(res.coordinator, res.round, f"round {res.round}: result rejected: {exc}")
+                self.incidents.rejected(res.coordinator, res.round, f"round {res.round}: result rejected: {exc}")
                 return
             except StateWriteError as exc:
-                self.reports.write_failed(res.round, exc)
+                self.incidents.write_failed(res.round, exc)
                 return
             except (MeshError, GpuflexError, OSError, ValueError) as exc:  # the model could not be held
                 port.emit(EventKind.COMMIT_FAILED, res.round, message=(
@@ -143,15 +150,15 @@ class ResultApplier:
                 forked = same < len(ours)
                 await self.models.hold_head(results, [peer, results[-1].coordinator])
                 book.ledger.replace(frames, results)
-                self.reports.write_recovered(book.committed)
+                self.incidents.write_recovered(book.committed)
                 if forked:
                     port.emit(EventKind.LEDGER_FORK_RESOLVED, len(results), peer, message=(
                         f"job {book.job_id}: switched to the winning branch from {peer[-8:]}"))
             except (LedgerError, WireError) as exc:
-                self.reports.rejected(peer, None, f"ledger from {peer[-8:]}: {exc}")
+                self.incidents.rejected(peer, None, f"ledger from {peer[-8:]}: {exc}")
                 return False
             except StateWriteError as exc:
-                self.reports.write_failed(len(frames), exc)
+                self.incidents.write_failed(len(frames), exc)
                 return False
             except (MeshError, GpuflexError, OSError, ValueError) as exc:  # its model could not be held
                 log.warning("could not adopt the ledger from %s: %s", peer[-8:], exc)
@@ -161,18 +168,18 @@ class ResultApplier:
             book.advance()
             return True
 
-    def may_win(self, height: object, weight: object = None, head: object = None) -> bool:
+    def may_win(self, claim: LedgerClaim) -> bool:
         """Whether a peer's ledger of this job, as the peer describes it (unchecked), is worth
         fetching: it could win fork choice (``Ledger.may_win``). A finished job's ledger is
         final however heavy a peer's: it fetches only a ledger on a head not reported yet."""
         if self.book.finished:
-            return self.worth_reporting(head)
-        return self.book.ledger.may_win(height, weight, head)
+            return self.worth_reporting(claim.head)
+        return self.book.ledger.may_win(claim)
 
-    def worth_reporting(self, head: object) -> bool:
+    def worth_reporting(self, head: str | None) -> bool:
         """Whether a finished job should fetch a peer's ledger on ``head`` (a presence or sync
         page's head prefix) to report it: another head, not reported yet, within the cap."""
-        return (isinstance(head, str) and len(head) == HEAD_CHARS and head != self.book.ledger.head[:HEAD_CHARS]
+        return (head is not None and head != self.book.ledger.head[:HEAD_CHARS]
                 and len(self._forks_seen) < MAX_FORKS_REPORTED and not any(h.startswith(head) for h in self._forks_seen))
 
     def _keep_final(self, frames: list[bytes], peer: str) -> None:
@@ -182,7 +189,7 @@ class ResultApplier:
         try:
             theirs = verify_chain(frames, book.job_id, book.ledger.rules)
         except LedgerError as exc:
-            self.reports.rejected(peer, None, f"ledger from {peer[-8:]}: {exc}")
+            self.incidents.rejected(peer, None, f"ledger from {peer[-8:]}: {exc}")
             return
         head = theirs[-1].digest if theirs else ""
         if head in self._forks_seen or len(self._forks_seen) >= MAX_FORKS_REPORTED:
@@ -197,7 +204,7 @@ class ResultApplier:
         book = self.book
         body = msg.envelope.body
         if not isinstance(body, dict) or body.get("job") != book.job_id:
-            raise WireError("garbled", "abort for another job")
+            raise WireError(WireReason.GARBLED, "abort for another job")
         rs = book.current
         plan = rs.plan if rs.round == body.get("round") else None
         if plan is None or plan.coordinator != msg.envelope.sender or plan.attempt != body.get("attempt"):
@@ -214,9 +221,9 @@ class ResultApplier:
             raise Rejected("abort does not match the plan in force")
         rs.abort(plan.attempt)
         if book.spec.secure_aggregation:  # the next coordinator records why this attempt failed
-            reports = parse_secagg_reports(body.get("secagg", []), "abort")
+            group_reports = parse_secagg_reports(body.get("secagg", []), "abort")
             book.secagg_history = {r: v for r, v in book.secagg_history.items() if r >= plan.round}
-            book.secagg_history.setdefault(plan.round, []).extend(reports)
+            book.secagg_history.setdefault(plan.round, []).extend(group_reports)
         book.status.stall(f"round {plan.round} attempt {plan.attempt} aborted: {str(body.get('reason', ''))[:600]}")
         self.port.emit(EventKind.ROUND_ABORTED, plan.round, msg.envelope.sender, message=(
             f"round {plan.round}: coordinator aborted attempt {plan.attempt}: {body.get('reason', '')}"))

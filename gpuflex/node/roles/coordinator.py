@@ -22,14 +22,20 @@ import trio
 
 from aggregation.errors import AggregationError
 from aggregation.tree import build_tree, depth
-from gpuflex.node.evidence import cap_from
-from gpuflex.node.kinds import EventKind, Phase
-from gpuflex.node.messages import Plan, make_plan, parse_plan
-from gpuflex.node.placement import cap_per_prefix, group_draw, masked_tree, order_for_tree
+from gpuflex.node.core.evidence import cap_from
+from gpuflex.node.core.kinds import EventKind, Phase
+from gpuflex.node.core.messages import Plan, make_plan, parse_plan
+from gpuflex.node.core.placement import cap_per_prefix, group_draw, masked_tree, order_for_tree
+from gpuflex.node.core.workplan import (
+    keep_earlier,
+    plan_steps,
+    recorded_rates,
+    slow_members,
+    valid_rate,
+)
 from gpuflex.node.port import JobPort
 from gpuflex.node.state import JobBook, RoundDeadlines, RoundState
-from gpuflex.node.workplan import keep_earlier, plan_steps, recorded_rates, slow_members, valid_rate
-from mesh.codec import WireError
+from mesh.codec import WireError, WireReason
 from mesh.health import PeerState
 from mesh.messaging import Inbound, Rejected
 
@@ -56,13 +62,13 @@ class Coordinator:
 
     # -- whose turn it is --------------------------------------------------------------------
 
-    def _passes(self, peer: str) -> bool:
+    def _skipped(self, peer: str) -> bool:
         """Whether ``peer`` will not plan its attempt, as far as this node can tell: it is down
         or unknown, it does not take part, it is behind NAT while a reachable candidate is up,
-        it said it gives up this round's turns (it was still preparing when a peer was ready)
+        it said it passes this round's turns (it was still preparing when a peer was ready)
         while a candidate that did not is up, or (in a time-budgeted job) the last result
         records it as slow while a faster one is up. Each of these is a fact every node learns
-        alike (health aside), so the node itself passes the same attempts its peers skip."""
+        alike (health aside), so the node itself skips the same attempts its peers skip."""
         book, port = self.book, self.port
         if peer == book.me:
             up = book.participates()
@@ -75,8 +81,8 @@ class Coordinator:
         passing = book.passing_now()
         if peer not in private and peer not in slow and peer not in passing:
             return False
-        # A private candidate gives way to any reachable one; a slow one to any reachable one
-        # that is not slow; one that gave up its turns to any reachable one that did not.
+        # A private candidate is skipped for any reachable one; a slow one for any reachable one
+        # that is not slow; one that passes its turns for any reachable one that does not.
         shunned = set(private)
         if peer in slow:
             shunned |= slow
@@ -96,15 +102,15 @@ class Coordinator:
             return set()
         return slow_members(recorded_rates(book.ledger.results[-1].contributors))
 
-    def _attempt_passes(self, attempt: int) -> bool:
+    def _attempt_skipped(self, attempt: int) -> bool:
         cand = self.book.expected_coordinator(attempt)
-        return cand is None or self._passes(cand)
+        return cand is None or self._skipped(cand)
 
     def _next_turn(self, attempt: int) -> int | None:
         """The first attempt from ``attempt`` on whose peer may plan; None if, in a whole turn
         of the ranking, none may (all down)."""
         for a in range(attempt, attempt + max(1, len(self.book.eligible()))):
-            if not self._attempt_passes(a):
+            if not self._attempt_skipped(a):
                 return a
         return None
 
@@ -133,7 +139,7 @@ class Coordinator:
         if cand == book.me:
             await self.coordinate(rs)
             return rs.plan if rs.has_plan() else None
-        await book.changed.wait_for(lambda: settled() or self._passes(cand), clock.now() + spec.plan_timeout)
+        await book.changed.wait_for(lambda: settled() or self._skipped(cand), clock.now() + spec.plan_timeout)
         return rs.plan if rs.has_plan() else None
 
     def _take_up_behind(self, rs: RoundState) -> bool:
@@ -281,29 +287,29 @@ class Coordinator:
         rules = book.ledger.rules
         expected = book.expected_coordinator(plan.attempt)
         if plan.coordinator != expected:
-            raise WireError("round", f"plan from {plan.coordinator[-8:]} for attempt {plan.attempt}, which "
+            raise WireError(WireReason.ROUND, f"plan from {plan.coordinator[-8:]} for attempt {plan.attempt}, which "
                                      f"belongs to {expected[-8:] if expected else 'nobody'}")
         if not all(rules.allowed(p) for p in plan.members):
-            raise WireError("round", "plan names members outside the job's allowlist")
+            raise WireError(WireReason.ROUND, "plan names members outside the job's allowlist")
         try:
             levels = depth(plan.parent)
         except AggregationError as exc:
-            raise WireError("garbled", f"plan tree: {exc}") from None
+            raise WireError(WireReason.GARBLED, f"plan tree: {exc}") from None
         if levels > MAX_TREE_DEPTH:
-            raise WireError("round", f"plan tree is {levels} levels deep (at most {MAX_TREE_DEPTH})")
+            raise WireError(WireReason.ROUND, f"plan tree is {levels} levels deep (at most {MAX_TREE_DEPTH})")
         cap = rules.sample_cap(book.ledger.results)
         if cap is not None and plan.sample_cap != cap:
-            raise WireError("round", f"plan caps samples at {plan.sample_cap}, the ledger implies {cap}")
+            raise WireError(WireReason.ROUND, f"plan caps samples at {plan.sample_cap}, the ledger implies {cap}")
         budget = spec.compute_budget_s if spec.uses_budget else 0.0
         if plan.budget_s != budget or (spec.local_steps and max(plan.steps.values(), default=0) > spec.local_steps):
-            raise WireError("round", f"plan's compute budget ({plan.budget_s:g}s) or step counts are not "
+            raise WireError(WireReason.ROUND, f"plan's compute budget ({plan.budget_s:g}s) or step counts are not "
                                      f"the job's ({budget:g}s, local_steps={spec.local_steps})")
         if spec.secure_aggregation:
             seed, placed = self._draw(plan.round)
             fair = masked_tree(plan.coordinator, plan.members, plan.private, spec.group_size,
                                spec.secagg_min_group, seed, placed)
             if dict(plan.parent) != fair:
-                raise WireError("round", f"plan from {plan.coordinator[-8:]} chose its own secure-aggregation "
+                raise WireError(WireReason.ROUND, f"plan from {plan.coordinator[-8:]} chose its own secure-aggregation "
                                          "groups instead of those public randomness gives")
 
     async def accept(self, msg: Inbound) -> tuple[Plan, RoundDeadlines]:
@@ -337,7 +343,7 @@ class Coordinator:
             self._in_force(rs, plan, deadlines, take_up=True)
             return plan, deadlines
         live = current is not None and current.attempt >= rs.attempt  # not an attempt given up here
-        if live or any(not self._attempt_passes(a) for a in
+        if live or any(not self._attempt_skipped(a) for a in
                        range(reached, min(plan.attempt, reached + len(book.eligible())))):
             # A live peer's attempt comes first here: keep this plan until this node gives that up.
             rs.hold(plan)

@@ -16,8 +16,8 @@ import numpy as np
 
 from aggregation.secagg import SecAggError
 from gpuflex.node.collector import Collector, Reduced, subtree_height
-from gpuflex.node.kinds import EventKind
-from gpuflex.node.messages import (
+from gpuflex.node.core.kinds import EventKind
+from gpuflex.node.core.messages import (
     PARTIAL,
     Plan,
     TrainedUpdate,
@@ -25,15 +25,17 @@ from gpuflex.node.messages import (
     parse_update,
     walk_contributions,
 )
-from gpuflex.node.pipeline import decode_payload, make_reducer, pack_partial, unpack_partial
-from gpuflex.node.policy import Reports
+from gpuflex.node.core.pipeline import decode_update, make_reducer, pack_partial, unpack_partial
+from gpuflex.node.core.secure import SecAggReducer
+from gpuflex.node.core.workfields import WireValue
+from gpuflex.node.core.workplan import fold_vector
+from gpuflex.node.policy import IncidentPolicy
 from gpuflex.node.port import JobPort
-from gpuflex.node.secure import SecAggReducer, collect_answers
+from gpuflex.node.recovery import collect_answers
 from gpuflex.node.state import JobBook, RoundDeadlines
 from gpuflex.node.uplink import Work, send_up
-from gpuflex.node.workplan import fold_vector
 from mesh.blob import blob_hash
-from mesh.codec import WireError, seal
+from mesh.codec import WireError, WireReason, seal
 from mesh.health import PeerState
 from mesh.messaging import Inbound, Rejected
 
@@ -47,8 +49,8 @@ RECOVERY_MARGIN_S = 1.0
 
 
 class Leader:
-    def __init__(self, port: JobPort, book: JobBook, reports: Reports) -> None:
-        self.port, self.book, self.reports = port, book, reports
+    def __init__(self, port: JobPort, book: JobBook, incidents: IncidentPolicy) -> None:
+        self.port, self.book, self.incidents = port, book, incidents
 
     def open(self, plan: Plan, deadlines: RoundDeadlines, is_root: bool) -> Collector:
         """Start collecting for ``plan``; the collector is this round's for its attempt."""
@@ -67,7 +69,7 @@ class Leader:
         if col is None or col.plan.env.digest != plan.env.digest:  # none, or a replaced plan's
             return False
         spec, up = self.book.spec, trained.update
-        col.add_update(up, fold_vector(spec, plan, up, decode_payload(spec, trained.payload, up.delta_size)))
+        col.add_update(up, fold_vector(spec, plan, up, decode_update(spec, trained.payload, up.delta_size)))
         return True
 
     # -- inbound ---------------------------------------------------------------------------------
@@ -84,7 +86,7 @@ class Leader:
             # the plan may reach this leader after the update
             await book.changed.wait_for(ready, self.port.clock.now() + EARLY_MESSAGE_WAIT_S)
         if job != book.job_id or round_ != book.current.round:
-            raise WireError("round", f"message for round {round_}, this node is at round {book.current.round}")
+            raise WireError(WireReason.ROUND, f"message for round {round_}, this node is at round {book.current.round}")
         rs = book.current
         col = rs.collectors.get(rs.plan.attempt) if rs.plan is not None and rs.round == round_ else None
         if col is None or not col.accepts(sender):
@@ -95,26 +97,26 @@ class Leader:
         up = parse_update(msg.envelope)
         col = await self._collector_for(up.job, up.round, up.peer)
         if up.plan != col.plan.digest:
-            raise WireError("round", f"update from {up.peer[-8:]} was made for another plan")
+            raise WireError(WireReason.ROUND, f"update from {up.peer[-8:]} was made for another plan")
         if up.base_hash != col.plan.base_hash:
-            raise WireError("round", "update was trained from another base model")
+            raise WireError(WireReason.ROUND, "update was trained from another base model")
         if msg.payload is None or blob_hash(msg.payload) != up.delta_hash:
-            raise WireError("hash", f"delta from {up.peer[-8:]} does not match its signed hash")
+            raise WireError(WireReason.HASH, f"delta from {up.peer[-8:]} does not match its signed hash")
         spec = self.book.spec
-        col.add_update(up, fold_vector(spec, col.plan, up, decode_payload(spec, msg.payload, up.delta_size)))
+        col.add_update(up, fold_vector(spec, col.plan, up, decode_update(spec, msg.payload, up.delta_size)))
         self.port.emit(EventKind.UPDATE_RECEIVED, up.round, up.peer, message=f"round {up.round}: update from {up.peer[-8:]}")
 
     async def on_partial(self, msg: Inbound) -> None:
         part = parse_partial(msg.envelope)
         col = await self._collector_for(part.job, part.round, part.leader)
         if msg.payload is None or blob_hash(msg.payload) != part.delta_hash:
-            raise WireError("hash", f"partial from {part.leader[-8:]} does not match its signed hash")
+            raise WireError(WireReason.HASH, f"partial from {part.leader[-8:]} does not match its signed hash")
         ups = walk_contributions(part.updates, part.partials, part.job, part.round, col.plan)
         covers = {u.peer for u in ups}
         if not covers <= col.allowed or covers & col.covered or sum(u.samples for u in ups) != part.samples:
-            raise WireError("round", f"partial from {part.leader[-8:]} covers the wrong contributions")
+            raise WireError(WireReason.ROUND, f"partial from {part.leader[-8:]} covers the wrong contributions")
         if any(u.base_hash != col.plan.base_hash for u in ups):
-            raise WireError("round", "partial mixes updates from another base model")
+            raise WireError(WireReason.ROUND, "partial mixes updates from another base model")
         col.add_partial(part, unpack_partial(self.book.spec, msg.payload,
                                              ups[0].delta_size if ups else len(msg.payload) // 4), ups)
         self.port.emit(EventKind.PARTIAL_VERIFIED, part.round, part.leader, message=(
@@ -147,18 +149,18 @@ class Leader:
             self.port.emit(EventKind.REDUCE_EMPTY, plan.round, message=f"round {plan.round}: nothing reached this leader")
             return None
         updates, samples = col.updates, col.samples
-        reports = [r for p in col.partials for r in p.secagg]
+        group_reports = [r for p in col.partials for r in p.secagg]
         avg: np.ndarray | None
         if isinstance(col.acc, SecAggReducer):
             avg, report = await self._secagg_unmask(plan, col.acc)
-            reports.insert(0, report)
+            group_reports.insert(0, report)
             if avg is None:  # the masked sum is lost: keep only what came in clear
                 updates = [u for u in col.updates if u.peer not in col.acc.ctx.group]
                 samples = sum(u.samples for u in updates) + sum(p.samples for p in col.partials)
                 avg = col.acc.plain_result()
         else:
             avg = col.acc.result()
-        return Reduced(avg, updates, col.partials, samples, reports, col.within)
+        return Reduced(avg, updates, col.partials, samples, group_reports, col.within)
 
     async def send_partial(self, plan: Plan, deadlines: RoundDeadlines, reduced: Reduced) -> None:
         """Sign the group's partial and deliver it up the tree."""
@@ -173,7 +175,7 @@ class Leader:
             "updates": [u.env.raw for u in reduced.updates], "partials": [p.env.raw for p in reduced.partials],
         }
         if self.book.spec.secure_aggregation:
-            body["secagg"] = reduced.reports
+            body["secagg"] = reduced.group_reports
         frame = seal(self.port.identity, PARTIAL, body)
         await send_up(self.port, self.book, plan, deadlines, frame, payload, Work.PARTIAL)
 
@@ -207,13 +209,13 @@ class Leader:
         time only counts against the threshold, one whose answer is bad is also penalised."""
         timeout = max(RECOVERY_TIMEOUT_MIN_S, plan.reduce_slack_s)
 
-        async def request(holder: str, frame: bytes) -> object:
+        async def request(holder: str, frame: bytes) -> WireValue:
             return await self.port.request(holder, frame, timeout=timeout)
 
         problems = await collect_answers(self.port.identity, red, request, timeout + RECOVERY_MARGIN_S)
         for holder, exc in sorted(problems.items()):
             if isinstance(exc, WireError):
-                self.reports.rejected(holder, plan.round,
+                self.incidents.rejected(holder, plan.round,
                                       f"round {plan.round}: recovery answer from {holder[-8:]} rejected: {exc}")
             else:
                 log.warning("round %d: no recovery answer from %s: %s", plan.round, holder[-8:], exc)

@@ -16,19 +16,25 @@ import trio
 
 from aggregation.scaffold import CONTROL_KEY
 from gpuflex.node.ahead import HeadStart, merged_metrics
+from gpuflex.node.core.kinds import EventKind, Phase
+from gpuflex.node.core.messages import (
+    Plan,
+    TrainedUpdate,
+    capped,
+    parse_recovery_request,
+    seal_update,
+)
+from gpuflex.node.core.modelblob import unpack_delta
+from gpuflex.node.core.pipeline import DeltaEncoder, secagg_member
+from gpuflex.node.core.placement import nonce_commitment, secagg_nonce
+from gpuflex.node.core.secure import SecAggMember, answer_recovery
+from gpuflex.node.core.workplan import RATE_WEIGHT, blend, fits_plan, local_work
 from gpuflex.node.faults import Faults
-from gpuflex.node.kinds import EventKind, Phase
-from gpuflex.node.messages import Plan, TrainedUpdate, capped, parse_recovery_request, seal_update
-from gpuflex.node.modelblob import unpack_delta
-from gpuflex.node.pipeline import DeltaEncoder, secagg_member
-from gpuflex.node.placement import nonce_commitment, secagg_nonce
 from gpuflex.node.port import JobPort, ModelLoader, Trainer
-from gpuflex.node.secure import SecAggMember, answer_recovery
 from gpuflex.node.state import JobBook, RoundDeadlines
 from gpuflex.node.uplink import Work, send_up
-from gpuflex.node.workplan import RATE_WEIGHT, blend, fits_plan, local_work
 from mesh.blob import blob_hash
-from mesh.codec import WireError
+from mesh.codec import WireError, WireReason
 from mesh.messaging import Inbound, Rejected, SendError
 
 log = logging.getLogger("gpuflex.member")
@@ -266,7 +272,8 @@ class Member:
         if req.round < current:
             raise Rejected(f"round {req.round} is already committed here")
         if req.round > current:
-            raise WireError("round", f"recovery request for round {req.round}, this node is at round {current}")
+            raise WireError(WireReason.ROUND,
+                            f"recovery request for round {req.round}, this node is at round {current}")
         side = self.secagg_sides.get((req.round, req.attempt, req.leader))
         if side is None:  # a restart lost the keys, or this node never masked for that leader
             raise Rejected(f"this node sent {req.leader[-8:]} no masked update in round {req.round} "

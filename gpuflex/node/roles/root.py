@@ -15,14 +15,14 @@ from typing import Any
 import numpy as np
 
 from gpuflex.node.collector import Reduced
-from gpuflex.node.kinds import Phase
-from gpuflex.node.messages import ABORT, RESULT, Plan
-from gpuflex.node.modelblob import model_parts
-from gpuflex.node.pipeline import describe_rule, outer_step
+from gpuflex.node.core.kinds import Phase
+from gpuflex.node.core.messages import ABORT, RESULT, Plan
+from gpuflex.node.core.modelblob import model_parts
+from gpuflex.node.core.pipeline import describe_rule, outer_step
+from gpuflex.node.core.workfields import nonce_fields
+from gpuflex.node.core.workplan import effective_steps_norm, member_work
 from gpuflex.node.port import JobPort, ModelLoader, Trainer
 from gpuflex.node.state import JobBook
-from gpuflex.node.workfields import nonce_fields
-from gpuflex.node.workplan import effective_steps_norm, member_work
 from gpuflex.privacy import epsilon_spent
 from mesh.blob import blob_hash
 from mesh.codec import seal
@@ -42,10 +42,10 @@ class Root:
         book, port, spec = self.book, self.port, self.book.spec
         book.status.set_phase(Phase.COMMIT)
         contributions = reduced.contributions
-        reports = reduced.reports
+        group_reports = reduced.group_reports
         kept, need = book.ledger.rules.continuing(book.ledger.results, {u.peer for u in contributions})
         if len(contributions) < spec.min_nodes or reduced.avg is None or kept < need:
-            await self._abort(plan, {u.peer for u in contributions}, reports)
+            await self._abort(plan, {u.peer for u in contributions}, group_reports)
             return
         avg = reduced.avg
         if spec.uses_fednova:  # the leaders averaged per-step directions: scale back up once
@@ -86,17 +86,17 @@ class Root:
             "absent": sorted(set(plan.members) - present), "metrics": metrics, "strategy": spec.strategy,
             "rule": describe_rule(spec), "spec_hash": blob_hash(spec.canonical_bytes()),
             **({"step_hash": step_hash} if step_hash is not None else {}),
-            **({"secagg": book.secagg_history.get(plan.round, []) + reports} if spec.secure_aggregation else {}),
+            **({"secagg": book.secagg_history.get(plan.round, []) + group_reports} if spec.secure_aggregation else {}),
         })
         await port.broadcast(frame)
 
-    async def _abort(self, plan: Plan, present: set[str], reports: list[dict[str, Any]]) -> None:
+    async def _abort(self, plan: Plan, present: set[str], group_reports: list[dict[str, Any]]) -> None:
         """Too little to commit: abort this attempt, saying why, so every node retries."""
         book, spec = self.book, self.book.spec
         if book.current.round == plan.round:
             book.current.abort(plan.attempt)
         why = "".join(f"; secure aggregation failed in the group of {r['leader'][-8:]}: {r['reason']}"
-                      for r in reports if not r["recovered"])
+                      for r in group_reports if not r["recovered"])
         why += "".join(f"; missing {p[-8:]}: " + (f"the job failed there ({book.left[p]})" if p in book.left
                                                    else self.port.why_unreachable(p) or "no update arrived")
                        for p in sorted(set(plan.members) - present)[:MISSING_LISTED])
@@ -105,6 +105,6 @@ class Root:
             f"{kept} of the recent rounds' contributors contributed; an open job needs {need}")
         body: dict[str, Any] = {
             "job": book.job_id, "round": plan.round, "attempt": plan.attempt, "reason": f"{short}{why}"}
-        if reports:
-            body["secagg"] = reports
+        if group_reports:
+            body["secagg"] = group_reports
         await self.port.broadcast(seal(self.port.identity, ABORT, body))

@@ -13,6 +13,7 @@ from mesh.codec import (
     SIGNING_DOMAIN,
     ReplayGuard,
     WireError,
+    WireReason,
     frame_msg_id,
     open_envelope,
     register_kind,
@@ -191,3 +192,12 @@ def test_frame_msg_id_refuses_a_re_encoded_frame() -> None:
     wide = b"\x92" + b"\xc6" + len(header).to_bytes(4, "big") + header + b"\xc4" + bytes([len(signature)]) + signature
     assert msgpack.unpackb(wide) == [header, signature]
     assert frame_msg_id(wide) is None
+
+
+def test_a_rejection_reason_is_one_of_the_wire_vocabulary() -> None:
+    with pytest.raises(WireError) as info:
+        open_envelope(_forge(_header(), MALLORY))
+    assert info.value.reason is WireReason.SIGNATURE and info.value.reason == "signature"
+    assert WireError("garbled", "a plain string reads as its reason").reason is WireReason.GARBLED
+    with pytest.raises(ValueError):  # a reason outside the vocabulary is a bug where it is raised
+        WireError("nonsense", "no such reason")

@@ -139,7 +139,7 @@ def test_job_submit_validates_a_yaml_file_without_a_node(tmp_path: Path):
 @pytest.mark.slow
 def test_doctor_job_reads_yaml_like_toml(tmp_path: Path):
     from gpuflex.doctor import FAIL, OK
-    from gpuflex.doctor_fit import check_job_fit
+    from gpuflex.doctor.fit import check_job_fit
 
     good = tmp_path / "job.yaml"
     good.write_text("model: digits-cnn\ndata: sklearn-digits\nrounds: 2\n", encoding="utf-8")

@@ -2,15 +2,15 @@
 
 Each round is planned by the coordinator the ranking names for attempt 0 (round 1's too, from
 the members given), every update signs its plan's digest, and the result lists exactly the
-signed updates: a chain that passes every evidence check (``gpuflex.node.evidence``)."""
+signed updates: a chain that passes every evidence check (``gpuflex.node.core.evidence``)."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
 
-from gpuflex.node.evidence import ChainRules
-from gpuflex.node.messages import RESULT, UPDATE, Result, make_plan, parse_result
+from gpuflex.node.core.evidence import ChainRules
+from gpuflex.node.core.messages import RESULT, UPDATE, Result, make_plan, parse_result
 from mesh.blob import blob_hash
 from mesh.codec import open_envelope, seal
 from mesh.identity import Identity

@@ -27,13 +27,14 @@ from aggregation.fednova import fednova_mean
 from aggregation.tree import build_tree
 from gpuflex.jobspec import JobSpec
 from gpuflex.node.clock import DeadlineClock
+from gpuflex.node.core.kinds import EventKind
+from gpuflex.node.core.messages import JOB, PARTIAL, UPDATE, parse_partial, parse_update
+from gpuflex.node.core.modelblob import unpack_model
+from gpuflex.node.core.ranking import coordinator_ranking
+from gpuflex.node.core.workplan import norm_of
 from gpuflex.node.driver import JobDriver
-from gpuflex.node.kinds import EventKind
-from gpuflex.node.messages import JOB, PARTIAL, UPDATE, parse_partial, parse_update
-from gpuflex.node.modelblob import unpack_model
-from gpuflex.node.ranking import coordinator_ranking
+from gpuflex.node.presence import JobPresence
 from gpuflex.node.state import JobInfo
-from gpuflex.node.workplan import norm_of
 from mesh.blob import BlobError, blob_hash
 from mesh.codec import ReplayGuard, WireError, open_envelope, seal
 from mesh.health import PeerState
@@ -482,10 +483,10 @@ class FakeNet:
                 for dst in self.nodes.values():
                     if dst is src or not self.reachable(src, dst) or dst.driver is None or dst.nursery is None:
                         continue
-                    if dst.driver.saw_presence(src.peer_id, src.driver.committed, src.driver.head(),
-                                               src.driver.throughput(), src.driver.weight,
-                                               preparing=src.driver.preparing, passes=src.driver.passes_round,
-                                               failed=src.driver.failure):
+                    seen = JobPresence.from_wire(src.driver.committed, src.driver.head(), src.driver.throughput(),
+                                                 src.driver.weight, preparing=src.driver.preparing,
+                                                 passes=src.driver.passes_round)
+                    if dst.driver.saw_presence(src.peer_id, seen, failed=src.driver.failure):
                         dst.nursery.start_soon(self.sync, dst, [src.peer_id])
             with trio.move_on_after(PRESENCE_EVERY_S):  # or sooner, when a node asks (announce_soon)
                 await self._presence_due.wait()

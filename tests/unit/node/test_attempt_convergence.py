@@ -15,8 +15,8 @@ from collections.abc import Callable
 import pytest
 import trio
 
-from gpuflex.node.kinds import EventKind
-from gpuflex.node.messages import ABORT, Plan
+from gpuflex.node.core.kinds import EventKind
+from gpuflex.node.core.messages import ABORT, Plan
 from mesh.codec import open_envelope, seal
 from mesh.messaging import Inbound
 from tests.unit.node.fakenet import FakeNet, FakeNode, fast_spec

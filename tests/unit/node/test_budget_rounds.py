@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 import trio
 
-from gpuflex.node.kinds import EventKind
-from gpuflex.node.ledger import verify_chain
-from gpuflex.node.ranking import coordinator_ranking
-from gpuflex.node.workplan import STEP_HEADROOM
+from gpuflex.node.core.kinds import EventKind
+from gpuflex.node.core.ledger import verify_chain
+from gpuflex.node.core.ranking import coordinator_ranking
+from gpuflex.node.core.workplan import STEP_HEADROOM
 from tests.unit.node.fakenet import BATCH, FakeNet, FakeNode, fast_spec
 
 pytestmark = pytest.mark.timeout(20)
@@ -61,7 +61,7 @@ async def test_a_slow_member_contributes_within_the_budget(autojump_clock, tmp_p
         assert sum(c["compute_share"] for c in work.values()) == pytest.approx(1.0, abs=1e-3)
         assert work[slow]["device"] == f"fake{net.nodes[slow].index}"
     # From round 2 on, every plan has every member's measured throughput (presence).
-    from gpuflex.node.messages import PLAN, parse_plan
+    from gpuflex.node.core.messages import PLAN, parse_plan
     from mesh.codec import open_envelope
 
     later = parse_plan(open_envelope(results[-1].plan_frame, expect_kind=PLAN))
@@ -141,7 +141,7 @@ async def test_a_retry_that_arrives_mid_training_waits_for_that_training(autojum
 
 
 async def test_a_plan_whose_budget_or_step_counts_are_not_the_jobs_is_refused(autojump_clock, tmp_path) -> None:
-    from gpuflex.node.messages import make_plan, parse_plan
+    from gpuflex.node.core.messages import make_plan, parse_plan
     from mesh.codec import WireError, open_envelope
 
     net = FakeNet(tmp_path, 3, fast_spec(rounds=1, compute_budget_s=BUDGET_S, local_steps=50, train_timeout_s=0.0))
@@ -225,7 +225,7 @@ async def test_a_member_that_has_not_published_its_throughput_is_not_planned(aut
         node = next(n for n in net.alive_nodes() if n is not unmeasured)
         results = verify_chain(net.ledger(node), net.info.job_id)
         nursery.cancel_scope.cancel()
-    from gpuflex.node.messages import PLAN, parse_plan
+    from gpuflex.node.core.messages import PLAN, parse_plan
     from mesh.codec import open_envelope
 
     for res in results:

@@ -1,5 +1,5 @@
-"""A committed round's evidence (``gpuflex.node.evidence``) and fork choice
-(``gpuflex.node.ledger.prefer_chain``): each forgery an attacker can sign with its own keys is
+"""A committed round's evidence (``gpuflex.node.core.evidence``) and fork choice
+(``gpuflex.node.core.ledger.prefer_chain``): each forgery an attacker can sign with its own keys is
 refused for the reason it names, and fork choice is one total order that grinding, a large
 attempt number or a re-encoding cannot climb."""
 
@@ -12,9 +12,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuflex.node.evidence import ChainRules, EvidenceError, cap_from, verify_round
-from gpuflex.node.ledger import Ledger, LedgerError, prefer_chain, result_key, verify_chain
-from gpuflex.node.ranking import coordinator_ranking
+from gpuflex.node.core.evidence import ChainRules, EvidenceError, cap_from, verify_round
+from gpuflex.node.core.ledger import Ledger, LedgerError, prefer_chain, result_key, verify_chain
+from gpuflex.node.core.ranking import coordinator_ranking
 from mesh.codec import WireError, open_envelope
 from mesh.identity import Identity
 from tests.unit.node.chain import JOB, STRANGER, make_chain, next_round, parsed, rules_for

@@ -10,9 +10,15 @@ import contextlib
 import pytest
 import trio
 
-from gpuflex.node.evidence import ChainRules
-from gpuflex.node.kinds import EventKind
-from gpuflex.node.ledger import LedgerError, chain_weight, result_key, verify_chain
+from gpuflex.node.core.evidence import ChainRules
+from gpuflex.node.core.kinds import EventKind
+from gpuflex.node.core.ledger import (
+    LedgerClaim,
+    LedgerError,
+    chain_weight,
+    result_key,
+    verify_chain,
+)
 from mesh.codec import WireError, open_envelope
 from mesh.messaging import Inbound, Rejected
 from tests.unit.node.chain import STRANGER, next_round, parsed, private_branch
@@ -127,8 +133,8 @@ async def test_sybil_keys_private_longer_branch_leaves_the_heavier_honest_ledger
     assert not any(EventKind.LEDGER_FORK_RESOLVED in n.kinds() for n in net.alive_nodes())
     # Finished: the ledger is final; a claim however heavy is worth a fetch only to report a
     # ledger on another head.
-    assert not any(n.driver.may_win(6, 10**9, n.driver.head()) for n in net.alive_nodes())
-    assert all(n.driver.may_win(6, 1, "0" * 16) for n in net.alive_nodes())
+    assert not any(n.driver.may_win(LedgerClaim(6, 10**9, n.driver.head())) for n in net.alive_nodes())
+    assert all(n.driver.may_win(LedgerClaim(6, 1, "0" * 16)) for n in net.alive_nodes())
 
 
 async def test_a_node_on_a_longer_lighter_branch_goes_back_to_the_heavier_ledger_and_trains_on(autojump_clock,
@@ -171,7 +177,7 @@ async def test_a_forged_result_that_waited_while_its_round_committed_is_still_re
     """A forged result for the round being applied here waits for the apply lock; when it gets
     it, the honest result of that round is committed. It is judged as a competing result then:
     logged and penalised, not dropped without a word."""
-    from gpuflex.node.messages import parse_result
+    from gpuflex.node.core.messages import parse_result
 
     net = FakeNet(tmp_path, 3, fast_spec(rounds=2, min_nodes=2))
     ids = [n.identity for n in net.nodes.values()]

@@ -9,17 +9,18 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpuflex.node.ledger import (
+from gpuflex.node.core.ledger import (
     HEAD_CHARS,
     Ledger,
+    LedgerClaim,
     LedgerError,
     chain_weight,
     prefer_chain,
     result_row,
     verify_chain,
 )
-from gpuflex.node.messages import RESULT, parse_result
-from gpuflex.node.workfields import DEVICE_CHARS
+from gpuflex.node.core.messages import RESULT, parse_result
+from gpuflex.node.core.workfields import DEVICE_CHARS
 from mesh.codec import SIGNING_DOMAIN, open_envelope, seal
 from tests.unit.node.chain import JOB, make_chain, private_branch, rules_for
 
@@ -182,13 +183,15 @@ def test_a_claim_in_presence_or_a_sync_page_is_only_a_reason_to_fetch(tmp_path: 
     ledger.replace(frames)
     head = ledger.head[:HEAD_CHARS]
     assert (ledger.weight, len(ledger)) == (9, 3)
-    assert ledger.may_win(2, 10, "x" * HEAD_CHARS)  # heavier though shorter: fetched
-    assert not ledger.may_win(5, 8, "x" * HEAD_CHARS)  # longer but lighter: not
-    assert ledger.may_win(4, 9) and not ledger.may_win(3, 9, head)  # as heavy: longer, or another head
-    assert ledger.may_win(3, 9, "x" * HEAD_CHARS)
-    assert ledger.may_win(4) and not ledger.may_win(3, None, head)  # a peer that says no weight: by height
+    assert ledger.may_win(LedgerClaim.from_wire(2, 10, "x" * HEAD_CHARS))  # heavier though shorter: fetched
+    assert not ledger.may_win(LedgerClaim.from_wire(5, 8, "x" * HEAD_CHARS))  # longer but lighter: not
+    # as heavy: longer, or another head
+    assert ledger.may_win(LedgerClaim.from_wire(4, 9)) and not ledger.may_win(LedgerClaim.from_wire(3, 9, head))
+    assert ledger.may_win(LedgerClaim.from_wire(3, 9, "x" * HEAD_CHARS))
+    # a peer that says no weight: by height
+    assert ledger.may_win(LedgerClaim.from_wire(4)) and not ledger.may_win(LedgerClaim.from_wire(3, None, head))
     for junk in (True, -1, "9", 1.5, None):
-        assert not ledger.may_win(junk, 10**9, "x" * HEAD_CHARS)
+        assert not ledger.may_win(LedgerClaim.from_wire(junk, 10**9, "x" * HEAD_CHARS))
     assert ledger.frames == frames  # nothing a peer says changes the ledger
 
 

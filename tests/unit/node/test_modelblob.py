@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuflex.node.modelblob import model_parts, pack_model, unpack_model
+from gpuflex.node.core.modelblob import model_parts, pack_model, unpack_model
 from mesh.blob import BlobStore, blob_hash, parts_hash
 from mesh.codec import WireError
 

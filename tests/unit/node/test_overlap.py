@@ -11,8 +11,8 @@ import trio
 
 from gpuflex.jobspec import JobSpec, JobSpecError
 from gpuflex.node.ahead import GAP_SHARE, Ahead, HeadStart, merged_metrics
-from gpuflex.node.kinds import EventKind
-from gpuflex.node.ledger import verify_chain
+from gpuflex.node.core.kinds import EventKind
+from gpuflex.node.core.ledger import verify_chain
 from tests.unit.node.fakenet import FakeNet, FakeNode, fast_spec
 
 pytestmark = pytest.mark.timeout(60)

@@ -5,7 +5,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from aggregation.tree import build_tree, cut_groups
-from gpuflex.node.placement import order_for_tree
+from gpuflex.node.core.placement import order_for_tree
 from mesh.vivaldi import MAX_MS, Coordinate, from_wire, observe
 
 
@@ -62,8 +62,8 @@ def test_four_members_with_one_slow_put_it_under_a_fast_leader() -> None:
 @given(st.integers(3, 40), st.integers(2, 8), st.integers(2, 5), st.binary(min_size=32, max_size=32))
 def test_masked_groups_come_from_the_seed_and_mask_at_least_the_minimum(n: int, group_size: int, min_group: int,
                                                                         seed: bytes) -> None:
-    from gpuflex.node.placement import masked_tree
-    from gpuflex.node.secure import mask_group
+    from gpuflex.node.core.placement import masked_tree
+    from gpuflex.node.core.secure import mask_group
 
     members = [f"peer{i:02d}" for i in range(n)]
     tree = masked_tree(members[0], members, (), group_size, min_group, seed)
@@ -77,7 +77,7 @@ def test_masked_groups_come_from_the_seed_and_mask_at_least_the_minimum(n: int, 
 
 
 def test_different_revealed_nonces_reshuffle_the_groups() -> None:
-    from gpuflex.node.placement import group_seed, masked_tree
+    from gpuflex.node.core.placement import group_seed, masked_tree
 
     members = [f"peer{i:02d}" for i in range(12)]
     trees = {tuple(masked_tree(members[0], members, (), 4, 3, group_seed("job", 3, {"peer01": n * 64})).items())
@@ -90,7 +90,7 @@ def _rows(peers: list[str], job: str, round_: int, secrets: dict[str, bytes], **
     round (from its secret, as its signature would give) and its commitment to the next."""
     import hashlib
 
-    from gpuflex.node.placement import nonce_commitment, secagg_nonce
+    from gpuflex.node.core.placement import nonce_commitment, secagg_nonce
 
     def sign_for(peer: str):  # a deterministic stand-in for the peer's signature
         return lambda message: hashlib.blake2b(secrets[peer] + message).digest()
@@ -105,7 +105,7 @@ def test_the_draw_depends_on_committed_nonces_alone(n: int, late: int, salt: byt
     """What a root can vary in its result (metrics, a re-signature, so its digest) does not move
     the seed; a nonce that no earlier commitment binds (chosen after seeing the others') counts
     for nothing, and neither does a contributor whose nonce differs from what it committed to."""
-    from gpuflex.node.placement import group_draw, group_seed
+    from gpuflex.node.core.placement import group_draw, group_seed
 
     peers = [f"peer{i:02d}" for i in range(n)]
     newcomers = [f"new{i}" for i in range(late)]
@@ -127,8 +127,8 @@ def test_keys_that_arrive_after_the_draw_never_join_an_established_members_group
     """A party that knows the seed and makes keys to land beside a member it targets: whatever
     keys it makes, they join the root's group alone, and every established member masks with the
     same established members as without them."""
-    from gpuflex.node.placement import masked_tree
-    from gpuflex.node.secure import mask_group
+    from gpuflex.node.core.placement import masked_tree
+    from gpuflex.node.core.secure import mask_group
 
     members = [f"peer{i:02d}" for i in range(n)]
     sybils = [f"fresh{salt.hex()}{i}" for i in range(fresh)]
@@ -151,7 +151,7 @@ def test_keys_that_arrive_after_the_draw_never_join_an_established_members_group
 
 @given(st.lists(st.tuples(st.integers(0, 3), st.integers(0, 255)), min_size=1, max_size=30), st.integers(1, 4))
 def test_at_most_the_cap_per_network_and_loopback_is_exempt(hosts: list[tuple[int, int]], limit: int) -> None:
-    from gpuflex.node.placement import cap_per_prefix
+    from gpuflex.node.core.placement import cap_per_prefix
 
     ip = {f"p{i}": (f"203.0.{net}.{host}" if net else f"127.0.0.{host}") for i, (net, host) in enumerate(hosts)}
     kept, dropped = cap_per_prefix(list(ip), ip.get, limit, first={"p0"})
@@ -216,8 +216,8 @@ def test_masked_groups_do_not_depend_on_the_coordinators_private_list(n: int, gr
                                                                       seed: bytes, marked: set[int]) -> None:
     """Whatever members the coordinator calls private, every member masks with the same group
     (its group's members are the same); the list only picks a reachable leader inside it."""
-    from gpuflex.node.placement import masked_tree
-    from gpuflex.node.secure import mask_group
+    from gpuflex.node.core.placement import masked_tree
+    from gpuflex.node.core.secure import mask_group
 
     members = [f"peer{i:02d}" for i in range(n)]
     private = {members[i] for i in marked if 0 < i < n}

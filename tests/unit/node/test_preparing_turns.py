@@ -1,7 +1,7 @@
 """Coordinator turns of a node still preparing the job, on the fake transport under MockClock.
 
 A node that is still loading its data and measuring its device when a peer has the job ready
-gives up its turns in the current round and says so in presence; its peers skip those turns
+passes its turns in the current round and says so in presence; its peers skip those turns
 instead of waiting a plan timeout for it, and it does not plan them once ready either. Nodes
 preparing side by side keep the ranking's order.
 """
@@ -11,7 +11,8 @@ from __future__ import annotations
 import pytest
 import trio
 
-from gpuflex.node.kinds import EventKind
+from gpuflex.node.core.kinds import EventKind
+from gpuflex.node.presence import JobPresence
 from tests.unit.node.fakenet import FakeNet, FakeNode, fast_spec
 from tests.unit.node.test_budget_rounds import FAST, SLOW, round_lengths
 from tests.unit.node.test_round_protocol import contributors, one_ledger
@@ -40,7 +41,7 @@ async def test_a_node_still_preparing_gives_its_round_1_turn_to_a_ready_one(auto
         others = [n for n in net.nodes.values() if n is not late]
         await net.wait_rounds(1, others)
         assert late.driver.preparing, "round 1 committed while the late node was still preparing"
-        assert all(n.driver.book.passing_now() == set() for n in others), "round 1 is over: no turn is given up"
+        assert all(n.driver.book.passing_now() == set() for n in others), "round 1 is over: no turn is passed"
         await net.wait_rounds(2)
         results = one_ledger(net, 2)
         nursery.cancel_scope.cancel()
@@ -55,14 +56,14 @@ async def test_a_node_still_preparing_gives_its_round_1_turn_to_a_ready_one(auto
 async def test_nodes_preparing_side_by_side_keep_the_ranking(autojump_clock, tmp_path) -> None:
     net = FakeNet(tmp_path, 4, fast_spec(rounds=1, min_nodes=4))
     for node in net.nodes.values():
-        node.prepare_s = 2.0  # well past GIVE_WAY_AFTER_S, but nobody is ready before the others
+        node.prepare_s = 2.0  # well past PASS_TURNS_AFTER_S, but nobody is ready before the others
     async with trio.open_nursery() as nursery:
         await net.start(nursery)
         await net.wait_rounds(1)
         (res,) = one_ledger(net, 1)
         nursery.cancel_scope.cancel()
     assert (res.coordinator, res.attempt) == (net.ranking(1, 0)[0].peer_id, 0)
-    assert all(n.driver.book.pass_round == 0 for n in net.nodes.values())
+    assert all(n.driver.book.passed_round == 0 for n in net.nodes.values())
     assert contributors(res) == set(net.ids())
 
 
@@ -96,9 +97,9 @@ async def test_a_turn_given_up_for_no_round_of_the_job_is_ignored(autojump_clock
     net = FakeNet(tmp_path, 2, fast_spec(rounds=2))
     here, peer = net.node(0), net.node(1)
     net._make(here)
-    here.driver.saw_presence(peer.peer_id, 0, passes=word)
+    here.driver.saw_presence(peer.peer_id, JobPresence.from_wire(0, passes=word))
     assert here.driver.book.passing == {}
-    here.driver.saw_presence(peer.peer_id, 0, passes=2)
+    here.driver.saw_presence(peer.peer_id, JobPresence.from_wire(0, passes=2))
     assert here.driver.book.passing == {peer.peer_id: 2}
 
 
@@ -111,7 +112,7 @@ async def test_what_a_peer_said_is_forgotten_with_its_presence(autojump_clock, t
     net._make(here)
     book = here.driver.book
     for node in (net.node(1), net.node(2), net.node(3)):
-        here.driver.saw_presence(node.peer_id, 0, rate=10.0, passes=1)
+        here.driver.saw_presence(node.peer_id, JobPresence.from_wire(0, rate=10.0, passes=1))
     kept = {net.node(2).peer_id, net.node(3).peer_id}
     assert set(book.presence) == kept
     assert set(book.rates) == set(book.passing) == book.ready_peers == kept

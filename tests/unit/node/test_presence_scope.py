@@ -9,10 +9,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from gpuflex.node.core.kinds import JobState
+from gpuflex.node.core.messages import PRESENCE
 from gpuflex.node.events import EventLog
 from gpuflex.node.jobs import JobManager
-from gpuflex.node.kinds import JobState
-from gpuflex.node.messages import PRESENCE
 from mesh.codec import open_envelope
 from mesh.identity import Identity
 from mesh.node import MeshConfig, MeshNode

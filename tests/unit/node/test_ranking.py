@@ -5,7 +5,7 @@ import itertools
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuflex.node.ranking import coordinator_ranking, rendezvous_rank
+from gpuflex.node.core.ranking import coordinator_ranking, rendezvous_rank
 
 PEERS = [f"peer{i}" for i in range(12)]
 

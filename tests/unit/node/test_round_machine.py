@@ -46,8 +46,8 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from gpuflex.node.kinds import JobState
-from gpuflex.node.ledger import verify_chain
+from gpuflex.node.core.kinds import JobState
+from gpuflex.node.core.ledger import verify_chain
 from tests.unit.node.fakenet import FakeNet, FakeNode, fast_spec, jittered
 
 pytestmark = pytest.mark.timeout(120)

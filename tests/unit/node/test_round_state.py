@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from gpuflex.node.messages import Plan, make_plan, parse_plan
+from gpuflex.node.core.messages import Plan, make_plan, parse_plan
 from gpuflex.node.state import MAX_HELD_PLANS, RoundDeadlines, RoundState
 from mesh.codec import open_envelope
 from mesh.identity import Identity

@@ -8,7 +8,7 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpuflex.node.selection import best_result, score, selected_result
+from gpuflex.node.core.selection import best_result, score, selected_result
 
 
 def _res(round_: int, **metrics: Any) -> Any:

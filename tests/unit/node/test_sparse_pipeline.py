@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 from aggregation.encoded import EncodedDelta
 from aggregation.sparse import SparseVector
 from gpuflex.jobspec import JobSpec, JobSpecError
-from gpuflex.node.modelblob import pack_model, unpack_model
-from gpuflex.node.pipeline import (
+from gpuflex.node.core.modelblob import pack_model, unpack_model
+from gpuflex.node.core.pipeline import (
     DeltaEncoder,
     decode_payload,
     make_reducer,

@@ -12,7 +12,7 @@ from typing import Any, cast
 import pytest
 
 from gpuflex.node import sync
-from gpuflex.node.ledger import HEAD_CHARS, ChainCheck, Ledger
+from gpuflex.node.core.ledger import HEAD_CHARS, ChainCheck, Ledger, LedgerClaim
 from gpuflex.node.sync import CatchUp, job_page, ledger_page
 from mesh.codec import open_envelope
 from mesh.identity import Identity
@@ -41,7 +41,7 @@ class FakeJob:
     def head(self) -> str:
         return "0" * 16
 
-    def may_win(self, height: object, weight: object = None, head: object = None) -> bool:
+    def may_win(self, claim: LedgerClaim) -> bool:
         raise AssertionError("not asked in these tests")
 
     def job_frame(self) -> bytes:
@@ -116,8 +116,8 @@ class LedgerJob:
     def head(self) -> str:
         return self.ledger.head[:HEAD_CHARS]
 
-    def may_win(self, height: object, weight: object = None, head: object = None) -> bool:
-        return self.ledger.may_win(height, weight, head)
+    def may_win(self, claim: LedgerClaim) -> bool:
+        return self.ledger.may_win(claim)
 
     def job_frame(self) -> bytes:
         return b"not a job frame"  # the asker already holds the job

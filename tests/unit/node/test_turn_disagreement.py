@@ -16,7 +16,7 @@ import pytest
 import trio
 
 from gpuflex.errors import GpuflexError
-from gpuflex.node.kinds import EventKind, JobState
+from gpuflex.node.core.kinds import EventKind, JobState
 from mesh.health import PeerState
 from tests.unit.node.fakenet import PRESENCE_EVERY_S, FakeNet, FakePort, FakeTrainer, fast_spec
 from tests.unit.node.test_round_protocol import contributors, one_ledger

@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from gpuflex.node.workfields import MAX_PLANNED_STEPS
-from gpuflex.node.workplan import (
+from gpuflex.node.core.workfields import MAX_PLANNED_STEPS
+from gpuflex.node.core.workplan import (
     SLOW_SHARE,
     STEP_HEADROOM,
     blend,

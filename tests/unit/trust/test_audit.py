@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from gpuflex.audit import AuditError, credit, load_results, verify_ledger
 from gpuflex.cli.main import app
-from gpuflex.node.messages import RESULT
+from gpuflex.node.core.messages import RESULT
 from mesh.codec import open_envelope, seal
 from tests.unit.node.chain import JOB, make_chain
 

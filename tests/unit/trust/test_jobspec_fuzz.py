@@ -25,7 +25,7 @@ from gpuflex.plugins import MAX_PATH_CHARS, is_plugin_path, plugin_path_problem
 
 FIELDS = [f.name for f in fields(JobSpec)]
 BASE = {"model": "digits-cnn", "data": "sklearn-digits", "rounds": 2}
-JOB_FRAME_LIMIT = 256 * 1024  # gpuflex.node.messages: register_kind(JOB, ...)
+JOB_FRAME_LIMIT = 256 * 1024  # gpuflex.node.core.messages: register_kind(JOB, ...)
 INT_BOUNDS = {
     "rounds": jobspec.MAX_ROUNDS, "local_epochs": jobspec.MAX_LOCAL_EPOCHS, "local_steps": jobspec.MAX_LOCAL_STEPS,
     "batch_size": jobspec.MAX_BATCH_SIZE, "group_size": jobspec.MAX_GROUP_SIZE, "min_nodes": jobspec.MAX_MEMBERS,

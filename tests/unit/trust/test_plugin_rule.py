@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from gpuflex.jobspec import JobSpec
-from gpuflex.node.pipeline import make_reducer
+from gpuflex.node.core.pipeline import make_reducer
 from gpuflex.plugins import PluginError
 
 

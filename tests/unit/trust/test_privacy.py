@@ -10,7 +10,7 @@ import pytest
 from dp_accounting.rdp import rdp_privacy_accountant
 
 from gpuflex.jobspec import JobSpec
-from gpuflex.node.pipeline import DeltaEncoder
+from gpuflex.node.core.pipeline import DeltaEncoder
 from gpuflex.privacy import STOP, WARN, budget_status, epsilon_for, epsilon_spent, noise_for_epsilon
 
 

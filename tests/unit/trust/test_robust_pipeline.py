@@ -7,7 +7,7 @@ import pytest
 
 from aggregation.tree import build_tree, children
 from gpuflex.jobspec import JobSpec, JobSpecError
-from gpuflex.node.pipeline import MeanReducer, RobustReducer, describe_rule, make_reducer
+from gpuflex.node.core.pipeline import MeanReducer, RobustReducer, describe_rule, make_reducer
 
 BASE = {"model": "mlp", "data": "sklearn-digits"}
 

@@ -9,8 +9,8 @@ import pytest
 
 from aggregation import secagg
 from gpuflex.jobspec import JobSpec
-from gpuflex.node.pipeline import DeltaEncoder, decode_payload, make_reducer, secagg_member
-from gpuflex.node.secure import MaskedUpdate, SecAggReducer, mask_group, pairwise_keys
+from gpuflex.node.core.pipeline import DeltaEncoder, decode_update, make_reducer, secagg_member
+from gpuflex.node.core.secure import MaskedUpdate, SecAggReducer, mask_group, pairwise_keys
 from mesh.identity import Identity
 
 SPEC = JobSpec.from_dict({"model": "mlp", "data": "sklearn-digits", "secure_aggregation": True})
@@ -37,14 +37,14 @@ def run_group(drop: int = 0, members: int = 4) -> tuple[np.ndarray, np.ndarray, 
     enc = DeltaEncoder(SPEC)
     # the leader's own update goes in clear; the members mask theirs
     own = enc.encode(deltas[leader.peer_id], samples[leader.peer_id], secagg_member(SPEC, leader, plan))
-    red.add(decode_payload(SPEC, own, SIZE), samples[leader.peer_id], leader.peer_id)
+    red.add(decode_update(SPEC, own, SIZE), samples[leader.peer_id], leader.peer_id)
     sides = {}
     for ident in ids[1 + drop:]:
         side = secagg_member(SPEC, ident, plan)
         assert side is not None
         sides[ident.peer_id] = side
         payload = enc.encode(deltas[ident.peer_id], samples[ident.peer_id], side)
-        red.add(decode_payload(SPEC, payload, SIZE), samples[ident.peer_id], ident.peer_id)
+        red.add(decode_update(SPEC, payload, SIZE), samples[ident.peer_id], ident.peer_id)
     present = [leader, *ids[1 + drop:]]
     weights = np.array([samples[i.peer_id] for i in present], dtype=np.float64)
     expected = np.average([deltas[i.peer_id] for i in present], axis=0, weights=weights)
@@ -87,7 +87,7 @@ def test_shamir_split_and_recover() -> None:
 
 def test_pairwise_keys_agree_and_differ_per_round() -> None:
     ids, plan = group(2)
-    from gpuflex.node.pipeline import secagg_context
+    from gpuflex.node.core.pipeline import secagg_context
 
     ctx = secagg_context(SPEC, plan, ids[1].peer_id)
     assert ctx is not None
@@ -108,7 +108,7 @@ def test_leader_sees_only_masked_vectors() -> None:
     member = secagg_member(SPEC, ids[1], plan)
     assert member is not None and secagg_member(SPEC, ids[0], plan) is None  # the leader masks nothing
     delta = np.random.default_rng(1).normal(0, 0.1, 20000).astype(np.float32)
-    seen = decode_payload(SPEC, DeltaEncoder(SPEC).encode(delta, 10, member), delta.size)
+    seen = decode_update(SPEC, DeltaEncoder(SPEC).encode(delta, 10, member), delta.size)
     assert isinstance(seen, MaskedUpdate)
     readable = secagg.dequantize(seen.ring, 10)
     # uniform over the ring: mean ~ 0 at a scale of 2^31 / (2^14 * 10), no correlation with the delta
@@ -156,7 +156,7 @@ def test_mask_group_of_a_tree() -> None:
 def test_masked_update_outside_its_group_is_refused() -> None:
     ids, plan = group(3)
     payload = DeltaEncoder(SPEC).encode(np.zeros(SIZE, np.float32), 5, secagg_member(SPEC, ids[1], plan))
-    masked = decode_payload(SPEC, payload, SIZE)
+    masked = decode_update(SPEC, payload, SIZE)
     plain = JobSpec.from_dict({"model": "mlp", "data": "sklearn-digits"})
     for reducer in (make_reducer(plain, True), make_reducer(JobSpec.from_dict({**plain.to_dict(), "rule": "median"}), True)):
         with pytest.raises(ValueError, match="outside its group"):

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from aggregation import secagg
-from gpuflex.node.messages import (
+from gpuflex.node.core.messages import (
     SECAGG_RECOVER,
     SECAGG_SHARES,
     SHARE_BYTES,
@@ -17,15 +17,15 @@ from gpuflex.node.messages import (
     parse_recovery_request,
     parse_secagg_reports,
 )
-from gpuflex.node.pipeline import secagg_context
-from gpuflex.node.secure import (
+from gpuflex.node.core.pipeline import secagg_context
+from gpuflex.node.core.secure import (
     SecAggMember,
     SecAggReducer,
     accept_answer,
     answer_recovery,
-    collect_answers,
     recovery_frames,
 )
+from gpuflex.node.recovery import collect_answers
 from mesh.codec import WireError, open_envelope, seal
 from mesh.identity import Identity
 from tests.unit.trust.test_secagg import SPEC, group, run_group

@@ -106,7 +106,7 @@ def test_listen_forms() -> None:
     ({"reachability": "unknown"}, "WARN", "not known yet"),
 ])
 def test_reachability_finding_says_what_to_do(nat: dict | None, status: str, words: str) -> None:
-    from gpuflex.doctor_reach import check_reachability
+    from gpuflex.doctor.reach import check_reachability
 
     node = None if nat is None else {"addrs": ["/ip4/192.168.1.2/tcp/4001/p2p/x"], "nat": nat}
     finding = check_reachability(node)
@@ -118,7 +118,7 @@ def test_reachability_finding_says_what_to_do(nat: dict | None, status: str, wor
 def test_doctor_fits_a_job_to_each_device(tmp_path) -> None:
     import torch
 
-    from gpuflex.doctor_fit import check_job_fit
+    from gpuflex.doctor.fit import check_job_fit
     from gpuflex.jobspec import example_job_toml
 
     job = tmp_path / "job.toml"
@@ -141,7 +141,7 @@ def test_doctor_fits_a_job_to_each_device(tmp_path) -> None:
 
 
 def test_a_loopback_node_is_not_called_reachable_whatever_its_peers_said() -> None:
-    from gpuflex.doctor_reach import check_reachability
+    from gpuflex.doctor.reach import check_reachability
 
     nat = {"reachability": "public", "reached_at": ["/ip4/127.0.0.1/tcp/4100"], "relay_service": True}
     finding = check_reachability({"addrs": ["/ip4/127.0.0.1/tcp/4100/p2p/x"], "nat": nat})

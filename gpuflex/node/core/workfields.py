@@ -3,17 +3,19 @@ per-member step counts, an update's claimed steps and device, a result's per-mem
 
 Every figure here is written by a peer (a coordinator for the plan and the result, a member
 for its update), so each is checked or cut to its bound before anything weighs or shows it.
-What the figures mean for training and aggregation is ``gpuflex.node.workplan``'s.
+What the figures mean for training and aggregation is ``gpuflex.node.core.workplan``'s.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any, TypeGuard
+from typing import Any, TypeAlias, TypeGuard
 
-from mesh.codec import WireError
+from mesh.codec import WireError, WireReason
 
+#: A value as msgpack decodes it from a peer, before any check: what the validators take.
+WireValue: TypeAlias = "bool | int | float | str | bytes | list[WireValue] | dict[str, WireValue] | None"
 #: A plan asks no member for more local steps than this, nor for a longer compute budget.
 MAX_PLANNED_STEPS = 1_000_000
 MAX_BUDGET_S = 86_400.0
@@ -29,7 +31,7 @@ WORK_BOUNDS: dict[str, float] = {"steps": MAX_PLANNED_STEPS, "compute_s": 1e6, "
                                  "ahead_steps": MAX_PLANNED_STEPS}
 
 
-def _number(value: object, high: float) -> TypeGuard[float]:
+def _number(value: WireValue, high: float) -> TypeGuard[float]:
     return (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
             and 0 <= value <= high)
 
@@ -38,7 +40,8 @@ def plan_budget(body: Mapping[str, Any]) -> float:
     """A plan's ``budget_s`` (0.0 when absent: a round without a time budget)."""
     value = body.get("budget_s", 0.0)
     if not _number(value, MAX_BUDGET_S):
-        raise WireError("garbled", f"plan field 'budget_s' must be a number of seconds in [0, {MAX_BUDGET_S:g}]")
+        raise WireError(WireReason.GARBLED,
+                        f"plan field 'budget_s' must be a number of seconds in [0, {MAX_BUDGET_S:g}]")
     return float(value)
 
 
@@ -48,7 +51,8 @@ def planned_steps(body: Mapping[str, Any], members: Mapping[str, Any]) -> dict[s
     if not isinstance(steps, dict) or not all(
             isinstance(k, str) and k in members and isinstance(v, int) and not isinstance(v, bool)
             and 1 <= v <= MAX_PLANNED_STEPS for k, v in steps.items()):
-        raise WireError("garbled", f"plan field 'steps' must map members to counts in [1, {MAX_PLANNED_STEPS}]")
+        raise WireError(WireReason.GARBLED,
+                        f"plan field 'steps' must map members to counts in [1, {MAX_PLANNED_STEPS}]")
     return dict(steps)
 
 

@@ -1,30 +1,24 @@
-"""``gpuflex doctor``: can this machine join a mesh, and how should torch be installed?
+"""The machine's own checks: Python, torch and its install path, every GPU (a real kernel
+launch each), disk and memory.
 
 The classic failure this exists for is silent: a Pascal card (GTX 1080, sm_61) on a current
 CUDA build of torch. ``torch.cuda.is_available()`` says yes, and the first real kernel dies
 with "no kernel image is available for execution on the device". A table of which wheel
 ships which architecture goes stale with every torch release, so the doctor launches a tiny
-kernel on every GPU and believes only that.
-
-Every finding is OK, WARN or FAIL with the fix spelled out; the command exits non-zero when
-anything FAILs, so it also works as a pre-flight check in scripts.
+kernel on every GPU and believes only that. torch is imported only when its check runs.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import platform
 import shutil
 import subprocess
 import sys
-import time
-from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-OK, WARN, FAIL = "OK", "WARN", "FAIL"
+from gpuflex.doctor.findings import FAIL, OK, WARN, Finding
 
 # The install paths the README documents; the doctor quotes them verbatim.
 INSTALL_PATHS: dict[str, dict[str, str]] = {
@@ -36,21 +30,6 @@ LEGACY_BELOW = (7, 0)
 MIN_PYTHON = (3, 10)
 DISK_WARN_BYTES = 5 << 30
 DISK_FAIL_BYTES = 1 << 30
-# Signed messages older or newer than this are rejected as stale (mesh.codec.ReplayGuard).
-REPLAY_WINDOW_S = 300.0
-SKEW_WARN_S = 30.0
-DEFAULT_LISTEN = "/ip4/0.0.0.0/tcp/4001"
-
-
-@dataclass
-class Finding:
-    """One line of the report: what was checked, the verdict, and what to do about it."""
-
-    check: str
-    status: str
-    message: str
-    fix: str = ""
-    data: dict[str, Any] = field(default_factory=dict)
 
 
 def install_command(path: str) -> str:
@@ -84,9 +63,6 @@ def path_for_capability(capability: str | None) -> str:
     """NEW for compute capability 7.0 and up, LEGACY below (Pascal and older)."""
     cc = _capability(capability)
     return "LEGACY" if cc is not None and cc < LEGACY_BELOW else "NEW"
-
-
-# --- Python and torch ------------------------------------------------------------------------
 
 
 def check_python() -> Finding:
@@ -225,9 +201,6 @@ def check_install_path(gpus: list[Finding]) -> Finding:
     return Finding("install-path", FAIL, f"{path} fits: {why}", _fix_for(path), data)
 
 
-# --- the home, the port, the clock -----------------------------------------------------------
-
-
 def check_disk(home: Path) -> Finding:
     probe = home
     while not probe.exists() and probe != probe.parent:
@@ -243,97 +216,6 @@ def check_disk(home: Path) -> Finding:
     return Finding("disk", OK, text, data=data)
 
 
-def listen_multiaddr(listen: str) -> str:
-    """Accept a multiaddr, ``HOST:PORT`` or a bare port."""
-    if listen.startswith("/"):
-        return listen
-    host, sep, port = listen.rpartition(":")
-    return f"/ip4/{host if sep and host else '0.0.0.0'}/tcp/{port if sep else listen}"
-
-
-def node_listen_addrs(node: dict[str, Any] | None) -> list[str]:
-    """The running node's own TCP listen addresses (relayed ones left out), without /p2p/."""
-    addrs = []
-    for text in (node or {}).get("addrs", []):
-        if isinstance(text, str) and "/tcp/" in text and "p2p-circuit" not in text:
-            addrs.append(text.split("/p2p/")[0])
-    return addrs
-
-
-def check_port(listen: str | None, node: dict[str, Any] | None) -> Finding:
-    """With ``listen`` None: the running node's own address, else the default one."""
-    from mesh.host import HostError, check_tcp_port_free
-
-    own = node_listen_addrs(node)
-    if listen is None and own:
-        return Finding("port", OK, f"this home's node listens on {', '.join(own)}", data={"listen": own[0]})
-    addr = listen_multiaddr(listen or DEFAULT_LISTEN)
-    port = addr.rstrip("/").rsplit("/", 1)[-1]
-    if any(a.endswith(f"/tcp/{port}") for a in own):
-        return Finding("port", OK, f"port {port} is served by this home's own node", data={"listen": addr})
-    try:
-        check_tcp_port_free(addr)
-    except HostError as exc:
-        return Finding("port", FAIL, str(exc), "stop whatever holds the port (ss -ltnp), or choose another "
-                       "with gpuflex node start --listen /ip4/0.0.0.0/tcp/<port>", {"listen": addr})
-    return Finding("port", OK, f"{addr} is free", data={"listen": addr})
-
-
-def query_node(home: Path) -> tuple[dict[str, Any] | None, list[dict[str, Any]], dict[str, Any] | None]:
-    """(status, peers, clock sample) of the node serving ``home``, or Nones when none answers."""
-    from gpuflex.client import ControlClient, ControlError
-
-    try:
-        with ControlClient.for_home(home, timeout=3) as client:
-            status, peers = client.status(), client.peers()
-            try:
-                t0 = time.time()
-                remote = float(client.call("clock")["now"])
-                t1 = time.time()
-                clock = {"offset_s": remote - (t0 + t1) / 2, "precision_s": (t1 - t0) / 2}
-            except ControlError:  # a node from before the clock method
-                clock = None
-    except (ControlError, OSError, ValueError, KeyError, TypeError):
-        return None, [], None
-    return status, peers, clock
-
-
-def check_clock(node: dict[str, Any] | None, peers: list[dict[str, Any]], clock: dict[str, Any] | None) -> Finding:
-    """A coarse, honest skew estimate.
-
-    The node's own clock is sampled NTP-style (precision ± half the round trip), which matters
-    when the node runs on another machine behind an SSH tunnel. For peers only their signed
-    NodeInfo timestamp is at hand; it is taken when the peer signs, before it travels, so it can
-    prove that a peer runs *ahead* but never that one runs behind.
-    """
-    if node is None:
-        return Finding("clock", WARN, "no node is running for this home, so no mesh to compare clocks with",
-                       "start the node (gpuflex node start) and rerun the doctor; keep NTP on "
-                       "(timedatectl set-ntp true)", {"reachable": False})
-    now = time.time()
-    ahead = {p["peer_id"]: float(p["info"]["ts"]) - now for p in peers
-             if isinstance(p.get("info"), dict) and isinstance(p["info"].get("ts"), (int, float))}
-    worst_peer, worst = max(ahead.items(), key=lambda kv: kv[1], default=(None, 0.0))
-    own = abs(clock["offset_s"]) if clock else 0.0
-    data = {"reachable": True, "node_offset_s": clock and round(clock["offset_s"], 4),
-            "node_precision_s": clock and round(clock["precision_s"], 4), "peers_compared": len(ahead),
-            "max_peer_ahead_s": round(max(worst, 0.0), 3), "method": "node: NTP-style sample; peers: "
-            "NodeInfo timestamps, a one-sided bound (detects clocks ahead only)"}
-    skew = max(own, worst)
-    fix = f"turn on NTP on every machine (timedatectl set-ntp true); signed messages more than {REPLAY_WINDOW_S:.0f}s off are rejected as stale"
-    who = f"peer …{str(worst_peer)[-8:]}" if worst >= own and worst_peer else "the node"
-    if skew > REPLAY_WINDOW_S:
-        return Finding("clock", FAIL, f"{who} is {skew:.0f}s off this machine's clock", fix, data)
-    if skew > SKEW_WARN_S:
-        return Finding("clock", WARN, f"{who} is {skew:.0f}s off this machine's clock", fix, data)
-    precision = f" ± {clock['precision_s'] * 1000:.1f} ms" if clock else ""
-    return Finding("clock", OK, f"node clock offset {own * 1000:.1f} ms{precision}; no peer of {len(ahead)} "
-                   f"is detectably ahead (peers behind cannot be measured from NodeInfo)", data=data)
-
-
-# --- the report -------------------------------------------------------------------------------
-
-
 def check_machine() -> Finding:
     from gpuflex.hardware import ram_bytes
 
@@ -342,60 +224,3 @@ def check_machine() -> Finding:
     text += f", {ram / (1 << 30):.1f} GiB RAM" if ram else ""
     return Finding("machine", OK, text, data={"os": platform.platform(), "cpu_count": os.cpu_count(),
                                              "ram_bytes": ram})
-
-
-def iter_checks(home: str | os.PathLike[str] | None = None, listen: str | None = None) -> Iterator[Finding]:
-    """Findings in order, cheap ones first: importing torch takes seconds on a small machine,
-    so the text report shows the machine, disk, port and clock before it pays for torch."""
-    from gpuflex.home import resolve_home
-
-    root = resolve_home(home)
-    yield check_python()
-    yield check_machine()
-    yield check_disk(root)
-    node, peers, clock = query_node(root)
-    yield check_port(listen, node)
-    yield check_clock(node, peers, clock)
-    from gpuflex.doctor_reach import check_reachability
-
-    yield check_reachability(node)
-    torch, torch_finding = import_torch()
-    yield torch_finding
-    gpus = check_gpus(torch)
-    yield from gpus
-    if torch is not None:
-        yield check_install_path(gpus)
-
-
-def run_checks(home: str | os.PathLike[str] | None = None, listen: str | None = None) -> list[Finding]:
-    return list(iter_checks(home, listen))
-
-
-def exit_code(findings: list[Finding]) -> int:
-    return 1 if any(f.status == FAIL for f in findings) else 0
-
-
-def to_json(findings: list[Finding]) -> str:
-    counts = {s: sum(f.status == s for f in findings) for s in (OK, WARN, FAIL)}
-    return json.dumps({"ok": counts[FAIL] == 0, "counts": counts, "findings": [asdict(f) for f in findings]},
-                      indent=2, default=str)
-
-
-def format_finding(f: Finding) -> str:
-    lines = [f"{f.status:<4}  {f.check:<13} {f.message}"]
-    if f.fix and f.status != OK:
-        lines.append(f"{'':19}fix: {f.fix}")
-    elif f.check == "install-path" and f.data.get("command"):
-        lines.append(f"{'':19}install: {f.data['command']}   (or: {f.data['pip']})")
-    return "\n".join(lines)
-
-
-def summary_line(findings: list[Finding]) -> str:
-    fails = sum(f.status == FAIL for f in findings)
-    warns = sum(f.status == WARN for f in findings)
-    line = "ready to join a mesh" if not fails else f"{fails} problem(s) to fix before joining a mesh"
-    return line + (f" ({warns} warning(s))" if warns else "")
-
-
-def to_text(findings: list[Finding]) -> str:
-    return "\n".join([*(format_finding(f) for f in findings), "", summary_line(findings)])

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from gpuflex.doctor import FAIL, OK, WARN, Finding
+from gpuflex.doctor.findings import FAIL, OK, WARN, Finding
 
 
 def devices(torch: Any) -> list[str]:

@@ -27,14 +27,13 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
-import numpy as np
-
 from aggregation.errors import AggregationError
 from aggregation.fednova import effective_norm, normalise, step_norm
 from aggregation.sparse import SparseVector
-from gpuflex.node.messages import Plan, Update
-from gpuflex.node.workfields import MAX_PLANNED_STEPS, MAX_UPDATE_BYTES
-from mesh.codec import WireError
+from gpuflex.node.core.messages import Plan, Update
+from gpuflex.node.core.secure import Folded, MaskedUpdate
+from gpuflex.node.core.workfields import MAX_PLANNED_STEPS, MAX_UPDATE_BYTES, WireValue
+from mesh.codec import WireError, WireReason
 
 if TYPE_CHECKING:
     from gpuflex.jobspec import JobSpec
@@ -57,7 +56,7 @@ RATE_WEIGHT = 0.5
 SGD_MOMENTUM = 0.9
 
 
-def valid_rate(value: object) -> float | None:
+def valid_rate(value: WireValue) -> float | None:
     """A peer's published throughput if it is a plausible number, else None (unknown)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
@@ -93,7 +92,7 @@ def plan_steps(members: Sequence[str], rates: Mapping[str, float], budget_s: flo
     return {peer: counts.get(peer, unknown) for peer in members}
 
 
-def slow_members(rates: Mapping[str, object]) -> set[str]:
+def slow_members(rates: Mapping[str, WireValue]) -> set[str]:
     """The members whose throughput is below ``SLOW_SHARE`` of the fastest one's (members with
     no valid throughput are not judged)."""
     valid = {peer: rate for peer, value in rates.items() if (rate := valid_rate(value)) is not None}
@@ -103,7 +102,7 @@ def slow_members(rates: Mapping[str, object]) -> set[str]:
     return {peer for peer, rate in valid.items() if rate < SLOW_SHARE * fastest}
 
 
-def recorded_rates(contributors: Sequence[Mapping[str, object]]) -> dict[str, object]:
+def recorded_rates(contributors: Sequence[Mapping[str, WireValue]]) -> dict[str, WireValue]:
     """Each contributor's throughput as a committed result records it (``member_work``): the
     same on every node that holds the ledger, so decisions made from it agree without messages."""
     return {str(c["peer"]): c.get("samples_per_s") for c in contributors if isinstance(c.get("peer"), str)}
@@ -150,23 +149,27 @@ def checked_steps(spec: JobSpec, plan: Plan, up: Update) -> int:
     its plan allowed (a member that claimed more would scale everyone's update)."""
     steps = up.steps
     if steps < 1:
-        raise WireError("garbled", f"update from {up.peer[-8:]} does not say how many local steps it took")
+        raise WireError(WireReason.GARBLED, f"update from {up.peer[-8:]} does not say how many local steps it took")
     bound = plan.steps.get(up.peer) or spec.local_steps or MAX_PLANNED_STEPS
     if steps > bound:
-        raise WireError("round", f"update from {up.peer[-8:]} claims {steps} local steps, its plan allows {bound}")
+        raise WireError(WireReason.ROUND,
+                        f"update from {up.peer[-8:]} claims {steps} local steps, its plan allows {bound}")
     if up.samples > steps * spec.batch_size:  # its weight: the samples it saw, one batch a step
-        raise WireError("round", f"update from {up.peer[-8:]} claims {up.samples} samples seen in {steps} "
+        raise WireError(WireReason.ROUND, f"update from {up.peer[-8:]} claims {up.samples} samples seen in {steps} "
                                  f"steps of {spec.batch_size}")
     return steps
 
 
-def fold_vector(spec: JobSpec, plan: Plan, up: Update, vector: np.ndarray) -> np.ndarray:
-    """What a leader folds for ``up``: its delta, divided by its step norm under FedNova."""
+def fold_vector(spec: JobSpec, plan: Plan, up: Update, vector: Folded) -> Folded:
+    """What a leader folds for ``up``: its delta, divided by its step norm under FedNova (a
+    masked delta cannot be: its leader sees only the group's sum)."""
     if not spec.uses_fednova:
         return vector
+    if isinstance(vector, MaskedUpdate):
+        raise WireError(WireReason.ROUND, f"masked update from {up.peer[-8:]} cannot be normalised by its local steps")
     norm = norm_of(spec, checked_steps(spec, plan, up))
     if isinstance(vector, SparseVector):
-        return SparseVector(vector.size, vector.index, normalise(vector.values, norm))  # type: ignore[return-value]
+        return SparseVector(vector.size, vector.index, normalise(vector.values, norm))
     return normalise(vector, norm)
 
 
@@ -181,10 +184,10 @@ def effective_steps_norm(spec: JobSpec, plan: Plan, updates: Sequence[Update]) -
     try:
         return effective_norm([float(u.samples) for u in updates], norms)
     except AggregationError as exc:
-        raise WireError("round", f"cannot weigh the round's updates: {exc}") from None
+        raise WireError(WireReason.ROUND, f"cannot weigh the round's updates: {exc}") from None
 
 
-def _figure(metrics: Mapping[str, object], key: str, high: float) -> float:
+def _figure(metrics: Mapping[str, WireValue], key: str, high: float) -> float:
     value = metrics.get(key)
     ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
     return float(value) if ok and 0 <= value <= high else 0.0  # type: ignore[operator, arg-type]

@@ -17,7 +17,7 @@ import struct
 import msgpack
 import numpy as np
 
-from mesh.codec import WireError
+from mesh.codec import WireError, WireReason
 
 _LITTLE = np.dtype("<f4") == np.dtype(np.float32)
 
@@ -137,9 +137,9 @@ def unpack_model(data: bytes | bytearray | memoryview) -> tuple[np.ndarray, dict
         if version != 1 or params is None or cur.at != len(data):
             raise ValueError("unknown version, no parameters, or trailing bytes")
     except Exception as exc:  # untrusted bytes may fail in any way
-        raise WireError("garbled", f"model blob could not be decoded ({exc.__class__.__name__})") from None
+        raise WireError(WireReason.GARBLED, f"model blob could not be decoded ({exc.__class__.__name__})") from None
     if any(v.shape != params.shape for v in state.values()):
-        raise WireError("garbled", "optimizer state does not match the parameter count")
+        raise WireError(WireReason.GARBLED, "optimizer state does not match the parameter count")
     return params, state
 
 
@@ -149,5 +149,5 @@ def pack_delta(delta: np.ndarray) -> bytes:
 
 def unpack_delta(data: bytes, size: int) -> np.ndarray:
     if len(data) != size * 4:
-        raise WireError("garbled", f"delta has {len(data)} bytes, expected {size * 4}")
+        raise WireError(WireReason.GARBLED, f"delta has {len(data)} bytes, expected {size * 4}")
     return np.frombuffer(data, dtype="<f4").astype(np.float32, copy=False)

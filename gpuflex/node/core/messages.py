@@ -12,9 +12,9 @@ from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any
 
-from gpuflex.node.workfields import claimed_steps, plan_budget, planned_steps, update_device
-from mesh.blob import valid_hash
-from mesh.codec import Envelope, WireError, open_envelope, register_kind, seal
+from gpuflex.node.core.workfields import claimed_steps, plan_budget, planned_steps, update_device
+from mesh.blobhash import valid_hash
+from mesh.codec import Envelope, WireError, WireReason, open_envelope, register_kind, seal
 from mesh.compat import StrEnum
 from mesh.identity import Identity
 
@@ -34,9 +34,7 @@ class MessageKind(StrEnum):
     SECAGG_SHARES = "secagg_shares"
 
 
-JOB, PRESENCE, PLAN, UPDATE, PARTIAL, RESULT, ABORT, SYNC = (
-    MessageKind.JOB, MessageKind.PRESENCE, MessageKind.PLAN, MessageKind.UPDATE, MessageKind.PARTIAL,
-    MessageKind.RESULT, MessageKind.ABORT, MessageKind.SYNC)
+JOB, PRESENCE, PLAN, UPDATE, PARTIAL, RESULT, ABORT, SYNC = list(MessageKind)[:8]  # in the order above
 register_kind(JOB, 256 * 1024)
 register_kind(PRESENCE, 8 * 1024)
 register_kind(PLAN, 1024 * 1024)
@@ -64,38 +62,38 @@ MAX_SAMPLES = 2**53
 
 def _get(body: Any, name: str, kind: type | tuple[type, ...], what: str) -> Any:
     if not isinstance(body, dict) or name not in body:
-        raise WireError("garbled", f"{what} lacks field {name!r}")
+        raise WireError(WireReason.GARBLED, f"{what} lacks field {name!r}")
     value = body[name]
     if not isinstance(value, kind) or (isinstance(value, bool) and kind in (int, float, (int, float))):
-        raise WireError("garbled", f"{what} field {name!r} has the wrong type")
+        raise WireError(WireReason.GARBLED, f"{what} field {name!r} has the wrong type")
     return value
 
 
 def _str_list(body: Any, name: str, what: str) -> tuple[str, ...]:
     items = _get(body, name, list, what)
     if not all(isinstance(x, str) for x in items):
-        raise WireError("garbled", f"{what} field {name!r} must be a list of strings")
+        raise WireError(WireReason.GARBLED, f"{what} field {name!r} must be a list of strings")
     return tuple(items)
 
 
 def _count(body: Any, name: str, what: str, low: int, high: int) -> int:
     value = _get(body, name, int, what)
     if not low <= value <= high:
-        raise WireError("garbled", f"{what} field {name!r} is {value}, outside [{low}, {high}]")
+        raise WireError(WireReason.GARBLED, f"{what} field {name!r} is {value}, outside [{low}, {high}]")
     return int(value)
 
 
 def _finite(body: Any, name: str, what: str) -> float:
     value = float(_get(body, name, (int, float), what))
     if not math.isfinite(value):
-        raise WireError("garbled", f"{what} field {name!r} is not a finite number")
+        raise WireError(WireReason.GARBLED, f"{what} field {name!r} is not a finite number")
     return value
 
 
 def _bytes_list(body: Any, name: str, what: str) -> list[bytes]:
     items = _get(body, name, list, what)
     if not all(isinstance(x, bytes) for x in items):
-        raise WireError("garbled", f"{what} field {name!r} must be a list of frames")
+        raise WireError(WireReason.GARBLED, f"{what} field {name!r} must be a list of frames")
     return list(items)
 
 
@@ -145,7 +143,7 @@ def parse_plan(env: Envelope) -> Plan:
     members = _str_list(b, "members", what)
     parent = _get(b, "parent", dict, what)
     if set(parent) != set(members) or not all(v is None or v in parent for v in parent.values()):
-        raise WireError("garbled", "plan tree does not match its members")
+        raise WireError(WireReason.GARBLED, "plan tree does not match its members")
     private = _str_list(b, "private", what) if isinstance(b, dict) and "private" in b else ()
     plan = Plan(
         job=_get(b, "job", str, what), round=_count(b, "round", what, 1, MAX_ROUND),
@@ -157,9 +155,9 @@ def parse_plan(env: Envelope) -> Plan:
         private=private, budget_s=plan_budget(b), steps=planned_steps(b, parent),
     )
     if plan.coordinator != env.sender or parent.get(plan.coordinator, "x") is not None:
-        raise WireError("garbled", "plan must be signed by its coordinator, the root of its tree")
+        raise WireError(WireReason.GARBLED, "plan must be signed by its coordinator, the root of its tree")
     if len(set(members)) != len(members) or not set(private) <= set(members):
-        raise WireError("garbled", "plan lists a member twice, or a private peer that is no member")
+        raise WireError(WireReason.GARBLED, "plan lists a member twice, or a private peer that is no member")
     return plan
 
 
@@ -199,7 +197,7 @@ def parse_update(env: Envelope) -> Update:
         device=update_device(b),
     )
     if up.peer != env.sender:
-        raise WireError("garbled", "update must be signed by its own peer")
+        raise WireError(WireReason.GARBLED, "update must be signed by its own peer")
     return up
 
 
@@ -250,7 +248,7 @@ def parse_partial(env: Envelope) -> Partial:
         secagg=parse_secagg_reports(b.get("secagg", []) if isinstance(b, dict) else [], what),
     )
     if part.leader != env.sender or part.samples <= 0:
-        raise WireError("garbled", "partial must be signed by its leader and cover samples")
+        raise WireError(WireReason.GARBLED, "partial must be signed by its leader and cover samples")
     return part
 
 
@@ -299,9 +297,9 @@ def parse_result(env: Envelope) -> Result:
         step_hash=_get(b, "step_hash", str, what) if "step_hash" in b else None,
     )
     if res.coordinator != env.sender:
-        raise WireError("garbled", "result must be signed by its coordinator")
+        raise WireError(WireReason.GARBLED, "result must be signed by its coordinator")
     if res.step_hash is not None and not valid_hash(res.step_hash):
-        raise WireError("garbled", "result field 'step_hash' is not a blob hash")
+        raise WireError(WireReason.GARBLED, "result field 'step_hash' is not a blob hash")
     return res
 
 
@@ -313,24 +311,26 @@ def walk_contributions(updates: list[bytes], partials: list[bytes], job: str, ro
     and weighs at most the plan's sample cap; every partial must be its attempt's, from one of
     its members. (Only an offline audit, which may lack the plan's context, walks without.)"""
     if depth > 32:
-        raise WireError("garbled", "partial tree is too deep")
+        raise WireError(WireReason.GARBLED, "partial tree is too deep")
     found = []
     for frame in updates:
         up = parse_update(open_envelope(frame, expect_kind=UPDATE))
         if up.job != job or up.round != round_:
-            raise WireError("round", f"update from {up.peer[-8:]} belongs to another round")
+            raise WireError(WireReason.ROUND, f"update from {up.peer[-8:]} belongs to another round")
         if plan is not None:
             if up.plan != plan.digest or up.peer not in plan.parent:
-                raise WireError("round", f"update from {up.peer[-8:]} was not made for this plan by one of its members")
+                raise WireError(WireReason.ROUND,
+                                f"update from {up.peer[-8:]} was not made for this plan by one of its members")
             up = capped(up, plan.sample_cap)
         found.append(up)
     for frame in partials:
         part = parse_partial(open_envelope(frame, expect_kind=PARTIAL))
         if plan is not None and (part.attempt != plan.attempt or part.leader not in plan.parent):
-            raise WireError("round", f"partial from {part.leader[-8:]} is not from this plan's attempt and members")
+            raise WireError(WireReason.ROUND,
+                            f"partial from {part.leader[-8:]} is not from this plan's attempt and members")
         found.extend(walk_contributions(part.updates, part.partials, job, round_, plan, depth + 1))
     if depth == 0 and len({u.peer for u in found}) != len(found):
-        raise WireError("round", "a peer's update is counted twice")
+        raise WireError(WireReason.ROUND, "a peer's update is counted twice")
     return found
 
 
@@ -344,11 +344,11 @@ def parse_secagg_reports(value: Any, what: str) -> tuple[dict[str, Any], ...]:
     """Group reports (who masked, who dropped, whether the sum was recovered) as carried by
     partials, aborts and results; each is checked field by field, extras are dropped."""
     if not isinstance(value, list) or len(value) > 4096:
-        raise WireError("garbled", f"{what} field 'secagg' must be a list of group reports")
+        raise WireError(WireReason.GARBLED, f"{what} field 'secagg' must be a list of group reports")
     out = []
     for item in value:
         if not isinstance(item, dict):
-            raise WireError("garbled", f"{what} has a secure-aggregation report that is not a map")
+            raise WireError(WireReason.GARBLED, f"{what} has a secure-aggregation report that is not a map")
         report = {name: _get(item, name, kind, f"{what} secure-aggregation report")
                   for name, kind in _REPORT_FIELDS.items()}
         for name in ("survivors", "dropped"):
@@ -375,7 +375,7 @@ def _triples(body: Any, what: str) -> list[tuple[str, str, bytes]]:
     items = _get(body, "shares", list, what)
     if not all(isinstance(t, list) and len(t) == 3 and isinstance(t[0], str) and isinstance(t[1], str)
                and isinstance(t[2], bytes) for t in items):
-        raise WireError("garbled", f"{what} field 'shares' must hold [owner, dropped, bytes] triples")
+        raise WireError(WireReason.GARBLED, f"{what} field 'shares' must hold [owner, dropped, bytes] triples")
     return [(t[0], t[1], t[2]) for t in items]
 
 
@@ -387,7 +387,7 @@ def parse_recovery_request(env: Envelope) -> RecoveryRequest:
         dropped=_str_list(b, "dropped", what), shares=_triples(b, what), env=env,
     )
     if req.leader != env.sender:
-        raise WireError("garbled", "recovery request must be signed by its leader")
+        raise WireError(WireReason.GARBLED, "recovery request must be signed by its leader")
     return req
 
 
@@ -408,12 +408,12 @@ def parse_recovery_answer(env: Envelope) -> RecoveryAnswer:
     b, what = env.body, "recovery answer"
     triples = _triples(b, what)
     if any(len(y) != SHARE_BYTES for _, _, y in triples):
-        raise WireError("garbled", f"{what} has a share that is not {SHARE_BYTES} bytes")
+        raise WireError(WireReason.GARBLED, f"{what} has a share that is not {SHARE_BYTES} bytes")
     ans = RecoveryAnswer(
         job=_get(b, "job", str, what), round=_get(b, "round", int, what), attempt=_get(b, "attempt", int, what),
         holder=_get(b, "holder", str, what), request=_get(b, "request", str, what),
         shares=[(o, d, int.from_bytes(y, "big")) for o, d, y in triples], env=env,
     )
     if ans.holder != env.sender:
-        raise WireError("garbled", "recovery answer must be signed by the survivor that holds the shares")
+        raise WireError(WireReason.GARBLED, "recovery answer must be signed by the survivor that holds the shares")
     return ans

@@ -17,7 +17,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 from aggregation.tree import ParentMap, build_tree, cut_groups
-from gpuflex.node.workfields import HEX_DIGITS
+from gpuflex.node.core.workfields import HEX_DIGITS
 from mesh.netprefix import network_prefix
 from mesh.vivaldi import Coordinate
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpuflex.doctor import FAIL, OK, WARN, Finding
+from gpuflex.doctor.findings import FAIL, OK, WARN, Finding
 
 
 def _port(addrs: list[str]) -> str:
@@ -33,11 +33,14 @@ def loopback_only(addrs: list[str]) -> list[str]:
 
 
 def check_reachability(node: dict[str, Any] | None) -> Finding:
+    from mesh.reachability import Reachability, parse  # trio and the codec: only when checked
+
     if node is None:
         return Finding("reachability", WARN, "no node is running for this home, so nobody has tried to dial it",
-                       "start the node (gpuflex node start) and rerun the doctor", {"reachability": "unknown"})
+                       "start the node (gpuflex node start) and rerun the doctor",
+                       {"reachability": Reachability.UNKNOWN})
     nat = node.get("nat") or {}
-    verdict = str(nat.get("reachability", "unknown"))
+    verdict = parse(nat.get("reachability"))
     port = _port(node.get("addrs", []))
     relays = [str(r) for r in nat.get("reservations", [])]
     data = {"reachability": verdict, "reached_at": nat.get("reached_at", []), "reservations": relays,
@@ -50,17 +53,17 @@ def check_reachability(node: dict[str, Any] | None) -> Finding:
                        f"--listen /ip4/0.0.0.0/tcp/{port}", {**data, "loopback_only": True})
     forward = (f"forward TCP port {port} on your router to this machine (and start the node with "
                f"--listen /ip4/0.0.0.0/tcp/{port}), or --announce an address others can dial")
-    if verdict == "public":
+    if verdict == Reachability.PUBLIC:
         at = ", ".join(nat.get("reached_at", [])) or "its listen address"
         service = " and relays for nodes behind NAT" if nat.get("relay_service") else ""
         return Finding("reachability", OK, f"peers dialled this node back at {at}; it serves the DHT{service}",
                        "", data)
-    if verdict == "relayed":
+    if verdict == Reachability.RELAYED:
         via = ", ".join(f"…{r[-8:]}" for r in relays)
         return Finding("reachability", OK, f"behind NAT; relay {via} carries connections to it, and hole punching "
                        f"upgrades them where the routers allow (nothing to do)",
                        f"optional, for speed: {forward}", data)
-    if verdict == "private":
+    if verdict == Reachability.PRIVATE:
         refused = nat.get("refused") or {}
         why = ("; relays refused: " + "; ".join(f"…{r[-8:]} {w}" for r, w in refused.items())) if refused else \
             "; no peer offers a relay"

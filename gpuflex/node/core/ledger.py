@@ -1,4 +1,4 @@
-"""The round ledger: a hash chain of signed RoundResults, kept on every node.
+"""The round ledger: a hash chain of signed Results, kept on every node.
 
 Each result names the digest of the one before it, so the file can be audited offline and a
 removed, reordered or edited round breaks the chain. The file is rewritten atomically after
@@ -12,15 +12,16 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeGuard
 
 import msgpack
 
 from gpuflex.errors import GpuflexError
-from gpuflex.node.evidence import ChainRules, EvidenceError, verify_round
-from gpuflex.node.messages import RESULT, Result, parse_result
-from gpuflex.node.workfields import contributor_work
+from gpuflex.node.core.evidence import ChainRules, EvidenceError, verify_round
+from gpuflex.node.core.messages import RESULT, Result, parse_result
+from gpuflex.node.core.workfields import WireValue, contributor_work
 from mesh.codec import WireError, open_envelope
 from mesh.fsutil import atomic_write
 
@@ -28,6 +29,22 @@ log = logging.getLogger("gpuflex.ledger")
 GENESIS = ""
 #: Presence and sync pages name a ledger's head by this many hex characters of its digest.
 HEAD_CHARS = 16
+
+
+@dataclass(frozen=True)
+class LedgerClaim:
+    """What a peer says of its ledger of one job (its presence, a sync page), typed but
+    unverified: a reason to fetch that ledger, never a fact (``Ledger.may_win``). A value of
+    the wrong type is None: ``height`` none says nothing, ``weight`` none is judged by height."""
+
+    height: int | None
+    weight: int | None = None
+    head: str | None = None  # the head digest's first HEAD_CHARS characters
+
+    @classmethod
+    def from_wire(cls, height: WireValue, weight: WireValue = None, head: WireValue = None) -> LedgerClaim:
+        return cls(height if _count(height) else None, weight if _count(weight) else None,
+                   head if isinstance(head, str) and len(head) == HEAD_CHARS else None)
 
 
 class LedgerError(GpuflexError, ValueError):
@@ -205,22 +222,23 @@ class Ledger:
         """This ledger's fork-choice weight (``chain_weight``)."""
         return chain_weight(self.results)
 
-    def may_win(self, height: object, weight: object = None, head: object = None) -> bool:
+    def may_win(self, claim: LedgerClaim) -> bool:
         """Whether a peer's ledger of this job, as the peer describes it (presence, a sync
         page: unchecked values from the wire), could win fork choice over this one: heavier
         (even if shorter), as heavy and longer, or the same on another head (two halves of a
         healed partition, which otherwise never learn of each other's rounds). A peer that does
         not say its weight is judged by height. Only a reason to fetch that ledger: it is
         checked round by round, and fork choice compares what verifies, before anything changes."""
-        if not _count(height):
+        height, weight, head = claim.height, claim.weight, claim.head
+        if height is None:
             return False
         ours = (self.weight, len(self))
-        if _count(weight):
+        if weight is not None:
             if (weight, height) != ours:
                 return (weight, height) > ours
         elif height != len(self):
             return height > len(self)
-        return height > 0 and isinstance(head, str) and len(head) == HEAD_CHARS and head != self.head[:HEAD_CHARS]
+        return height > 0 and head is not None and head != self.head[:HEAD_CHARS]
 
     def load(self) -> list[str]:
         """Load from disk, falling back to the previous copy; returns problems reported."""
@@ -274,7 +292,7 @@ class Ledger:
         self._adopt(list(frames), verify_chain(frames, self.job, self.rules) if results is None else results)
 
 
-def _count(value: object) -> TypeGuard[int]:
+def _count(value: WireValue) -> TypeGuard[int]:
     """A non-negative int from the wire (a bool is not one)."""
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 

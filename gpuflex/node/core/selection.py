@@ -14,7 +14,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from gpuflex.node.messages import Result
+from gpuflex.node.core.messages import Result
 
 
 def score(metrics: dict[str, Any]) -> float | None:

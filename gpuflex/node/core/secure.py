@@ -16,8 +16,8 @@ delivers, the leader hands each survivor the shares addressed to it about u's se
 ``secagg_recover`` request); survivors decrypt and return them (a signed ``secagg_shares``
 answer), and any ``threshold`` of them rebuild the seeds that remove the masks dangling from u.
 A survivor answers for one split of the group into survivors and dropped members only, and
-never about its own seeds. The round driver (gpuflex/node/rounds.py) moves the messages; the
-checks and the bookkeeping are here.
+never about its own seeds. The roles move the messages (the leader's round trip is
+``gpuflex.node.recovery``); the checks and the bookkeeping are here, with no I/O.
 
 Known limit: there is no second, self mask (Bonawitz et al.'s "double masking"). A member
 that is declared dropped but whose update still reaches the leader after the recovery could
@@ -29,27 +29,29 @@ from __future__ import annotations
 
 import hashlib
 import struct
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TypeAlias
 
 import msgpack
 import numpy as np
-import trio
 from nacl.bindings import crypto_scalarmult, crypto_sign_ed25519_pk_to_curve25519
 from nacl.exceptions import CryptoError
 from nacl.secret import SecretBox
 
 from aggregation import secagg
+from aggregation.sparse import SparseVector
 from aggregation.tree import children
 from aggregation.weighted import WeightedAccumulator
-from gpuflex.node.messages import (
+from gpuflex.node.core.messages import (
     SECAGG_RECOVER,
     SECAGG_SHARES,
     SHARE_BYTES,
     RecoveryRequest,
     parse_recovery_answer,
 )
-from mesh.codec import WireError, open_envelope, seal
+from gpuflex.node.core.workfields import WireValue
+from mesh.codec import WireError, WireReason, open_envelope, seal
 from mesh.identity import Identity, public_key_from_peer_id
 
 MAGIC = b"GFSA"
@@ -95,7 +97,7 @@ def pairwise_keys(identity: Identity, peer: str, ctx: GroupContext) -> tuple[byt
     try:
         peer_x = crypto_sign_ed25519_pk_to_curve25519(public_key_from_peer_id(peer))
     except (ValueError, CryptoError) as exc:
-        raise WireError("garbled", f"cannot derive a key for {peer[-8:]}: {exc}") from None
+        raise WireError(WireReason.GARBLED, f"cannot derive a key for {peer[-8:]}: {exc}") from None
     shared = crypto_scalarmult(identity.x25519_private_key(), peer_x)
     pair = "|".join(sorted((identity.peer_id, peer))).encode()
     material = ctx.label() + b"|" + pair
@@ -114,6 +116,11 @@ class MaskedUpdate:
 
     ring: np.ndarray
     shares: dict[tuple[str, str], bytes]
+
+
+#: What a leader folds for one update or partial: a plain delta (a SparseVector under codec =
+#: "sparse", summed as it is) or, under secure aggregation, a masked one.
+Folded: TypeAlias = "np.ndarray | SparseVector | MaskedUpdate"
 
 
 class SecAggMember:
@@ -154,20 +161,21 @@ class SecAggMember:
         split = (frozenset(survivors), frozenset(dropped))
         if (self.me not in split[0] or not split[1] or split[0] & split[1]
                 or split[0] | split[1] != set(self.ctx.group)):
-            raise WireError("round", "recovery request does not split the group into survivors and dropped members")
+            raise WireError(WireReason.ROUND,
+                            "recovery request does not split the group into survivors and dropped members")
         if self._split is not None and self._split != split:
-            raise WireError("round", "a second recovery request names other dropped members")
+            raise WireError(WireReason.ROUND, "a second recovery request names other dropped members")
         out = []
         for owner, partner, ciphertext in request:
             if self.me in (owner, partner) or owner not in self._keys:
-                raise WireError("round", "recovery request names this node's own seed")
+                raise WireError(WireReason.ROUND, "recovery request names this node's own seed")
             if owner not in split[0] or partner not in split[1]:
-                raise WireError("round", f"recovery request asks for the seed of {owner[-8:]} and "
+                raise WireError(WireReason.ROUND, f"recovery request asks for the seed of {owner[-8:]} and "
                                          f"{partner[-8:]}, which is not a survivor's seed with a dropped member")
             try:
                 plain = SecretBox(self._keys[owner][1]).decrypt(ciphertext)
             except CryptoError:
-                raise WireError("garbled", f"share from {owner[-8:]} does not decrypt") from None
+                raise WireError(WireReason.GARBLED, f"share from {owner[-8:]} does not decrypt") from None
             out.append((owner, partner, int.from_bytes(plain, "big")))
         self._split = split
         return out
@@ -183,9 +191,9 @@ def decode_masked(payload: bytes, size: int) -> MaskedUpdate:
         body = payload[8 + length :]
         shares = {(str(p), str(h)): bytes(c) for p, h, c in meta["shares"]}
     except Exception as exc:  # untrusted bytes may fail msgpack or the unpacking in any way
-        raise WireError("garbled", f"masked delta could not be decoded ({exc})") from None
+        raise WireError(WireReason.GARBLED, f"masked delta could not be decoded ({exc})") from None
     if len(body) != size * 4:
-        raise WireError("garbled", f"masked delta has {len(body)} bytes, expected {size * 4}")
+        raise WireError(WireReason.GARBLED, f"masked delta has {len(body)} bytes, expected {size * 4}")
     return MaskedUpdate(np.frombuffer(body, dtype="<u4").astype(secagg.RING_DTYPE), shares)
 
 
@@ -212,14 +220,15 @@ class SecAggReducer:
     def answered(self) -> set[str]:
         return set(self._answered)
 
-    def add(self, vector: np.ndarray | MaskedUpdate, weight: float, reporter: str) -> None:
+    def add(self, vector: Folded, weight: float, reporter: str) -> None:
         if not isinstance(vector, MaskedUpdate):
             if reporter in self.ctx.group:
-                raise WireError("round", f"{reporter[-8:]} must send a masked update")
-            self._plain.add(vector, weight)
+                raise WireError(WireReason.ROUND, f"{reporter[-8:]} must send a masked update")
+            # A job under secure aggregation sends no sparse deltas (its spec refuses codec = "sparse").
+            self._plain.add(vector.dense() if isinstance(vector, SparseVector) else vector, weight)
             return
         if reporter not in self.ctx.group or reporter in self._received:
-            raise WireError("round", f"masked update from {reporter[-8:]}, not a masking member here")
+            raise WireError(WireReason.ROUND, f"masked update from {reporter[-8:]}, not a masking member here")
         self._received[reporter] = vector
         self._weight += int(weight)
         self._ring = secagg.ring_sum([vector.ring] if self._ring is None else [self._ring, vector.ring])
@@ -243,15 +252,15 @@ class SecAggReducer:
 
     def add_answers(self, holder: str, answers: list[tuple[str, str, int]]) -> None:
         if holder not in self._received:
-            raise WireError("round", f"recovery answer from {holder[-8:]}, who is not a survivor")
+            raise WireError(WireReason.ROUND, f"recovery answer from {holder[-8:]}, who is not a survivor")
         if holder in self._answered:
-            raise WireError("round", f"second recovery answer from {holder[-8:]}")
+            raise WireError(WireReason.ROUND, f"second recovery answer from {holder[-8:]}")
         dropped = set(self.missing())
         for owner, partner, y in answers:
             if owner not in self._received or partner not in dropped or holder in (owner, partner):
-                raise WireError("round", f"recovery answer from {holder[-8:]} has a share nobody asked for")
+                raise WireError(WireReason.ROUND, f"recovery answer from {holder[-8:]} has a share nobody asked for")
             if not 0 <= y < secagg.PRIME:
-                raise WireError("garbled", f"recovery answer from {holder[-8:]} has a share outside the field")
+                raise WireError(WireReason.GARBLED, f"recovery answer from {holder[-8:]} has a share outside the field")
         self._answered.add(holder)
         for owner, partner, y in answers:
             self._answers.setdefault((owner, partner), []).append((self.ctx.x_of(holder), y))
@@ -305,52 +314,26 @@ def answer_recovery(identity: Identity, side: SecAggMember, req: RecoveryRequest
     """A survivor's signed answer to its own leader's request for this round attempt."""
     ctx = side.ctx
     if (req.job, req.round, req.attempt) != (ctx.job, ctx.round, ctx.attempt):
-        raise WireError("round", f"recovery request for round {req.round} attempt {req.attempt}, "
+        raise WireError(WireReason.ROUND, f"recovery request for round {req.round} attempt {req.attempt}, "
                                  f"this node masked in round {ctx.round} attempt {ctx.attempt}")
     if req.leader != ctx.leader:
-        raise WireError("round", f"recovery request from {req.leader[-8:]}, who does not lead this node's group")
+        raise WireError(WireReason.ROUND,
+                        f"recovery request from {req.leader[-8:]}, who does not lead this node's group")
     shares = side.answer(req.shares, req.survivors, req.dropped)
     return seal(identity, SECAGG_SHARES, {
         "job": ctx.job, "round": ctx.round, "attempt": ctx.attempt, "holder": identity.peer_id,
         "request": req.env.digest, "shares": [[o, d, y.to_bytes(SHARE_BYTES, "big")] for o, d, y in shares]})
 
 
-def accept_answer(red: SecAggReducer, holder: str, reply: object, request: bytes) -> None:
+def accept_answer(red: SecAggReducer, holder: str, reply: WireValue, request: bytes) -> None:
     """Check a survivor's answer against the request it was sent, then fold its shares in."""
     if not isinstance(reply, bytes):
-        raise WireError("garbled", f"recovery answer from {holder[-8:]} is not a signed frame")
+        raise WireError(WireReason.GARBLED, f"recovery answer from {holder[-8:]} is not a signed frame")
     ans = parse_recovery_answer(open_envelope(reply, expect_kind=SECAGG_SHARES))
     ctx = red.ctx
     if ans.holder != holder:
-        raise WireError("impersonation", f"recovery answer from {holder[-8:]} is signed by {ans.holder[-8:]}")
+        raise WireError(WireReason.IMPERSONATION, f"recovery answer from {holder[-8:]} is signed by {ans.holder[-8:]}")
     if (ans.job, ans.round, ans.attempt) != (ctx.job, ctx.round, ctx.attempt) or (
             ans.request != open_envelope(request).digest):
-        raise WireError("round", f"recovery answer from {holder[-8:]} does not match its request")
+        raise WireError(WireReason.ROUND, f"recovery answer from {holder[-8:]} does not match its request")
     red.add_answers(holder, ans.shares)
-
-
-async def collect_answers(identity: Identity, red: SecAggReducer,
-                          request: Callable[[str, bytes], Awaitable[object]],
-                          timeout: float) -> dict[str, Exception]:
-    """The leader's round trip: every survivor gets its request at once, and each answer that
-    checks out is folded into ``red``. Bounded by ``timeout``; returns, per survivor that gave
-    no usable answer, why (a WireError means the answer itself was bad)."""
-    try:
-        frames = recovery_frames(identity, red)
-    except ValueError as exc:  # a request over its size limit: the group is far too large
-        raise secagg.SecAggError(str(exc)) from None
-    problems: dict[str, Exception] = {}
-
-    async def ask(holder: str, frame: bytes) -> None:
-        try:
-            accept_answer(red, holder, await request(holder, frame), frame)
-        except Exception as exc:  # any failure of one survivor only counts against the threshold
-            problems[holder] = exc
-
-    with trio.move_on_after(timeout):
-        async with trio.open_nursery() as nursery:
-            for holder, frame in frames.items():
-                nursery.start_soon(ask, holder, frame)
-    for holder in frames.keys() - problems.keys() - red.answered:
-        problems[holder] = TimeoutError(f"no answer within {timeout:.0f}s")
-    return problems

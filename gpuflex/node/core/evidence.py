@@ -34,9 +34,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from gpuflex.errors import GpuflexError
-from gpuflex.node.messages import MAX_SAMPLES, Result, Update, walk_contributions
-from gpuflex.node.ranking import coordinator_ranking
-from gpuflex.node.workfields import nonce_fields
+from gpuflex.node.core.messages import MAX_SAMPLES, Result, Update, walk_contributions
+from gpuflex.node.core.ranking import coordinator_ranking
+from gpuflex.node.core.workfields import nonce_fields
 from mesh.codec import WireError
 
 if TYPE_CHECKING:

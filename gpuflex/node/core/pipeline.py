@@ -28,21 +28,24 @@ from aggregation.secagg import default_threshold
 from aggregation.server_opt import ServerOptimizer, make_server_optimizer
 from aggregation.sparse import SparseVector, Transform, decode_sparse, encode_nonzero
 from aggregation.weighted import WeightedAccumulator
-from gpuflex.node.modelblob import pack_delta, unpack_delta
-from gpuflex.node.secure import (
+from gpuflex.node.core.modelblob import pack_delta, unpack_delta
+from gpuflex.node.core.secure import (
+    MAGIC,
+    Folded,
     GroupContext,
+    MaskedUpdate,
     SecAggMember,
     SecAggReducer,
     decode_masked,
     mask_group,
 )
 from gpuflex.plugins import is_plugin_path, load_callable
-from mesh.codec import WireError
+from mesh.codec import WireError, WireReason
 from mesh.fsutil import atomic_write
 
 if TYPE_CHECKING:
     from gpuflex.jobspec import JobSpec
-    from gpuflex.node.messages import Plan
+    from gpuflex.node.core.messages import Plan
     from mesh.identity import Identity
 
 log = logging.getLogger("gpuflex.pipeline")
@@ -58,15 +61,16 @@ class Reducer(Protocol):
     @property
     def count(self) -> int: ...
 
-    def add(self, vector: np.ndarray, weight: float, reporter: str) -> None: ...
+    def add(self, vector: Folded, weight: float, reporter: str) -> None: ...
 
     def result(self) -> np.ndarray: ...
 
 
-def _require_plain(vector: object, reporter: str) -> None:
+def _plain(vector: Folded, reporter: str) -> np.ndarray | SparseVector:
     """A masked update can only be unmasked by its own group's leader, never after failover."""
-    if not isinstance(vector, (np.ndarray, SparseVector)):
-        raise WireError("round", f"masked update from {reporter[-8:]} reached a node outside its group")
+    if isinstance(vector, MaskedUpdate):
+        raise WireError(WireReason.ROUND, f"masked update from {reporter[-8:]} reached a node outside its group")
+    return vector
 
 
 class MeanReducer:
@@ -79,8 +83,8 @@ class MeanReducer:
     def count(self) -> int:
         return self._acc.count
 
-    def add(self, vector: np.ndarray, weight: float, reporter: str) -> None:
-        _require_plain(vector, reporter)
+    def add(self, vector: Folded, weight: float, reporter: str) -> None:
+        vector = _plain(vector, reporter)
         if isinstance(vector, SparseVector):  # summed as it is, never expanded to a dense copy
             self._acc.add_sparse(vector.size, vector.index, vector.values, weight)
         else:
@@ -114,14 +118,14 @@ class RobustReducer:
     def count(self) -> int:
         return len(self.vectors)
 
-    def add(self, vector: np.ndarray, weight: float, reporter: str) -> None:
-        _require_plain(vector, reporter)
+    def add(self, vector: Folded, weight: float, reporter: str) -> None:
+        vector = _plain(vector, reporter)
         if isinstance(vector, SparseVector):  # a robust rule needs every input whole
             vector = vector.dense()
         if not np.all(np.isfinite(vector)):
-            raise WireError("garbled", f"update from {reporter[-8:]} has non-finite values")
+            raise WireError(WireReason.GARBLED, f"update from {reporter[-8:]} has non-finite values")
         if self.vectors and vector.shape != self.vectors[0].shape:
-            raise WireError("garbled", f"update from {reporter[-8:]} has the wrong size")
+            raise WireError(WireReason.GARBLED, f"update from {reporter[-8:]} has the wrong size")
         self.vectors.append(np.asarray(vector, dtype=np.float32))
         self.weights.append(float(weight))
         self.reporters.append(reporter)
@@ -199,7 +203,7 @@ def plugin_rule(spec: JobSpec) -> Rule:
 
 
 def describe_rule(spec: JobSpec) -> dict[str, Any]:
-    """The aggregation settings a RoundResult records, so an audit shows how it was combined."""
+    """The aggregation settings a Result records, so an audit shows how it was combined."""
     return {"rule": spec.rule, "params": dict(sorted(spec.rule_params.items())),
             "mode": spec.aggregation_mode, "norm_bound": spec.norm_bound,
             "norm_bound_mode": spec.norm_bound_mode, "secure_aggregation": spec.secure_aggregation,
@@ -286,9 +290,10 @@ def decode_sparse_payload(spec: JobSpec, payload: bytes, size: int) -> SparseVec
     try:
         vec, transform, chunk = decode_sparse(EncodedDelta.from_bytes(payload))
     except AggregationError as exc:
-        raise WireError("garbled", f"sparse delta could not be decoded: {exc}") from None
+        raise WireError(WireReason.GARBLED, f"sparse delta could not be decoded: {exc}") from None
     if vec.size != size or chunk != spec.sparse_chunk or transform is not _job_transform(spec):
-        raise WireError("garbled", f"sparse delta has size {vec.size}, chunk {chunk}, transform {transform.name}; "
+        raise WireError(WireReason.GARBLED,
+                        f"sparse delta has size {vec.size}, chunk {chunk}, transform {transform.name}; "
                         f"the job needs {size}, {spec.sparse_chunk}, {spec.sparse_transform}")
     return vec
 
@@ -301,11 +306,11 @@ def pack_partial(spec: JobSpec, avg: np.ndarray) -> bytes:
     return pack_delta(avg)
 
 
-def unpack_partial(spec: JobSpec, payload: bytes, size: int) -> np.ndarray:
+def unpack_partial(spec: JobSpec, payload: bytes, size: int) -> np.ndarray | SparseVector:
     """``pack_partial`` undone, checked against the model's ``size`` (a SparseVector under
     codec = "sparse", which the reducers take as it is)."""
     if spec.codec == "sparse":
-        return decode_sparse_payload(spec, payload, size)  # type: ignore[return-value]
+        return decode_sparse_payload(spec, payload, size)
     return unpack_delta(payload, size)
 
 
@@ -317,30 +322,32 @@ def secagg_member(spec: JobSpec, identity: Identity, plan: Plan) -> SecAggMember
     return SecAggMember(identity, ctx)
 
 
-def decode_payload(spec: JobSpec, payload: bytes, size: int) -> np.ndarray:
-    """A leader's side: wire bytes back to a float32 vector of ``size`` entries.
+def decode_update(spec: JobSpec, payload: bytes, size: int) -> Folded:
+    """A leader's side of one update: masked under secure aggregation (only its group's leader
+    folds it, through the SecAggReducer), else plain (``decode_payload``)."""
+    masked = spec.secure_aggregation and payload[:4] == MAGIC
+    return decode_masked(payload, size) if masked else decode_payload(spec, payload, size)
 
-    Under secure aggregation a masked payload decodes to a MaskedUpdate instead, which only
-    the SecAggReducer accepts.
-    """
-    if spec.secure_aggregation and payload[:4] == b"GFSA":
-        return decode_masked(payload, size)  # type: ignore[return-value]
+
+def decode_payload(spec: JobSpec, payload: bytes, size: int) -> np.ndarray | SparseVector:
+    """A plain update's wire bytes back to a float32 vector of ``size`` entries, or its
+    nonzeros under codec = "sparse" (a masked update goes through ``decode_update``)."""
     if spec.codec == "none":
         return unpack_delta(payload, size)
     if spec.codec == "sparse":
-        return decode_sparse_payload(spec, payload, size)  # type: ignore[return-value]
+        return decode_sparse_payload(spec, payload, size)
     try:
         enc = EncodedDelta.from_bytes(payload)
         # The job's codec and the model's size, checked before decoding: a codec that names
         # its size (top-k, sparse) must not make a leader allocate whatever size it claims.
         if enc.codec != spec.codec or enc.size != size:
-            raise WireError("garbled", f"delta is {enc.codec!r} of {enc.size} values; the job needs "
+            raise WireError(WireReason.GARBLED, f"delta is {enc.codec!r} of {enc.size} values; the job needs "
                             f"{spec.codec!r} of {size}")
         vec = decode_delta(enc)
     except AggregationError as exc:
-        raise WireError("garbled", f"delta could not be decoded: {exc}") from None
+        raise WireError(WireReason.GARBLED, f"delta could not be decoded: {exc}") from None
     if vec.size != size or not np.all(np.isfinite(vec)):
-        raise WireError("garbled", "decoded delta has the wrong size or non-finite values")
+        raise WireError(WireReason.GARBLED, "decoded delta has the wrong size or non-finite values")
     return vec
 
 
@@ -389,10 +396,10 @@ def replay_step(spec: JobSpec, params: np.ndarray, state: dict[str, np.ndarray],
     try:
         enc = EncodedDelta.from_bytes(step)
         if enc.size != update_size(spec, params.size):
-            raise WireError("garbled", f"committed step has {enc.size} values, the model {params.size}")
+            raise WireError(WireReason.GARBLED, f"committed step has {enc.size} values, the model {params.size}")
         avg = decode_delta(enc)
     except AggregationError as exc:
-        raise WireError("garbled", f"committed step could not be decoded: {exc}") from None
+        raise WireError(WireReason.GARBLED, f"committed step could not be decoded: {exc}") from None
     return server_optimizer(spec).step(params, avg, state)
 
 
