@@ -9,8 +9,8 @@ Three loops beside a ``MeshNode``, all on trio's clock:
   k = 20 peers: at 60 s it was a cost that grew with the mesh up to that size);
 * NodeInfo lookups, bounded per period: every peer's once when it is learnt or comes back,
   then only the watched peers' (``watch_set``) now and then, so the cost does not grow
-  with the mesh; a peer that is not up is looked up every ``info_retry_s`` (its NodeInfo
-  in the DHT may name relays to reach it by).
+  with the mesh; a peer that is not up is looked up every ``info_retry_s``, less often after
+  each lookup that found nothing (its NodeInfo in the DHT may name relays to reach it by).
 """
 
 from __future__ import annotations
@@ -38,6 +38,10 @@ INFO_LOOKUPS_PER_PERIOD = 4
 #: Watched peers' NodeInfo is refreshed this often (every 5 s while they still check their
 #: reachability); other up peers' only when it is missing.
 INFO_REFRESH_S, INFO_CHECKING_S = 30.0, 5.0
+#: A peer that is not up and whose NodeInfo could not be had is looked up less and less often,
+#: doubling from ``info_retry_s`` to this: each try may be a DHT walk, and a mesh that has
+#: seen churn holds many peers that are gone for good.
+INFO_RETRY_MAX_S = 300.0
 
 
 async def best_effort(what: str, chore: Callable[[], Awaitable[Any]], timeout: float) -> Any:
@@ -86,6 +90,7 @@ class Discovery:
         self.node = node
         self._info_tried: dict[str, float] = {}
         self._info_loading: set[str] = set()
+        self._info_misses: dict[str, int] = {}  # peer -> lookups in a row that found nothing
 
     async def walk_loop(self) -> None:
         cfg = self.node.config
@@ -139,15 +144,21 @@ class Discovery:
         self._info_loading.discard(peer)
         while len(self._info_tried) > keep:
             del self._info_tried[next(iter(self._info_tried))]
+        while len(self._info_misses) > keep:
+            del self._info_misses[next(iter(self._info_misses))]
 
     def info_due(self, rec: PeerRecord, now: float, watched: set[str]) -> bool:
-        """Missing: at once. Up and watched: every 5 s while it still checks its reachability,
-        then every half minute. Up and not watched: never again. Not up: every ``info_retry_s``."""
+        """Missing: at once, the first time. Up and watched: every 5 s while it still checks its
+        reachability, then every half minute. Up and not watched: never again. Not up, or
+        missing after a lookup that found nothing: every ``info_retry_s``, doubling after each
+        lookup that found nothing (to ``INFO_RETRY_MAX_S``)."""
         age = now - self._info_tried.get(rec.peer_id, -1e9)
+        misses = self._info_misses.get(rec.peer_id, 0)
+        retry = min(INFO_RETRY_MAX_S, self.node.config.info_retry_s * 2 ** min(misses, 16))
         if rec.state != UP:
-            return age > self.node.config.info_retry_s
+            return age > retry
         if rec.info is None:
-            return True
+            return misses == 0 or age > retry
         if rec.peer_id not in watched:
             return False
         checking = rec.info.get("reachability", "unknown") == "unknown"
@@ -171,6 +182,10 @@ class Discovery:
             rec = self.node.peers.get(peer)
             if info is not None and rec is not None:
                 rec.info = info
+            if info is None:
+                self._info_misses[peer] = self._info_misses.pop(peer, 0) + 1
+            else:
+                self._info_misses.pop(peer, None)
         finally:
             self._info_loading.discard(peer)
 

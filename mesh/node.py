@@ -52,13 +52,14 @@ from mesh.host import (
     DEFAULT_LISTEN,
     HostError,
     check_tcp_port_free,
+    on_disconnect,
     parse_multiaddr,
     sticky_listen,
 )
 from mesh.identity import Identity
 from mesh.inbound import InboundStreams, close, reset
 from mesh.limits import PeerLimits
-from mesh.liveness import Liveness
+from mesh.liveness import PING_PROTOCOL, Liveness
 from mesh.messaging import (
     GOSSIP_PROTOCOL,
     MSG_PROTOCOL,
@@ -230,6 +231,10 @@ class MeshNode:
             self.host.set_stream_handler(BLOB_PROTOCOL, inbound.guard(inbound.handle_blob, "blob_serves"))
             self.host.set_stream_handler(STREAM_PROTOCOL, inbound.guard(
                 partial(serve_stream, self, self.config.limits.read_timeout_s)))
+            # Pings are served here, not by py-libp2p: each is word that the peer is alive.
+            self.host.set_stream_handler(PING_PROTOCOL, inbound.guard(self.liveness.serve_ping))
+            if net.uses_sockets:
+                on_disconnect(self.host, self.liveness.lost)
             self.handlers.register(INFO_REQUEST, self._answer_info_request)
             self.handlers.register(PEERS_REQUEST, self.pex.answer)
             async with net.serve_dht(self.dht):
