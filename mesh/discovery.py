@@ -5,8 +5,9 @@ Three loops beside a ``MeshNode``, all on trio's clock:
 * the DHT walk, often while the node is new and still finding peers, rarely after; the
   routing table and the open connections are read every ``refresh_fast_s`` all along,
   which costs no traffic, so a peer that dials in is known within a second;
-* the NodeInfo republish, from every second doubling to ``PUBLISH_MAX_S`` (a put reaches up to
-  k = 20 peers: at 60 s it was a cost that grew with the mesh up to that size);
+* the NodeInfo publish, a few times while the node is new, then every ``PUBLISH_MAX_S`` and
+  when it changes (a put reaches up to k = 20 peers: a cost that grows with the mesh up to
+  that size);
 * NodeInfo lookups, bounded per period: every peer's once when it is learnt or comes back,
   then only the watched peers' (``watch_set``) now and then, so the cost does not grow
   with the mesh; a peer that is not up is looked up every ``info_retry_s``, less often after
@@ -29,8 +30,9 @@ log = logging.getLogger("mesh.discovery")
 #: One DHT chore (a routing-table walk, a NodeInfo publish): bounded so a stuck one cannot
 #: stall the loop that runs it.
 DHT_CHORE_S = 10.0
-#: The NodeInfo republish interval starts at 1 s and doubles to this.
-PUBLISH_MAX_S = 300.0
+#: NodeInfo is published this long after start, then every ``PUBLISH_MAX_S``, and
+#: ``REPUBLISH_AFTER_CHANGE_S`` after it changes.
+PUBLISH_AFTER_S, PUBLISH_MAX_S, REPUBLISH_AFTER_CHANGE_S = (1.0, 4.0, 15.0, 60.0), 300.0, 2.0
 #: The DHT walk slows down after this many fast walks in a row that found no new peer.
 QUIET_WALKS = 3
 #: NodeInfo lookups started per period, whatever the size of the mesh.
@@ -91,6 +93,7 @@ class Discovery:
         self._info_tried: dict[str, float] = {}
         self._info_loading: set[str] = set()
         self._info_misses: dict[str, int] = {}  # peer -> lookups in a row that found nothing
+        self._changed = trio.Event()  # this node's NodeInfo changed since it was last published
 
     async def walk_loop(self) -> None:
         cfg = self.node.config
@@ -111,12 +114,24 @@ class Discovery:
             await trio.sleep(max(0.0, min(cfg.refresh_fast_s, next_walk - trio.current_time())))
 
     async def publish_loop(self) -> None:
-        delay = 1.0
+        """Publish this node's NodeInfo ``PUBLISH_AFTER_S`` after start (its routing table
+        grows meanwhile, so each put reaches more peers), then every ``PUBLISH_MAX_S`` and soon
+        after it changes (``republish_soon``): a put reaches up to k = 20 peers, so a node that
+        republished often cost every peer of a mesh of up to 20 more the larger it was."""
+        started = trio.current_time()
+        schedule = list(PUBLISH_AFTER_S)
         while True:
             await best_effort("publishing NodeInfo", partial(
                 self.node.dht.put_value, nodeinfo_key(self.node.peer_id), self.node.sealed_info()), DHT_CHORE_S)
-            await trio.sleep(delay)
-            delay = min(delay * 2, PUBLISH_MAX_S)
+            self._changed = trio.Event()
+            until = started + schedule.pop(0) if schedule else trio.current_time() + PUBLISH_MAX_S
+            with trio.move_on_at(until):
+                await self._changed.wait()
+                await trio.sleep(REPUBLISH_AFTER_CHANGE_S)  # a change seldom comes alone
+
+    def republish_soon(self) -> None:
+        """This node's NodeInfo changed (its reachability, its relays): publish it again soon."""
+        self._changed.set()
 
     def learn_routing_table(self) -> None:
         for pid in self.node.dht.routing_table.get_peer_ids():

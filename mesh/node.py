@@ -118,7 +118,7 @@ class MeshConfig:
     node_info: dict[str, Any] = field(default_factory=dict)
     bootstrap_timeout_s: float = 30.0
     refresh_fast_s: float = 1.0
-    refresh_slow_s: float = 60.0  # a settled node's DHT walk; newcomers dial in, peer exchange spreads them
+    refresh_slow_s: float = 300.0  # a settled node's DHT walk (reaches up to k = 20 peers); newcomers dial in, peer exchange spreads them
     fast_refresh_period_s: float = 30.0
     max_payload: int = 4 << 30
     gossip_window_s: float = 600.0
@@ -313,6 +313,7 @@ class MeshNode:
     def reachability_changed(self, old: str, new: str) -> None:
         """Re-announce at once: peers pick relays and leaders by what NodeInfo says."""
         self._info_frame = self._seal_node_info()
+        self.discovery.republish_soon()
         self._on_event(MeshEvent.REACHABILITY, message=f"this node is {new} (was {old})", reachability=new)
 
     def _seal_node_info(self) -> bytes:
