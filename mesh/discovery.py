@@ -2,9 +2,10 @@
 
 Three loops beside a ``MeshNode``, all on trio's clock:
 
-* the DHT walk, often while the node is new and still finding peers, rarely after; the
-  routing table and the open connections are read every ``refresh_fast_s`` all along,
-  which costs no traffic, so a peer that dials in is known within a second;
+* the DHT walk, often while the node is new and still finding peers (1 s apart, doubling),
+  rarely after; the routing table and the open connections are read every
+  ``refresh_fast_s`` all along, which costs no traffic, so a peer that dials in is known
+  within a second;
 * the NodeInfo publish, a few times while the node is new, then every ``PUBLISH_MAX_S`` and
   when it changes (a put reaches up to k = 20 peers: a cost that grows with the mesh up to
   that size);
@@ -99,6 +100,7 @@ class Discovery:
         cfg = self.node.config
         started = trio.current_time()
         next_walk = started
+        gap = cfg.refresh_fast_s
         quiet = 0  # walks in a row that found no peer this node did not know
         while True:
             if trio.current_time() >= next_walk:
@@ -106,10 +108,13 @@ class Discovery:
                 await best_effort("routing table refresh", self.node.dht.refresh_routing_table, DHT_CHORE_S)
                 self.learn_routing_table()
                 quiet = quiet + 1 if len(self.node.peers.all()) <= before else 0
-                # Fast while new and still finding peers: once walks stop finding any, newcomers
-                # reach this node by their own walks, read from the routing table below.
+                # Often while new and still finding peers, each gap twice the last (a walk
+                # reaches up to k = 20 peers, and a whole mesh starting at once walks together);
+                # once walks stop finding any, newcomers reach this node by their own walks,
+                # read from the routing table below.
                 fast = trio.current_time() - started < cfg.fast_refresh_period_s and quiet < QUIET_WALKS
-                next_walk = trio.current_time() + (cfg.refresh_fast_s if fast else cfg.refresh_slow_s)
+                next_walk = trio.current_time() + (gap if fast else cfg.refresh_slow_s)
+                gap = min(gap * 2, cfg.refresh_slow_s)
             self.learn_routing_table()
             await trio.sleep(max(0.0, min(cfg.refresh_fast_s, next_walk - trio.current_time())))
 
