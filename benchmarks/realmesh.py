@@ -4,7 +4,8 @@ For each size, real ``gpuflex node start`` processes on 127.0.0.1 (forked from o
 that imported torch and libp2p once, as ``gpuflex demo`` starts them) find each other from
 node 0's address, and node 0 submits the demo job (the digits CNN on Dirichlet shards) for
 ``--rounds`` rounds, each member's share of work made small (``--local-steps`` batches) so
-that the protocol, not the training, is what a 2-core machine is asked to carry. Measured:
+that the protocol, not the training, is what a 2-core machine is asked to carry, and every
+round waiting for all of them (``min_nodes``). Measured:
 
 * whether the mesh settled (every node lists every other as up) and how long it took;
 * the rounds committed within ``--timeout-s``, and the contributors and length of each;
@@ -56,12 +57,15 @@ def open_fds(pid: int) -> int:
         return 0
 
 
-def job_spec(rounds: int, local_steps: int) -> dict[str, Any]:
+def job_spec(rounds: int, local_steps: int, nodes: int) -> dict[str, Any]:
+    """The demo job, each member's work ``local_steps`` batches, and a round planned only once
+    all ``nodes`` are present (``min_nodes``): the question is whether every one contributes."""
     from gpuflex.demo import demo_spec
 
     spec = demo_spec(rounds)
     spec["local_steps"] = local_steps
     spec["local_epochs"] = 1
+    spec["min_nodes"] = nodes
     return spec
 
 
@@ -83,7 +87,7 @@ def measure(nodes: int, rounds: int, local_steps: int, timeout_s: float) -> dict
             f"min peers up {row['min_up']}")
         pids = [mesh.procs[i].pid for i in range(nodes)]
         cpu0 = [cpu_seconds(p) for p in pids]
-        job = mesh.submit(job_spec(rounds, local_steps))
+        job = mesh.submit(job_spec(rounds, local_steps, nodes))
         t_job = time.time()
         fds = 0
         shown = 0
