@@ -133,7 +133,7 @@ class Liveness:
         self._probing: set[str] = set()
         self._lost_at: dict[str, float] = {}  # peer -> trio time its connection closed
         self._due_at = math.inf  # when the loop should wake next
-        self._wake = trio.Event()  # set to wake the loop early: a new suspicion, a lost connection
+        self._wake = trio.Event()  # set to wake the loop early: a new suspicion (its end is due)
         self._lagging_until = -math.inf
         self._nursery: trio.Nursery | None = None
         # Whether to announce this node alive after start (``ANNOUNCE_AFTER_S``): only a node
