@@ -176,6 +176,7 @@ class Job:
     error: str = ""
     model_hash: str = ""
     spec: Mapping[str, Any] | None = None
+    kind: str = ""  # "inference" for a batch inference job (answers for rounds, no ledger)
 
     @classmethod
     def parse(cls, raw: Any) -> Job:
@@ -192,7 +193,7 @@ class Job:
             metrics=tuple(Point.parse(m) for m in as_list(d.get("metrics"))),
             waiting=text(d.get("waiting"), 300), error=text(d.get("error"), 300),
             model_hash=text(d.get("model_hash"), 80),
-            spec=spec if isinstance(spec, Mapping) else None)
+            spec=spec if isinstance(spec, Mapping) else None, kind=text(d.get("kind"), 20))
 
     @property
     def label(self) -> str:
