@@ -372,7 +372,7 @@ class Liveness:
                     self._streams[peer] = (stream, t0)
                     await stream.write(payload)
                     if await read_exactly(stream, PING_SIZE) == payload:
-                        self.node.peers.seen(peer, (trio.current_time() - t0) * 1000)
+                        self.node.peers.reached(peer, (trio.current_time() - t0) * 1000)
                         self.suspects.pop(peer, None)
                         return True
                     break  # a wrong echo: no second try
@@ -414,7 +414,7 @@ class Liveness:
         try:
             if await self.node.redial(peer):
                 self.backoff.ok(peer)
-                self.node.peers.seen(peer)
+                self.node.peers.reached(peer)
             else:
                 self.backoff.failed(peer)
         finally:
