@@ -2,16 +2,19 @@
 
 Three loops beside a ``MeshNode``, all on trio's clock:
 
-* the DHT walk, often while the node is new and still finding peers, rarely after; the
-  routing table and the open connections are read every ``refresh_fast_s`` all along,
-  which costs no traffic, so a peer that dials in is known within a second;
-* the NodeInfo republish, from every second doubling to ``PUBLISH_MAX_S`` (a put reaches up to
-  k = 20 peers: at 60 s it was a cost that grew with the mesh up to that size);
+* the DHT walk, often while the node is new and still finding peers (1 s apart, doubling),
+  rarely after; the routing table and the open connections are read every
+  ``refresh_fast_s`` all along, which costs no traffic, so a peer that dials in is known
+  within a second;
+* the NodeInfo publish, a few times while the node is new, then every ``PUBLISH_MAX_S`` and
+  when it changes (a put reaches up to k = 20 peers: a cost that grows with the mesh up to
+  that size);
 * NodeInfo lookups, bounded per period, of the peers this node keeps (``keep_set``) alone:
   each one's once when it is learnt or comes back, then the watched peers' (``watch_set``)
   now and then, so the cost does not grow with the mesh; a kept peer that is not up is
-  looked up every ``info_retry_s`` (its NodeInfo in the DHT may name relays to reach it by).
-  Other members' NodeInfo comes signed with them, by peer exchange (``mesh.pex``).
+  looked up every ``info_retry_s``, less often after each lookup that found nothing (its
+  NodeInfo in the DHT may name relays to reach it by). Other members' NodeInfo comes signed
+  with them, by peer exchange (``mesh.pex``).
 """
 
 from __future__ import annotations
@@ -30,8 +33,9 @@ log = logging.getLogger("mesh.discovery")
 #: One DHT chore (a routing-table walk, a NodeInfo publish): bounded so a stuck one cannot
 #: stall the loop that runs it.
 DHT_CHORE_S = 10.0
-#: The NodeInfo republish interval starts at 1 s and doubles to this.
-PUBLISH_MAX_S = 300.0
+#: NodeInfo is published this long after start, then every ``PUBLISH_MAX_S``, and
+#: ``REPUBLISH_AFTER_CHANGE_S`` after it changes.
+PUBLISH_AFTER_S, PUBLISH_MAX_S, REPUBLISH_AFTER_CHANGE_S = (1.0, 4.0, 15.0, 60.0), 300.0, 2.0
 #: The DHT walk slows down after this many fast walks in a row that found no new peer.
 QUIET_WALKS = 3
 #: NodeInfo lookups started per period, whatever the size of the mesh.
@@ -39,6 +43,10 @@ INFO_LOOKUPS_PER_PERIOD = 4
 #: Watched peers' NodeInfo is refreshed this often (every 5 s while they still check their
 #: reachability); other up peers' only when it is missing.
 INFO_REFRESH_S, INFO_CHECKING_S = 30.0, 5.0
+#: A peer that is not up and whose NodeInfo could not be had is looked up less and less often,
+#: doubling from ``info_retry_s`` to this: each try may be a DHT walk, and a mesh that has
+#: seen churn holds many peers that are gone for good.
+INFO_RETRY_MAX_S = 300.0
 
 
 async def best_effort(what: str, chore: Callable[[], Awaitable[Any]], timeout: float) -> Any:
@@ -89,11 +97,14 @@ class Discovery:
         self.node = node
         self._info_tried: dict[str, float] = {}
         self._info_loading: set[str] = set()
+        self._info_misses: dict[str, int] = {}  # peer -> lookups in a row that found nothing
+        self._changed = trio.Event()  # this node's NodeInfo changed since it was last published
 
     async def walk_loop(self) -> None:
         cfg = self.node.config
         started = trio.current_time()
         next_walk = started
+        gap = cfg.refresh_fast_s
         quiet = 0  # walks in a row that found no peer this node did not know
         while True:
             if trio.current_time() >= next_walk:
@@ -101,20 +112,35 @@ class Discovery:
                 await best_effort("routing table refresh", self.node.dht.refresh_routing_table, DHT_CHORE_S)
                 self.learn_routing_table()
                 quiet = quiet + 1 if len(self.node.peers.all()) <= before else 0
-                # Fast while new and still finding peers: once walks stop finding any, newcomers
-                # reach this node by their own walks, read from the routing table below.
+                # Often while new and still finding peers, each gap twice the last (a walk
+                # reaches up to k = 20 peers, and a whole mesh starting at once walks together);
+                # once walks stop finding any, newcomers reach this node by their own walks,
+                # read from the routing table below.
                 fast = trio.current_time() - started < cfg.fast_refresh_period_s and quiet < QUIET_WALKS
-                next_walk = trio.current_time() + (cfg.refresh_fast_s if fast else cfg.refresh_slow_s)
+                next_walk = trio.current_time() + (gap if fast else cfg.refresh_slow_s)
+                gap = min(gap * 2, cfg.refresh_slow_s)
             self.learn_routing_table()
             await trio.sleep(max(0.0, min(cfg.refresh_fast_s, next_walk - trio.current_time())))
 
     async def publish_loop(self) -> None:
-        delay = 1.0
+        """Publish this node's NodeInfo ``PUBLISH_AFTER_S`` after start (its routing table
+        grows meanwhile, so each put reaches more peers), then every ``PUBLISH_MAX_S`` and soon
+        after it changes (``republish_soon``): a put reaches up to k = 20 peers, so a node that
+        republished often cost every peer of a mesh of up to 20 more the larger it was."""
+        started = trio.current_time()
+        schedule = list(PUBLISH_AFTER_S)
         while True:
             await best_effort("publishing NodeInfo", partial(
                 self.node.dht.put_value, nodeinfo_key(self.node.peer_id), self.node.sealed_info()), DHT_CHORE_S)
-            await trio.sleep(delay)
-            delay = min(delay * 2, PUBLISH_MAX_S)
+            self._changed = trio.Event()
+            until = started + schedule.pop(0) if schedule else trio.current_time() + PUBLISH_MAX_S
+            with trio.move_on_at(until):
+                await self._changed.wait()
+                await trio.sleep(REPUBLISH_AFTER_CHANGE_S)  # a change seldom comes alone
+
+    def republish_soon(self) -> None:
+        """This node's NodeInfo changed (its reachability, its relays): publish it again soon."""
+        self._changed.set()
 
     def learn_routing_table(self) -> None:
         for pid in self.node.dht.routing_table.get_peer_ids():
@@ -145,15 +171,21 @@ class Discovery:
         self._info_loading.discard(peer)
         while len(self._info_tried) > keep:
             del self._info_tried[next(iter(self._info_tried))]
+        while len(self._info_misses) > keep:
+            del self._info_misses[next(iter(self._info_misses))]
 
     def info_due(self, rec: PeerRecord, now: float, watched: set[str]) -> bool:
-        """Missing: at once. Up and watched: every 5 s while it still checks its reachability,
-        then every half minute. Up and not watched: never again. Not up: every ``info_retry_s``."""
+        """Missing: at once, the first time. Up and watched: every 5 s while it still checks its
+        reachability, then every half minute. Up and not watched: never again. Not up, or
+        missing after a lookup that found nothing: every ``info_retry_s``, doubling after each
+        lookup that found nothing (to ``INFO_RETRY_MAX_S``)."""
         age = now - self._info_tried.get(rec.peer_id, -1e9)
+        misses = self._info_misses.get(rec.peer_id, 0)
+        retry = min(INFO_RETRY_MAX_S, self.node.config.info_retry_s * 2 ** min(misses, 16))
         if rec.state != UP:
-            return age > self.node.config.info_retry_s
+            return age > retry
         if rec.info is None:
-            return True
+            return misses == 0 or age > retry
         if rec.peer_id not in watched:
             return False
         checking = rec.info.get("reachability", "unknown") == "unknown"
@@ -180,6 +212,10 @@ class Discovery:
             rec = self.node.peers.get(peer)
             if info is not None and rec is not None:
                 rec.info = info
+            if info is None:
+                self._info_misses[peer] = self._info_misses.pop(peer, 0) + 1
+            else:
+                self._info_misses.pop(peer, None)
         finally:
             self._info_loading.discard(peer)
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import errno
 import socket
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from mesh.errors import MeshError
@@ -116,3 +116,34 @@ def build_host(identity: Identity, listen: Sequence[str], announce: Sequence[str
         listen_addrs=listen_addrs,
         announce_addrs=announce_addrs,
     )
+
+
+def on_disconnect(host: IHost, callback: Callable[[str], None]) -> None:
+    """Call ``callback(peer_id)`` whenever a connection of ``host`` to a peer closes: a killed
+    process's connections close at once, so failure detection need not wait for a probe."""
+    from libp2p.abc import INotifee
+
+    class _Disconnects(INotifee):
+        async def opened_stream(self, network: Any, stream: Any) -> None:
+            pass
+
+        async def closed_stream(self, network: Any, stream: Any) -> None:
+            pass
+
+        async def connected(self, network: Any, conn: Any) -> None:
+            pass
+
+        async def disconnected(self, network: Any, conn: Any) -> None:
+            try:
+                peer = str(conn.muxed_conn.peer_id)
+            except AttributeError:  # a connection torn down before its muxer was set up
+                return
+            callback(peer)
+
+        async def listen(self, network: Any, multiaddr: Any) -> None:
+            pass
+
+        async def listen_close(self, network: Any, multiaddr: Any) -> None:
+            pass
+
+    host.get_network().register_notifee(_Disconnects())

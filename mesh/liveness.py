@@ -36,9 +36,9 @@ from typing import Any, Protocol
 import trio
 
 from mesh.bootstrap import PeerBackoff
-from mesh.codec import WireError, WireReason, register_kind, seal
+from mesh.codec import Truncated, WireError, WireReason, register_kind, seal
 from mesh.compat import StrEnum
-from mesh.framing import read_exactly
+from mesh.framing import Stalled, read_exactly
 from mesh.health import DOWN, SUSPECT, UP, HealthConfig, PeerTable
 from mesh.identity import Identity
 from mesh.messaging import HandlerTable, Inbound, Rejected, SendError
@@ -49,10 +49,11 @@ RUMOUR = "liveness"
 PING_REQ = "ping_req"
 register_kind(RUMOUR, 512)
 register_kind(PING_REQ, 512)
-#: Watched peers probed each period (``HealthConfig.ping_interval_s``): at least this many,
-#: and enough that each is probed every ``KEEP_FRESH_S`` (its ping stream stays open, and a
-#: new stream's handshakes are what a loaded machine is slowest at), up to the most.
-PROBES_PER_PERIOD, MAX_PROBES_PER_PERIOD, KEEP_FRESH_S = 2, 8, 6.0
+#: Watched peers probed each period (``HealthConfig.ping_interval_s``), however many are
+#: watched: SWIM's constant load. Links are mutual (``mesh.overlay``), so each of a node's D
+#: watchers probes it D times less often, and it is still probed about this many times a
+#: period in all. A peer heard from this period (it probed this node, say) is skipped.
+PROBES_PER_PERIOD = 2
 #: Peers asked to probe a peer that did not answer this node.
 INDIRECT_HELPERS = 2
 #: A ping waits this many smoothed round trips (at least ``ping_timeout_s``, at most
@@ -62,6 +63,10 @@ RTT_FACTOR, MAX_TIMEOUT_FACTOR = 4.0, 4.0
 #: say more about itself than about a peer still connected (Lifeguard's idea); a killed
 #: process's connections close at once, so it is still suspected.
 LAGGING_S, LAGGING_HOLD_S = 1.0, 10.0
+#: A peer whose connection is open is slow, not gone, until it has been silent this many
+#: times ``down_after_s`` (``slow_not_gone``): on a loaded machine a live peer's answer can
+#: take seconds, and a killed process's connection closes at once (``lost``).
+CONNECTED_SILENCE_FACTOR = 2.0
 #: Direct-then-indirect rounds, a period apart, before a peer is suspected.
 PROBE_ROUNDS = 2
 #: Newly learnt peers checked per period, and down peers looked at per period.
@@ -70,8 +75,11 @@ FIRST_CONTACTS_PER_PERIOD, DOWN_PER_PERIOD = 8, 2
 #: everywhere without waiting for a probe.
 ANNOUNCE_AFTER_S = (2.0, 8.0, 20.0)
 #: py-libp2p's ping handler closes a stream that carries no ping for 10 s (its RESP_TIMEOUT);
-#: a watched peer may be probed less often, so an older kept stream is replaced.
-STREAM_IDLE_S = 8.0
+#: this node serves pings itself (``serve_ping``) and keeps a stream open ``SERVE_IDLE_S``.
+#: A kept stream older than ``STREAM_IDLE_S`` is still tried once (the peer may be an older
+#: node), and a new one opened at once when it fails.
+STREAM_IDLE_S, SERVE_IDLE_S = 8.0, 60.0
+PING_SIZE = 32
 #: Peer ids in a rumour or ping request: base58 multihashes are under 64 characters.
 MAX_PEER_ID = 128
 
@@ -126,9 +134,11 @@ class Liveness:
         self._redialling: set[str] = set()
         self._pinging: dict[str, _Pending] = {}
         self._probing: set[str] = set()
+        self._lost_at: dict[str, float] = {}  # peer -> trio time its connection closed
         self._keep: set[str] = set()  # the node's keep set, as of the last period
         self._kept_since: dict[str, float] = {}  # peer of the keep set -> when it joined it
         self._due_at = math.inf  # when the loop should wake next
+        self._wake = trio.Event()  # set to wake the loop early: a new suspicion (its end is due)
         self._lagging_until = -math.inf
         self._nursery: trio.Nursery | None = None
         # Whether to announce this node alive after start (``ANNOUNCE_AFTER_S``): only a node
@@ -146,23 +156,29 @@ class Liveness:
     async def run(self) -> None:
         started = trio.current_time()
         announce = list(ANNOUNCE_AFTER_S) if self.announce_start else []
+        next_period = started
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             while True:
                 woke = trio.current_time()
                 if woke - self._due_at > LAGGING_S:
                     self._lagging_until = woke + LAGGING_HOLD_S
-                self._due_at = woke + self.config.ping_interval_s
-                # Probes run beside the loop: a slow one never holds up the next period's, nor
-                # the suspicions that are due.
-                for peer in self.due():
-                    if peer not in self._probing:
-                        nursery.start_soon(self.probe, peer)
+                if woke >= next_period:
+                    next_period = woke + self.config.ping_interval_s
+                    # Probes run beside the loop: a slow one never holds up the next period's,
+                    # nor the suspicions that are due.
+                    for peer in self.due():
+                        if peer not in self._probing:
+                            nursery.start_soon(self.probe, peer)
+                    if announce and woke - started >= announce[0] and self.node.peers.alive():
+                        announce.pop(0)
+                        nursery.start_soon(self._say, self.node.peer_id, Verdict.ALIVE, self.incarnation)
                 self.expire()
-                if announce and trio.current_time() - started >= announce[0] and self.node.peers.alive():
-                    announce.pop(0)
-                    await self._say(self.node.peer_id, Verdict.ALIVE, self.incarnation)
-                await trio.sleep(self.config.ping_interval_s)
+                # Wake at the next period, or when a suspicion's time is up (not a period late).
+                self._due_at = min(next_period, min(self.suspects.values(), default=math.inf))
+                self._wake = trio.Event()
+                with trio.move_on_at(self._due_at):
+                    await self._wake.wait()
 
     # -- one period --------------------------------------------------------------------------
 
@@ -175,14 +191,19 @@ class Liveness:
         live = [p for p in watched if peers.get(p).state != DOWN]  # type: ignore[union-attr]
         self._turn = [p for p in self._turn if p in live]
         out: list[str] = []
-        count = min(MAX_PROBES_PER_PERIOD, max(self.probes, math.ceil(
-            len(live) * self.config.ping_interval_s / KEEP_FRESH_S)))
-        while len(out) < min(count, len(live)):
+        now = peers.clock()
+        for _ in range(len(live)):  # each watched peer looked at once at most
+            if len(out) >= self.probes:
+                break
             if not self._turn:
                 self._turn = [p for p in live if p not in out]
                 if not self._turn:
                     break
-            out.append(self._turn.pop(0))
+            peer = self._turn.pop(0)
+            rec = peers.get(peer)
+            if rec is not None and rec.last_seen is not None and now - rec.last_seen < self.config.ping_interval_s:
+                continue  # it spoke this period (its own probe of this node, a message): its turn is done
+            out.append(peer)
         # First contact only with the peers this node keeps (``keep_set``): every other member is
         # known by hearsay, so a new mesh of N does not cost N first contacts on every node.
         fresh = sorted(p for p in self._keep if (r := peers.get(p)) is not None
@@ -247,10 +268,13 @@ class Liveness:
 
     async def probe(self, peer: str) -> bool:
         """Direct, then indirect, twice a period apart; suspicion (and a rumour) if nobody
-        reached ``peer`` either time: one slow moment of a loaded machine condemns nobody."""
+        reached ``peer`` either time: one slow moment of a loaded machine condemns nobody.
+        A peer whose connection closed (``lost``) gets one round: if neither this node nor its
+        helpers reach it, and it has not spoken since, it is suspected at once."""
         self._probing.add(peer)
+        lost_at = self._lost_at.pop(peer, None)
         try:
-            for attempt in range(PROBE_ROUNDS):
+            for attempt in range(1 if lost_at is not None else PROBE_ROUNDS):
                 rec = self.node.peers.get(peer)
                 if rec is None:
                     return False
@@ -265,16 +289,50 @@ class Liveness:
                 if await self._ask_others(peer):
                     self.node.peers.seen(peer)
                     return True
-                if attempt + 1 < PROBE_ROUNDS:
+                if attempt + 1 < PROBE_ROUNDS and lost_at is None:
                     await trio.sleep(self.config.ping_interval_s)
+            if lost_at is not None:
+                rec = self.node.peers.get(peer)
+                spoke = rec is not None and rec.last_seen is not None and rec.last_seen > lost_at
+                if not spoke and peer not in self.node.connected_ids():
+                    await self.suspect(peer)
+                return False
             if self.heard_lately(peer):
                 return False  # it spoke (a message, another's ping request) while we probed
-            if trio.current_time() < self._lagging_until and peer in self.node.connected_ids():
-                return False  # this node runs late, and the peer's connection is open: slow, not gone
+            if self.slow_not_gone(peer):
+                return False
             await self.suspect(peer)
             return False
         finally:
             self._probing.discard(peer)
+
+    def slow_not_gone(self, peer: str) -> bool:
+        """Whether a peer nobody reached is more likely slow than gone: its connection is still
+        open (a killed process's closes at once, and ``lost`` suspects it then), and this node
+        runs late (Lifeguard's idea) or the peer spoke within ``CONNECTED_SILENCE_FACTOR``
+        times ``down_after_s``. On a loaded machine a live peer's new stream can take seconds,
+        and failing probes of it, rumours and refutations cost more than they find."""
+        if peer not in self.node.connected_ids():
+            return False
+        if trio.current_time() < self._lagging_until:
+            return True
+        rec = self.node.peers.get(peer)
+        if rec is None or rec.last_seen is None:
+            return False
+        return self.node.peers.clock() - rec.last_seen < CONNECTED_SILENCE_FACTOR * self.config.down_after_s
+
+    def lost(self, peer: str) -> None:
+        """The transport closed a connection to ``peer``: a watched peer is probed now, not at
+        its turn (a killed process's connections close at once; a slow one's do not)."""
+        rec = self.node.peers.get(peer)
+        if rec is None or rec.state == DOWN or peer in self._probing or self._nursery is None \
+                or peer not in self.node.watch_set():
+            return
+        dropped = self._streams.pop(peer, None)
+        if dropped is not None:
+            self._nursery.start_soon(_reset, dropped[0])
+        self._lost_at[peer] = trio.current_time()
+        self._nursery.start_soon(self.probe, peer)
 
     async def ping(self, peer: str) -> bool:
         """One libp2p ping on a kept-open stream, so the RTT is the network's, not a handshake's;
@@ -295,35 +353,51 @@ class Liveness:
 
     async def _ping(self, peer: str) -> bool:
         kept = self._streams.get(peer)
-        if kept is not None and trio.current_time() - kept[1] > STREAM_IDLE_S:
-            del self._streams[peer]  # the peer's handler has given up on it by now
-            if self._nursery is not None:
-                self._nursery.start_soon(_reset, kept[0])
-            kept = None
         stream = kept[0] if kept is not None else None
         if stream is None and peer not in self._redialling and self.backoff.ready(peer) \
                 and peer not in self.node.connected_ids() and self._nursery is not None:
             self._redialling.add(peer)  # now, not when the task starts: one redial at a time
             self._nursery.start_soon(self.redial, peer)
-        # A new stream costs a few round trips more than a ping: it gets its own allowance.
-        with trio.move_on_after(self.timeout(peer) * (2 if stream is None else 1)):
-            try:
-                if stream is None:
-                    stream = await self.node.open(peer, PING_PROTOCOL, self.config.ping_timeout_s)
-                payload = os.urandom(32)
-                t0 = trio.current_time()
-                self._streams[peer] = (stream, t0)
-                await stream.write(payload)
-                if await read_exactly(stream, 32) == payload:
-                    self.node.peers.reached(peer, (trio.current_time() - t0) * 1000)
-                    self.suspects.pop(peer, None)
-                    return True
-            except Exception as exc:  # a dead peer's stream fails in any of py-libp2p's roots
-                log.debug("ping %s failed: %s", peer[-8:], exc)
+        # A new stream costs a few round trips more than a ping: it gets its own allowance. A
+        # kept stream that fails outright (the peer's handler gave up on it) is replaced at once.
+        stale = kept is not None and trio.current_time() - kept[1] > STREAM_IDLE_S
+        allowance = self.timeout(peer) * (2 if stream is None or stale else 1)
+        with trio.move_on_after(allowance):
+            for _ in range(2 if stream is not None else 1):
+                try:
+                    if stream is None:
+                        stream = await self.node.open(peer, PING_PROTOCOL, allowance)
+                    payload = os.urandom(PING_SIZE)
+                    t0 = trio.current_time()
+                    self._streams[peer] = (stream, t0)
+                    await stream.write(payload)
+                    if await read_exactly(stream, PING_SIZE) == payload:
+                        self.node.peers.reached(peer, (trio.current_time() - t0) * 1000)
+                        self.suspects.pop(peer, None)
+                        return True
+                    break  # a wrong echo: no second try
+                except Exception as exc:  # a dead peer's stream fails in any of py-libp2p's roots
+                    log.debug("ping %s failed: %r", peer[-8:], exc)
+                    dropped = self._streams.pop(peer, None)
+                    if dropped is not None and self._nursery is not None:
+                        self._nursery.start_soon(_reset, dropped[0])
+                    stream = None
         dropped = self._streams.pop(peer, None)
         if dropped is not None and self._nursery is not None:
             self._nursery.start_soon(_reset, dropped[0])
         return False
+
+    async def serve_ping(self, stream: Any, remote: str) -> None:
+        """Answer libp2p pings (32 bytes, echoed) on a stream the peer keeps open, for up to
+        ``SERVE_IDLE_S`` between two. Each is word that the peer is alive: a neighbour that
+        probed this node this period is not probed back (``due``)."""
+        while True:
+            try:
+                payload = await read_exactly(stream, PING_SIZE, SERVE_IDLE_S)
+            except (Truncated, Stalled):
+                return  # the peer closed it, or let it idle
+            await stream.write(payload)
+            self.node.peers.seen(remote)
 
     def timeout(self, peer: str) -> float:
         """A ping's timeout: ``ping_timeout_s``, or ``RTT_FACTOR`` times the peer's smoothed
@@ -373,9 +447,12 @@ class Liveness:
         rec = self.node.peers.get(peer)
         if rec is None or rec.state == DOWN or peer in self.suspects:
             return
-        log.info("peer %s did not answer this node or %d others: suspect", peer[-8:], INDIRECT_HELPERS)
+        silent = self.node.peers.clock() - rec.last_seen if rec.last_seen is not None else math.inf
+        log.info("peer %s did not answer this node or %d others (connection %s, silent %.0f s): suspect",
+                 peer[-8:], INDIRECT_HELPERS, "open" if peer in self.node.connected_ids() else "closed", silent)
         self.node.peers.set_state(peer, SUSPECT)
         self.suspects[peer] = trio.current_time() + self.suspicion_s
+        self._wake.set()
         await self._say(peer, Verdict.SUSPECT, self.known.get(peer, 0))
 
     async def _say(self, peer: str, verdict: Verdict, incarnation: int) -> None:
@@ -442,11 +519,12 @@ class Liveness:
         elif peer not in self.suspects:
             self.node.peers.set_state(peer, SUSPECT)
             self.suspects[peer] = trio.current_time() + self.suspicion_s
+            self._wake.set()
 
     async def _verify(self, peer: str, verdict: Verdict) -> None:
         self._probing.add(peer)
         try:
-            if not await self.ping(peer) and not self.heard_lately(peer):
+            if not await self.ping(peer) and not self.heard_lately(peer) and not self.slow_not_gone(peer):
                 self._believe(peer, verdict)
         finally:
             self._probing.discard(peer)
@@ -468,6 +546,7 @@ class Liveness:
     def drop(self, peer: str) -> None:
         """A peer the full peer table evicted: forget it and close its kept ping stream."""
         self.forget([peer])
+        self._lost_at.pop(peer, None)
         dropped = self._streams.pop(peer, None)
         if dropped is not None and self._nursery is not None:
             self._nursery.start_soon(_reset, dropped[0])

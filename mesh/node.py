@@ -61,13 +61,14 @@ from mesh.host import (
     DEFAULT_LISTEN,
     HostError,
     check_tcp_port_free,
+    on_disconnect,
     parse_multiaddr,
     sticky_listen,
 )
 from mesh.identity import Identity
 from mesh.inbound import InboundStreams, close, reset
 from mesh.limits import PeerLimits
-from mesh.liveness import Liveness
+from mesh.liveness import PING_PROTOCOL, Liveness
 from mesh.messaging import (
     GOSSIP_PROTOCOL,
     MSG_PROTOCOL,
@@ -140,7 +141,7 @@ class MeshConfig:
     node_info: dict[str, Any] = field(default_factory=dict)
     bootstrap_timeout_s: float = 30.0
     refresh_fast_s: float = 1.0
-    refresh_slow_s: float = 60.0  # a settled node's DHT walk; newcomers dial in, peer exchange spreads them
+    refresh_slow_s: float = 300.0  # a settled node's DHT walk (reaches up to k = 20 peers); newcomers dial in, peer exchange spreads them
     fast_refresh_period_s: float = 30.0
     max_payload: int = 4 << 30
     gossip_window_s: float = 600.0
@@ -261,6 +262,10 @@ class MeshNode:
             self.host.set_stream_handler(BLOB_PROTOCOL, inbound.guard(inbound.handle_blob, "blob_serves"))
             self.host.set_stream_handler(STREAM_PROTOCOL, inbound.guard(
                 partial(serve_stream, self, self.config.limits.read_timeout_s)))
+            # Pings are served here, not by py-libp2p: each is word that the peer is alive.
+            self.host.set_stream_handler(PING_PROTOCOL, inbound.guard(self.liveness.serve_ping))
+            if net.uses_sockets:
+                on_disconnect(self.host, self.liveness.lost)
             self.handlers.register(INFO_REQUEST, self._answer_info_request)
             self.handlers.register(PEERS_REQUEST, self.pex.answer)
             async with net.serve_dht(self.dht):
@@ -342,6 +347,7 @@ class MeshNode:
     def reachability_changed(self, old: str, new: str) -> None:
         """Re-announce at once: peers pick relays and leaders by what NodeInfo says."""
         self._info_frame = self._seal_node_info()
+        self.discovery.republish_soon()
         self._on_event(MeshEvent.REACHABILITY, message=f"this node is {new} (was {old})", reachability=new)
 
     def _seal_node_info(self) -> bytes:

@@ -19,7 +19,7 @@ from mesh.codec import open_envelope, seal
 from mesh.health import DOWN, SUSPECT, UP, HealthConfig, PeerTable, protocol_clock
 from mesh.identity import Identity
 from mesh.liveness import (
-    MAX_PROBES_PER_PERIOD,
+    CONNECTED_SILENCE_FACTOR,
     PING_REQ,
     PROBES_PER_PERIOD,
     RUMOUR,
@@ -109,7 +109,7 @@ class Host:
 
     async def redial(self, peer: str) -> bool:
         self.redials.append(trio.current_time())
-        return self.redial_ok
+        return self.redial_ok and peer not in self.net.dead
 
 
 def peer_ids(n: int) -> list[str]:
@@ -142,6 +142,7 @@ async def test_a_killed_peer_is_suspected_then_down_within_the_bound(autojump_cl
     async with running(10) as (net, ids, host, live):
         victim = ids[3]
         net.dead.add(victim)
+        host.connected.discard(victim)  # its connection closed, and nothing told liveness so
         # Worst case: the victim was probed just before it died, so it waits a whole turn of
         # the watched peers (10 / PROBES_PER_PERIOD periods), then the suspicion timeout.
         turn = len(ids) / PROBES_PER_PERIOD * CFG.ping_interval_s
@@ -164,22 +165,37 @@ async def test_an_indirect_probe_keeps_up_a_peer_only_this_node_cannot_reach(aut
         assert not [b for _, b in host.rumours if b["peer"] == ids[0]]
 
 
-async def test_each_period_probes_a_bounded_number_of_peers(autojump_clock) -> None:
-    net = Net()
-    ids = peer_ids(200)
+async def test_each_period_probes_as_many_peers_at_3_watched_as_at_200(autojump_clock) -> None:
+    """SWIM's constant load: a node probes ``PROBES_PER_PERIOD`` watched peers a period whether
+    it watches 3 or 200, and all of them in turn."""
+    for size in (3, 200):
+        net = Net()
+        ids = peer_ids(size)
+        host = Host(net, ids)
+        for p in ids:
+            host.peers.seen(p)
+        await trio.sleep(CFG.ping_interval_s)  # none of them spoke this period
+        live = Liveness(host, CFG)
+        probed = [len(live.due()) for _ in range(10)]
+        assert max(probed) == min(PROBES_PER_PERIOD, size), (size, probed)
+        seen: set[str] = set()
+        for _ in range(-(-size // PROBES_PER_PERIOD)):
+            seen.update(live.due())
+        assert seen == set(ids)
+
+
+async def test_a_peer_that_spoke_this_period_is_not_probed_back(autojump_clock) -> None:
+    net, ids = Net(), peer_ids(4)
     host = Host(net, ids)
     for p in ids:
         host.peers.seen(p)
+    await trio.sleep(CFG.ping_interval_s)
     live = Liveness(host, CFG)
-    probed: list[int] = []
-    for _ in range(10):
-        probed.append(len(live.due()))
-    assert max(probed) == MAX_PROBES_PER_PERIOD
-    # ... and in turn: 200 watched peers are all probed within 25 periods.
-    seen: set[str] = set()
-    for _ in range(len(ids) // MAX_PROBES_PER_PERIOD):
-        seen.update(live.due())
-    assert seen == set(ids)
+    host.peers.seen(ids[0])  # it probed this node, say
+    host.peers.seen(ids[1])
+    picked = live.due() + live.due()
+    assert ids[0] not in picked and ids[1] not in picked
+    assert set(picked) == {ids[2], ids[3]}
 
 
 def rumour_from(identity: Identity, peer: str, verdict: Verdict, inc: int) -> Inbound:
@@ -310,6 +326,9 @@ async def test_a_rumour_about_a_peer_still_connected_is_checked_first(autojump_c
         await trio.sleep(CFG.suspect_after_s + 1)
         for p in (slow, dead):
             await host.handlers.dispatch(rumour_from(reporter, p, Verdict.DOWN, 0))
+        await trio.sleep(CFG.ping_interval_s)
+        host.connected.discard(dead)  # the transport notices the closed connection
+        live.lost(dead)
         await wait_state(host, dead, DOWN, 3 * CFG.ping_interval_s + live.suspicion_s + 1)
         assert host.peers.get(slow).state == UP  # type: ignore[union-attr]
 
@@ -340,6 +359,65 @@ async def test_only_a_node_back_in_its_mesh_announces_itself_alive(autojump_cloc
             nursery.cancel_scope.cancel()
         own = [b for _, b in host.rumours if b["peer"] == host.peer_id and b["state"] == "alive"]
         assert bool(own) == back, (back, own)
+
+
+async def test_a_peer_whose_connection_closed_is_down_one_suspicion_after(autojump_clock) -> None:
+    """A killed process's connections close at once: the transport says so (``lost``), the
+    peer is probed then and there, suspected when nobody reaches it, and down exactly
+    ``suspicion_s`` later, not at its turn among the watched peers nor a period late."""
+    async with running(10) as (net, ids, host, live):
+        victim = ids[3]
+        host.peers.seen(victim)  # it spoke a moment ago: a closed connection is newer word
+        net.dead.add(victim)
+        host.connected.discard(victim)
+        lost_at = trio.current_time()
+        live.lost(victim)
+        await wait_state(host, victim, SUSPECT, CFG.ping_interval_s)
+        await wait_state(host, victim, DOWN, live.suspicion_s + 1)
+        assert trio.current_time() - lost_at <= live.suspicion_s + 0.5
+        assert all(host.peers.get(p).state == UP for p in ids if p != victim)  # type: ignore[union-attr]
+
+
+async def test_a_connected_peer_whose_pings_only_time_out_is_slow_not_gone(autojump_clock) -> None:
+    """On a loaded machine a live peer's answers can take seconds: while its connection is open
+    and its pings only time out, it is not suspected until it has been silent for
+    ``CONNECTED_SILENCE_FACTOR`` times ``down_after_s``; then it is, and goes down."""
+    async with running(4) as (net, ids, host, live):
+        slow = ids[0]
+        net.stalled.add(slow)
+        stalled_at = trio.current_time()
+        bound = CONNECTED_SILENCE_FACTOR * CFG.down_after_s
+        with trio.move_on_after(bound - CFG.ping_interval_s):
+            while True:
+                assert host.peers.get(slow).state == UP  # type: ignore[union-attr]
+                await trio.sleep(0.5)
+        await wait_state(host, slow, DOWN, 4 * CFG.ping_interval_s + 2 * CFG.ping_timeout_s + live.suspicion_s + 2)
+        assert trio.current_time() - stalled_at >= bound
+
+
+class Loopback:
+    """One peer's side of a ping stream: what it wrote, then its end."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data, self.written = data, b""
+
+    async def read(self, n: int) -> bytes:
+        out, self.data = self.data[:n], self.data[n:]
+        return out
+
+    async def write(self, data: bytes) -> None:
+        self.written += data
+
+
+async def test_pings_served_are_echoed_and_are_word_that_the_peer_is_alive(autojump_clock) -> None:
+    peer = peer_ids(1)[0]
+    host = Host(Net(), [peer])
+    live = Liveness(host, CFG)
+    pings = bytes(range(32)) + bytes(range(32, 64))
+    stream = Loopback(pings)
+    await live.serve_ping(stream, peer)  # returns at the stream's end
+    assert stream.written == pings
+    assert host.peers.get(peer).state == UP and host.peers.get(peer).last_seen is not None  # type: ignore[union-attr]
 
 
 async def test_first_contact_only_with_the_keep_set_and_other_members_cost_nothing(autojump_clock) -> None:
