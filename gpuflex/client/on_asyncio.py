@@ -1,0 +1,163 @@
+"""The asyncio adapter of the control-API client: the dashboard's (Textual runs on asyncio).
+
+Only bytes move here; what they mean is core.py's. Every wait has a timeout and the client
+reconnects, because a dashboard outlives the node it watches: the node restarts, the SSH
+tunnel drops, the port changes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+from collections.abc import AsyncIterator
+from typing import Any
+
+from gpuflex.client.core import (
+    MAX_LINE,
+    ControlError,
+    Endpoint,
+    EndpointLike,
+    RetrySchedule,
+    SeenEvents,
+    Target,
+    Unreachable,
+    encode_request,
+    event_of,
+    failure_reason,
+    parse_line,
+    result_of,
+)
+from gpuflex.client.files import locate
+from gpuflex.home import resolve_home
+
+_TIMEOUTS = (asyncio.TimeoutError,)
+
+
+class Connection:
+    """One TCP connection; requests go out one at a time because replies carry no id."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, token: str) -> None:
+        self._reader = reader
+        self._writer = writer
+        self._token = token
+        self._lock = asyncio.Lock()
+
+    @classmethod
+    async def open(cls, endpoint: Endpoint, timeout: float) -> Connection:
+        try:
+            reader, writer = await asyncio.wait_for(
+                asyncio.open_connection(endpoint.host, endpoint.port, limit=MAX_LINE + 1), timeout
+            )
+        except (OSError, asyncio.TimeoutError) as exc:
+            reason = failure_reason(exc, _TIMEOUTS)
+            raise Unreachable(f"no answer at {endpoint.host}:{endpoint.port} ({reason})") from None
+        return cls(reader, writer, endpoint.token)
+
+    async def call(self, method: str, params: dict[str, Any] | None, timeout: float) -> Any:
+        async with self._lock:
+            try:
+                self._writer.write(encode_request(self._token, method, params))
+                await asyncio.wait_for(self._writer.drain(), timeout)
+            except (OSError, asyncio.TimeoutError) as exc:
+                raise Unreachable(f"send failed ({failure_reason(exc, _TIMEOUTS)})") from None
+            return result_of(await self.read_line(timeout))
+
+    async def read_line(self, timeout: float | None) -> dict[str, Any]:
+        try:
+            raw = await asyncio.wait_for(self._reader.readline(), timeout)
+        except (OSError, ValueError, asyncio.LimitOverrunError, asyncio.TimeoutError) as exc:
+            raise Unreachable(f"the node did not answer ({failure_reason(exc, _TIMEOUTS)})") from None
+        if not raw:
+            raise Unreachable("the node closed the connection")
+        return parse_line(raw)
+
+    async def close(self) -> None:
+        self._writer.close()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self._writer.wait_closed(), 1.0)
+
+
+class AsyncioControl:
+    """One node's control API on asyncio.
+
+    Requests share one lazily opened connection, dropped on any failure and reopened by the
+    next call. Failures raise ``Unreachable`` (try again) or ``Refused`` (the request's fault).
+    """
+
+    def __init__(
+        self,
+        endpoint: EndpointLike,
+        timeout: float = 3.0,
+        retry_delays: tuple[float, ...] = (0.5, 1.0, 2.0, 5.0),
+        label: str = "node",
+    ) -> None:
+        self._target = Target(endpoint, label)
+        self.timeout = timeout
+        self.retry_delays = retry_delays
+        self._conn: Connection | None = None
+        self._connecting = asyncio.Lock()
+
+    @classmethod
+    def for_home(cls, home: str | os.PathLike[str] | None = None, **kwargs: Any) -> AsyncioControl:
+        kwargs.setdefault("label", f"the node of {resolve_home(home)}")
+        return cls(lambda: locate(home), **kwargs)
+
+    def describe(self) -> str:
+        return self._target.describe()
+
+    async def _connection(self) -> Connection:
+        async with self._connecting:
+            if self._conn is None:
+                self._conn = await Connection.open(self._target.resolve(), self.timeout)
+            return self._conn
+
+    async def call(self, method: str, params: dict[str, Any] | None = None) -> Any:
+        """One request; a transport failure closes the connection so the next call starts
+        clean instead of reading a late reply meant for this one."""
+        conn = await self._connection()
+        try:
+            return await conn.call(method, params, self.timeout)
+        except Unreachable:
+            if self._conn is conn:
+                self._conn = None
+            await conn.close()
+            raise
+
+    async def status(self) -> dict[str, Any]:
+        return await self.call("status")
+
+    async def peers(self) -> list[dict[str, Any]]:
+        return await self.call("peers")
+
+    async def jobs(self) -> list[dict[str, Any]]:
+        return await self.call("jobs")
+
+    async def ledger(self, job: str) -> list[dict[str, Any]]:
+        return await self.call("ledger", {"job": job})
+
+    async def events(self) -> AsyncIterator[dict[str, Any]]:
+        """Events forever, across reconnects, each delivered once (see SeenEvents)."""
+        seen = SeenEvents()
+        schedule = RetrySchedule(self.retry_delays)
+        while True:
+            conn: Connection | None = None
+            try:
+                conn = await Connection.open(self._target.resolve(), self.timeout)
+                await conn.call("events", {"since": 0}, self.timeout)
+                schedule.succeeded()
+                while True:
+                    event = event_of(await conn.read_line(None))
+                    if event is not None and seen.first_time(event):
+                        yield event
+            except ControlError:
+                pass
+            finally:
+                if conn is not None:
+                    await conn.close()
+            await asyncio.sleep(schedule.next_delay())
+
+    async def aclose(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            await conn.close()

@@ -1,0 +1,152 @@
+"""The trio adapter of the control-API client: the portal's (Hypercorn's trio worker).
+
+Only bytes move here; what they mean is core.py's. Every request has a deadline, because a
+portal outlives the node it watches, and the node is found afresh on every reconnect.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncGenerator
+from typing import Any
+
+import trio
+
+from gpuflex.client.core import (
+    ControlError,
+    Endpoint,
+    EndpointLike,
+    LineBuffer,
+    RetrySchedule,
+    SeenEvents,
+    Target,
+    Unreachable,
+    encode_request,
+    event_of,
+    failure_reason,
+    parse_line,
+    result_of,
+)
+from gpuflex.client.files import locate
+
+_TIMEOUTS = (trio.TooSlowError,)
+_TRANSPORT = (OSError, trio.TooSlowError, trio.BrokenResourceError, trio.ClosedResourceError)
+
+
+class Connection:
+    """One TCP connection; requests go out one at a time because replies carry no id."""
+
+    def __init__(self, stream: trio.SocketStream, token: str) -> None:
+        self.stream = stream
+        self.token = token
+        self._lines = LineBuffer()
+
+    @classmethod
+    async def open(cls, endpoint: Endpoint, timeout: float) -> Connection:
+        try:
+            with trio.fail_after(timeout):
+                stream = await trio.open_tcp_stream(endpoint.host, endpoint.port)
+        except (OSError, trio.TooSlowError) as exc:
+            reason = failure_reason(exc, _TIMEOUTS)
+            raise Unreachable(f"no answer at {endpoint.host}:{endpoint.port} ({reason})") from None
+        return cls(stream, endpoint.token)
+
+    async def send(self, method: str, params: dict[str, Any] | None) -> None:
+        await self.stream.send_all(encode_request(self.token, method, params))
+
+    async def read(self) -> dict[str, Any]:
+        while (line := self._lines.line()) is None:
+            self._lines.feed(await self.stream.receive_some(65536))
+        return parse_line(line)
+
+    async def request(self, method: str, params: dict[str, Any] | None, timeout: float) -> Any:
+        try:
+            with trio.fail_after(timeout):
+                await self.send(method, params)
+                return result_of(await self.read())
+        except _TRANSPORT as exc:
+            raise Unreachable(f"the node did not answer ({failure_reason(exc, _TIMEOUTS)})") from None
+
+    async def aclose(self) -> None:
+        with trio.CancelScope(shield=True):
+            await self.stream.aclose()
+
+
+class TrioControl:
+    """One node's control API on trio.
+
+    Requests share one lazily opened connection (a lock keeps them in turn); any transport
+    failure drops it and the next call reconnects. Failures raise ``Unreachable`` (try again)
+    or ``Refused`` (the request's fault).
+    """
+
+    def __init__(self, endpoint: EndpointLike, timeout: float = 5.0,
+                 retry_delays: tuple[float, ...] = (1.0, 2.0, 5.0), label: str = "node") -> None:
+        self._target = Target(endpoint, label)
+        self.timeout = timeout
+        self.retry_delays = retry_delays
+        self._conn: Connection | None = None
+        self._lock = trio.Lock()
+
+    @classmethod
+    def for_home(cls, home: str | os.PathLike[str] | None = None, **kwargs: Any) -> TrioControl:
+        return cls(lambda: locate(home), **kwargs)
+
+    def describe(self) -> str:
+        return self._target.describe()
+
+    async def _open(self) -> Connection:
+        return await Connection.open(self._target.resolve(), self.timeout)
+
+    async def call(self, method: str, params: dict[str, Any] | None = None,
+                   timeout: float | None = None) -> Any:
+        """One request. A call given its own ``timeout`` (a slow one: ``job_results``) gets a
+        connection of its own, so the one-a-second polls are never queued behind it."""
+        if timeout is not None:
+            conn = await self._open()
+            try:
+                return await conn.request(method, params, timeout)
+            finally:
+                await conn.aclose()
+        async with self._lock:
+            while True:
+                # A kept connection may be to a node that has since stopped (a restart on
+                # another port, after a long idle): it fails at once, and one fresh connection,
+                # found afresh, answers for the node as it is now rather than for its past.
+                reused = self._conn is not None
+                if self._conn is None:
+                    self._conn = await self._open()
+                conn = self._conn
+                try:
+                    return await conn.request(method, params, self.timeout)
+                except Unreachable:
+                    self._conn = None
+                    await conn.aclose()
+                    if not reused:
+                        raise
+
+    async def events(self) -> AsyncGenerator[dict[str, Any], None]:
+        """Events forever, across reconnects, each delivered once (see SeenEvents)."""
+        seen = SeenEvents()
+        schedule = RetrySchedule(self.retry_delays)
+        while True:
+            conn: Connection | None = None
+            try:
+                conn = await self._open()
+                await conn.request("events", {"since": 0}, self.timeout)
+                schedule.succeeded()
+                while True:
+                    event = event_of(await conn.read())
+                    if event is not None and seen.first_time(event):
+                        yield event
+            except (ControlError, *_TRANSPORT):
+                pass
+            finally:
+                if conn is not None:
+                    await conn.aclose()
+            await trio.sleep(schedule.next_delay())
+
+    async def aclose(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            await conn.aclose()
