@@ -145,6 +145,31 @@ class RetrySchedule:
         return delay
 
 
+class Subscription:
+    """One event stream across reconnects: each reconnect subscribes again with the same
+    request, the node replays its recent history, and only events not passed on yet come
+    through (see SeenEvents); between attempts, the retry schedule says how long to wait."""
+
+    method = "events"
+    params: Mapping[str, Any] = {"since": 0}
+
+    def __init__(self, retry_delays: tuple[float, ...]) -> None:
+        self._seen = SeenEvents()
+        self._schedule = RetrySchedule(retry_delays)
+
+    def subscribed(self, reply: Mapping[str, Any]) -> None:
+        result_of(reply)
+        self._schedule.succeeded()
+
+    def event(self, msg: Mapping[str, Any]) -> dict[str, Any] | None:
+        """The event a line carries if it is new, else None."""
+        event = event_of(msg)
+        return event if event is not None and self._seen.first_time(event) else None
+
+    def next_delay(self) -> float:
+        return self._schedule.next_delay()
+
+
 EndpointLike = Endpoint | Callable[[], Endpoint]
 
 

@@ -18,12 +18,10 @@ from gpuflex.client.core import (
     ControlError,
     Endpoint,
     EndpointLike,
-    RetrySchedule,
-    SeenEvents,
+    Subscription,
     Target,
     Unreachable,
     encode_request,
-    event_of,
     failure_reason,
     parse_line,
     result_of,
@@ -55,13 +53,17 @@ class Connection:
         return cls(reader, writer, endpoint.token)
 
     async def call(self, method: str, params: dict[str, Any] | None, timeout: float) -> Any:
+        return result_of(await self.exchange(method, params, timeout))
+
+    async def exchange(self, method: str, params: dict[str, Any] | None, timeout: float) -> dict[str, Any]:
+        """One request and its reply line, as it came."""
         async with self._lock:
             try:
                 self._writer.write(encode_request(self._token, method, params))
                 await asyncio.wait_for(self._writer.drain(), timeout)
             except (OSError, asyncio.TimeoutError) as exc:
                 raise Unreachable(f"send failed ({failure_reason(exc, _TIMEOUTS)})") from None
-            return result_of(await self.read_line(timeout))
+            return await self.read_line(timeout)
 
     async def read_line(self, timeout: float | None) -> dict[str, Any]:
         try:
@@ -71,6 +73,12 @@ class Connection:
         if not raw:
             raise Unreachable("the node closed the connection")
         return parse_line(raw)
+
+    async def __aenter__(self) -> Connection:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
 
     async def close(self) -> None:
         self._writer.close()
@@ -137,25 +145,16 @@ class AsyncioControl:
         return await self.call("ledger", {"job": job})
 
     async def events(self) -> AsyncIterator[dict[str, Any]]:
-        """Events forever, across reconnects, each delivered once (see SeenEvents)."""
-        seen = SeenEvents()
-        schedule = RetrySchedule(self.retry_delays)
+        """Events forever, across reconnects, each delivered once (see Subscription)."""
+        sub = Subscription(self.retry_delays)
         while True:
-            conn: Connection | None = None
-            try:
-                conn = await Connection.open(self._target.resolve(), self.timeout)
-                await conn.call("events", {"since": 0}, self.timeout)
-                schedule.succeeded()
-                while True:
-                    event = event_of(await conn.read_line(None))
-                    if event is not None and seen.first_time(event):
-                        yield event
-            except ControlError:
-                pass
-            finally:
-                if conn is not None:
-                    await conn.close()
-            await asyncio.sleep(schedule.next_delay())
+            with contextlib.suppress(ControlError):
+                async with await Connection.open(self._target.resolve(), self.timeout) as conn:
+                    sub.subscribed(await conn.exchange(sub.method, dict(sub.params), self.timeout))
+                    while True:
+                        if (event := sub.event(await conn.read_line(None))) is not None:
+                            yield event
+            await asyncio.sleep(sub.next_delay())
 
     async def aclose(self) -> None:
         conn, self._conn = self._conn, None

@@ -6,6 +6,7 @@ portal outlives the node it watches, and the node is found afresh on every recon
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import AsyncGenerator
 from typing import Any
@@ -17,12 +18,10 @@ from gpuflex.client.core import (
     Endpoint,
     EndpointLike,
     LineBuffer,
-    RetrySchedule,
-    SeenEvents,
+    Subscription,
     Target,
     Unreachable,
     encode_request,
-    event_of,
     failure_reason,
     parse_line,
     result_of,
@@ -60,12 +59,22 @@ class Connection:
         return parse_line(line)
 
     async def request(self, method: str, params: dict[str, Any] | None, timeout: float) -> Any:
+        return result_of(await self.exchange(method, params, timeout))
+
+    async def exchange(self, method: str, params: dict[str, Any] | None, timeout: float) -> dict[str, Any]:
+        """One request and its reply line, as it came, within ``timeout``."""
         try:
             with trio.fail_after(timeout):
                 await self.send(method, params)
-                return result_of(await self.read())
+                return await self.read()
         except _TRANSPORT as exc:
             raise Unreachable(f"the node did not answer ({failure_reason(exc, _TIMEOUTS)})") from None
+
+    async def __aenter__(self) -> Connection:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
 
     async def aclose(self) -> None:
         with trio.CancelScope(shield=True):
@@ -126,25 +135,16 @@ class TrioControl:
                         raise
 
     async def events(self) -> AsyncGenerator[dict[str, Any], None]:
-        """Events forever, across reconnects, each delivered once (see SeenEvents)."""
-        seen = SeenEvents()
-        schedule = RetrySchedule(self.retry_delays)
+        """Events forever, across reconnects, each delivered once (see Subscription)."""
+        sub = Subscription(self.retry_delays)
         while True:
-            conn: Connection | None = None
-            try:
-                conn = await self._open()
-                await conn.request("events", {"since": 0}, self.timeout)
-                schedule.succeeded()
-                while True:
-                    event = event_of(await conn.read())
-                    if event is not None and seen.first_time(event):
-                        yield event
-            except (ControlError, *_TRANSPORT):
-                pass
-            finally:
-                if conn is not None:
-                    await conn.aclose()
-            await trio.sleep(schedule.next_delay())
+            with contextlib.suppress(ControlError, *_TRANSPORT):
+                async with await self._open() as conn:
+                    sub.subscribed(await conn.exchange(sub.method, dict(sub.params), self.timeout))
+                    while True:
+                        if (event := sub.event(await conn.read())) is not None:
+                            yield event
+            await trio.sleep(sub.next_delay())
 
     async def aclose(self) -> None:
         conn, self._conn = self._conn, None
