@@ -127,7 +127,8 @@ def run_variant(name: str, rounds: int) -> dict[str, Any]:
 def _describe(r: dict[str, Any]) -> str:
     if "error" in r:
         return f"\n[{r['variant']}]  failed: {r['error']}"
-    newcomer = "never" if r["newcomer_up_everywhere_s"] is None else f"{r['newcomer_up_everywhere_s']}s after it listened"
+    up_s = r["newcomer_up_everywhere_s"]
+    newcomer = "never" if up_s is None else f"{up_s}s after it listened"
     return "\n".join([
         f"\n[{r['variant']}]  mesh ready in {r['mesh_ready_s']}s, {r['rounds']} rounds in {r['job_s']}s "
         f"({r['retried_attempts']} retried attempts; {r['rounds_rooted_on_public']} rounds rooted on the public node)",

@@ -7,10 +7,10 @@ split, same rounds, local epochs, batch size and optimizer, FedAvg weighted by s
 * **Flower** runs as a real deployment, not its simulation engine: one ``flower-superlink``
   process and N ``flower-supernode`` processes, with the ServerApp/ClientApp of
   ``benchmarks/flower_app`` copied into a temporary directory and launched with ``flwr run``.
-  Flower lives in a venv of its own (``.bench/venvs/flower``, created on first use). Its ClientApp and ServerApp call this
-  repository's own training code (``gpuflex.ml.workload.Workload``, on ``PYTHONPATH``), so
-  the partition, the local training loop and the evaluation are the very same code; only the
-  federation around them differs.
+  Flower lives in a venv of its own (``.bench/venvs/flower``, created on first use). Its
+  ClientApp and ServerApp call this repository's own training code
+  (``gpuflex.ml.workload.Workload``, on ``PYTHONPATH``), so the partition, the local training
+  loop and the evaluation are the very same code; only the federation around them differs.
 * **Ours** runs ``gpuflex node start`` processes (``LocalMesh``), no server.
 
 Per side and size it reports:

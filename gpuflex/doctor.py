@@ -320,7 +320,8 @@ def check_clock(node: dict[str, Any] | None, peers: list[dict[str, Any]], clock:
             "max_peer_ahead_s": round(max(worst, 0.0), 3), "method": "node: NTP-style sample; peers: "
             "NodeInfo timestamps, a one-sided bound (detects clocks ahead only)"}
     skew = max(own, worst)
-    fix = f"turn on NTP on every machine (timedatectl set-ntp true); signed messages more than {REPLAY_WINDOW_S:.0f}s off are rejected as stale"
+    fix = (f"turn on NTP on every machine (timedatectl set-ntp true); signed messages more than "
+           f"{REPLAY_WINDOW_S:.0f}s off are rejected as stale")
     who = f"peer …{str(worst_peer)[-8:]}" if worst >= own and worst_peer else "the node"
     if skew > REPLAY_WINDOW_S:
         return Finding("clock", FAIL, f"{who} is {skew:.0f}s off this machine's clock", fix, data)

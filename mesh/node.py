@@ -608,8 +608,8 @@ class MeshNode:
                 with trio.fail_after(timeout):
                     stream = await self.open(peer, BLOB_PROTOCOL, BLOB_OPEN_S)
                     try:
-                        path, via_bulk = await receive_blob(stream, self.blobs, digest, peer,
-                                                            min(self.config.max_payload, max_size or self.config.max_payload),
+                        limit = min(self.config.max_payload, max_size or self.config.max_payload)
+                        path, via_bulk = await receive_blob(stream, self.blobs, digest, peer, limit,
                                                             use_bulk=self._use_bulk())
                     finally:
                         await close(stream)

@@ -48,7 +48,8 @@ def _memory_bytes(p: Peer) -> float:
 def peer_search_text(p: Peer) -> str:
     legacy = {True: "legacy", False: "", None: ""}[p.legacy]
     os_name = p.info.os if p.info else ""
-    return " ".join([p.peer_id, p.state, p.device, human_bytes(p.memory_bytes), p.reachability, legacy, os_name]).lower()
+    words = [p.peer_id, p.state, p.device, human_bytes(p.memory_bytes), p.reachability, legacy, os_name]
+    return " ".join(words).lower()
 
 
 @dataclass(frozen=True)

@@ -88,7 +88,8 @@ def test_the_wheel_installs_alone_and_runs(built: tuple[Path, list[str]], tmp_pa
     # The portal finds the wheel it was installed from (pip's direct_url.json) for the Join page.
     found = subprocess.run([sys.executable, "-c", "from pathlib import Path; from gpuflex import __version__; "
                             "from web.wheel import WheelFinder, wheel_dirs; "
-                            "w = WheelFinder(__version__, wheel_dirs(Path('no-home'))).find(); print(w.path, w.sha256)"],
+                            "w = WheelFinder(__version__, wheel_dirs(Path('no-home'))).find(); "
+                            "print(w.path, w.sha256)"],
                            env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert found.returncode == 0, found.stderr[-3000:]
     assert found.stdout.split() == [str(wheel), hashlib.sha256(wheel.read_bytes()).hexdigest()]

@@ -21,7 +21,8 @@ VERSION = "9.8.7"
 NAME = f"gpuflex-{VERSION}-py3-none-any.whl"
 
 
-async def portal(nursery: trio.Nursery, tmp_path: Path, dirs: list[Path], token: str | None = None) -> httpx.AsyncClient:
+async def portal(nursery: trio.Nursery, tmp_path: Path, dirs: list[Path],
+                 token: str | None = None) -> httpx.AsyncClient:
     api = FakeApi()
     app = Portal(api, token=token, exporter=Exporter(api, tmp_path / "exports"), wall_clock=lambda: NOW,
                  version=VERSION, wheel_dirs=dirs)
