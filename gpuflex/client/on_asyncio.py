@@ -9,25 +9,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 from collections.abc import AsyncIterator
 from typing import Any
 
+from gpuflex.client.base import ControlBase
 from gpuflex.client.core import (
     MAX_LINE,
     ControlError,
     Endpoint,
     EndpointLike,
     Subscription,
-    Target,
     Unreachable,
     encode_request,
     failure_reason,
     parse_line,
     result_of,
 )
-from gpuflex.client.files import locate
-from gpuflex.home import resolve_home
 
 _TIMEOUTS = (asyncio.TimeoutError,)
 
@@ -86,7 +83,7 @@ class Connection:
             await asyncio.wait_for(self._writer.wait_closed(), 1.0)
 
 
-class AsyncioControl:
+class AsyncioControl(ControlBase):
     """One node's control API on asyncio.
 
     Requests share one lazily opened connection, dropped on any failure and reopened by the
@@ -100,19 +97,9 @@ class AsyncioControl:
         retry_delays: tuple[float, ...] = (0.5, 1.0, 2.0, 5.0),
         label: str = "node",
     ) -> None:
-        self._target = Target(endpoint, label)
-        self.timeout = timeout
-        self.retry_delays = retry_delays
+        super().__init__(endpoint, timeout, retry_delays, label)
         self._conn: Connection | None = None
         self._connecting = asyncio.Lock()
-
-    @classmethod
-    def for_home(cls, home: str | os.PathLike[str] | None = None, **kwargs: Any) -> AsyncioControl:
-        kwargs.setdefault("label", f"the node of {resolve_home(home)}")
-        return cls(lambda: locate(home), **kwargs)
-
-    def describe(self) -> str:
-        return self._target.describe()
 
     async def _connection(self) -> Connection:
         async with self._connecting:

@@ -7,26 +7,24 @@ portal outlives the node it watches, and the node is found afresh on every recon
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import AsyncGenerator
 from typing import Any
 
 import trio
 
+from gpuflex.client.base import ControlBase
 from gpuflex.client.core import (
     ControlError,
     Endpoint,
     EndpointLike,
     LineBuffer,
     Subscription,
-    Target,
     Unreachable,
     encode_request,
     failure_reason,
     parse_line,
     result_of,
 )
-from gpuflex.client.files import locate
 
 _TIMEOUTS = (trio.TooSlowError,)
 _TRANSPORT = (OSError, trio.TooSlowError, trio.BrokenResourceError, trio.ClosedResourceError)
@@ -81,7 +79,7 @@ class Connection:
             await self.stream.aclose()
 
 
-class TrioControl:
+class TrioControl(ControlBase):
     """One node's control API on trio.
 
     Requests share one lazily opened connection (a lock keeps them in turn); any transport
@@ -91,18 +89,9 @@ class TrioControl:
 
     def __init__(self, endpoint: EndpointLike, timeout: float = 5.0,
                  retry_delays: tuple[float, ...] = (1.0, 2.0, 5.0), label: str = "node") -> None:
-        self._target = Target(endpoint, label)
-        self.timeout = timeout
-        self.retry_delays = retry_delays
+        super().__init__(endpoint, timeout, retry_delays, label)
         self._conn: Connection | None = None
         self._lock = trio.Lock()
-
-    @classmethod
-    def for_home(cls, home: str | os.PathLike[str] | None = None, **kwargs: Any) -> TrioControl:
-        return cls(lambda: locate(home), **kwargs)
-
-    def describe(self) -> str:
-        return self._target.describe()
 
     async def _open(self) -> Connection:
         return await Connection.open(self._target.resolve(), self.timeout)
