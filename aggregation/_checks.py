@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import math
 import operator
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -55,6 +56,17 @@ def as_vector(vec: object, what: str = "vector", *, check_finite: bool = True) -
     if check_finite:
         ensure_finite(flat, what)
     return flat
+
+
+def state_vector(state: Mapping[str, Any], key: str, size: int) -> np.ndarray:
+    """A model-sized buffer a wrapper keeps in the server state (zeros before its first round),
+    checked against the model's size: the state came with a model from a peer."""
+    if state.get(key) is None:
+        return np.zeros(size, dtype=np.float32)
+    vec = as_vector(state[key], f"state[{key!r}]")
+    if vec.size != size:
+        raise AggregationError(f"state[{key!r}] has {vec.size} values, the model {size}")
+    return vec
 
 
 def as_vectors(

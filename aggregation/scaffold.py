@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from aggregation._checks import as_vector
+from aggregation._checks import as_vector, state_vector
 from aggregation.errors import AggregationError
 from aggregation.server_opt import ServerOptimizer, State
 
@@ -38,13 +38,7 @@ class Scaffold:
         d = as_vector(delta, "delta")
         if d.size != 2 * p.size:
             raise AggregationError(f"a SCAFFOLD update has {2 * p.size} values (model and control), got {d.size}")
-        control = state.get(CONTROL_KEY)
-        if control is None:
-            control = np.zeros_like(p)
-        else:
-            control = as_vector(control, "state['scaffold_c']")
-            if control.size != p.size:
-                raise AggregationError(f"state['scaffold_c'] has {control.size} values, the model {p.size}")
+        control = state_vector(state, CONTROL_KEY, p.size)
         inner_state = {k: v for k, v in state.items() if k != CONTROL_KEY}
         new_params, new_state = self.inner.step(params, d[: p.size].reshape(np.shape(params)), inner_state)
         return new_params, {**new_state, CONTROL_KEY: (control + d[p.size:]).astype(np.float32)}

@@ -43,6 +43,23 @@ def run_size(cfg: SimConfig) -> dict[str, Any]:
     return report
 
 
+def tree_bound_s(cfg: SimConfig, levels: int) -> float:
+    """The least time a round can take on the tree's links alone, for updates of
+    ``cfg.update_bytes``: the compute time; then, level by level up the tree, the slower of a
+    child's upload on its uplink and a leader's ``group_size - 1`` children arriving on its
+    downlink (bottom-level children on a home uplink when any member is private, leaders on
+    public links); then the new model back down, each level a leader sending it to its
+    ``group_size - 1`` children on its uplink. Latency, signatures and plan messages are left
+    out: a real round can only be slower."""
+    bits = cfg.update_bytes * 8
+    pub_up, pub_down = cfg.up_mbit * 10e6, cfg.down_mbit * 10e6
+    home_up = cfg.up_mbit * 1e6 if cfg.public_fraction < 1 else pub_up
+    fan = max(1, cfg.group_size - 1)
+    up = sum(max(bits / (home_up if level == 0 else pub_up), fan * bits / pub_down) for level in range(levels))
+    down = levels * fan * bits / pub_up
+    return cfg.compute_s + up + down
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--nodes", type=int, nargs="+", default=[16, 100, 200])
@@ -55,6 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--group-size", type=int, default=8)
     ap.add_argument("--slow", type=float, default=0.0, help="fraction of nodes at a quarter speed")
     ap.add_argument("--crash", type=int, default=0, help="nodes to crash (silently) during the job")
+    ap.add_argument("--kill", type=int, default=0, help="nodes to kill (their connections close at once)")
     ap.add_argument("--crash-at", type=float, default=15.0, help="modelled seconds after the job starts")
     ap.add_argument("--seed", type=int, default=0)
     add_json_flag(ap)
@@ -62,6 +80,8 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     for n in args.nodes:
         churn = [ChurnEvent(args.crash_at, ChurnKind.CRASH, n - 1 - i) for i in range(min(args.crash, n - 2))]
+        churn += [ChurnEvent(args.crash_at, ChurnKind.LEAVE, n - 1 - args.crash - i)
+                  for i in range(min(args.kill, n - 2 - args.crash))]
         cfg = SimConfig(nodes=n, rounds=args.rounds, public_fraction=args.public, up_mbit=args.up_mbit,
                         down_mbit=args.down_mbit, update_bytes=int(args.update_mb * 1e6), compute_s=args.compute_s,
                         group_size=args.group_size, slow_fraction=args.slow, seed=args.seed, churn=churn)
@@ -75,8 +95,11 @@ def main(argv: list[str] | None = None) -> int:
         log(f"  gossip: {report['gossip']}; crashed nodes down everywhere after {report['detection_s']} s "
             f"(never: {report['crashed_undetected']})")
         for r in report["rounds"]:
-            log(f"  round {r['round']}: {r['seconds']} s, {r['contributors']} contributors, "
-                f"busiest node {r['busiest_bytes'] / 1e6:.1f} MB")
+            r["bound_s"] = round(tree_bound_s(cfg, r.get("depth") or 1), 2)
+            log(f"  round {r['round']}: {r['seconds']} s (tree's bandwidth bound {r['bound_s']} s), "
+                f"{r['contributors']} contributors, busiest node {r['busiest_bytes'] / 1e6:.1f} MB; "
+                f"tree of {r.get('members')} in {r.get('depth')} levels, at most {r.get('max_children')} children; "
+                f"member-to-leader RTT {r.get('rtt_to_leader_ms')} ms (plain order: {r.get('rtt_plain_ms')} ms)")
         results.append(report)
     emit({"sizes": results}, args.json, lambda r: "")
     return 0

@@ -44,12 +44,49 @@ def build_model(hidden: int, layers: int, positions: int) -> tuple[Any, Any]:
     return model, PreTrainedTokenizerFast(tokenizer_object=byte_tokenizer(), eos_token=EOS)
 
 
-def batching(requests: int, clients: int, new_tokens: int, hidden: int, layers: int) -> dict[str, Any]:
-    import torch
+def batching_model_dir(tmp: Path, hidden: int, layers: int) -> tuple[Path, tuple[Any, Any]]:
+    """The batching model saved as a Hugging Face directory (for another stack to convert)."""
+    model, tok = build_model(hidden, layers, 512)
+    model.save_pretrained(tmp / "m")
+    tok.save_pretrained(tmp / "m")
+    return tmp / "m", (model, tok)
+
+
+def scheduler_run(model: Any, tok: Any, prompts: list[str], new_tokens: int, clients: int) -> tuple[float, int]:
+    """(seconds, tokens made) for ``prompts`` on the node's scheduler, ``clients`` at once, each
+    sending its share one after another; greedy, exactly ``new_tokens`` each."""
     import trio
 
     from gpuflex.serve.request import GenRequest
     from gpuflex.serve.scheduler import Scheduler
+
+    model.generation_config.eos_token_id = None  # every request makes exactly new_tokens tokens
+    sched = Scheduler("bench", model, tok, None, max_batch=clients, memory_bytes=1 << 30,
+                      max_prompt_tokens=256, max_new_tokens=new_tokens, queue=len(prompts))
+    made = 0
+
+    async def client(mine: list[str]) -> None:
+        nonlocal made
+        for p in mine:
+            async for item in sched.generate(GenRequest("bench", p, new_tokens, 0.0)):
+                made += 1 if "n" in item else 0
+
+    async def main() -> float:
+        async with trio.open_nursery() as outer:
+            outer.start_soon(sched.run)
+            t0 = time.perf_counter()
+            async with trio.open_nursery() as nursery:
+                for c in range(clients):
+                    nursery.start_soon(client, prompts[c::clients])
+            elapsed = time.perf_counter() - t0
+            outer.cancel_scope.cancel()
+        return elapsed
+
+    return trio.run(main), made
+
+
+def batching(requests: int, clients: int, new_tokens: int, hidden: int, layers: int) -> dict[str, Any]:
+    import torch
 
     model, tok = build_model(hidden, layers, 512)
     prompts = [f"Request {i}: tell the story of the {i}th king.\n" for i in range(requests)]
@@ -61,32 +98,8 @@ def batching(requests: int, clients: int, new_tokens: int, hidden: int, layers: 
             model.generate(input_ids=ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
                            do_sample=False, pad_token_id=0)
     plain_s = time.perf_counter() - start
-    sched = Scheduler("bench", model, tok, None, max_batch=clients, memory_bytes=1 << 30,
-                      max_prompt_tokens=256, max_new_tokens=new_tokens, queue=requests)
-    made = 0
-
-    async def main(clients: int) -> float:
-        nonlocal made
-
-        async def client(mine: list[str]) -> None:
-            nonlocal made
-            for p in mine:
-                async for item in sched.generate(GenRequest("bench", p, new_tokens, 0.0)):
-                    made += 1 if "n" in item else 0
-
-        async with trio.open_nursery() as outer:
-            outer.start_soon(sched.run)
-            t0 = time.perf_counter()
-            async with trio.open_nursery() as nursery:
-                for c in range(clients):
-                    nursery.start_soon(client, prompts[c::clients])
-            elapsed = time.perf_counter() - t0
-            outer.cancel_scope.cancel()
-        return elapsed
-
-    single_s = trio.run(main, 1)  # the same engine, one request at a time: no batching
-    made = 0
-    batched_s = trio.run(main, clients)
+    single_s, _ = scheduler_run(model, tok, prompts, new_tokens, 1)  # the same engine, one request at a time
+    batched_s, made = scheduler_run(model, tok, prompts, new_tokens, clients)
     total = requests * new_tokens
     return {"requests": requests, "clients": clients, "new_tokens": new_tokens, "hidden": hidden, "layers": layers,
             "torch_threads": torch.get_num_threads(), "tokens_made_batched": made,
@@ -108,21 +121,28 @@ def ttft(url: str, model: str, prompt: str) -> float:
     raise RuntimeError("no token came back")
 
 
+def tiny_serving_mesh(tmp: Path, size: int, server: int, **kwargs: Any) -> Any:
+    """A LocalMesh (not started) of ``size`` nodes, each with its API on a free loopback port,
+    node ``server`` serving a tiny model as ``tiny``."""
+    from gpuflex.localmesh import LocalMesh
+
+    model, tok = build_model(64, 2, 256)
+    model.save_pretrained(tmp / "m")
+    tok.save_pretrained(tmp / "m")
+    mesh = LocalMesh(tmp / "mesh", size, **kwargs)
+    for i in range(size):
+        mesh.home(i).mkdir(parents=True, exist_ok=True)
+        models = f'[serve.models]\ntiny = "{tmp / "m"}"\n' if i == server else ""
+        (mesh.home(i) / "node.toml").write_text(f'[serve]\nhttp = "127.0.0.1:0"\n{models}')
+    return mesh
+
+
 def routing(samples: int) -> dict[str, Any]:
     import httpx
 
-    from gpuflex.localmesh import LocalMesh
-
     with tempfile.TemporaryDirectory(prefix="gpuflex-serve-bench-") as tmp:
-        model, tok = build_model(64, 2, 256)
-        model.save_pretrained(Path(tmp) / "m")
-        tok.save_pretrained(Path(tmp) / "m")
-        mesh = LocalMesh(Path(tmp) / "mesh", 2)
+        mesh = tiny_serving_mesh(Path(tmp), 2, server=0)
         try:
-            for i in range(2):
-                mesh.home(i).mkdir(parents=True, exist_ok=True)
-                models = f'[serve.models]\ntiny = "{Path(tmp) / "m"}"\n' if i == 0 else ""
-                (mesh.home(i) / "node.toml").write_text(f'[serve]\nhttp = "127.0.0.1:0"\n{models}')
             mesh.start(timeout=120)
             mesh.wait_connected(60)
             urls = [mesh.call(i, "status")["serve"]["http"] for i in range(2)]

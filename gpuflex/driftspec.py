@@ -1,4 +1,4 @@
-"""Job-file rules of client drift correction: the settings FedProx and SCAFFOLD cannot work with.
+"""Job-file rules of client drift correction: the settings FedProx, SCAFFOLD and FedDyn cannot work with.
 
 Kept beside the job spec's own checks (``gpuflex.jobspec``), which call it with the values
 that passed their field checks. No torch, no numpy: job files validate fast.
@@ -23,6 +23,14 @@ def drift_cross_checks(values: dict[str, Any]) -> list[tuple[str, str]]:
     if is_llm(values.get("model")):
         errors.append(("drift_correction", "is for the classic models; language-model jobs train "
                        "with their own loop"))
+    if kind == "feddyn" and values.get("strategy", "fedavgm") != "fedavg":
+        errors.append(("drift_correction", "'feddyn' needs strategy = 'fedavg': its server step already "
+                       "adds the running sum of every averaged delta (a momentum of 1), which a "
+                       "second server optimizer would compound"))
+    if kind == "feddyn" and values.get("dp_noise_multiplier", 0.0) > 0:
+        errors.append(("drift_correction", "'feddyn' cannot be combined with dp_noise_multiplier > 0: its "
+                       "server step adds the sum of every round's averaged delta, so the noise of "
+                       "all rounds would pile up in each step"))
     if kind != "scaffold":
         return errors
     budget = values.get("compute_budget_s", 0.0)

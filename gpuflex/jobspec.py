@@ -33,6 +33,7 @@ except ModuleNotFoundError:  # Python 3.10
 from gpuflex.budgetspec import budget_cross_checks
 from gpuflex.driftspec import drift_cross_checks
 from gpuflex.llmspec import LLM_MODELS, llm_cross_checks
+from gpuflex.overlapspec import MAX_OVERLAP, overlap_cross_checks
 from gpuflex.plugins import is_plugin_path, plugin_path_problem
 
 BUILTIN_MODELS: tuple[str, ...] = ("digits-cnn", "cifar10-cnn", "mlp", "char-gru", *LLM_MODELS)
@@ -51,7 +52,7 @@ AggregationMode = Literal["tree", "flat-robust"]
 NormBoundMode = Literal["clip", "reject"]
 OnBudget = Literal["stop", "warn"]
 Normalization = Literal["auto", "none", "fednova"]
-DriftCorrectionName = Literal["none", "fedprox", "scaffold"]
+DriftCorrectionName = Literal["none", "fedprox", "scaffold", "feddyn"]
 FinalModel = Literal["best", "last"]
 PARTITIONS: tuple[Partition, ...] = get_args(Partition)
 OPTIMIZERS: tuple[Optimizer, ...] = get_args(Optimizer)
@@ -169,13 +170,17 @@ class JobSpec:
     #: The residual is scaled by this before each update joins it (1: all of it is kept).
     #: SparseLoCo's 0.95 reached a lower loss than 1.0 on Shakespeare (BENCHMARKS.md).
     sparse_feedback_decay: float = 0.95
-    #: Client drift correction under skewed data: FedProx's proximal term (``prox_mu``) or
-    #: SCAFFOLD's control variates (twice the bytes per update); see gpuflex/ml/drift.py.
+    #: Client drift correction under skewed data: FedProx's proximal term (``prox_mu``),
+    #: SCAFFOLD's control variates (twice the bytes per update) or FedDyn's dynamic regulariser
+    #: (``prox_mu`` is its alpha; no extra bytes); see gpuflex/ml/drift.py.
     drift_correction: DriftCorrectionName = "none"
     prox_mu: float = 0.01
     #: Which committed model ``model.pt`` is: the round the root scored best on the held-out
     #: split ("best"), or the last round's ("last"). Both are written either way.
     final_model: FinalModel = "best"
+    #: Share of a round's local steps a member trains ahead, from its own trained model, while
+    #: its update travels (0: off; at most MAX_OVERLAP); see gpuflex/node/ahead.py.
+    overlap: float = 0.0
     group_size: int = 4
     min_nodes: int = 2
     seed: int = 0
@@ -591,6 +596,7 @@ _CHECKS: dict[str, Callable[[Any], Any]] = {
     "drift_correction": _choice(DRIFT_CORRECTIONS),
     "prox_mu": _float(0.0, strict=False, maximum=100.0),
     "final_model": _choice(FINAL_MODELS),
+    "overlap": _float(0.0, strict=False, maximum=MAX_OVERLAP, closed=True),
     "group_size": _int(2, MAX_GROUP_SIZE),
     "min_nodes": _int(1, MAX_MEMBERS),
     "seed": _int(0),
@@ -650,6 +656,7 @@ def _cross_checks(values: dict[str, Any], failed: set[str]) -> list[tuple[str, s
     errors.extend(budget_cross_checks(values))
     errors.extend(llm_cross_checks(values, failed))
     errors.extend(drift_cross_checks(values))
+    errors.extend(overlap_cross_checks(values))
     return errors
 
 

@@ -7,10 +7,11 @@ Three loops beside a ``MeshNode``, all on trio's clock:
   which costs no traffic, so a peer that dials in is known within a second;
 * the NodeInfo republish, from every second doubling to ``PUBLISH_MAX_S`` (a put reaches up to
   k = 20 peers: at 60 s it was a cost that grew with the mesh up to that size);
-* NodeInfo lookups, bounded per period: every peer's once when it is learnt or comes back,
-  then only the watched peers' (``watch_set``) now and then, so the cost does not grow
-  with the mesh; a peer that is not up is looked up every ``info_retry_s`` (its NodeInfo
-  in the DHT may name relays to reach it by).
+* NodeInfo lookups, bounded per period, of the peers this node keeps (``keep_set``) alone:
+  each one's once when it is learnt or comes back, then the watched peers' (``watch_set``)
+  now and then, so the cost does not grow with the mesh; a kept peer that is not up is
+  looked up every ``info_retry_s`` (its NodeInfo in the DHT may name relays to reach it by).
+  Other members' NodeInfo comes signed with them, by peer exchange (``mesh.pex``).
 """
 
 from __future__ import annotations
@@ -76,6 +77,8 @@ class DiscoveryHost(Protocol):
 
     def watch_set(self) -> set[str]: ...
 
+    def keep_set(self) -> set[str]: ...
+
     def sealed_info(self) -> bytes: ...
 
     async def fetch_node_info(self, peer: str, timeout: float = 5.0) -> dict[str, Any] | None: ...
@@ -125,6 +128,9 @@ class Discovery:
         text = str(pid)
         if text == self.node.peer_id:
             return
+        rec = self.node.peers.get(text)
+        if rec is not None and rec.addrs:
+            return  # known, with addresses: this runs every second over every connection
         try:
             addrs = [str(a) for a in self.node.host.get_peerstore().addrs(pid)]
         except PeerStoreError:  # known from a connection, with no address stored yet
@@ -154,10 +160,13 @@ class Discovery:
         return age > (INFO_CHECKING_S if checking else INFO_REFRESH_S)
 
     def look_up_infos(self, nursery: trio.Nursery) -> None:
-        """Start this period's NodeInfo lookups (at most ``INFO_LOOKUPS_PER_PERIOD``)."""
+        """Start this period's NodeInfo lookups (at most ``INFO_LOOKUPS_PER_PERIOD``), among the
+        peers this node keeps (``keep_set``) alone: any other member's NodeInfo came with it
+        (peer exchange), and looking up every member once would cost a mesh of N N² lookups."""
         now = trio.current_time()
         watched = self.node.watch_set()
-        due = [r for r in self.node.peers.all()
+        records = [r for p in self.node.keep_set() if (r := self.node.peers.get(p)) is not None]
+        due = [r for r in records
                if r.peer_id not in self._info_loading and self.info_due(r, now, watched)]
         due.sort(key=lambda r: (r.info is not None, self._info_tried.get(r.peer_id, -1e9)))
         for rec in due[:INFO_LOOKUPS_PER_PERIOD]:

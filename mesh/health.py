@@ -66,6 +66,9 @@ class PeerRecord:
     ignored_until: float = 0.0
     faults: int = 0
     rounds_contributed: int = 0
+    # Known by hearsay: its own signed record reached this node through another peer
+    # (``PeerTable.vouch``), though this node may never have talked to it.
+    vouched: bool = False
 
     def row(self, wall_offset: float = 0.0) -> dict[str, Any]:
         """For people: ``wall_offset`` (``PeerTable.wall_offset``) turns the table's protocol
@@ -84,6 +87,7 @@ class PeerRecord:
 
 
 StateListener = Callable[[PeerRecord, PeerState, PeerState], None]
+RttListener = Callable[[str, float], None]
 EvictListener = Callable[[str], None]
 
 
@@ -105,10 +109,18 @@ class PeerTable:
         self._marks: Marks[PeerRecord] = Marks()  # penalised keys that are not peers (mesh.peertable)
         self._listeners: list[StateListener] = []
         self._evict_listeners: list[EvictListener] = []
+        self._rtt_listeners: list[RttListener] = []
         self.evicted = 0
+        # Bumped whenever the membership (who is in the table, in which state) changes: what
+        # depends on it alone (the overlay, ``mesh.overlay``) is recomputed only then.
+        self.version = 0
 
     def on_change(self, listener: StateListener) -> None:
         self._listeners.append(listener)
+
+    def on_rtt(self, listener: RttListener) -> None:
+        """``listener(peer_id, rtt_ms)`` for every round trip measured (network coordinates)."""
+        self._rtt_listeners.append(listener)
 
     def on_evict(self, listener: EvictListener) -> None:
         """``listener(peer_id)`` when an entry leaves the table: drop what is kept for it."""
@@ -148,11 +160,13 @@ class PeerTable:
                 return rec
             self._evict(out)
         self._peers[peer_id] = rec
+        self.version += 1
         return rec
 
     def _evict(self, rec: PeerRecord) -> None:
         del self._peers[rec.peer_id]
         self.evicted += 1
+        self.version += 1
         if rec.penalty > 0:
             self._marks.put(rec)  # leaving the table does not clear a penalty
         for listener in self._evict_listeners:
@@ -188,7 +202,21 @@ class PeerTable:
         rec.last_seen = self.clock()
         if rtt_ms is not None:
             rec.rtt_ms = rtt_ms if rec.rtt_ms is None else 0.7 * rec.rtt_ms + 0.3 * rtt_ms
+            for rtt_listener in self._rtt_listeners:
+                rtt_listener(peer_id, rtt_ms)
         self._set_state(rec, UP)
+
+    def vouch(self, peer_id: str) -> None:
+        """``peer_id``'s own signed record (its NodeInfo) came through another peer: a member,
+        ``up`` by hearsay until failure detection says otherwise (SWIM's membership), so a
+        node need not contact every member of a large mesh to count it. A peer held ``down``
+        stays down: only the peer itself (an answer, its signed ``alive``) brings it back."""
+        rec = self._peers.get(peer_id)
+        if rec is None:
+            return
+        rec.vouched = True
+        if rec.last_seen is None and rec.state == SUSPECT:
+            self._set_state(rec, UP)
 
     def wall_offset(self) -> float:
         """Add to this table's times to get wall-clock seconds (its clock may be trio's)."""
@@ -200,12 +228,14 @@ class PeerTable:
         if rec is not None:
             self._set_state(rec, state)
 
-    def reevaluate(self, unseen_only: bool = False) -> None:
-        """Apply the thresholds to every peer; called after each probe sweep. With
-        ``unseen_only``, only to peers never heard from: failure detection judges the others."""
+    def reevaluate(self, unseen_only: bool = False, among: set[str] | None = None) -> None:
+        """Apply the thresholds to every peer (or to those ``among``); called after each probe
+        sweep. With ``unseen_only``, only to peers never heard from and not vouched for:
+        failure detection judges the others."""
         now = self.clock()
-        for rec in self._peers.values():
-            if unseen_only and rec.last_seen is not None:
+        records = self._peers.values() if among is None else [r for p in among if (r := self._peers.get(p))]
+        for rec in records:
+            if unseen_only and (rec.last_seen is not None or rec.vouched):
                 continue
             ref = rec.last_seen if rec.last_seen is not None else rec.first_seen
             silent = now - ref
@@ -218,6 +248,7 @@ class PeerTable:
         if rec.state == state:
             return
         old, rec.state = rec.state, state
+        self.version += 1
         for listener in self._listeners:
             listener(rec, old, state)
 
@@ -236,6 +267,7 @@ class PeerTable:
         rec.faults += 1
         if rec.penalty >= self.config.penalty_ignore_threshold:
             rec.ignored_until = now + self.config.penalty_ignore_s
+            self.version += 1
         return rec
 
     def is_ignored(self, peer_id: str) -> bool:

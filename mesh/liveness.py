@@ -95,6 +95,8 @@ class LivenessHost(Protocol):
 
     def watch_set(self) -> set[str]: ...
 
+    def keep_set(self) -> set[str]: ...
+
     def connected_ids(self) -> set[str]: ...
 
     async def open(self, peer: str, protocol: str, timeout: float) -> Any: ...
@@ -119,10 +121,13 @@ class Liveness:
         self.backoff = PeerBackoff()
         self._turn: list[str] = []  # watched peers still to probe this turn
         self._down_turn: list[str] = []
+        self._down_fresh = False
         self._streams: dict[str, tuple[Any, float]] = {}  # peer -> (ping stream, last used)
         self._redialling: set[str] = set()
         self._pinging: dict[str, _Pending] = {}
         self._probing: set[str] = set()
+        self._keep: set[str] = set()  # the node's keep set, as of the last period
+        self._kept_since: dict[str, float] = {}  # peer of the keep set -> when it joined it
         self._due_at = math.inf  # when the loop should wake next
         self._lagging_until = -math.inf
         self._nursery: trio.Nursery | None = None
@@ -165,6 +170,7 @@ class Liveness:
         """The peers to probe this period: ``probes`` watched ones in turn, first contacts,
         and a down one."""
         peers = self.node.peers
+        self._keep = self.node.keep_set()
         watched = sorted(p for p in self.node.watch_set() if p in peers and p != self.node.peer_id)
         live = [p for p in watched if peers.get(p).state != DOWN]  # type: ignore[union-attr]
         self._turn = [p for p in self._turn if p in live]
@@ -177,12 +183,26 @@ class Liveness:
                 if not self._turn:
                     break
             out.append(self._turn.pop(0))
-        fresh = [r.peer_id for r in peers.all() if r.last_seen is None and r.state != DOWN]
+        # First contact only with the peers this node keeps (``keep_set``): every other member is
+        # known by hearsay, so a new mesh of N does not cost N first contacts on every node.
+        fresh = sorted(p for p in self._keep if (r := peers.get(p)) is not None
+                       and r.last_seen is None and r.state != DOWN)
         out += [p for p in fresh if p not in out][:FIRST_CONTACTS_PER_PERIOD]
-        down = peers.ids(DOWN)
-        self._down_turn = [p for p in self._down_turn if p in down] or down
-        out += [p for p in self._down_turn[:DOWN_PER_PERIOD] if p not in out]
-        self._down_turn = self._down_turn[DOWN_PER_PERIOD:]
+        # Down peers in turn, DOWN_PER_PERIOD a period: the list is taken afresh only once a
+        # turn is through, so a period costs the same whatever the size of the table.
+        looked = 0
+        while looked < DOWN_PER_PERIOD:
+            if not self._down_turn:
+                self._down_turn = peers.ids(DOWN) if not self._down_fresh else []
+                self._down_fresh = True  # at most one new list a period
+                if not self._down_turn:
+                    break
+            peer = self._down_turn.pop(0)
+            rec = peers.get(peer)
+            if rec is not None and rec.state == DOWN and peer not in out:
+                out.append(peer)
+                looked += 1
+        self._down_fresh = False
         return out
 
     async def sweep(self) -> None:
@@ -195,7 +215,7 @@ class Liveness:
 
     def expire(self) -> list[str]:
         """Suspects whose time is up are down; returns them (announced in the background
-        when running). Peers never reached age by silence (``PeerTable.reevaluate``)."""
+        when running). Peers of the keep set never reached age by silence (``_age_unseen``)."""
         now = trio.current_time()
         dead = []
         for peer in [p for p, ends in self.suspects.items() if now >= ends]:
@@ -206,8 +226,24 @@ class Liveness:
                 dead.append(peer)
                 if self._nursery is not None:
                     self._nursery.start_soon(self._say, peer, Verdict.DOWN, self.known.get(peer, 0))
-        self.node.peers.reevaluate(unseen_only=True)
+        self._age_unseen(now)
         return [] if self._nursery is not None else dead
+
+    def _age_unseen(self, now: float) -> None:
+        """Peers of the keep set this node never reached are ``suspect``, then ``down``, here
+        (no rumour: others may reach them) by silence counted from when they joined the keep
+        set, so a member known by hearsay for long is not condemned before its first contact."""
+        since = {p: self._kept_since.get(p, now) for p in self._keep}
+        self._kept_since = since
+        for peer, at in since.items():
+            rec = self.node.peers.get(peer)
+            if rec is None or rec.last_seen is not None:
+                continue
+            silent = now - max(at, rec.first_seen)
+            if silent >= self.config.down_after_s:
+                self.node.peers.set_state(peer, DOWN)
+            elif silent >= self.config.suspect_after_s and rec.state != DOWN:
+                self.node.peers.set_state(peer, SUSPECT)
 
     async def probe(self, peer: str) -> bool:
         """Direct, then indirect, twice a period apart; suspicion (and a rumour) if nobody
@@ -225,7 +261,7 @@ class Liveness:
                         self._nursery.start_soon(self._tell, peer)
                     return True
                 if rec.last_seen is None or rec.state == DOWN:
-                    return False  # never reached, or already dead: silence ages it (PeerTable)
+                    return False  # never reached, or already dead: silence ages it (``_age_unseen``)
                 if await self._ask_others(peer):
                     self.node.peers.seen(peer)
                     return True

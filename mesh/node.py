@@ -26,6 +26,7 @@ host, outside that seam: ``mesh.dialer`` (joining and redialling), ``mesh.nat``/
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager, suppress
@@ -69,13 +70,14 @@ from mesh.messaging import (
     SendError,
 )
 from mesh.nat import NatService
-from mesh.overlay import neighbours
+from mesh.overlay import neighbours, ring_key
 from mesh.pex import PEERS_REQUEST, PeerExchange
 from mesh.push import PUSH_MIN, push_payload
 from mesh.records import NODEINFO_NS, RecordValidator, nodeinfo_key
 from mesh.relay import RelayLimitsConfig
 from mesh.streaming import STREAM_PROTOCOL, StreamTable, read_items, send_request, serve_stream
 from mesh.transport import Libp2pTransport, Transport
+from mesh.vivaldi import Coordinate, from_wire, observe
 
 log = logging.getLogger("mesh.node")
 INFO_REQUEST = "info_req"
@@ -89,6 +91,17 @@ BLOB_OPEN_S = 10.0
 #: The address book takes in what the peer table learnt, and is saved if that changed it,
 #: this often: a node killed right after it met the mesh still finds it again.
 BOOK_EVERY_S = 2.0
+#: Connections outside the keep set idle this long are closed, up to this many every period.
+TRIM_IDLE_S, TRIM_PER_PERIOD, TRIM_EVERY_S = 30.0, 16, 5.0
+#: NodeInfo given to a peer that asks is signed afresh when older than this (its coordinate moves).
+INFO_RESEAL_S = 60.0
+#: DHT routing-table entries, nearest first, that this node keeps first-hand contact with.
+DHT_NEAREST = 8
+#: The overlay follows a changed membership at most this often.
+OVERLAY_EVERY_S = 2.0
+#: The cached overlay is also recomputed this often: an ignored peer's time runs out by the
+#: clock, not by a change to the table.
+IGNORE_RECHECK_S = 5.0
 
 
 class MeshEvent(StrEnum):
@@ -159,6 +172,9 @@ class MeshNode:
         self.joiner: Joiner | None = None
         self._dialer: Any = None
         self._pinned: dict[str, float] = {}  # peer -> trio time until which it is watched
+        self._overlay: tuple[Any, list[str]] = ((None, -math.inf), [])  # ((version, when), neighbours)
+        self._bootstrap_ids: set[str] = set()
+        self._used: dict[str, float] = {}  # peer -> trio time this node last opened a stream to it
         self._book_save_failed = False
         self._on_event = on_event or (lambda *a, **k: None)
         self._nursery: trio.Nursery | None = None
@@ -179,8 +195,13 @@ class MeshNode:
         self.liveness = Liveness(self, config.health)
         self.discovery = Discovery(self)
         self.gossip = Gossip(self)
+        # Where this node sits in the network (mesh.vivaldi), and where its peers say they do.
+        self.coord = Coordinate()
+        self.coords: dict[str, Coordinate] = {}
+        self._info_sealed_at = -math.inf
         self.peers.on_change(self._peer_state_changed)
         self.peers.on_evict(self._forget)
+        self.peers.on_rtt(self._observe_rtt)
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -238,6 +259,7 @@ class MeshNode:
                 self._info_frame = self._seal_node_info()
                 await self._join(nursery)
                 nursery.start_soon(self._book_loop)
+                nursery.start_soon(self._trim_loop)
                 nursery.start_soon(self.discovery.walk_loop)
                 nursery.start_soon(self.liveness.run)
                 nursery.start_soon(self.discovery.info_loop, self.config.health.ping_interval_s)
@@ -280,6 +302,7 @@ class MeshNode:
     def node_info(self) -> dict[str, Any]:
         info = {"version": __version__, **self.config.node_info, **self.nat.info()}
         info["peer_id"] = self.peer_id
+        info["coord"] = self.coord.wire()
         info["addrs"] = [a if "/p2p-circuit" in a else a.split("/p2p/")[0] for a in self.multiaddrs()]
         info["ts"] = time.time()
         return info
@@ -311,6 +334,7 @@ class MeshNode:
         self._on_event(MeshEvent.REACHABILITY, message=f"this node is {new} (was {old})", reachability=new)
 
     def _seal_node_info(self) -> bytes:
+        self._info_sealed_at = protocol_clock()
         return seal(self.identity, "nodeinfo", self.node_info())
 
     def sealed_info(self) -> bytes:
@@ -321,8 +345,16 @@ class MeshNode:
     # -- the bounded set of peers this node talks to and watches ------------------------------
 
     def neighbours(self) -> list[str]:
-        """This node's overlay neighbours among the mesh's members (``mesh.overlay``)."""
-        return neighbours(self.peer_id, self.peers.members())
+        """This node's overlay neighbours among the mesh's members (``mesh.overlay``),
+        recomputed only when the membership changed (``PeerTable.version``), and then at most
+        every ``OVERLAY_EVERY_S``: every gossip forward and probe period asks, a ring of a
+        thousand members costs a sort, and a joining mesh changes every node's view each moment."""
+        now = self.peers.clock()
+        key = (self.peers.version, int(now // IGNORE_RECHECK_S))
+        (old, at), cached = self._overlay
+        if old != key and (now - at >= OVERLAY_EVERY_S or not cached):
+            self._overlay = ((key, now), neighbours(self.peer_id, self.peers.members()))
+        return list(self._overlay[1])
 
     def watch(self, peers: Iterable[str], for_s: float) -> None:
         """Watch ``peers`` (the members of a round this node is in) for ``for_s`` seconds,
@@ -337,8 +369,37 @@ class MeshNode:
         self._pinned = {p: t for p, t in self._pinned.items() if t > now}
         return set(self.neighbours()) | set(self._pinned)
 
+    def dht_nearest(self) -> list[str]:
+        """The ``DHT_NEAREST`` entries of the DHT routing table nearest this node (by ring key,
+        ``mesh.overlay``): the peers its Kademlia lookups start from."""
+        if self.dht is None:
+            return []
+        me = int.from_bytes(ring_key(self.peer_id), "big")
+        ids = {str(p) for p in self.dht.routing_table.get_peer_ids()} - {self.peer_id}
+        return sorted(ids, key=lambda p: int.from_bytes(ring_key(p), "big") ^ me)[:DHT_NEAREST]
+
+    def keep_set(self) -> set[str]:
+        """The bounded set of peers this node contacts first-hand and keeps connections to:
+        its watched peers (overlay neighbours and round members), its DHT routing table's
+        nearest entries and its bootstrap peers. Every other member is known by hearsay
+        (``PeerTable.vouch``) and costs nothing until a round or the overlay names it."""
+        return self.watch_set() | set(self.dht_nearest()) | self._bootstrap_ids
+
     async def _answer_info_request(self, msg: Inbound) -> bytes | None:
+        if self._info_frame is not None and trio.current_time() - self._info_sealed_at > INFO_RESEAL_S:
+            self._info_frame = self._seal_node_info()  # its network coordinate moves
         return self._info_frame
+
+    def note_coord(self, peer: str, value: object) -> None:
+        """``peer``'s network coordinate, as its own signed NodeInfo or presence states it."""
+        coord = from_wire(value)
+        if coord is not None and peer in self.peers and peer != self.peer_id:
+            self.coords[peer] = coord
+
+    def _observe_rtt(self, peer: str, rtt_ms: float) -> None:
+        remote = self.coords.get(peer)
+        if remote is not None:
+            self.coord = observe(self.coord, remote, rtt_ms)
 
     async def fetch_node_info(self, peer: str, timeout: float = 5.0) -> dict[str, Any] | None:
         """NodeInfo of ``peer``: asked of the peer itself, else looked up in the DHT by PeerID."""
@@ -359,6 +420,7 @@ class MeshNode:
             self.inbound.reject(peer, WireError("signature", "NodeInfo is signed by another peer"), "nodeinfo")
             return None
         self.pex.remember(peer, frame)
+        self.note_coord(peer, env.body.get("coord"))
         return env.body
 
     def _learn_info(self, peer: str, info: dict[str, Any]) -> None:
@@ -368,6 +430,8 @@ class MeshNode:
         rec.info = info
         if peer not in self.peers:
             return  # a full table turned it away (mesh.peertable): nothing kept for it anywhere
+        self.peers.vouch(peer)
+        self.note_coord(peer, info.get("coord"))
         try:  # so a dial to it has somewhere to go (a DHT walk would have put them there too)
             from libp2p.peer.id import ID
             from multiaddr import Multiaddr
@@ -384,6 +448,7 @@ class MeshNode:
         from mesh.dialer import bootstrap_candidates, join_candidates
 
         boot = bootstrap_candidates(self.config.bootstrap, self.peer_id)
+        self._bootstrap_ids = {c.peer_id for c in boot}
         dial = self._dialer = self.config.transport.dialer(self.host)
         policy = JoinPolicy(first_run_timeout_s=self.config.bootstrap_timeout_s,
                             backoff_max_s=max(1.0, self.config.rejoin_backoff_max_s))
@@ -410,6 +475,40 @@ class MeshNode:
     def connected_ids(self) -> set[str]:
         return {str(p) for p in self.host.get_connected_peers()} - {self.peer_id}
 
+    def idle_connections(self) -> list[str]:
+        """Connected peers outside the keep set that neither side has used for ``TRIM_IDLE_S``:
+        a round's member it sent an update to, a peer that asked for its NodeInfo once."""
+        now = trio.current_time()
+        self._used = {p: t for p, t in self._used.items() if now - t < TRIM_IDLE_S}
+        keep = self.keep_set() | set(self._used)
+        out = []
+        for peer in sorted(self.connected_ids() - keep):
+            rec = self.peers.get(peer)
+            heard = rec.last_seen if rec is not None and rec.last_seen is not None else -math.inf
+            if self.peers.clock() - heard >= TRIM_IDLE_S:
+                out.append(peer)
+        return out
+
+    async def trim_connections(self) -> int:
+        """Close the idle connections (``idle_connections``), at most ``TRIM_PER_PERIOD`` at a
+        time: what a node holds open stays bounded by its keep set, not by the mesh."""
+        from libp2p.peer.id import ID
+
+        closed = 0
+        for peer in self.idle_connections()[:TRIM_PER_PERIOD]:
+            with trio.move_on_after(self.config.health.ping_timeout_s):
+                try:
+                    await self.host.disconnect(ID.from_base58(peer))
+                    closed += 1
+                except Exception as exc:  # py-libp2p's close raises from unrelated roots
+                    log.debug("could not close the connection to %s: %s", peer[-8:], exc)
+        return closed
+
+    async def _trim_loop(self) -> None:
+        while True:
+            await trio.sleep(TRIM_EVERY_S)
+            await self.trim_connections()
+
     async def redial(self, peer: str) -> bool:
         """Reconnect a known peer that has no connection, address by address (mesh.dialer):
         py-libp2p's own dial would try only its oldest stored address, which is stale once the
@@ -432,11 +531,12 @@ class MeshNode:
         return False
 
     async def _book_loop(self) -> None:
-        """Copy what the node learns into the address book, and save it when it changed (every
-        ``BOOK_EVERY_S`` at most: a killed node loses at most that much)."""
+        """Copy what the node learns of the peers it keeps (``keep_set``) into the address book,
+        and save it when it changed (every ``BOOK_EVERY_S`` at most: a killed node loses at most
+        that much)."""
         try:
             while True:
-                for rec in self.peers.all():
+                for rec in [r for p in self.keep_set() if (r := self.peers.get(p)) is not None]:
                     if rec.state == UP:
                         claimed = rec.info.get("addrs") if isinstance(rec.info, dict) else None
                         self.book.seen(rec.peer_id, claimed if isinstance(claimed, list) else [])
@@ -468,6 +568,7 @@ class MeshNode:
         second) is not looked up again each time it returns."""
         self.discovery.forget_info(peer, 4 * self.config.health.max_peers)
         self.pex.frames.pop(peer, None)
+        self.coords.pop(peer, None)
         self.liveness.drop(peer)
 
     def _peer_state_changed(self, rec: PeerRecord, old: PeerState, new: PeerState) -> None:
@@ -488,6 +589,7 @@ class MeshNode:
         """A new stream to ``peer``: the transport seam (see the module docstring)."""
         from libp2p.peer.id import ID
 
+        self._used[peer] = trio.current_time()
         with trio.fail_after(timeout):
             await self.nat.route(peer, timeout)
             return await self.host.new_stream(ID.from_base58(peer), [protocol])

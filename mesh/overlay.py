@@ -20,11 +20,13 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable
+from functools import lru_cache
 
 #: Neighbours per node: gossip copies a node receives per message, and peers it probes.
 DEGREE = 10
 
 
+@lru_cache(maxsize=1 << 14)
 def ring_key(peer: str) -> bytes:
     return hashlib.sha256(peer.encode()).digest()
 

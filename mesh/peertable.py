@@ -11,7 +11,7 @@ only as the signer of a message, or as the target of a penalty, gets a *mark* in
 probes, lookups or rows. A mark becomes an entry, penalty and all, when the peer connects.
 
 The table holds at most ``max_peers`` entries (``DEFAULT_MAX_PEERS``), of which at most a
-quarter (``hint_quota``) are hints: a new hint past that quota replaces the oldest hint, so
+half (``hint_quota``) are hints: a new hint past that quota replaces the oldest hint, so
 hints passed on by others never crowd out peers this node has heard from. When a new one comes,
 the entry worth least goes (``keep_rank``): one never heard from (a hint) before one that was,
 a down one before a suspect one before an up one, then the one silent longest. A hint never
@@ -28,11 +28,11 @@ from collections.abc import Iterable
 from typing import Generic, Protocol, TypeVar
 
 #: Peers a node keeps in its table (connected, answered, or named with addresses).
-DEFAULT_MAX_PEERS = 1024
+DEFAULT_MAX_PEERS = 4096
 #: Keys that are not peers but carry a penalty (a forged signature, say), remembered at once.
 MAX_MARKS = 4096
 #: At most one entry in this many is a hint (never heard from); the oldest hint makes room.
-HINT_SHARE = 4
+HINT_SHARE = 2
 _STATE_RANK = {"down": 0, "suspect": 1, "up": 2}
 
 

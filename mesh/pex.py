@@ -12,6 +12,7 @@ size limit), and a record never overrides a newer one from the same signer.
 from __future__ import annotations
 
 import logging
+import random
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -53,17 +54,20 @@ class PeerExchange:
             self.frames[peer] = frame
 
     async def answer(self, msg: Inbound) -> list[bytes]:
+        """Up to ``MAX_PEERS`` records of peers up here, a random draw each time: in a mesh of
+        more, repeated asks (anyone's) then spread the whole membership, not the same 64."""
         alive = set(self.node.peers.alive())
         out = [f for p, f in self.frames.items() if p in alive and p != msg.envelope.sender]
-        return out[:MAX_PEERS]
+        return random.sample(out, MAX_PEERS) if len(out) > MAX_PEERS else out
 
     def learn(self, frames: object, source: str) -> int:
         """Take the verified records of an answer; the number of peers new to this node."""
         if not isinstance(frames, list):
             return 0
         new = 0
+        held = set(self.frames.values())  # a record already held is not verified again
         for frame in frames[:MAX_PEERS]:
-            if not isinstance(frame, bytes):
+            if not isinstance(frame, bytes) or frame in held:
                 continue
             try:
                 env = open_envelope(frame, expect_kind="nodeinfo")
@@ -99,7 +103,9 @@ class PeerExchange:
             await trio.sleep(FAST_S if young else SLOW_S)
 
     def _sources(self) -> list[str]:
-        """Up peers, public ones first (they are connected to everyone)."""
-        ups = [r for r in self.node.peers.all() if r.state == "up"]
+        """Two up peers this node has talked to, public ones first (they meet the most
+        peers), drawn at random among those so that asks spread over the mesh."""
+        ups = [r for r in self.node.peers.all() if r.state == "up" and r.last_seen is not None]
+        random.shuffle(ups)
         ups.sort(key=lambda r: (r.info or {}).get("reachability") != "public")
         return [r.peer_id for r in ups[:2]]

@@ -27,9 +27,10 @@ from tui.screens.help import HelpScreen
 from tui.screens.jobs import JobsScreen
 from tui.screens.overview import OverviewScreen
 from tui.screens.peers import PeersScreen
+from tui.screens.serving import ServingScreen
 from tui.source import DataSource
 
-MODE_ORDER = ("overview", "peers", "jobs")
+MODE_ORDER = ("overview", "peers", "jobs", "serving")
 EVENT_HISTORY = 500
 
 
@@ -39,7 +40,7 @@ class DashboardApp(App[None]):
     TITLE = "GPUFlex"
     # Absolute, so subclasses defined elsewhere (the test runner) find it too.
     CSS_PATH = Path(__file__).with_name("dashboard.tcss")
-    MODES: ClassVar = {"overview": OverviewScreen, "peers": PeersScreen, "jobs": JobsScreen}
+    MODES: ClassVar = {"overview": OverviewScreen, "peers": PeersScreen, "jobs": JobsScreen, "serving": ServingScreen}
     DEFAULT_MODE = "overview"
     HORIZONTAL_BREAKPOINTS: ClassVar = [(0, "-narrow"), (120, "-wide")]
     ENABLE_COMMAND_PALETTE = False
@@ -49,6 +50,7 @@ class DashboardApp(App[None]):
         Binding("1", "show('overview')", "Overview"),
         Binding("2", "show('peers')", "Peers"),
         Binding("3", "show('jobs')", "Jobs"),
+        Binding("4", "show('serving')", "Serving"),
         Binding("tab", "cycle(1)", "Next", show=False, priority=True),
         Binding("shift+tab", "cycle(-1)", "Previous", show=False, priority=True),
     ]

@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from gpuflex.serve.view import Serving
 from tui.model import Event, Job, Peer, Status, as_list
 from tui.source import DataSource
 
@@ -34,6 +35,7 @@ class Snapshot:
     attempts: int = 0
     where: str = ""
     polled_at: float | None = field(default=None, compare=False)
+    serving: Serving = field(default_factory=Serving)  # the ``serve`` block of status
 
 
 def _reason(exc: BaseException) -> str:
@@ -69,7 +71,7 @@ class Feed:
         """One round of requests. The whole round has a deadline on top of the source's own,
         so a source that hangs (or a fake in a test) cannot stall the screen's data."""
         try:
-            status, peers, jobs = await asyncio.wait_for(self._fetch(), self.timeout)
+            status, peers, jobs, serving = await asyncio.wait_for(self._fetch(), self.timeout)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
@@ -82,6 +84,7 @@ class Feed:
                 attempts=self.snapshot.attempts + 1,
                 where=self.source.describe(),
                 polled_at=self.snapshot.polled_at,
+                serving=self.snapshot.serving,
             )
         else:
             snap = Snapshot(
@@ -91,18 +94,20 @@ class Feed:
                 connected=True,
                 where=self.source.describe(),
                 polled_at=self.wall_clock(),
+                serving=serving,
             )
         self.snapshot = snap
         self.on_snapshot(snap)
         return snap
 
-    async def _fetch(self) -> tuple[Status, tuple[Peer, ...], tuple[Job, ...]]:
-        status = Status.parse(await self.source.status())
+    async def _fetch(self) -> tuple[Status, tuple[Peer, ...], tuple[Job, ...], Serving]:
+        raw_status = await self.source.status()
+        status = Status.parse(raw_status)
         raw_peers = await self.source.peers()
         raw_jobs = await self.source.jobs()
         peers = tuple(Peer.parse(p) for p in as_list(raw_peers))
         jobs = tuple(Job.parse(j) for j in as_list(raw_jobs))
-        return status, peers, jobs
+        return status, peers, jobs, Serving.from_status(raw_status)
 
     async def poll_forever(self) -> None:
         loop = asyncio.get_running_loop()

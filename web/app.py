@@ -38,7 +38,8 @@ from web.credit import compute_credit, credit_csv
 from web.exports import FILES, Exporter, ExportError, MissingFile, Verdict, downloads_for
 from web.hub import Hub, Snapshot
 from web.security import COOKIE, Guard, safe_next, session_value
-from web.source import NodeUnavailable, Source
+from web.serving import DEADLINE_S, MAX_ASKING, MAX_BODY, BadForm, Busy, parse_form
+from web.source import NodeRefused, NodeUnavailable, Source
 from web.views import PAGES, Page
 from web.wheel import WheelFinder
 
@@ -72,6 +73,7 @@ class Portal:
         self.version = version
         self._nursery: trio.Nursery | None = None
         self._fetching: set[str] = set()
+        self._asking = 0  # playground prompts in flight
 
     # -- rendering ----------------------------------------------------------------------------
 
@@ -188,6 +190,31 @@ class Portal:
         return FileResponse(wheel.path, filename=wheel.name, media_type="application/octet-stream",
                             headers={"x-checksum-sha256": wheel.sha256})
 
+    async def playground(self, request: Request) -> Response:
+        """A prompt from the playground's form, sent through the node's router; the page
+        again with the answer (or the reason there is none)."""
+        snap = await self.hub.fresh()
+        body = await _small_body(request, MAX_BODY + 1)
+        extra: dict[str, Any] = {}
+        try:
+            ask = parse_form(body)
+            extra["ask"] = ask
+            if self._asking >= MAX_ASKING:
+                raise Busy(f"{MAX_ASKING} prompts are being answered already; send it again shortly")
+            self._asking += 1
+            try:
+                extra["answer"] = await self.source.call("serve_complete", ask.params(), timeout=DEADLINE_S)
+            finally:
+                self._asking -= 1
+            status = 200
+        except BadForm as exc:
+            extra["problem"], status = str(exc), 429 if isinstance(exc, Busy) else 400
+        except NodeRefused as exc:
+            extra["problem"], status = str(exc), 502
+        except NodeUnavailable as exc:
+            extra["problem"], status = f"the node did not answer: {exc}", 503
+        return self.render(PAGES["playground"], snap, {}, live="", status_code=status, **extra)
+
     async def live(self, request: Request) -> Response:
         page = PAGES.get(request.path_params["page"])
         if page is None:
@@ -253,6 +280,9 @@ class Portal:
             Route("/contributions", self.page("contributions")),
             Route("/contributions.csv", self.credit_csv),
             Route("/join", self.page("join")),
+            Route("/serving", self.page("serving")),
+            Route("/playground", self.page("playground"), methods=["GET"]),
+            Route("/playground", self.playground, methods=["POST"]),
             Route("/dist/{name}", self.wheel_file),
             Route("/live/{page}", self.live),
             Route("/login", self.login_page, methods=["GET"]),
@@ -276,10 +306,10 @@ class Portal:
         return Guard(Starlette(routes=routes, lifespan=lifespan), self.token)
 
 
-async def _small_body(request: Request) -> bytes:
+async def _small_body(request: Request, limit: int = MAX_FORM) -> bytes:
     body = b""
     async for chunk in request.stream():
         body += chunk
-        if len(body) > MAX_FORM:
+        if len(body) > limit:
             break
-    return body[:MAX_FORM]
+    return body[:limit]

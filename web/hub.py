@@ -18,6 +18,7 @@ from typing import Any
 
 import trio
 
+from gpuflex.serve.view import Serving
 from web.model import Event, Job, LedgerRound, Peer, Status, as_list
 from web.source import NodeRefused, NodeUnavailable, Source
 
@@ -48,6 +49,7 @@ class Snapshot:
     where: str = ""
     polled_at: float | None = None
     version: int = 0
+    serving: Serving = field(default_factory=Serving)  # the ``serve`` block of status
 
     def job(self, job_id: str) -> Job | None:
         return next((j for j in self.jobs if j.job_id == job_id), None)
@@ -132,7 +134,7 @@ class Hub:
                 return self.snapshot  # another caller polled while this one waited
             self._last_poll = trio.current_time()
             try:
-                status, peers, jobs, ledgers = await self._fetch()
+                status, peers, jobs, ledgers, serving = await self._fetch()
             except (NodeUnavailable, NodeRefused) as exc:
                 prev = self.snapshot
                 if prev.polled_at is not None and self.wall_clock() - prev.polled_at > STALE_AFTER_S:
@@ -146,12 +148,13 @@ class Hub:
                 self._publish(Snapshot(
                     status=status, peers=peers, jobs=jobs, ledgers=ledgers,
                     events=tuple(self._events), connected=True, where=self.source.describe(),
-                    polled_at=self.wall_clock()))
+                    polled_at=self.wall_clock(), serving=serving))
             return self.snapshot
 
     async def _fetch(self) -> tuple[Status, tuple[Peer, ...], tuple[Job, ...],
-                                    dict[str, tuple[LedgerRound, ...]]]:
-        status = Status.parse(await self.source.call("status"))
+                                    dict[str, tuple[LedgerRound, ...]], Serving]:
+        raw_status = await self.source.call("status")
+        status = Status.parse(raw_status)
         peers = tuple(Peer.parse(p) for p in as_list(await self.source.call("peers")))
         jobs = tuple(Job.parse(j) for j in as_list(await self.source.call("jobs"))[: self.max_jobs])
         old = self.snapshot.ledgers
@@ -166,7 +169,7 @@ class Hub:
                 raw = []
             ledgers[job.job_id] = tuple(LedgerRound.parse(r) for r in as_list(raw))
             self._ledger_rounds[job.job_id] = job.round
-        return status, peers, jobs, ledgers
+        return status, peers, jobs, ledgers, Serving.from_status(raw_status)
 
     def _publish(self, snap: Snapshot) -> None:
         self.snapshot = replace(snap, version=self.snapshot.version + 1)

@@ -20,6 +20,7 @@ from web.credit import compute_credit, top
 from web.hub import Snapshot
 from web.model import MEMBER_FIELDS, Job, LedgerRound, Peer, human_bytes
 from web.qr import qr_svg
+from web.serving import serving_view
 
 Params = Mapping[str, str]
 
@@ -184,4 +185,6 @@ PAGES: dict[str, Page] = {p.name: p for p in (
     Page("job", "Job", "job.html", ("job", "spec", "files", "ledger"), job_view),
     Page("contributions", "Contributions", "contributions.html", ("credit",), contributions_view),
     Page("join", "Join", "join.html", ("join",), join_view),
+    Page("serving", "Serving", "serving.html", ("serving",), serving_view),
+    Page("playground", "Playground", "playground.html", (), serving_view),
 )}

@@ -91,6 +91,21 @@ def submit(job_file: Path = typer.Argument(..., help="The job file (TOML, or YAM
         typer.echo(reply["job_id"])
 
 
+def format_inference(js: dict[str, Any]) -> str:
+    """A batch inference job's summary: answers collected, by which servers."""
+    lines = [f"job          {text(js['job_id'])} ({text(js.get('name'))}), batch inference",
+             f"state        {text(js.get('state'))}  "
+             f"answers {number(js.get('done'), 'd')}/{number(js.get('total'), 'd')}",
+             f"model        {text(js.get('model'))}  (max_tokens {number(js.get('max_tokens'), 'd')}, "
+             f"temperature {number(js.get('temperature'), 'g')})"]
+    servers = js.get("servers")
+    servers = servers if isinstance(servers, dict) else {}
+    lines += [f"server       {short(peer)}: {number(count, 'd')} answers" for peer, count in sorted(servers.items())]
+    if js.get("error"):
+        lines.append(f"error        {text(js['error'], 1000)}")
+    return "\n".join(lines)
+
+
 def format_status(js: dict[str, Any]) -> str:
     """The JobSummary for people. The name, the errors and every figure may be a peer's, so
     text goes through ``text`` and numbers through ``number``."""
@@ -211,7 +226,10 @@ def status(job: str | None = typer.Argument(None, help="Job id or prefix (defaul
         if json_out:
             emit_json(js)
         else:
-            view = format_status(js) + ("\n" + format_spec(js) if spec else "")
+            if js.get("kind") == "inference":
+                view = format_inference(js) + ("\n" + format_spec(js) if spec else "")
+            else:
+                view = format_status(js) + ("\n" + format_spec(js) if spec else "")
             typer.echo(show.next(view) if show is not None else view, nl=show is None)
         if not watch or js["state"] in ("done", "failed"):
             return

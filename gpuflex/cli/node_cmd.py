@@ -97,7 +97,8 @@ def start(
                                                             "stream without a byte before it is dropped."),
     gossip_rate: float = typer.Option(10.0, min=0.01, help="New gossip messages a second relayed for one origin "
                                                             "(the signer); the excess is dropped."),
-    max_peers: int = typer.Option(1024, min=8, help="Peers kept in the peer table (probed, looked up, listed); "
+    max_peers: int = typer.Option(4096, min=8, help="Peers kept in the peer table (members of the mesh; "
+                                                     "only a bounded set of them is probed and looked up); "
                                                      "the one worth least makes room for a new one."),
     address_book_size: int = typer.Option(256, min=8, help="Peers kept across restarts in the address book "
                                                              "(those this node verified itself go first)."),

@@ -13,6 +13,7 @@ from gpuflex.cli.common import (
     call_node,
     emit_json,
     hardware_summary,
+    number,
     short,
     text,
 )
@@ -74,6 +75,13 @@ def serve_lines(serve: dict[str, Any]) -> list[str]:
         lines.append(f"serving  {text(name)}: not loaded: {text(why, 200)}")
     for name, row in sorted((serve.get("mesh_models") or {}).items()):
         lines.append(f"routes   {text(name)} -> {len(row['servers'])} server(s)")
+    for srv in serve.get("servers") or []:
+        lines.append(f"server   {short(srv.get('peer'))}{' (this node)' if srv.get('self') else ''} "
+                     f"{text(', '.join(srv.get('models') or []))}: load {number(srv.get('load'), 'd')}/"
+                     f"{number(srv.get('capacity'), 'd')}, {number(srv.get('rps'), '.2f')} req/s, "
+                     f"{number(srv.get('tokens_per_s'), '.1f')} tok/s, first token "
+                     f"{number(srv.get('ttft_ms_p50'), '.0f')}ms, latency {number(srv.get('latency_ms_p50'), '.0f')}ms"
+                     + ("" if srv.get("self") else f", rtt {number(srv.get('rtt_ms'), '.0f')}ms"))
     return lines
 
 

@@ -255,6 +255,7 @@ class Job:
     model_hash: str = ""
     spec: Mapping[str, Any] | None = None
     work: tuple[MemberWork, ...] = ()  # each member's work in the last committed round
+    kind: str = ""  # "inference" for a batch inference job (answers for rounds, no ledger)
 
     @classmethod
     def parse(cls, raw: Any) -> Job:
@@ -270,7 +271,8 @@ class Job:
             metrics=tuple(RoundMetrics.parse(m) for m in as_list(d.get("metrics"))),
             waiting=clip(d.get("waiting")), stalled=clip(d.get("stalled")), error=clip(d.get("error")),
             model_hash=clip(d.get("model_hash"), NAME), spec=spec if isinstance(spec, Mapping) else None,
-            work=tuple(MemberWork.parse(w) for w in as_list(d.get("work"))[:MAX_ITEMS]))
+            work=tuple(MemberWork.parse(w) for w in as_list(d.get("work"))[:MAX_ITEMS]),
+            kind=clip(d.get("kind"), WORD))
 
     @property
     def label(self) -> str:

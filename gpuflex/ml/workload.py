@@ -213,6 +213,8 @@ class Workload:
             seconds = time.perf_counter() - start
             self._trained_rounds += 1
             delta = flatten_params(self._model) - base
+            if self._drift is not None:
+                self._drift.observe_delta(delta)
             if self._drift is not None and self._drift.sends_control:
                 delta = np.concatenate([delta, self._drift.control_delta()])
         metrics["seconds"] = seconds

@@ -262,6 +262,7 @@ class JobDriver:
                 return
             if plan.coordinator == self.book.me:
                 await self.root.commit(plan, reduced)
+                self.member.committed(plan.round)
             else:
                 await self.leader.send_partial(plan, deadlines, reduced)
         except (SendError, WireError, OSError) as exc:

@@ -32,7 +32,7 @@ from gpuflex.node.kinds import EventKind, JobState
 from gpuflex.node.messages import JOB, PRESENCE, SYNC, created_at
 from gpuflex.node.nodeport import NodePort, NodeServices
 from gpuflex.node.prepare import TrainerFactory, load_trainer
-from gpuflex.node.presence import PRESENCE_MARKS, group_recipients, presence_body
+from gpuflex.node.presence import PRESENCE_MARKS, group_recipients, presence_body, recipients
 from gpuflex.node.state import JobInfo
 from gpuflex.node.summary import brief
 from gpuflex.node.sync import CatchUp
@@ -100,6 +100,7 @@ class JobManager:
         self._nursery: trio.Nursery | None = None
         self._presence_sends = 0  # presence broadcasts in flight (_presence_loop)
         self._presence_due = trio.Event()
+        self._spread: dict[str, dict[str, Any]] = {}  # job -> presence.recipients' cache
         self.syncer = CatchUp(mesh, self.drivers, self._adopt)
         self._services = NodeServices(credit=self.credit, blobs_in_use=self.blobs_in_use,
                                       catch_up=self.sync_from_peers, announce_soon=self.announce_soon)
@@ -140,7 +141,6 @@ class JobManager:
     def _peer_changed(self, rec: PeerRecord, old: PeerState, new: PeerState) -> None:
         for driver in self.drivers.values():
             driver.notify()
-
 
     def _unfinished(self) -> Counter[str]:
         """Jobs not yet done or failed here, per publisher: what the caps count."""
@@ -218,7 +218,6 @@ class JobManager:
         driver = self.drivers.get(job) if isinstance(job, str) else None
         return 0 if driver is None else await driver.payload_limit(env.sender)
 
-
     def announce_soon(self) -> None:
         """Send presence within ``PRESENCE_SOON_S`` instead of at the next period."""
         self._presence_due.set()
@@ -234,22 +233,25 @@ class JobManager:
             return
         me = self.mesh.peer_id
         try:
-            own = seal(self.mesh.identity, PRESENCE, presence_body(self.drivers, active, failed))
+            body = presence_body(self.drivers, active, failed, self.mesh.coord.wire())
+            own = seal(self.mesh.identity, PRESENCE, body)
             await self._on_presence(Inbound(open_envelope(own), None, me, gossip=True))
         except (WireError, ValueError, Rejected) as exc:  # a map too large for its kind's limit
             log.debug("own presence not applied: %s", exc)
         alive, shared = set(self.mesh.peers.alive()), {}  # type: ignore[var-annotated]
         for job in [*active, *failed]:
             members = self.drivers[job].known_members() & alive
-            for peer in members - {me}:
+            for peer in recipients(me, members, self.drivers[job], self._spread.setdefault(job, {})):
                 shared.setdefault(peer, []).append(job)
             if self.drivers[job].state == JobState.RUNNING:  # its rounds' members, spread evenly
-                self.mesh.watch(neighbours(me, members, WATCH_PER_JOB), 3 * PRESENCE_EVERY_S)
+                self.mesh.watch(self._spread[job].get("spread") or neighbours(me, members, WATCH_PER_JOB),
+                                3 * PRESENCE_EVERY_S)
         async with trio.open_nursery() as nursery:
             for group, peers in group_recipients(shared).items():
                 try:
                     frame = seal(self.mesh.identity, PRESENCE, presence_body(self.drivers,
-                        {j: active[j] for j in group if j in active}, {j: failed[j] for j in group if j in failed}))
+                        {j: active[j] for j in group if j in active}, {j: failed[j] for j in group if j in failed},
+                        self.mesh.coord.wire()))
                     nursery.start_soon(self.mesh.send_direct, frame, peers)
                 except (WireError, ValueError) as exc:
                     log.debug("presence for %d job(s) not sent: %s", len(group), exc)
@@ -282,6 +284,7 @@ class JobManager:
         weights = msg.envelope.body.get("weights")
         weights = weights if isinstance(weights, dict) else {}
         sender = msg.envelope.sender
+        self.mesh.note_coord(sender, msg.envelope.body.get("coord"))  # where it sits (mesh.vivaldi)
         rates = msg.envelope.body.get("rates")
         rates = rates if isinstance(rates, dict) else {}
         passes = msg.envelope.body.get("passes")
@@ -320,7 +323,6 @@ class JobManager:
         """Every job's recent models and steps: two jobs started alike share an initial model."""
         return set().union(*(d.recent_blobs() for d in self.drivers.values()))
 
-
     async def _initial_sync(self) -> None:
         for _ in range(INITIAL_SYNC_TRIES):
             peers = self.mesh.peers.alive()
@@ -348,7 +350,6 @@ class JobManager:
             if peer != self.mesh.peer_id and await self.syncer.sync_from_peer(peer):
                 return
 
-
     def credit(self, peer: str) -> None:
         """Count a verified contribution; past ``MAX_CREDITED`` peers the least credited goes."""
         self.contributed[peer] = self.contributed.get(peer, 0) + 1
@@ -357,7 +358,6 @@ class JobManager:
 
     def rounds_contributed(self, peer: str) -> int:
         return self.contributed.get(peer, 0)
-
 
     def _find(self, params: dict[str, Any]) -> JobDriver:
         key = params.get("job")

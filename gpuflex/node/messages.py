@@ -273,8 +273,10 @@ class Result:
     env: Envelope
     step_hash: str | None = None  # the encoded step members rebuild the model from, if any
 
-    @property
+    @cached_property
     def digest(self) -> str:
+        """Hashed once: a result carries every member's signed update header, and the ledger's
+        head is read at every presence a node receives."""
         return self.env.digest
 
     @cached_property

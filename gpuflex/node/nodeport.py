@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -17,6 +17,7 @@ from gpuflex.node.port import FETCH_TIMEOUT_S, REQUEST_TIMEOUT_S, BlobStorePort
 from mesh.health import PeerState
 from mesh.identity import Identity
 from mesh.node import MeshNode
+from mesh.vivaldi import Coordinate
 
 T = TypeVar("T")
 #: One fault scored against a peer that sent a job bad input.
@@ -91,6 +92,9 @@ class NodePort:
         if self._mesh.nat.reachability() == "relayed":
             out.add(self._mesh.peer_id)
         return out
+
+    def coordinates(self) -> Mapping[str, Coordinate]:
+        return {**self._mesh.coords, self._mesh.peer_id: self._mesh.coord}
 
     def why_unreachable(self, peer: str) -> str:
         self._mesh.peers.add(peer, displace=False)  # so the mesh looks up its NodeInfo, while there is room

@@ -21,6 +21,7 @@ from aggregation.compression import Codec, ErrorFeedback, decode_delta, make_cod
 from aggregation.dp import add_gaussian_noise, clip_to_norm
 from aggregation.encoded import EncodedDelta
 from aggregation.errors import AggregationError
+from aggregation.feddyn import FedDyn
 from aggregation.robust import Rule, make_rule
 from aggregation.scaffold import Scaffold
 from aggregation.secagg import default_threshold
@@ -406,4 +407,6 @@ def server_optimizer(spec: JobSpec) -> ServerOptimizer:
     if spec.strategy in ("fedavgm", "diloco"):
         params["momentum"] = spec.server_momentum
     inner = make_server_optimizer(spec.strategy, **params)
+    if spec.drift_correction == "feddyn":
+        return FedDyn(inner)
     return Scaffold(inner) if spec.drift_correction == "scaffold" else inner

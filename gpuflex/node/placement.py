@@ -13,21 +13,31 @@ member known to be private or slow the order is the plain one.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 
 from aggregation.tree import ParentMap, build_tree, cut_groups
 from mesh.netprefix import network_prefix
+from mesh.vivaldi import Coordinate
 
 
 def order_for_tree(me: str, members: Sequence[str], private: Collection[str],
-                   group_size: int, slow: Collection[str] = (), punched: Collection[str] = ()) -> tuple[list[str], int]:
+                   group_size: int, slow: Collection[str] = (), punched: Collection[str] = (),
+                   coords: Mapping[str, Coordinate] | None = None) -> tuple[list[str], int]:
     """The member order for the plan and the group size to cut it with; ``me`` is the root.
 
     Leaders are reachable members, the ones not ``slow`` first: a slow leader would fold its
     group's updates, and send them on, at its own pace. Then, when those are too few to lead
     groups of ``group_size``, the ``punched`` ones among the private (home nodes reached through
     a relay and a hole punch): they lead rather than any leader taking more than
-    ``group_size`` members. Groups grow past ``group_size`` only when even those are too few."""
+    ``group_size`` members. Groups grow past ``group_size`` only when even those are too few.
+
+    With the members' network coordinates (``coords``, ``mesh.vivaldi``) for most of them, the
+    groups are cut by nearness instead (``near_groups``), when every group then has a leader
+    as reachable as the plain order would give it."""
+    if coords is not None and sum(p in coords for p in members) * 2 >= len(members) > group_size:
+        near = near_groups(me, members, private, group_size, slow, punched, coords)
+        if near is not None:
+            return near, max(2, group_size)
     others = [p for p in members if p != me]
     priv = [p for p in others if p in private]
     late = [p for p in others if p in slow and p not in private]
@@ -53,6 +63,53 @@ def order_for_tree(me: str, members: Sequence[str], private: Collection[str],
         ordered += [leader, *pool[: k - 1]]
         pool = pool[k - 1:]
     return ordered, size
+
+
+def _rank(peer: str, me: str, private: Collection[str], slow: Collection[str], punched: Collection[str]) -> int:
+    """How fit ``peer`` is to lead (smaller is fitter): the root, then reachable and not slow,
+    reachable and slow, hole-punched, then behind NAT."""
+    if peer == me:
+        return 0
+    if peer not in private:
+        return 1 if peer not in slow else 2
+    return 3 if peer in punched else 4
+
+
+def _bisect(points: list[str], sizes: list[int], at: Mapping[str, Coordinate]) -> list[list[str]]:
+    """``points`` cut into groups of ``sizes`` (in order) by recursive halving along the wider
+    axis: each group is compact, and groups next to each other in the list are near too."""
+    if len(sizes) == 1:
+        return [points]
+    xs = [at[p].x for p in points]
+    ys = [at[p].y for p in points]
+    axis = 0 if max(xs) - min(xs) >= max(ys) - min(ys) else 1
+    ordered = sorted(points, key=lambda p: ((at[p].x, at[p].y) if axis == 0 else (at[p].y, at[p].x), p))
+    half = len(sizes) // 2
+    cut = sum(sizes[:half])
+    return _bisect(ordered[:cut], sizes[:half], at) + _bisect(ordered[cut:], sizes[half:], at)
+
+
+def near_groups(me: str, members: Sequence[str], private: Collection[str], group_size: int,
+                slow: Collection[str], punched: Collection[str], coords: Mapping[str, Coordinate]) -> list[str] | None:
+    """The member order for groups of nearby members (by network coordinates), each led by its
+    fittest member (``_rank``), nearest the group's others among equals; ``build_tree`` cuts
+    exactly these groups, and groups their leaders in the same order, so upper levels are
+    near too. None when some group would get a less fit leader than the plain order gives
+    (a group of homes only, while reachable members lead elsewhere): the caller falls back."""
+    everyone = list(dict.fromkeys(members))
+    size = max(2, group_size)
+    at = {p: coords.get(p, Coordinate()) for p in everyone}
+    sizes = [len(g) for g in cut_groups(everyone, size)]
+    groups = _bisect(sorted(everyone), sizes, at)
+    fit = sorted(_rank(p, me, private, slow, punched) for p in everyone)[len(groups) - 1]
+    ordered: list[str] = []
+    for group in groups:
+        leader = min(group, key=lambda p: (_rank(p, me, private, slow, punched),
+                                           sum(at[p].rtt_to(at[q]) for q in group), p))
+        if _rank(leader, me, private, slow, punched) > max(fit, 1):
+            return None
+        ordered += [leader, *(p for p in group if p != leader)]
+    return ordered
 
 
 def cap_per_prefix(members: Sequence[str], ip_of: Callable[[str], str | None], limit: int,

@@ -20,6 +20,7 @@ from gpuflex.node.clock import DeadlineClock
 from gpuflex.node.kinds import EventKind
 from mesh.health import PeerState
 from mesh.identity import Identity
+from mesh.vivaldi import Coordinate
 
 T = TypeVar("T")
 
@@ -103,6 +104,11 @@ class JobPort(Protocol):
     def punched_peers(self) -> set[str]:
         """Of ``private_peers``, those that say they are reached through a relay and a hole
         punch (``relayed``): they lead groups before any group grows past ``group_size``."""
+        ...
+
+    def coordinates(self) -> Mapping[str, Coordinate]:
+        """Network coordinates (``mesh.vivaldi``) of this node and the peers it knows them of:
+        a round's groups are cut by nearness, so a leader is near its members."""
         ...
 
     def why_unreachable(self, peer: str) -> str:

@@ -198,15 +198,16 @@ class NodeRuntime:
         return {
             "status": self.api_status,
             "peers": self.api_peers,
-            "jobs": self.jobs.api_jobs,
-            "job_status": self.jobs.api_job_status,
+            "jobs": self.serving.api_jobs,  # training jobs, then batch inference jobs
+            "job_status": self.serving.api_job_status,
             "job_submit": self.jobs.api_submit,
             "job_results": self.jobs.api_results,
-            "ledger": self.jobs.api_ledger,
+            "ledger": self.serving.api_ledger,
             "shutdown": self.api_shutdown,
             "clock": self.api_clock,
             "serve_add": self.serving.api_add,
             "serve_status": self.serving.api_status,
+            "serve_complete": self.serving.api_complete,
             "infer_submit": self.serving.api_infer_submit,
             "infer_results": self.serving.api_infer_results,
         }

@@ -20,9 +20,14 @@ from gpuflex.node.kinds import JobState
 from gpuflex.nodeconfig import NodeConfig
 from gpuflex.serve import ServeError
 from gpuflex.serve.batchrun import parse_inference_spec
+from gpuflex.serve.request import parse_request
 from gpuflex.serve.service import ServeService
 from gpuflex.serve.settings import ServeSettings, model_entry, parse_serve
 from mesh.node import MeshNode
+
+PLAYGROUND_PROMPT_CHARS = 8192
+PLAYGROUND_MAX_TOKENS = 512
+PLAYGROUND_DEADLINE_S = 120.0
 
 
 def serve_settings(config: NodeConfig, home: Path) -> ServeSettings:
@@ -67,6 +72,53 @@ class NodeServing:
 
     async def api_status(self, params: dict[str, Any]) -> dict[str, Any]:
         return self.service.status()
+
+    async def api_complete(self, params: dict[str, Any]) -> dict[str, Any]:
+        """One prompt through the router, answered whole: the portal's playground. Bounded more
+        tightly than the HTTP API (a page's prompt, a page's answer, a deadline)."""
+        prompt = params.get("prompt")
+        if isinstance(prompt, str) and len(prompt) > PLAYGROUND_PROMPT_CHARS:
+            raise ApiError(f"the prompt has {len(prompt)} characters; the playground takes {PLAYGROUND_PROMPT_CHARS}")
+        try:
+            req = parse_request({k: params.get(k) for k in ("model", "prompt", "max_tokens", "temperature", "stop")},
+                                default_max_tokens=64)
+            if req.max_tokens > PLAYGROUND_MAX_TOKENS:
+                raise ServeError(f"'max_tokens' is at most {PLAYGROUND_MAX_TOKENS} here")
+            with trio.fail_after(PLAYGROUND_DEADLINE_S):
+                return await self.service.complete(req)
+        except ServeError as exc:
+            raise ApiError(str(exc)) from None
+        except trio.TooSlowError:
+            raise ApiError(f"no answer within {PLAYGROUND_DEADLINE_S:.0f} s") from None
+
+    async def api_jobs(self, params: dict[str, Any]) -> list[dict[str, Any]]:
+        """``jobs``: the training jobs, then this node's batch inference jobs (``kind``
+        ``inference``), so ``gpuflex job list``, the dashboard and the portal list both."""
+        return [*await self.jobs.api_jobs(params), *self._run_rows()]
+
+    def _run_rows(self) -> list[dict[str, Any]]:
+        return [r.job_row() for r in reversed(list(self.service.runs.values()))]
+
+    async def api_job_status(self, params: dict[str, Any]) -> dict[str, Any]:
+        """``job_status``: an inference job's summary when the id names one, else a training
+        job's (the newest training job when none is named, as before)."""
+        key = str(params.get("job") or "")
+        if key and not any(j.startswith(key) or d.spec.name == key for j, d in self.jobs.drivers.items()):
+            try:
+                run = self.service.run_of(key)
+            except ServeError:
+                pass  # the job manager says there is no such job, in its words
+            else:
+                return {**run.job_row(), "spec": {"kind": "inference", **run.spec_table()}}
+        return await self.jobs.api_job_status(params)
+
+    async def api_ledger(self, params: dict[str, Any]) -> list[dict[str, Any]]:
+        """``ledger``: a training job's committed rounds; a batch inference job has none (its
+        answers' signed records are its log: ``gpuflex job results``)."""
+        key = str(params.get("job") or "")
+        if key and key not in self.jobs.drivers and any(r.startswith(key) for r in self.service.runs):
+            return []
+        return await self.jobs.api_ledger(params)
 
     async def api_infer_submit(self, params: dict[str, Any]) -> dict[str, Any]:
         """Start (or resume) a batch inference run; its id is the hash of its settings."""

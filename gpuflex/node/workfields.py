@@ -24,7 +24,8 @@ DEVICE_CHARS = 64
 #: The per-member work figures a result's contributor rows carry, each with the bound a
 #: reader holds it to.
 WORK_BOUNDS: dict[str, float] = {"steps": MAX_PLANNED_STEPS, "compute_s": 1e6, "samples_per_s": 1e9,
-                                 "compute_share": 1.0, "update_bytes": MAX_UPDATE_BYTES}
+                                 "compute_share": 1.0, "update_bytes": MAX_UPDATE_BYTES,
+                                 "ahead_steps": MAX_PLANNED_STEPS}
 
 
 def _number(value: object, high: float) -> TypeGuard[float]:
@@ -72,5 +73,5 @@ def contributor_work(row: Mapping[str, Any]) -> dict[str, Any]:
     for key, high in WORK_BOUNDS.items():
         value = row.get(key)
         if _number(value, high):
-            out[key] = int(value) if key in ("steps", "update_bytes") else float(value)
+            out[key] = int(value) if key in ("steps", "update_bytes", "ahead_steps") else float(value)
     return out

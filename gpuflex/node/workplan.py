@@ -196,8 +196,14 @@ def member_work(updates: Sequence[Update]) -> dict[str, dict[str, object]]:
     (its seconds over everyone's) and the bytes of its encoded update (as it signed them)."""
     seconds = {u.peer: _figure(u.metrics, "seconds", 1e6) for u in updates}
     total = sum(seconds.values())
-    return {u.peer: {"device": u.device, "steps": u.steps, "compute_s": round(seconds[u.peer], 3),
-                     "samples_per_s": round(_figure(u.metrics, "samples_per_s", MAX_RATE), 1),
-                     "update_bytes": int(_figure(u.metrics, "update_bytes", MAX_UPDATE_BYTES)),
-                     "compute_share": round(seconds[u.peer] / total, 4) if total > 0 else 0.0}
-            for u in updates}
+    rows: dict[str, dict[str, object]] = {}
+    for u in updates:
+        rows[u.peer] = {"device": u.device, "steps": u.steps, "compute_s": round(seconds[u.peer], 3),
+                        "samples_per_s": round(_figure(u.metrics, "samples_per_s", MAX_RATE), 1),
+                        "update_bytes": int(_figure(u.metrics, "update_bytes", MAX_UPDATE_BYTES)),
+                        "compute_share": round(seconds[u.peer] / total, 4) if total > 0 else 0.0}
+        # Steps trained ahead while the previous update travelled (job option ``overlap``); only
+        # when there were some, so a result without overlap is written as before.
+        if ahead := min(u.steps, int(_figure(u.metrics, "ahead_steps", u.steps))):
+            rows[u.peer]["ahead_steps"] = ahead
+    return rows

@@ -17,6 +17,7 @@ import base64
 import json
 import logging
 import os
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -180,6 +181,23 @@ class BatchRun:
                 "done": len(self.done), "total": len(self.spec.prompts),
                 "state": "failed" if self.error else ("done" if len(self.done) == len(self.spec.prompts)
                                                       else "running"), "error": self.error}
+
+    def spec_table(self) -> dict[str, Any]:
+        """The job's settings as its file gives them (the prompts counted, not listed)."""
+        table = asdict(self.spec)
+        table["prompts"] = len(self.spec.prompts)
+        return table
+
+    def job_row(self) -> dict[str, Any]:
+        """The run as the node's job list shows it (``jobs``, ``job_status``): the fields a
+        training job's summary has, answers for rounds, and which servers answered how many."""
+        st = self.status()
+        servers = Counter(str(row.get("server", "")) for row in self.done.values())
+        phase = {"running": "infer"}.get(st["state"], st["state"])
+        return {**st, "job_id": st["run_id"], "round": st["done"], "rounds": st["total"], "phase": phase,
+                "phase_progress": st["done"] / max(1, st["total"]), "role": "collector", "coordinator": "",
+                "is_coordinator": False, "members": sorted(servers), "servers": dict(servers), "metrics": [],
+                "max_tokens": self.spec.max_tokens, "temperature": self.spec.temperature}
 
     def write_results(self, out: Path) -> Path:
         """The outputs in prompt order as JSONL (``gpuflex job results``)."""

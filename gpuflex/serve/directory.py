@@ -40,6 +40,7 @@ class ServerInfo:
     at: float  # trio time of the announcement
     sent: int = 0  # requests this node routed there and still waits on
     failed_at: float = -math.inf
+    stats: dict[str, float | None] = field(default_factory=dict)  # its figures (STAT_KEYS), for status
 
 
 def parse_announcement(body: Any) -> tuple[dict[str, str], int, int]:
@@ -60,15 +61,47 @@ def parse_announcement(body: Any) -> tuple[dict[str, str], int, int]:
     return dict(models), max(1, capacity), load
 
 
+#: The figures a server announces of itself (``gpuflex status``, the dashboard, the portal).
+STAT_KEYS = ("rps", "tokens_per_s", "ttft_ms_p50", "latency_ms_p50")
+_STAT_MAX = 1e9
+
+
+def parse_stats(body: Any) -> dict[str, float | None]:
+    """The optional ``stats`` of a ``serve_load`` body: each of STAT_KEYS a finite number in
+    [0, 1e9] or null; an older node sends none. ValueError when malformed."""
+    raw = body.get("stats") if isinstance(body, dict) else None
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict) or len(raw) > 2 * len(STAT_KEYS):
+        raise ValueError("stats must be a small map")
+    out: dict[str, float | None] = {}
+    for key in STAT_KEYS:
+        value = raw.get(key)
+        if value is not None and (not isinstance(value, (int, float)) or isinstance(value, bool)
+                                  or not 0 <= value <= _STAT_MAX):  # NaN fails the comparison too
+            raise ValueError(f"stats {key} must be a number from 0 to 1e9, or null")
+        out[key] = None if value is None else float(value)
+    return out
+
+
 @dataclass
 class Directory:
     own_id: str
     servers: dict[str, ServerInfo] = field(default_factory=dict)
 
-    def update(self, peer: str, models: dict[str, str], capacity: int, load: int) -> None:
+    def update(self, peer: str, models: dict[str, str], capacity: int, load: int,
+               stats: dict[str, float | None] | None = None) -> None:
         old = self.servers.get(peer)
         self.servers[peer] = ServerInfo(models, capacity, load, trio.current_time(), sent=old.sent if old else 0,
-                                        failed_at=old.failed_at if old else -math.inf)
+                                        failed_at=old.failed_at if old else -math.inf, stats=stats or {})
+
+    def heard(self, peer: str) -> None:
+        """``peer`` just streamed part of an answer: it is alive and serving, however late its
+        last announcement (a server short of CPU can miss its beats while it decodes, and must
+        not drop out of the directory, its queued requests refused as "no node serves")."""
+        info = self.servers.get(peer)
+        if info is not None:
+            info.at = max(info.at, trio.current_time())
 
     def forget(self, peer: str) -> None:
         self.servers.pop(peer, None)
@@ -92,6 +125,13 @@ class Directory:
                     row["hashes"].append(digest)
                 row["servers"].append(peer)
         return out
+
+    def server_rows(self, rtt_ms: dict[str, float | None]) -> list[dict[str, Any]]:
+        """Each fresh server as status shows it: its models, load and announced figures."""
+        return [{"peer": peer, "self": peer == self.own_id, "models": sorted(info.models), "load": info.load,
+                 "capacity": info.capacity, "rtt_ms": None if peer == self.own_id else rtt_ms.get(peer),
+                 **{k: info.stats.get(k) for k in STAT_KEYS}}
+                for peer, info in sorted(self.fresh().items()) if info.models]
 
     def choose(self, model: str, rtt_ms: dict[str, float | None], exclude: set[str] = frozenset(),  # type: ignore[assignment]
                model_hash: str | None = None) -> list[str]:

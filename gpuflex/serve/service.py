@@ -19,12 +19,12 @@ import trio
 from gpuflex.serve import BadRequest, ServeError, UnknownModel
 from gpuflex.serve.batchrun import RUNS_DIR, BatchRun, InferenceSpec, request_digest
 from gpuflex.serve.check import Answer, Checker
-from gpuflex.serve.directory import Directory, parse_announcement
+from gpuflex.serve.directory import Directory, parse_announcement, parse_stats
 from gpuflex.serve.loader import LoadedModel, describe, load_directory, load_exported
 from gpuflex.serve.request import GenRequest, parse_request
 from gpuflex.serve.router import ITEM_S, OPEN_S, Router
 from gpuflex.serve.settings import ModelEntry, ServeSettings, SourceKind
-from gpuflex.serve.stats import ServeStats
+from gpuflex.serve.stats import ServeStats, node_row
 from gpuflex.serve.wire import INFER, SERVE_LOAD, SERVE_OUTPUT
 from mesh.codec import seal
 from mesh.messaging import Inbound, Rejected
@@ -123,11 +123,12 @@ class ServeService:
 
     def _announcement(self) -> dict[str, Any]:
         return {"models": {n: s.loaded.model_hash for n, s in self.served.items()},
-                "capacity": self.settings.max_batch, "load": sum(s.scheduler.load for s in self.served.values())}
+                "capacity": self.settings.max_batch, "load": sum(s.scheduler.load for s in self.served.values()),
+                "stats": node_row([s.stats.row() for s in self.served.values()])}
 
     def _announce_now(self) -> None:
         body = self._announcement()
-        self.directory.update(self.mesh.peer_id, body["models"], body["capacity"], body["load"])
+        self.directory.update(self.mesh.peer_id, body["models"], body["capacity"], body["load"], body["stats"])
         # The DHT-published NodeInfo names the models too (republished by the mesh).
         self.mesh.config.node_info["serve"] = {"models": body["models"], "capacity": body["capacity"]}
 
@@ -144,10 +145,11 @@ class ServeService:
             return
         try:
             models, capacity, load = parse_announcement(msg.envelope.body)
+            stats = parse_stats(msg.envelope.body)
         except ValueError as exc:
             self.mesh.peers.penalise(peer, 1.0)
             raise Rejected(f"malformed serve_load from {peer[-8:]}: {exc}") from None
-        self.directory.update(peer, models, capacity, load)
+        self.directory.update(peer, models, capacity, load, stats)
 
     # -- generation ------------------------------------------------------------------------------
 
@@ -174,6 +176,7 @@ class ServeService:
             async for item in items:
                 if not isinstance(item, dict):
                     raise ServeError(f"server {peer[-8:]} sent a garbled item", 502)
+                self.directory.heard(peer)
                 yield item
 
     def rtts(self) -> dict[str, float | None]:
@@ -244,6 +247,31 @@ class ServeService:
                     frame = item["signed"]
         return server[-1], text, frame
 
+    async def complete(self, req: GenRequest) -> dict[str, Any]:
+        """One prompt answered whole, with who answered and how fast (the portal's playground)."""
+        server: list[str] = []
+
+        async def note(peer: str) -> None:
+            server.append(peer)
+
+        started = trio.current_time()
+        text, finish, first_ms = "", "stop", None
+        usage: dict[str, Any] = {}
+        try:
+            async with aclosing(self.router.generate(req, on_server=note)) as items:
+                async for item in items:
+                    if first_ms is None and ("text" in item or "finish" in item):
+                        first_ms = round((trio.current_time() - started) * 1000, 1)
+                    text += item.get("text", "")
+                    finish, usage = item.get("finish", finish), item.get("usage", usage)
+        except ServeError:
+            self.routed.failed()
+            raise
+        total = trio.current_time() - started
+        self.routed.finished(total)
+        return {"model": req.model, "text": text, "finish": finish, "usage": usage,
+                "server": server[-1] if server else "", "first_token_ms": first_ms, "total_ms": round(total * 1000, 1)}
+
     def start_run(self, spec: InferenceSpec) -> dict[str, Any]:
         run = self.runs.get(spec.run_id)
         if run is None or (run.finished.is_set() and run.error):
@@ -290,6 +318,7 @@ class ServeService:
                        for n, s in sorted(self.served.items())],
             "failed": dict(self.failed),
             "mesh_models": self.directory.models(),
+            "servers": self.directory.server_rows(self.rtts()),
             "taken_in": self.routed.row(),
             "served_tokens": dict(self.served_tokens),
             "runs": [r.status() for r in self.runs.values()],

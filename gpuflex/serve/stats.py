@@ -61,3 +61,15 @@ class ServeStats:
                 "rps": round(len(self._done) / WINDOW_S, 3),
                 "tokens_per_s": round(sum(n for _, n in self._toks) / WINDOW_S, 2),
                 "ttft_ms_p50": self._median_ms(self._ttft), "latency_ms_p50": self._median_ms(self._latency)}
+
+
+def node_row(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """One node's figures over all its models (each a ``ServeStats.row``): rates add up; the
+    medians are weighted by each model's requests (a rough pooled median, for a status line)."""
+    out: dict[str, Any] = {"rps": round(sum(r["rps"] for r in rows), 3),
+                           "tokens_per_s": round(sum(r["tokens_per_s"] for r in rows), 2)}
+    for key in ("ttft_ms_p50", "latency_ms_p50"):
+        weighted = [(r[key], max(1, r["requests"])) for r in rows if r.get(key) is not None]
+        total = sum(w for _, w in weighted)
+        out[key] = round(sum(v * w for v, w in weighted) / total, 1) if weighted else None
+    return out

@@ -116,8 +116,8 @@ class StandInTrainer:
 
 class ChurnKind(str, Enum):
     JOIN = "join"  # a node not started at the outset starts
-    LEAVE = "leave"  # a node stops: its connections close at once
-    CRASH = "crash"  # a node goes silent: peers learn only from their own timeouts
+    LEAVE = "leave"  # a node stops or is killed: its connections close at once (the kernel resets them)
+    CRASH = "crash"  # a node goes silent (power, network): peers learn only from their own timeouts
 
 
 @dataclass(frozen=True)
@@ -155,6 +155,11 @@ class RoundFigure:
     seconds: float
     contributors: int
     busiest_bytes: int
+    members: int = 0
+    depth: int = 0  # levels of the plan's tree
+    max_children: int = 0
+    rtt_to_leader_ms: float | None = None  # mean modelled RTT of a member to its parent
+    rtt_plain_ms: float | None = None  # the same, for the plain order (groups not by nearness)
 
 
 class SimNode:
@@ -255,13 +260,12 @@ class Simulation:
         while True:
             now = trio.current_time()
             live = self.live()
+            traffic = self.net.traffic
             self.samples.append({
                 "t": now, "live": len(live),
-                "traffic": {n.index: (self.net.traffic[n.peer_id].msgs_out + self.net.traffic[n.peer_id].msgs_in,
-                                      self.net.traffic[n.peer_id].bytes_out + self.net.traffic[n.peer_id].bytes_in)
-                            for n in live},
+                "traffic": {n.index: (t.msgs_out + t.msgs_in, t.bytes_out + t.bytes_in)
+                            for n in live if (t := traffic[n.peer_id]) is not None},
                 "connections": [self.net.connections(n.peer_id) for n in live],
-                "alive_view": [len(n.mesh.peers.alive()) for n in live if n.mesh is not None],
             })
             await trio.sleep(1.0)
 
@@ -274,8 +278,8 @@ class Simulation:
             elif node.scope is not None:
                 if ev.kind == ChurnKind.CRASH:
                     self.net.crash(node.peer_id)
-                    self.crashed[ev.node] = trio.current_time()
-                    nursery.start_soon(self._watch_detection, ev.node)
+                self.crashed[ev.node] = trio.current_time()
+                nursery.start_soon(self._watch_detection, ev.node)
                 node.scope.cancel()
 
     async def _watch_detection(self, index: int) -> None:
@@ -334,20 +338,55 @@ class Simulation:
         self.job_id = job_id_of(open_envelope(frame, expect_kind=JOB))
         await first.mesh.broadcast(frame)
 
-    async def _follow_rounds(self, t0: float) -> None:
-        """Record each round as the first live node that has it commits it."""
+    async def _follow_rounds(self, t0: float, say: Callable[[str], None] = lambda text: None) -> None:
+        """Record each round as the first live node that has it commits it, with the plan
+        in force (as the first node that has one saw it)."""
         last_t, last_bytes = t0, self._bytes_now()
         done = 0
+        plans: dict[int, Any] = {}
         while done < self.cfg.rounds:
             await trio.sleep(0.1)
-            committed = max((d.committed for n in self.live() if (d := self._driver(n)) is not None), default=0)
+            live = self.live()
+            for n in live[:8]:
+                d = self._driver(n)
+                plan = d.book.current.plan if d is not None else None
+                if plan is not None:
+                    plans[plan.round] = plan
+                    break
+            committed = max((d.committed for n in live if (d := self._driver(n)) is not None), default=0)
             while done < committed:
                 done += 1
                 now, now_bytes = trio.current_time(), self._bytes_now()
                 busiest = max((b - last_bytes.get(i, 0) for i, b in now_bytes.items()), default=0)
-                self.rounds.append(RoundFigure(done, round(now - t0, 2), round(now - last_t, 2),
-                                               self._contributors(done), busiest))
+                fig = RoundFigure(done, round(now - t0, 2), round(now - last_t, 2), self._contributors(done), busiest)
+                if done in plans:
+                    self._describe_plan(fig, plans[done])
+                self.rounds.append(fig)
+                say(f"round {done} committed at t={now:.1f}s: {fig.seconds} s, {fig.contributors} contributors")
                 last_t, last_bytes = now, now_bytes
+
+    def _describe_plan(self, fig: RoundFigure, plan: Any) -> None:
+        """The plan's tree: size, depth, widest fan-in, and its members' mean modelled RTT to
+        their parent, beside the same for the plain member order on the same members."""
+        from aggregation.tree import build_tree, depth
+        from gpuflex.node.placement import order_for_tree
+
+        parent = dict(plan.parent)
+        kids: dict[str, int] = {}
+        for p in parent.values():
+            if p is not None:
+                kids[p] = kids.get(p, 0) + 1
+        fig.members, fig.depth, fig.max_children = len(parent), depth(parent), max(kids.values(), default=0)
+
+        def mean_rtt(tree: dict[str, str | None]) -> float | None:
+            pairs = [(m, p) for m, p in tree.items() if p is not None]
+            return round(sum(self.net.rtt_ms(m, p) for m, p in pairs) / len(pairs), 1) if pairs else None
+
+        fig.rtt_to_leader_ms = mean_rtt(parent)
+        private = set(plan.private)
+        plain, size = order_for_tree(plan.coordinator, list(plan.members), private, self.cfg.group_size,
+                                     punched={p for p in private if self.net.models[p].punchable})
+        fig.rtt_plain_ms = mean_rtt(build_tree(plain, size, plan.coordinator))
 
     def _contributors(self, round_: int) -> int:
         for n in self.live():
@@ -381,6 +420,10 @@ class Simulation:
                 idle_from = trio.current_time()
                 await trio.sleep(min(10.0, cfg.settle_s))
                 idle_to = trio.current_time()
+                idle = self._rates(idle_from, idle_to)
+                conns = self.samples[-1]["connections"] if self.samples else [0]
+                say(f"idle: {idle['msgs']:.1f} msgs/s, {idle['bytes'] / 1e3:.1f} kB/s per node; "
+                    f"{sum(conns) / max(1, len(conns)):.0f} connections per node (most {max(conns)})")
                 self.gossip = await self.gossip_reach()
                 say(f"gossip reach: {self.gossip}")
                 t0 = trio.current_time()
@@ -388,7 +431,7 @@ class Simulation:
                 say(f"job submitted at t={t0:.1f}s")
                 nursery.start_soon(self._churn, nursery, t0)
                 with trio.move_on_after(cfg.time_limit_s):
-                    await self._follow_rounds(t0)
+                    await self._follow_rounds(t0, say)
                 say(f"{len(self.rounds)} rounds committed at t={trio.current_time():.1f}s")
                 await trio.sleep(cfg.drain_s)  # the last result reaches the other nodes
                 report = self.report(idle_from, idle_to)
@@ -409,13 +452,14 @@ class Simulation:
                 "max_msgs": max(msgs), "max_bytes": max(byts)}
 
     def report(self, idle_from: float, idle_to: float) -> dict[str, Any]:
-        last = self.samples[-1] if self.samples else {"connections": [0], "alive_view": [0]}
+        last = self.samples[-1] if self.samples else {"connections": [0]}
+        alive_view = [len(n.mesh.peers.alive()) for n in self.live() if n.mesh is not None] or [0]
         return {
             "nodes": self.cfg.nodes, "rounds_wanted": self.cfg.rounds, "rounds_committed": len(self.rounds),
             "idle_per_node_s": self._rates(idle_from, idle_to),
             "connections_per_node": {"mean": sum(last["connections"]) / max(1, len(last["connections"])),
                                      "max": max(last["connections"] or [0])},
-            "alive_view_mean": sum(last["alive_view"]) / max(1, len(last["alive_view"])),
+            "alive_view_mean": sum(alive_view) / len(alive_view),
             "rounds": [r.__dict__ for r in self.rounds],
             "detection_s": {str(k): round(v, 2) for k, v in self.detected.items()},
             "crashed_undetected": [k for k in self.crashed if k not in self.detected],

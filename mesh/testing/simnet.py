@@ -32,6 +32,7 @@ Traffic is counted per node: writes (messages), bytes, dials, and live connectio
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import math
 import random
@@ -50,6 +51,8 @@ from mesh.identity import Identity
 DHT_MSG_BYTES = 600
 #: Routing-table peers kept per node: Kademlia's k.
 K = 20
+#: Bits of a modelled DHT key.
+KEY_BITS = 64
 #: A write shorter than this on the uplink does not make the writer wait (a scheduling
 #: shortcut; its bytes still occupy the link).
 MIN_WAIT_S = 0.0005
@@ -309,6 +312,11 @@ class SimHost:
     async def connect(self, info: Any) -> None:
         await self.net.dial(self, str(info.peer_id))
 
+    async def disconnect(self, pid: Any) -> None:
+        """Close the connection to ``pid`` at both ends, resetting its streams."""
+        self.net.hang_up(self, str(pid))
+        await trio.lowlevel.checkpoint()
+
     async def new_stream(self, pid: Any, protocols: Sequence[str]) -> SimStream:
         peer = str(pid)
         conn = self.conn_to(peer)
@@ -324,7 +332,7 @@ class SimHost:
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             self.online, self.crashed = True, False
-            self.net.online[self.peer_id] = self
+            self.net._went_online(self)
             try:
                 yield self
             finally:
@@ -486,6 +494,7 @@ class SimNetwork:
         # Called with (receiver, protocol, bytes) for every write: what a benchmark watches for.
         self.tap: Callable[[str, str, bytes], None] | None = None
         self._ids: dict[str, int] = {}  # peer -> XOR key
+        self._online_keys: list[tuple[int, str]] = []  # (XOR key, peer) of online hosts, sorted
 
     # -- set-up -----------------------------------------------------------------------------------------
 
@@ -614,7 +623,7 @@ class SimNetwork:
         """``host`` stopped (or was killed): a crashed one just goes silent; a stopped one's
         connections are reset at both ends, as by a closing process."""
         host.online = False
-        self.online.pop(host.peer_id, None)
+        self._left(host.peer_id)
         for key in list(self.providers):
             self.providers[key].discard(host.peer_id)
         if host.crashed:
@@ -629,6 +638,15 @@ class SimNetwork:
                         stream._reset_now()
         host.swarm.connections.clear()
 
+    def hang_up(self, host: SimHost, peer: str) -> None:
+        """``host`` closes its connection to ``peer``: streams reset, both ends forget it."""
+        other = self.hosts.get(peer)
+        if other is None:
+            return
+        for conn in host.swarm.connections.pop(other.pid, []) + other.swarm.connections.pop(host.pid, []):
+            for stream in list(conn.streams):
+                stream._reset_now()
+
     def crash(self, peer: str) -> None:
         """Make ``peer`` silent from now on (the caller then cancels its node)."""
         host = self.hosts[peer]
@@ -640,9 +658,30 @@ class SimNetwork:
         host.swarm.connections.clear()
 
     def nearest(self, peer: str, k: int) -> list[str]:
-        """The ``k`` online DHT peers XOR-nearest to ``peer``."""
+        """The ``k`` online DHT peers XOR-nearest to ``peer``: those sharing the longest key
+        prefix with it, which lie in one run of the sorted keys, so a lookup costs a few
+        bisections, not a sort of the whole network."""
         me = self._ids[peer]
-        return [p for _, p in sorted((self._ids[p] ^ me, p) for p in self.online if p != peer)[:k]]
+        keys = self._online_keys
+        for shift in range(KEY_BITS + 1):  # widen the shared prefix until it holds k others
+            lo_key = (me >> shift) << shift
+            lo = bisect.bisect_left(keys, (lo_key, ""))
+            hi = bisect.bisect_left(keys, (lo_key + (1 << shift), ""))
+            if hi - lo > k or (lo == 0 and hi == len(keys)):
+                break
+        near = sorted((key ^ me, p) for key, p in keys[lo:hi] if p != peer)
+        return [p for _, p in near[:k]]
+
+    def _went_online(self, host: SimHost) -> None:
+        self.online[host.peer_id] = host
+        bisect.insort(self._online_keys, (self._ids[host.peer_id], host.peer_id))
+
+    def _left(self, peer: str) -> None:
+        if self.online.pop(peer, None) is not None:
+            entry = (self._ids[peer], peer)
+            at = bisect.bisect_left(self._online_keys, entry)
+            if at < len(self._online_keys) and self._online_keys[at] == entry:
+                del self._online_keys[at]
 
     def connections(self, peer: str) -> int:
         host = self.hosts.get(peer)

@@ -83,15 +83,17 @@ def test_int8_diloco_members_rebuild_each_model_and_results_export_to_plain_torc
 
 
 def test_sparse_codec_members_rebuild_each_model_from_the_sparse_step(mesh_factory) -> None:
-    """codec = "sparse" on real nodes in groups of two: updates, partials and the step travel
-    sparse, and every node that did not commit a round rebuilt its model from the step and
-    holds the same hash as the others."""
+    """codec = "sparse" with overlap on real nodes in groups of two: updates, partials and the
+    step travel sparse, members train ahead while their update travels, and every node that
+    did not commit a round rebuilt its model from the step and holds the same hash as the
+    others."""
     mesh = mesh_factory(4)
     mesh.start(timeout=120)
     mesh.wait_connected(60)
     job = mesh.submit(digits_spec(rounds=3, group_size=2, local_epochs=0, local_steps=10, strategy="diloco",
                                   optimizer="adamw", lr=3e-3, server_lr=1.0, server_momentum=0.0,
-                                  codec="sparse", sparse_chunk=256, sparse_density=1 / 32, sparse_bits=2))
+                                  codec="sparse", sparse_chunk=256, sparse_density=1 / 32, sparse_bits=2,
+                                  overlap=0.5))
     mesh.wait_job(job, [0, 1, 2, 3], timeout=240)
 
     rows = mesh.call(0, "ledger", {"job": job})
@@ -104,6 +106,10 @@ def test_sparse_codec_members_rebuild_each_model_from_the_sparse_step(mesh_facto
         # what this member's top-k held back is on disk, for the next update after a restart
         assert (mesh.home(i) / "jobs" / job / "residual.f32").is_file()
     assert any(len(r["contributors"]) == 4 for r in rows)
+    # overlap = 0.5: from round 3 on, members trained some steps ahead while their update
+    # travelled, and their update still counts its steps within the plan's.
+    ahead = [c for c in rows[2]["contributors"] if c.get("ahead_steps")]
+    assert ahead and all(0 < c["ahead_steps"] < c["steps"] <= 10 for c in ahead)
     # The bytes each round moved are in the ledger and in job status: every member's signed
     # update size, and the step each member downloads, both a small share of the model.
     model_bytes = (mesh.home(0) / "blobs" / rows[-1]["model_hash"]).stat().st_size

@@ -168,6 +168,26 @@ def test_bad_requests_get_clear_errors_while_the_node_keeps_serving_and_training
     assert checks["level"] == 2 and checks["checked"] >= 1 and checks["mismatches"] == {}, checks
     served = mesh.call(1, "status")["serve"]["served_tokens"]
     assert sum(served.values()) > 0
+    # Each server's figures, as it announces them, reach the other node's status (the
+    # dashboard's and the portal's Serving views read these rows).
+    ids = [mesh.call(i, "status")["peer_id"] for i in range(2)]
+
+    def servers_with_figures() -> bool:
+        rows = mesh.call(1, "status")["serve"]["servers"]
+        return {r["peer"] for r in rows} == set(ids) and sum(r["tokens_per_s"] or 0 for r in rows) > 0
+    mesh.wait_until(servers_with_figures, timeout=30)
+    rows = {r["peer"]: r for r in mesh.call(1, "status")["serve"]["servers"]}
+    assert rows[ids[1]]["self"] and rows[ids[0]]["rtt_ms"] is not None and rows[ids[0]]["models"] == ["tiny"]
+    # The portal's playground path: one prompt through the router, answered whole, bounded.
+    answer = mesh.call(1, "serve_complete", {"model": "tiny", "prompt": "ROMEO:", "max_tokens": 6, "temperature": 0},
+                       timeout=120)
+    assert answer["server"] in ids and answer["usage"]["completion_tokens"] <= 6 and answer["total_ms"] > 0
+    same = post({"model": "tiny", "prompt": "ROMEO:", "max_tokens": 6, "temperature": 0}).json()
+    assert answer["text"] == same["choices"][0]["text"]
+    from gpuflex.client import ControlError
+
+    with pytest.raises(ControlError, match="max_tokens"):
+        mesh.call(1, "serve_complete", {"model": "tiny", "prompt": "x", "max_tokens": 100_000})
 
 
 def tiny_model_dir(tmp_path: Path) -> Path:
@@ -216,6 +236,17 @@ def test_a_batch_inference_job_spreads_over_the_servers_resumes_after_a_kill_and
     assert 3 <= len(lines_before) < 24  # killed midway
     mesh.start_node(2)  # the run resumes with the node
     mesh.wait_until(lambda: done_count() == 24, timeout=240)
+    # A job like the others: listed by `gpuflex job list`, summarised by `gpuflex job status`.
+    listed = gpuflex("job", "list", "--node", str(mesh.home(2)))
+    assert listed.returncode == 0 and run in listed.stdout and "24/24" in listed.stdout, listed.stdout
+    shown = gpuflex("job", "status", run[:8], "--node", str(mesh.home(2)), "--json")
+    summary = json.loads(shown.stdout)
+    assert summary["kind"] == "inference" and summary["state"] == "done" and summary["done"] == 24
+    assert sum(summary["servers"].values()) == 24 and len(summary["servers"]) == 2, summary["servers"]
+    assert summary["spec"]["model"] == "tiny" and summary["spec"]["prompts"] == 24
+    assert mesh.call(2, "ledger", {"job": run}) == []  # no rounds: its log is the signed answers
+    text = gpuflex("job", "status", run[:8], "--node", str(mesh.home(2))).stdout
+    assert "batch inference" in text and "answers 24/24" in text and text.count("answers") == 3, text
     out = tmp_path / "answers.jsonl"
     written = gpuflex("job", "results", run[:8], "--out", str(out), "--node", str(mesh.home(2)))
     assert written.returncode == 0 and written.stdout.strip() == str(out), written.stderr

@@ -194,6 +194,7 @@ class FakeSource:
         self.event_log = history()
         self.down = False
         self.calls: list[str] = []
+        self.serve: dict[str, Any] = {}  # a serving node's block (tests.tui.fake_serving)
         self._new_event = asyncio.Event()
 
     def _call(self, method: str) -> None:
@@ -221,6 +222,7 @@ class FakeSource:
             },
             "node_info": node_info(0, "NVIDIA GeForce GTX 1070", 8, "6.1", 8),
             "jobs": copy.deepcopy(self.job_list),
+            **({"serve": copy.deepcopy(self.serve)} if self.serve else {}),
         }
 
     async def peers(self) -> list[dict[str, Any]]:

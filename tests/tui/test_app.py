@@ -36,8 +36,12 @@ def test_screens_switch_with_numbers_tab_and_help() -> None:
         assert app.current_mode == "peers" and isinstance(app.screen, PeersScreen)
         await pilot.press("3")
         assert app.current_mode == "jobs" and isinstance(app.screen, JobsScreen)
+        await pilot.press("4")
+        assert app.current_mode == "serving"
         await pilot.press("tab")
         assert app.current_mode == "overview"
+        await pilot.press("shift+tab")
+        assert app.current_mode == "serving"
         await pilot.press("shift+tab")
         assert app.current_mode == "jobs"
         await pilot.press("question_mark")

@@ -100,6 +100,8 @@ class FakeApi:
         self.down = False
         self.extra: dict[str, tuple[dict[str, Any], list[dict[str, Any]]]] = {}  # job: (spec, ledger)
         self.calls: list[str] = []
+        self.serve: dict[str, Any] = {}  # a serving node's status block (tests.tui.fake_serving)
+        self.asked: list[dict[str, Any]] = []  # serve_complete's params, as the portal sent them
         self._new_event = trio.Event()
 
     def describe(self) -> str:
@@ -150,7 +152,10 @@ class FakeApi:
                     "mesh": {"peers": len(states), "up": states.count("up"),
                              "suspect": states.count("suspect"), "down": states.count("down")},
                     "node_info": node_info(0, "NVIDIA GeForce GTX 1070", 8, "6.1", 8),
-                    "jobs": copy.deepcopy(self.job_list)}
+                    "jobs": copy.deepcopy(self.job_list),
+                    **({"serve": copy.deepcopy(self.serve)} if self.serve else {})}
+        if method == "serve_complete":
+            return self.complete(params)
         if method == "peers":
             return copy.deepcopy(self.peer_list)
         if method == "jobs":
@@ -167,6 +172,17 @@ class FakeApi:
         if method == "job_results":
             return {"files": self.write_results(str(params["job"]), Path(params["out"]))}
         raise NodeRefused(f"unknown method {method!r}")
+
+    def complete(self, params: dict[str, Any]) -> dict[str, Any]:
+        """``serve_complete`` as a node answers it: a model no server has is refused."""
+        self.asked.append(dict(params))
+        served = {m for s in self.serve.get("servers", []) for m in s["models"]}
+        if params.get("model") not in served:
+            raise NodeRefused(f"no node serves model {params.get('model')!r}")
+        text = f" <i>{params['model']}</i> says {len(params['prompt'])} characters"
+        return {"model": params["model"], "text": text, "finish": "length",
+                "usage": {"prompt_tokens": 5, "completion_tokens": params["max_tokens"], "total_tokens": 5},
+                "server": self.serve["servers"][1]["peer"], "first_token_ms": 41.5, "total_ms": 230.0}
 
     def write_results(self, job: str, out: Path) -> list[str]:
         """What ``job_results`` writes, for the two jobs: a real chain, or bytes that are not one."""

@@ -10,7 +10,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Static
 
 KEYS = (
-    ("1 2 3", "overview, peers, jobs"),
+    ("1 2 3 4", "overview, peers, jobs, serving"),
     ("tab / shift+tab", "next / previous screen"),
     ("↑ ↓ pgup pgdn", "move in a table"),
     ("?", "this help"),
@@ -45,6 +45,7 @@ class HelpScreen(ModalScreen[None]):
         Binding("1", "app.show('overview')", show=False),
         Binding("2", "app.show('peers')", show=False),
         Binding("3", "app.show('jobs')", show=False),
+        Binding("4", "app.show('serving')", show=False),
     ]
     DEFAULT_CSS = """
     HelpScreen { align: center middle; }

@@ -253,7 +253,7 @@ class Coordinator:
             return masked_tree(book.me, live, private, spec.group_size, spec.secagg_min_group, seed)
         slow = slow_members({p: book.rates.get(p) for p in live}) if spec.uses_budget else set()
         ordered, group_size = order_for_tree(book.me, live, private, spec.group_size, slow,
-                                             punched=self.port.punched_peers())
+                                             punched=self.port.punched_peers(), coords=self.port.coordinates())
         flat = spec.aggregation_mode == "flat-robust"  # leaders only forward: the root sees all
         return build_tree(ordered, max(2, len(ordered)) if flat else group_size, book.me)
 

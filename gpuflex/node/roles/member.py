@@ -15,6 +15,7 @@ import numpy as np
 import trio
 
 from aggregation.scaffold import CONTROL_KEY
+from gpuflex.node.ahead import HeadStart, merged_metrics
 from gpuflex.node.faults import Faults
 from gpuflex.node.kinds import EventKind, Phase
 from gpuflex.node.messages import Plan, TrainedUpdate, capped, parse_recovery_request, seal_update
@@ -65,6 +66,9 @@ class Member:
         # answer its leader's recovery request (two coordinators may plan the same attempt,
         # with other leaders).
         self.secagg_sides: dict[tuple[int, int, str], SecAggMember] = {}
+        # overlap > 0: the next round's first steps are trained while this round's update travels.
+        self.head_start = HeadStart(book.spec.overlap) if book.spec.overlap > 0 else None
+        self._pending_ahead: tuple[int, Trainer, np.ndarray, int] | None = None  # the root's, until it commits
 
     async def train_and_send(self, plan: Plan, deadlines: RoundDeadlines) -> None:
         """Train (or reuse this round's update), then deliver it up the tree. Failures are
@@ -119,6 +123,8 @@ class Member:
         book, r = self.book, plan.round
         key = (r, plan.base_hash)
         book.status.set_phase(Phase.TRAIN, deadlines.train)
+        if self.head_start is not None:
+            self.head_start.plan_arrived(self.port.clock.now())
         # A copy of the parameters alone: the blob they are read from (which also holds
         # the server optimizer's state) is freed before training starts.
         params, state = await self._load_model(plan.base_hash, [plan.coordinator])
@@ -142,9 +148,21 @@ class Member:
             issued = deadlines.train - book.spec.train_budget(book.recent_durations())
             end = max(issued + budget - self.send_lag_s, deadlines.received + MIN_TRAIN_SHARE * budget)
             budget = max(MIN_TRAIN_S, min(end - now, deadlines.train - now - SEND_MARGIN_S))
+        round_steps = steps or book.spec.local_steps
+        ahead = await self.head_start.take(r, round_steps) if self.head_start is not None else None
+        start = params
+        if ahead is not None and ahead.delta is not None:  # carry the steps taken ahead onto the plan's base
+            start = params + ahead.delta
+            steps = round_steps - ahead.steps
+            if not budget:  # a job of local_steps: the rest of them, within the round's deadline
+                budget = max(MIN_TRAIN_S, deadlines.train - self.port.clock.now() - SEND_MARGIN_S)
         train = functools.partial(trainer.train, server_state=control) if control else trainer.train
-        delta, metrics = await self.port.offload(train, params, steps, budget)
+        delta, metrics = await self.port.offload(train, start, steps, budget)
         self._trained_at = self.port.clock.now()
+        if self.head_start is not None:
+            self._train_ahead(plan, trainer, start + delta, round_steps)
+        if ahead is not None and ahead.delta is not None:
+            delta, metrics = delta + ahead.delta, merged_metrics(ahead, metrics)
         delta = self.faults.tamper(delta)
         if metrics.get("oom_retries"):
             self.port.emit(EventKind.OUT_OF_MEMORY, r, book.me, message=(
@@ -174,6 +192,30 @@ class Member:
             **({"device": book.device} if book.device else {}))
         self.cached = {k: v for k, v in self.cached.items() if k[0] >= r}
         self.cached[key] = trained
+
+    def _train_ahead(self, plan: Plan, trainer: Trainer, end: np.ndarray, round_steps: int) -> None:
+        """Start the next round's first steps from ``end`` while this round's update travels
+        (``gpuflex.node.ahead``); not in the last round. The round's root starts them only
+        once it has committed the round (``committed``): it evaluates the new model on the
+        same workload first."""
+        assert self.head_start is not None
+        self._pending_ahead = None
+        if plan.round >= self.book.spec.rounds or round_steps < 2:
+            return
+        if plan.coordinator == self.book.me:
+            self._pending_ahead = (plan.round, trainer, end, round_steps)
+            return
+        self.head_start.ready(self.port.clock.now())
+        self.book.tasks.start_soon(self.head_start.run, self.port, trainer, end, plan.round + 1, round_steps)
+
+    def committed(self, round_: int) -> None:
+        """This node, as the root, committed ``round_``: its head start may begin now."""
+        pending, self._pending_ahead = self._pending_ahead, None
+        if self.head_start is None or pending is None or pending[0] != round_:
+            return
+        _, trainer, end, round_steps = pending
+        self.head_start.ready(self.port.clock.now(), as_root=True)
+        self.book.tasks.start_soon(self.head_start.run, self.port, trainer, end, round_ + 1, round_steps, True)
 
     def _sent(self) -> None:
         """Learn how long this member's update takes from the end of training to its leader."""

@@ -48,3 +48,32 @@ def test_repeated_faults_get_a_peer_ignored_for_a_while() -> None:
 def test_bad_thresholds_are_refused() -> None:
     with pytest.raises(ValueError):
         HealthConfig(suspect_after_s=10, down_after_s=5)
+
+
+def test_a_vouched_member_is_up_by_hearsay_is_not_aged_by_silence_and_stays_down_once_down() -> None:
+    clock = Clock()
+    table = PeerTable(HealthConfig(suspect_after_s=4, down_after_s=9), clock=clock)
+    table.add("heard-of")
+    table.add("vouched")
+    table.vouch("vouched")
+    assert table.get("vouched").state == UP and table.get("vouched").last_seen is None
+    assert table.alive() == ["vouched"]
+    clock.now += 30
+    table.reevaluate(unseen_only=True)
+    assert table.get("vouched").state == UP  # failure detection judges it, not this node's silence
+    assert table.get("heard-of").state == DOWN
+    table.set_state("vouched", DOWN)
+    table.vouch("vouched")
+    assert table.get("vouched").state == DOWN  # hearsay never brings back a peer held down
+
+
+def test_silence_ages_only_the_peers_asked_for() -> None:
+    clock = Clock()
+    table = PeerTable(HealthConfig(suspect_after_s=4, down_after_s=9), clock=clock)
+    table.add("kept")
+    table.add("elsewhere")
+    version = table.version
+    clock.now += 30
+    table.reevaluate(unseen_only=True, among={"kept", "unknown"})
+    assert table.get("kept").state == DOWN and table.get("elsewhere").state == SUSPECT
+    assert table.version > version  # what depends on the membership (the overlay) sees the change

@@ -81,6 +81,9 @@ class Host:
     def watch_set(self) -> set[str]:
         return set(self.ids)
 
+    def keep_set(self) -> set[str]:
+        return self.watch_set()
+
     def connected_ids(self) -> set[str]:
         return self.connected
 
@@ -337,3 +340,28 @@ async def test_only_a_node_back_in_its_mesh_announces_itself_alive(autojump_cloc
             nursery.cancel_scope.cancel()
         own = [b for _, b in host.rumours if b["peer"] == host.peer_id and b["state"] == "alive"]
         assert bool(own) == back, (back, own)
+
+
+async def test_first_contact_only_with_the_keep_set_and_other_members_cost_nothing(autojump_clock) -> None:
+    """A node learns of 200 members, keeps 6 of them: only those are ever probed or aged."""
+    net = Net()
+    ids = peer_ids(200)
+    host = Host(net, ids[:6])
+    for p in ids[6:]:
+        host.peers.add(p)
+    live = Liveness(host, CFG)
+    opened: set[str] = set()
+    plain_open = host.open
+
+    async def open_(peer: str, protocol: str, timeout: float) -> Any:
+        opened.add(peer)
+        return await plain_open(peer, protocol, timeout)
+
+    host.open = open_  # type: ignore[method-assign]
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(live.run)
+        await trio.sleep(60)
+        nursery.cancel_scope.cancel()
+    assert opened == set(ids[:6])
+    assert all(host.peers.get(p).state == UP for p in ids[:6])  # type: ignore[union-attr]
+    assert all(host.peers.get(p).state != DOWN for p in ids[6:])  # type: ignore[union-attr]

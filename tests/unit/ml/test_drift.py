@@ -65,6 +65,33 @@ def test_scaffold_adds_c_minus_c_i_and_learns_c_i_as_the_mean_raw_gradient() -> 
     np.testing.assert_allclose(second, np.mean(raws2, axis=0) - first, rtol=1e-5, atol=1e-6)
 
 
+def test_feddyn_adds_alpha_times_the_distance_less_h_i_and_h_i_drops_by_alpha_times_the_delta() -> None:
+    model = _model()
+    dyn = DriftCorrection("feddyn", mu=0.5)
+    base = flatten_params(model).copy()
+    # Round 1: no h_i yet, so the term is FedProx's.
+    hook = dyn.hook(model, None)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.25)
+    raw = _step(model, hook, torch.ones(4, 3))
+    np.testing.assert_allclose(_grads(model), raw + 0.5 * (flatten_params(model) - base), rtol=1e-6)
+    delta = flatten_params(model) - base
+    dyn.observe_delta(delta)
+    h = -0.5 * delta
+    np.testing.assert_allclose(dyn.local_control, h, rtol=1e-6)
+    # Round 2 from a new base: alpha * (w - w_base) - h_i.
+    base = flatten_params(model).copy()
+    hook = dyn.hook(model, None)
+    raw = _step(model, hook, torch.full((4, 3), 2.0))
+    np.testing.assert_allclose(_grads(model), raw - h, rtol=1e-6, atol=1e-7)
+    dyn.observe_delta(np.full(base.size, 0.1, np.float32))
+    np.testing.assert_allclose(dyn.local_control, h - 0.05, rtol=1e-6, atol=1e-7)
+    assert not dyn.sends_control
+    with pytest.raises(ValueError, match="state"):
+        dyn.observe_delta(np.zeros(3, np.float32))
+
+
 def test_scaffold_refuses_a_control_variate_of_another_model() -> None:
     with pytest.raises(ValueError, match="control has 3 values"):
         DriftCorrection("scaffold").hook(_model(), np.zeros(3, np.float32))
@@ -74,9 +101,9 @@ def test_a_scaffold_member_sends_model_then_control_and_fedprox_sends_the_model_
     from gpuflex.ml.workload import Workload
     from gpuflex.nodeconfig import NodeConfig
 
-    for kind, factor in (("scaffold", 2), ("fedprox", 1), ("none", 1)):
-        spec = JobSpec(model="mlp", data="sklearn-digits", partition="dirichlet", alpha=0.1,
-                       local_steps=2, drift_correction=kind)  # type: ignore[arg-type]
+    for kind, factor in (("scaffold", 2), ("fedprox", 1), ("feddyn", 1), ("none", 1)):
+        spec = JobSpec(model="mlp", data="sklearn-digits", partition="dirichlet", alpha=0.1, local_steps=2,
+                       drift_correction=kind, strategy="fedavg")  # type: ignore[arg-type]
         node = Workload(spec, 0, 2, config=NodeConfig())
         base = node.initial_params()
         delta, _ = node.train(base)
@@ -95,9 +122,20 @@ def test_the_job_file_refuses_scaffold_where_it_cannot_work(extra: dict, message
         JobSpec.from_dict(values)
 
 
+def test_the_job_file_refuses_feddyn_with_dp_noise_or_a_server_optimizer() -> None:
+    job = {"model": "digits-cnn", "data": "sklearn-digits", "drift_correction": "feddyn", "strategy": "fedavg"}
+    with pytest.raises(JobSpecError, match="noise of"):
+        JobSpec.from_dict({**job, "dp_clip": 1.0, "dp_noise_multiplier": 0.5})
+    with pytest.raises(JobSpecError, match="needs strategy = 'fedavg'"):
+        JobSpec.from_dict({**job, "strategy": "fedavgm"})
+    with pytest.raises(JobSpecError, match="needs strategy = 'fedavg'"):
+        JobSpec.from_dict({k: v for k, v in job.items() if k != "strategy"})
+    assert JobSpec.from_dict({**job, "norm_bound": 1.0}).drift_correction == "feddyn"
+
+
 def test_drift_settings_are_bounded_and_named() -> None:
     with pytest.raises(JobSpecError, match="drift_correction"):
-        JobSpec.from_dict({"model": "mlp", "data": "sklearn-digits", "drift_correction": "feddyn"})
+        JobSpec.from_dict({"model": "mlp", "data": "sklearn-digits", "drift_correction": "moon"})
     with pytest.raises(JobSpecError, match="prox_mu"):
         JobSpec.from_dict({"model": "mlp", "data": "sklearn-digits", "prox_mu": 1e9})
     with pytest.raises(JobSpecError, match="final_model"):

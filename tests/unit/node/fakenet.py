@@ -241,6 +241,9 @@ class FakePort:
     def private_peers(self) -> set[str]:
         return set()  # the fake net has no NAT
 
+    def coordinates(self) -> dict[str, Any]:
+        return {}  # no network coordinates: groups in the plain order
+
     def punched_peers(self) -> set[str]:
         return set()
 

@@ -1,8 +1,12 @@
+import math
+import random
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from aggregation.tree import build_tree
+from aggregation.tree import build_tree, cut_groups
 from gpuflex.node.placement import order_for_tree
+from mesh.vivaldi import MAX_MS, Coordinate, from_wire, observe
 
 
 @given(st.integers(1, 30), st.integers(0, 30), st.integers(2, 6))
@@ -166,3 +170,77 @@ def test_masked_groups_do_not_depend_on_the_coordinators_private_list(n: int, gr
         leader = mask_group(steered, p)[0]
         if leader != members[0] and any(q not in private for q in group(steered, p)):
             assert leader not in private  # a reachable leader wherever the group has one
+
+
+def _clustered(n_sites: int, per_site: int, seed: int) -> tuple[list[str], dict[str, Coordinate]]:
+    """Members at ``n_sites`` far-apart sites (100 ms apart), a few ms within one."""
+    rng = random.Random(seed)
+    members, coords = [], {}
+    for s in range(n_sites):
+        cx, cy = rng.uniform(0, 400), rng.uniform(0, 400)
+        for i in range(per_site):
+            peer = f"s{s}n{i}"
+            members.append(peer)
+            coords[peer] = Coordinate(cx + rng.uniform(-3, 3), cy + rng.uniform(-3, 3), 2.0, 0.1)
+    rng.shuffle(members)
+    return members, coords
+
+
+def _mean_rtt_to_parent(parent: dict[str, str | None], coords: dict[str, Coordinate]) -> float:
+    pairs = [(m, p) for m, p in parent.items() if p is not None]
+    return sum(coords[m].rtt_to(coords[p]) for m, p in pairs) / len(pairs)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(2, 12), st.integers(2, 12), st.integers(2, 8), st.integers(0, 1000), st.floats(0, 0.9))
+def test_groups_by_nearness_keep_the_cap_and_reachable_leaders(n_sites: int, per_site: int, group_size: int,
+                                                              seed: int, private_share: float) -> None:
+    members, coords = _clustered(n_sites, per_site, seed)
+    private = set(members[: int(private_share * len(members))]) - {members[-1]}
+    me = members[-1]
+    ordered, size = order_for_tree(me, members, private, group_size, coords=coords)
+    assert sorted(ordered) == sorted(members)
+    assert size == group_size  # nearness never widens the groups
+    parent = build_tree(ordered, size, me)
+    assert parent[me] is None
+    groups = cut_groups(ordered, size)  # the bottom groups build_tree makes of this order
+    assert max(len(g) for g in groups) <= group_size
+    leaders = {me if me in g else g[0] for g in groups}
+    assert all(parent[m] in leaders or m in leaders for m in members)
+    if len(groups) <= len(members) - len(private):  # enough reachable members to lead every group
+        assert not leaders & private, leaders & private
+
+
+def test_groups_by_nearness_put_leaders_near_their_members() -> None:
+    members, coords = _clustered(12, 8, seed=3)
+    me = members[0]
+    near, size = order_for_tree(me, members, set(), 8, coords=coords)
+    plain, plain_size = order_for_tree(me, members, set(), 8)
+    after = _mean_rtt_to_parent(build_tree(near, size, me), coords)
+    before = _mean_rtt_to_parent(build_tree(plain, plain_size, me), coords)
+    assert after < before / 3, (before, after)
+
+
+def test_vivaldi_coordinates_converge_to_the_measured_round_trips() -> None:
+    rng = random.Random(1)
+    true = [(rng.uniform(0, 200), rng.uniform(0, 200)) for _ in range(30)]
+
+    def rtt(a: int, b: int) -> float:
+        return 2 * (math.dist(true[a], true[b]) + 5)
+
+    coords = [Coordinate() for _ in true]
+    for _ in range(4000):
+        a, b = rng.sample(range(len(true)), 2)
+        coords[a] = observe(coords[a], coords[b], rtt(a, b), rng)
+    errors = [abs(coords[a].rtt_to(coords[b]) - rtt(a, b)) / rtt(a, b)
+              for a in range(len(true)) for b in range(a + 1, len(true))]
+    assert sorted(errors)[len(errors) // 2] < 0.15  # median relative error
+
+
+@given(st.lists(st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.integers(), st.booleans(),
+                          st.text(max_size=3)), max_size=5))
+def test_a_peer_coordinate_from_the_wire_is_bounded_or_refused(value: list[object]) -> None:
+    coord = from_wire(value)
+    if coord is not None:
+        assert all(math.isfinite(v) and abs(v) <= MAX_MS for v in (coord.x, coord.y, coord.height))
+        assert 0 <= coord.error <= 1

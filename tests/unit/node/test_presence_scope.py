@@ -93,3 +93,48 @@ async def test_no_presence_grows_with_the_jobs_on_the_mesh(tmp_path: Path) -> No
     await jobs.send_presence()
     assert len(sent) == 200
     assert max(len(body["jobs"]) for _, body in sent) == 1
+
+
+class _Round:
+    def __init__(self, round_: int, plan: Any) -> None:
+        self.round, self.plan = round_, plan
+
+
+class _Book:
+    """What ``recipients`` reads of a job's round state: the next coordinators and the plan."""
+
+    def __init__(self, coordinators: list[str], plan: Any = None) -> None:
+        self.coordinators, self.current = coordinators, _Round(4, plan)
+        self.asked = 0
+
+    def expected_coordinator(self, attempt: int) -> str | None:
+        self.asked += 1
+        return self.coordinators[attempt]
+
+
+class _Driver:
+    def __init__(self, book: _Book) -> None:
+        self.book = book
+
+
+def test_presence_in_a_large_job_goes_to_a_bounded_few_members() -> None:
+    from types import SimpleNamespace
+
+    from gpuflex.node.presence import (
+        PRESENCE_COORDINATORS,
+        PRESENCE_SPREAD,
+        PRESENCE_TO_ALL,
+        recipients,
+    )
+
+    members = {Identity.generate().peer_id for _ in range(300)}
+    me, parent, child, *others = sorted(members)
+    book = _Book(others[:PRESENCE_COORDINATORS], SimpleNamespace(parent={me: parent, child: me, parent: None}))
+    cache: dict[str, Any] = {}
+    out = recipients(me, members, _Driver(book), cache)
+    assert len(out) <= PRESENCE_SPREAD + PRESENCE_COORDINATORS + 2
+    assert set(others[:PRESENCE_COORDINATORS]) | {parent, child} <= out and me not in out
+    asked = book.asked
+    assert recipients(me, members, _Driver(book), cache) == out and book.asked == asked  # ranked once a round
+    small = set(sorted(members)[:PRESENCE_TO_ALL])
+    assert recipients(me, small, _Driver(book), {}) == small - {me}

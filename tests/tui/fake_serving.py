@@ -1,0 +1,42 @@
+"""The ``serve`` block of a serving node's ``status``, as gpuflex.serve.service builds it: this
+node serves one model, two peers serve it too (one of them also a second model), and one batch
+inference job is half done. Shared by the dashboard's and the portal's fakes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tests.tui.fake_source import SELF, peer_id
+
+RUN_ID = "5e1f" * 4
+FAILED_WHY = "[bold red]no safetensors[/] <b>here</b>"  # text from the node is shown, not read as markup
+
+
+def figures(rps: float, tps: float, ttft: float | None, latency: float | None) -> dict[str, Any]:
+    return {"rps": rps, "tokens_per_s": tps, "ttft_ms_p50": ttft, "latency_ms_p50": latency}
+
+
+def serve_block() -> dict[str, Any]:
+    bard = {"name": "bard", "hash": "ab" * 32, "source": "job 0123abcd", "load": 3, "capacity": 8,
+            "requests": 120, "tokens": 7_680, "errors": 2, **figures(1.5, 96.0, 41.0, 820.0)}
+    servers = [
+        {"peer": SELF, "self": True, "models": ["bard"], "load": 3, "capacity": 8, "rtt_ms": None,
+         **figures(1.5, 96.0, 41.0, 820.0)},
+        {"peer": peer_id(1), "self": False, "models": ["bard", "tiny"], "load": 7, "capacity": 8, "rtt_ms": 12.5,
+         **figures(2.25, 143.5, 63.0, 1210.0)},
+        {"peer": peer_id(2), "self": False, "models": ["bard"], "load": 0, "capacity": 4, "rtt_ms": 48.0,
+         **figures(0.0, 0.0, None, None)},
+    ]
+    return {
+        "http": "http://127.0.0.1:8000",
+        "models": [bard],
+        "failed": {"poet": FAILED_WHY},
+        "mesh_models": {"bard": {"hashes": ["ab" * 32], "servers": [s["peer"] for s in servers]},
+                        "tiny": {"hashes": ["cd" * 32], "servers": [peer_id(1)]}},
+        "servers": servers,
+        "taken_in": {"requests": 40, "tokens": 2_000, "errors": 0, **figures(0.5, 30.0, 55.0, 900.0)},
+        "served_tokens": {SELF: 1200, peer_id(1): 800},
+        "runs": [{"run_id": RUN_ID, "name": "summaries", "kind": "inference", "model": "bard", "done": 12,
+                  "total": 24, "state": "running", "error": ""}],
+        "redundancy": {"level": 1, "checked": 0, "mismatches": {}, "penalised": {}},
+    }

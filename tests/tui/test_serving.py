@@ -1,0 +1,69 @@
+"""The dashboard's Serving screen (key 4) against the in-memory fake node: each server of the
+mesh with its models, load, requests and tokens per second and latency; the models this node
+serves; its batch inference jobs; and a node that serves nothing."""
+
+from __future__ import annotations
+
+from textual.pilot import Pilot
+
+from gpuflex.serve.view import Serving
+from tests.tui.capture import screen_text
+from tests.tui.conftest import drive, loaded, make_app, until
+from tests.tui.fake_serving import FAILED_WHY, RUN_ID, serve_block
+from tests.tui.fake_source import FakeSource, peer_id
+from tui.app import DashboardApp
+from tui.screens.serving import ServingScreen
+from tui.widgets.keyed_table import KeyedTable
+
+
+def rows(app: DashboardApp, selector: str) -> dict[str, list[str]]:
+    table = app.screen.query_one(selector, KeyedTable)
+    return {str(r.key.value): [str(c) for c in table.get_row(r.key)] for r in table.ordered_rows}
+
+
+def test_the_serving_screen_shows_each_server_its_figures_the_local_models_and_inference_jobs() -> None:
+    source = FakeSource()
+    source.serve = serve_block()
+
+    async def scenario(app: DashboardApp, pilot: Pilot[None]) -> None:
+        await until(pilot, lambda: loaded(app))
+        await pilot.press("4")
+        assert app.current_mode == "serving" and isinstance(app.screen, ServingScreen)
+        await until(pilot, lambda: len(rows(app, "#server-table")) == 3, what="server rows")
+        servers = rows(app, "#server-table")
+        busy = servers[peer_id(1)]
+        assert busy[1:8] == ["bard, tiny", "7/8", "2.25", "143.5", "63ms", "1210ms", "12ms"], busy
+        me = [r for r in servers.values() if "(me)" in r[0]]
+        assert len(me) == 1 and me[0][2:7] == ["3/8", "1.50", "96.0", "41ms", "820ms"] and me[0][7] == "local"
+        assert servers[peer_id(2)][3:7] == ["0.00", "0.0", "–", "–"]  # idle: no medians yet
+        assert rows(app, "#served-table")["bard"][3:6] == ["120", "7680", "2"]
+        assert rows(app, "#run-table")[RUN_ID][1:5] == ["summaries", "bard", "running", "12/24"]
+        text = screen_text(app)
+        assert "http://127.0.0.1:8000/v1" in text
+        assert FAILED_WHY[:20] in text  # the node's words as they are, markup and all
+        # The figures follow the node: a new poll with more load shows at once.
+        source.serve["servers"][2]["load"] = 4
+        await until(pilot, lambda: rows(app, "#server-table")[peer_id(2)][2] == "4/4", what="new load")
+
+    drive(make_app(source), scenario, size=(160, 48))
+
+
+def test_a_node_that_serves_nothing_says_how_to_start() -> None:
+    async def scenario(app: DashboardApp, pilot: Pilot[None]) -> None:
+        await until(pilot, lambda: loaded(app))
+        await pilot.press("4")
+        await until(pilot, lambda: "gpuflex serve" in screen_text(app), what="hint")
+        assert rows(app, "#server-table") == {}
+
+    drive(make_app(FakeSource()), scenario)
+
+
+def test_figures_of_the_wrong_type_show_as_dashes_not_errors() -> None:
+    block = serve_block()
+    block["servers"][0].update(rps="fast", tokens_per_s=True, load=None, models="bard")
+    block["runs"] = [{"run_id": 7}]
+    serving = Serving.from_status({"serve": block})
+    assert serving.servers[0].figures.rps is None and serving.servers[0].figures.tokens_per_s is None
+    assert serving.servers[0].load == 0 and serving.servers[0].models == ()
+    assert serving.runs[0].run_id == "?"
+    assert Serving.from_status({"serve": "nope"}).empty and Serving.from_status(None).empty
