@@ -2,8 +2,8 @@
 service's token, which is made once and kept in a file of mode 0600.
 
 The control API, the serving endpoint (``gpuflex.serve.http``) and the portal
-(``web.security``) each keep a token file of their own, with this one rule for making and
-reading it, and answer token-less only where they listen on loopback.
+(``gpuflex_web.security``) each keep a token file of their own, with this one rule for making
+and reading it, and answer token-less only where they listen on loopback.
 """
 
 from __future__ import annotations

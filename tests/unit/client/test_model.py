@@ -81,8 +81,8 @@ def test_reachability_is_the_rows_else_its_node_infos() -> None:
 
 
 def test_the_dashboard_and_the_portal_read_the_same_model() -> None:
+    import gpuflex_web.model
     import tui.model
-    import web.model
 
     for name in ("Peer", "Job", "LedgerRound", "Status", "Event"):
-        assert getattr(tui.model, name) is getattr(web.model, name) is getattr(model, name)
+        assert getattr(tui.model, name) is getattr(gpuflex_web.model, name) is getattr(model, name)

@@ -33,7 +33,7 @@ from urllib.parse import urlencode, urlsplit
 
 from gpuflex.localauth import is_loopback
 from gpuflex.localauth import load_or_create_token as load_token_file
-from web import WebError
+from gpuflex_web import WebError
 
 TOKEN_FILE = "web.token"
 COOKIE = "gpuflex_web"

@@ -15,12 +15,12 @@ from typing import Any
 
 from markupsafe import Markup
 
-from web.charts import bar_chart, line_chart
-from web.credit import compute_credit, top
-from web.hub import Snapshot
-from web.model import MEMBER_FIELDS, Job, LedgerRound, Peer, human_bytes
-from web.qr import qr_svg
-from web.serving import serving_view
+from gpuflex_web.charts import bar_chart, line_chart
+from gpuflex_web.credit import compute_credit, top
+from gpuflex_web.hub import Snapshot
+from gpuflex_web.model import MEMBER_FIELDS, Job, LedgerRound, Peer, human_bytes
+from gpuflex_web.qr import qr_svg
+from gpuflex_web.serving import serving_view
 
 Params = Mapping[str, str]
 
