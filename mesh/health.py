@@ -18,7 +18,16 @@ from typing import Any
 import trio
 
 from mesh.compat import StrEnum
-from mesh.peertable import DEFAULT_MAX_PEERS, Marks, heard_from, hint_quota, keep_rank, victim
+from mesh.peertable import (
+    DEFAULT_MAX_PEERS,
+    Marks,
+    heard_from,
+    hint_quota,
+    keep_rank,
+    stranger,
+    stranger_quota,
+    victim,
+)
 
 
 class PeerState(StrEnum):
@@ -66,6 +75,7 @@ class PeerRecord:
     ignored_until: float = 0.0
     faults: int = 0
     rounds_contributed: int = 0
+    reached: bool = False  # this node reached it itself (dialled, pinged, asked): not a stranger
     # Known by hearsay: its own signed record reached this node through another peer
     # (``PeerTable.vouch``), though this node may never have talked to it.
     vouched: bool = False
@@ -82,6 +92,7 @@ class PeerRecord:
             "addrs": list(self.addrs),
             "info": self.info,
             "rounds_contributed": self.rounds_contributed,
+            "reached": self.reached,
             "penalty": round(self.penalty, 2),
         }
 
@@ -142,18 +153,24 @@ class PeerTable:
             rec.addrs = sorted(set(addrs))
         return rec
 
-    def _admit(self, peer_id: str, heard: bool, displace: bool = True) -> PeerRecord:
-        """A new entry, in place of the one worth least (``peertable.victim``) when full."""
+    def _admit(self, peer_id: str, heard: bool, displace: bool = True, reached: bool = False) -> PeerRecord:
+        """A new entry, in place of the one worth least (``peertable.victim``) when full; a
+        hint past the hints' quota, or a stranger past the strangers', in place of one of its kind."""
         rec = self._marks.pop(peer_id) or PeerRecord(peer_id=peer_id, first_seen=self.clock())
-        hints = [] if heard else [r for r in self._peers.values() if not heard_from(r)]
-        if len(hints) >= hint_quota(self.config.max_peers):
+        heard, reached = heard or heard_from(rec), reached or rec.reached  # a mark remembers both
+        if not heard:
+            kind, quota = [r for r in self._peers.values() if not heard_from(r)], hint_quota(self.config.max_peers)
+        else:
+            kind = [] if reached else [r for r in self._peers.values() if stranger(r)]
+            quota = stranger_quota(self.config.max_peers)
+        if len(kind) >= quota:
             if not displace:
                 if rec.penalty > 0:
                     self._marks.put(rec)
                 return rec
-            self._evict(min(hints, key=keep_rank))
+            self._evict(min(kind, key=keep_rank))
         elif len(self._peers) >= self.config.max_peers:
-            out = victim(self._peers.values(), newcomer_heard=heard)
+            out = victim(self._peers.values(), newcomer_heard=heard, newcomer_reached=reached)
             if out is None:
                 if rec.penalty > 0:
                     self._marks.put(rec)
@@ -197,13 +214,31 @@ class PeerTable:
         return out
 
     def seen(self, peer_id: str, rtt_ms: float | None = None) -> None:
-        """``peer_id`` answered, or sent something over its own authenticated connection."""
-        rec = self._peers.get(peer_id) or self._admit(peer_id, heard=True)
+        """``peer_id`` sent something over its own authenticated connection: a stranger until
+        this node reaches it itself (``reached``); strangers hold a bounded share of the table."""
+        rec = self._peers.get(peer_id)
+        if rec is None:
+            rec = self._admit(peer_id, heard=True, reached=False)
+        elif not heard_from(rec) and not rec.reached and rec.rounds_contributed == 0:
+            # A hint that connects becomes a stranger: one of its kind makes room past the quota.
+            others = [r for r in self._peers.values() if stranger(r)]
+            if len(others) >= stranger_quota(self.config.max_peers):
+                self._evict(min(others, key=keep_rank))
+        self._saw(rec, rtt_ms)
+
+    def reached(self, peer_id: str, rtt_ms: float | None = None) -> None:
+        """This node reached ``peer_id`` itself: it dialled it, or the peer answered this node's
+        ping or request."""
+        rec = self._peers.get(peer_id) or self._admit(peer_id, heard=True, reached=True)
+        rec.reached = True
+        self._saw(rec, rtt_ms)
+
+    def _saw(self, rec: PeerRecord, rtt_ms: float | None) -> None:
         rec.last_seen = self.clock()
         if rtt_ms is not None:
             rec.rtt_ms = rtt_ms if rec.rtt_ms is None else 0.7 * rec.rtt_ms + 0.3 * rtt_ms
             for rtt_listener in self._rtt_listeners:
-                rtt_listener(peer_id, rtt_ms)
+                rtt_listener(rec.peer_id, rtt_ms)
         self._set_state(rec, UP)
 
     def vouch(self, peer_id: str) -> None:

@@ -315,7 +315,7 @@ class Liveness:
                 self._streams[peer] = (stream, t0)
                 await stream.write(payload)
                 if await read_exactly(stream, 32) == payload:
-                    self.node.peers.seen(peer, (trio.current_time() - t0) * 1000)
+                    self.node.peers.reached(peer, (trio.current_time() - t0) * 1000)
                     self.suspects.pop(peer, None)
                     return True
             except Exception as exc:  # a dead peer's stream fails in any of py-libp2p's roots
@@ -340,7 +340,7 @@ class Liveness:
         try:
             if await self.node.redial(peer):
                 self.backoff.ok(peer)
-                self.node.peers.seen(peer)
+                self.node.peers.reached(peer)
             else:
                 self.backoff.failed(peer)
         finally:

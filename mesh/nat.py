@@ -178,7 +178,7 @@ class NatService:
             await self.node.host.connect(PeerInfo(pid, [Multiaddr(a) for a in addrs]))
         await self.node.dht.add_peer(pid)
         self.node.peers.add(peer, addrs)
-        self.node.peers.seen(peer)
+        self.node.peers.reached(peer)
 
     async def _check_loop(self) -> None:
         """Dial-back checks often while the verdict is unknown and rarely after; but a private

@@ -457,7 +457,7 @@ class MeshNode:
             from libp2p.peer.id import ID
 
             await dial(peer, addr)
-            self.peers.seen(peer)
+            self.peers.reached(peer)
             with trio.move_on_after(5), suppress(Exception):
                 await self.dht.add_peer(ID.from_base58(peer))
 
@@ -537,7 +537,7 @@ class MeshNode:
         try:
             while True:
                 for rec in [r for p in self.keep_set() if (r := self.peers.get(p)) is not None]:
-                    if rec.state == UP:
+                    if rec.state == UP and rec.reached:  # a stranger's word is a hint, not a verified peer
                         claimed = rec.info.get("addrs") if isinstance(rec.info, dict) else None
                         self.book.seen(rec.peer_id, claimed if isinstance(claimed, list) else [])
                     if rec.addrs:
@@ -626,7 +626,7 @@ class MeshNode:
         if not isinstance(reply, dict) or not reply.get("ok"):
             err = reply.get("error", "refused") if isinstance(reply, dict) else "garbled reply"
             raise SendError(f"peer {peer[-8:]} refused the message: {err}")
-        self.peers.seen(peer)
+        self.peers.reached(peer)
         return reply.get("reply")
 
     async def send_direct(self, frame: bytes, peers: list[str]) -> int:
@@ -653,7 +653,7 @@ class MeshNode:
         self.bytes_sent += len(frame)
         try:
             yield read_items(stream, peer, item_timeout)
-            self.peers.seen(peer)
+            self.peers.reached(peer)
         finally:
             with trio.CancelScope(shield=True):
                 await reset(stream)
@@ -718,7 +718,7 @@ class MeshNode:
                 self.bytes_received += path.stat().st_size
                 if via_bulk:
                     self.bulk_bytes_received += path.stat().st_size
-                self.peers.seen(peer)
+                self.peers.reached(peer)
                 return path
             except BlobIntegrityError as exc:
                 self.inbound.reject(peer, WireError("hash", str(exc)), "blob")

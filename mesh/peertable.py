@@ -12,11 +12,16 @@ probes, lookups or rows. A mark becomes an entry, penalty and all, when the peer
 
 The table holds at most ``max_peers`` entries (``DEFAULT_MAX_PEERS``), of which at most a
 half (``hint_quota``) are hints: a new hint past that quota replaces the oldest hint, so
-hints passed on by others never crowd out peers this node has heard from. When a new one comes,
-the entry worth least goes (``keep_rank``): one never heard from (a hint) before one that was,
-a down one before a suspect one before an up one, then the one silent longest. A hint never
-displaces a peer that is up and was heard from: while the table is full of those, the hint is
-dropped. Listeners (``PeerTable.on_evict``) drop what other layers keep per peer.
+hints passed on by others never crowd out peers this node has heard from. Likewise at most a
+quarter (``stranger_quota``) are strangers: keys that connected to this node but that it never
+reached itself (``PeerTable.reached``: it dialled them, they answered its ping or its request).
+A connection costs a key nothing, so a new stranger past that quota replaces the stranger worth
+least, and never a peer this node reached. When a new one comes, the entry worth least goes
+(``keep_rank``): one never heard from (a hint) before one that was, a stranger before a peer
+this node reached, a down one before a suspect one before an up one, then the one silent
+longest. Neither a hint nor a stranger displaces a reached peer that is up: while the table is
+full of those, the newcomer is dropped. Listeners (``PeerTable.on_evict``) drop what other
+layers keep per peer.
 
 Pure bookkeeping: no I/O, no trio.
 """
@@ -33,6 +38,8 @@ DEFAULT_MAX_PEERS = 4096
 MAX_MARKS = 4096
 #: At most one entry in this many is a hint (never heard from); the oldest hint makes room.
 HINT_SHARE = 2
+#: At most one entry in this many is a stranger (connected, never reached); the worst makes room.
+STRANGER_SHARE = 4
 _STATE_RANK = {"down": 0, "suspect": 1, "up": 2}
 
 
@@ -43,6 +50,7 @@ class Ranked(Protocol):
     first_seen: float
     last_seen: float | None
     rounds_contributed: int
+    reached: bool
 
     @property
     def state(self) -> str: ...
@@ -53,9 +61,14 @@ def heard_from(rec: Ranked) -> bool:
     return rec.last_seen is not None
 
 
-def keep_rank(rec: Ranked) -> tuple[bool, int, bool, float]:
+def stranger(rec: Ranked) -> bool:
+    """Heard from (it connected), but never reached by this node itself, nor a contributor."""
+    return heard_from(rec) and not rec.reached and rec.rounds_contributed == 0
+
+
+def keep_rank(rec: Ranked) -> tuple[bool, bool, int, bool, float]:
     """Sort key: the entry with the smallest is evicted first."""
-    return (heard_from(rec), _STATE_RANK.get(str(rec.state), 0), rec.rounds_contributed > 0,
+    return (heard_from(rec), not stranger(rec), _STATE_RANK.get(str(rec.state), 0), rec.rounds_contributed > 0,
             rec.last_seen if rec.last_seen is not None else rec.first_seen)
 
 
@@ -68,13 +81,20 @@ def hint_quota(max_peers: int) -> int:
     return max(8, max_peers // HINT_SHARE)
 
 
-def victim(records: Iterable[R], *, newcomer_heard: bool) -> R | None:
-    """The entry to evict for a newcomer, or None when the newcomer (a hint, never heard from)
-    is worth less than every entry: a full table of live peers is not displaced by hints."""
+def stranger_quota(max_peers: int) -> int:
+    """Strangers (connected, never reached) a table of ``max_peers`` holds at once."""
+    return max(8, max_peers // STRANGER_SHARE)
+
+
+def victim(records: Iterable[R], *, newcomer_heard: bool, newcomer_reached: bool = True) -> R | None:
+    """The entry to evict for a newcomer, or None when the newcomer is worth less than every
+    entry: a full table of live peers is not displaced by hints, nor one of live peers this
+    node reached by strangers."""
     worst = min(records, key=keep_rank, default=None)
     if worst is None:
         return None
-    if not newcomer_heard and heard_from(worst) and str(worst.state) == "up":
+    if str(worst.state) == "up" and ((not newcomer_heard and heard_from(worst))
+                                     or (not newcomer_reached and heard_from(worst) and not stranger(worst))):
         return None
     return worst
 

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING
 from gpuflex.errors import GpuflexError
 from gpuflex.node.messages import MAX_SAMPLES, Result, Update, walk_contributions
 from gpuflex.node.ranking import coordinator_ranking
+from gpuflex.node.workfields import nonce_fields
 from mesh.codec import WireError
 
 if TYPE_CHECKING:
@@ -182,6 +183,10 @@ def verify_round(res: Result, history: Sequence[Result], rules: ChainRules) -> l
     rows = {c.get("peer"): c for c in res.contributors}
     if any("steps" in rows[u.peer] and rows[u.peer]["steps"] != u.steps for u in counted):
         raise fail("a contributor's step count differs from its signed update's")
+    # Secure aggregation: a row's nonce and commitment are its signed update's (they draw groups).
+    if any({k: rows[u.peer][k] for k in ("nonce", "commit") if k in rows[u.peer]} != nonce_fields(u.env.body)
+           for u in counted):
+        raise fail("a contributor's nonce or commitment differs from its signed update's")
     if plan.budget_s > 0 and any(u.steps > plan.steps.get(u.peer, u.steps) for u in counted):
         raise fail("an update claims more local steps than its plan allowed")
     if len(counted) < rules.min_nodes:

@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Collection, Mapping, Sequence
+from typing import Any
 
 from aggregation.tree import ParentMap, build_tree, cut_groups
+from gpuflex.node.workfields import HEX_DIGITS
 from mesh.netprefix import network_prefix
 from mesh.vivaldi import Coordinate
 
@@ -138,18 +140,61 @@ def cap_per_prefix(members: Sequence[str], ip_of: Callable[[str], str | None], l
 # -- secure aggregation: groups from public randomness ------------------------------------------
 
 
-def group_seed(job: str, round_: int, prev_result: str) -> bytes:
+def secagg_nonce(sign: Callable[[bytes], bytes], job: str, round_: int) -> str:
+    """This member's secret share of the draw of ``round_ + 1``'s groups: the hash of its own
+    signature over the job and the round. Nobody else can compute it before the member reveals
+    it, and the member gets the same one after a restart (Ed25519 signs deterministically), so
+    it keeps no state. Its update of round ``round_ - 1`` commits to it (``nonce_commitment``)."""
+    return hashlib.blake2b(sign(f"gpuflex/secagg-nonce|{job}|{round_}".encode()), digest_size=32).hexdigest()
+
+
+def nonce_commitment(nonce: str) -> str:
+    return hashlib.blake2b(b"gpuflex/secagg-commit|" + bytes.fromhex(nonce), digest_size=32).hexdigest()
+
+
+def revealed_nonces(last: Sequence[Mapping[str, Any]], before: Sequence[Mapping[str, Any]]) -> dict[str, str]:
+    """Peer -> nonce, for each contributor of the last result (``last``: its contributor rows,
+    checked against the signed updates) whose nonce matches the commitment its update made in
+    the result before (``before``). A nonce with no such commitment counts for nothing: its
+    owner could have chosen it after seeing the others'."""
+    commits = {row.get("peer"): row.get("commit") for row in before if isinstance(row, Mapping)}
+    out: dict[str, str] = {}
+    for row in last:
+        peer, nonce = (row.get("peer"), row.get("nonce")) if isinstance(row, Mapping) else (None, None)
+        if isinstance(peer, str) and isinstance(nonce, str) and len(nonce) == 64 and not nonce.strip(HEX_DIGITS) \
+                and commits.get(peer) == nonce_commitment(nonce):
+            out[peer] = nonce
+    return out
+
+
+def group_seed(job: str, round_: int, reveals: Mapping[str, str] | None = None) -> bytes:
     """The public randomness a masked round's groups come from: the job, the round and the
-    previous result's digest, all fixed before the round's plan is made."""
-    return hashlib.blake2b(f"gpuflex/secagg-groups|{job}|{round_}|{prev_result}".encode(), digest_size=32).digest()
+    nonces revealed in the previous round (``revealed_nonces``), nothing a coordinator or a
+    root can choose beyond which contributions a result includes."""
+    drawn = ",".join(f"{peer}={nonce}" for peer, nonce in sorted((reveals or {}).items()))
+    return hashlib.blake2b(f"gpuflex/secagg-groups|{job}|{round_}|{drawn}".encode(), digest_size=32).digest()
+
+
+def group_draw(job: str, round_: int, last: Sequence[Mapping[str, Any]],
+               before: Sequence[Mapping[str, Any]]) -> tuple[bytes, frozenset[str] | None]:
+    """The seed of ``round_``'s groups and the members it places by seed (the established:
+    they revealed a nonce committed a round earlier, so their keys were fixed before anyone
+    knew the seed). None: nobody has yet (the job's first two rounds), everyone is placed."""
+    reveals = revealed_nonces(last, before)
+    return group_seed(job, round_, reveals), (frozenset(reveals) if reveals else None)
 
 
 def masked_tree(root: str, members: Sequence[str], private: Collection[str], group_size: int,
-                min_group: int, seed: bytes) -> ParentMap:
+                min_group: int, seed: bytes, established: Collection[str] | None = None) -> ParentMap:
     """The one group tree a masked round may use: who is grouped with whom comes from the
     members and the seed alone, never from what the coordinator says of them; groups are cut
     no smaller than a leader plus ``min_group`` masking members whenever the round has that many
     members at all.
+
+    Only the ``established`` members (None: all) are ordered by the seed and cut into groups.
+    The others, keys with no committed nonce, join the root's group: a party that learns the
+    seed cannot make fresh keys that land beside a member it targets, and adding keys to the
+    root's group takes no honest member out of it.
 
     ``private`` (the plan's list of members behind NAT, the coordinator's word) only chooses
     who leads inside a group already fixed: its first reachable member in the seed's order, or
@@ -157,17 +202,26 @@ def masked_tree(root: str, members: Sequence[str], private: Collection[str], gro
     groups through that list, as ``order_for_tree`` would (it moves private members between
     groups to put reachable leaders at their head), would let a coordinator put a member in a
     group of its own Sybils."""
-    others = sorted((p for p in set(members) if p != root),
-                    key=lambda p: hashlib.blake2b(seed + p.encode(), digest_size=16).digest())
-    n = len(others) + 1
+    def rank(peer: str) -> bytes:
+        return hashlib.blake2b(seed + peer.encode(), digest_size=16).digest()
+
+    others = [p for p in set(members) if p != root]
+    placed = sorted((p for p in others if established is None or p in established), key=rank)
+    joining = sorted((p for p in others if established is not None and p not in established), key=rank)
+    n = len(placed) + 1
     size = max(2, group_size)
     count = -(-n // size)
     if count > 1 and n // count < min_group + 1:  # the smallest group would mask too few
         count = max(1, n // (min_group + 1))
         size = -(-n // count)
-    ordered: list[str] = []
-    for group in cut_groups([root, *others], size):  # the bottom groups build_tree makes
+    groups = cut_groups([root, *placed], size)  # the bottom groups build_tree would make
+    groups[0] += joining
+    parents: ParentMap = {}
+    leaders = []
+    for group in groups:
         lead = 0 if root in group else next((i for i, p in enumerate(group) if p not in private), 0)
-        ordered += [group[lead], *group[:lead], *group[lead + 1:]]
-    return build_tree(ordered, size, root)
-
+        leaders.append(group[lead])
+        for p in [group[lead], *group[:lead], *group[lead + 1:]]:
+            parents[p] = None if p == group[lead] else group[lead]
+    upper = build_tree(leaders, size, root)  # leaders are grouped again, as build_tree does
+    return {p: upper.get(p, parent) for p, parent in parents.items()}

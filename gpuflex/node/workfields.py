@@ -21,6 +21,7 @@ MAX_BUDGET_S = 86_400.0
 MAX_UPDATE_BYTES = 1e13
 #: A member's device description in its update is cut to this many characters.
 DEVICE_CHARS = 64
+HEX_DIGITS = "0123456789abcdef"
 #: The per-member work figures a result's contributor rows carry, each with the bound a
 #: reader holds it to.
 WORK_BOUNDS: dict[str, float] = {"steps": MAX_PLANNED_STEPS, "compute_s": 1e6, "samples_per_s": 1e9,
@@ -61,6 +62,21 @@ def update_device(body: Mapping[str, Any]) -> str:
     """What an update says it trained on, cut to ``DEVICE_CHARS`` (for people only)."""
     device = body.get("device")
     return device[:DEVICE_CHARS] if isinstance(device, str) else ""
+
+
+def update_nonces(body: Mapping[str, Any]) -> tuple[str, str]:
+    """The secure-aggregation nonce an update reveals and the commitment it makes to its next
+    one (``gpuflex.node.placement.group_draw``): 32 bytes as lowercase hex each, else ""."""
+    def hex32(value: object) -> str:
+        return value if isinstance(value, str) and len(value) == 64 and not value.strip(HEX_DIGITS) else ""
+
+    return hex32(body.get("nonce")), hex32(body.get("commit"))
+
+
+def nonce_fields(body: Mapping[str, Any]) -> dict[str, str]:
+    """An update's nonce and commitment as its result's contributor row records them."""
+    nonce, commit = update_nonces(body)
+    return {**({"nonce": nonce} if nonce else {}), **({"commit": commit} if commit else {})}
 
 
 def contributor_work(row: Mapping[str, Any]) -> dict[str, Any]:

@@ -4,6 +4,9 @@ local steps, and the rounds last as long as the budget, not as long as the slow 
 
 from __future__ import annotations
 
+import os
+import re
+import signal
 from collections.abc import Iterator
 
 import pytest
@@ -67,23 +70,91 @@ def test_a_throttled_member_counts_every_round_without_holding_it_back(tenth_of_
     assert {w["peer"] for w in status["work"]} == set(work) and status["compute_budget_s"] == BUDGET_S
 
 
+class Stalls:
+    """SIGSTOP and SIGCONT of node processes: a starved machine that does not run for a while.
+    Every node stopped here is continued on exit, so the mesh can be torn down."""
+
+    def __init__(self, mesh) -> None:
+        self.mesh, self.stopped = mesh, set()
+
+    def stop(self, *nodes: int) -> None:
+        for i in nodes:
+            os.kill(self.mesh.procs[i].pid, signal.SIGSTOP)
+            self.stopped.add(i)
+
+    def cont(self, *nodes: int) -> None:
+        for i in nodes:
+            os.kill(self.mesh.procs[i].pid, signal.SIGCONT)
+            self.stopped.discard(i)
+
+    def __enter__(self) -> Stalls:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.cont(*sorted(self.stopped))
+
+
+def own_turns(mesh, i: int, round_: int) -> list[int]:
+    """The attempts of ``round_`` that node ``i`` began to plan as its own turn, by its log."""
+    text = mesh.log_path(i).read_text(errors="replace")
+    return [int(a) for a in re.findall(rf"round {round_}: attempt (\d+) is this node's turn", text)]
+
+
+def passes_round(mesh, i: int, round_: int) -> bool:
+    """Whether node ``i`` gave up its coordinator turns of ``round_``, by its log."""
+    return f"gives up its coordinator turns in round {round_}" in mesh.log_path(i).read_text(errors="replace")
+
+
 def test_four_nodes_one_throttled_commit_every_round_and_no_job_fails(tenth_of_a_core, mesh_factory) -> None:
-    """min_nodes = 4: every round needs the throttled member too. While it prepares, it gives
-    its turns away and its peers may see it, or each other, differently for a moment; those
-    disagreements about whose turn it is settle within an attempt and fail no job."""
-    mesh = mesh_factory(4)
+    """min_nodes = 4: every round needs the throttled member too. A starved machine answers late,
+    so its peers see it, and each other, differently for a while, and disagree about whose turn
+    it is; those disagreements settle within an attempt and fail no job.
+
+    The disagreement is made to happen, not waited for: the throttled node misses the job's
+    start (stopped), so each fast node waits on a turn of its own in round 1 for its
+    throughput. The one with the earliest turn hears it first, while the others are stopped in
+    turn, and plans; the others take that plan up before the throttled node's throughput
+    reaches them, and their own turns, for later attempts, must give way to it."""
+    # Failure detection slow enough that nobody is declared down by a stall: the turns are
+    # passed by plan timeouts, as on a mesh whose peers are slow rather than gone.
+    mesh = mesh_factory(4, extra_args=["--suspect-after", "30", "--down-after", "60"])
     mesh.start(timeout=180)
     mesh.wait_connected(90)
     tenth_of_a_core.add(mesh.procs[3].pid)
-    slow = mesh.call(3, "status")["peer_id"]
+    ids = [mesh.call(i, "status")["peer_id"] for i in range(4)]
+    slow = ids[3]
     rounds = 3
-    job = mesh.submit(light_spec(rounds=rounds, min_nodes=4, compute_budget_s=BUDGET_S, group_size=2))
-    # wait_job raises at once if the job failed on any node ("job failed: <its error>").
-    mesh.wait_job(job, [0, 1, 2, 3], timeout=360)
+    fast = (0, 1, 2)
+    with Stalls(mesh) as stalls:
+        stalls.stop(3)
+        job = mesh.submit(light_spec(rounds=rounds, min_nodes=4, compute_budget_s=BUDGET_S, group_size=2,
+                                     plan_timeout_s=1.0))
+        # Each fast node waits on a turn of its own, unless it gave up its turns of round 1 (it
+        # was still preparing when a peer was ready).
+        mesh.wait_until(lambda: all(own_turns(mesh, i, 1) or passes_round(mesh, i, 1) for i in fast), 120,
+                        what="every fast node waiting on a turn of its own in round 1, or passing")
+        turns = {i: min(own_turns(mesh, i, 1)) for i in fast if own_turns(mesh, i, 1)}
+        first = min(turns, key=turns.__getitem__)  # the earliest attempt: its plan is the one in force
+        later = [i for i in turns if i != first]
+        assert later, f"only node {first} took a turn of round 1: no disagreement to settle"
+        stalls.stop(*later)
+        stalls.cont(3)
+        mesh.wait_until(lambda: mesh.job(first, job)["coordinator"] == ids[first], 120,
+                        what="the earliest turn's plan, once the throttled node's throughput reached it")
+        stalls.stop(3)
+        stalls.cont(*later)
+        mesh.wait_until(lambda: all(mesh.job(i, job)["coordinator"] == ids[first] for i in later), 60,
+                        what="the later turns' nodes back in the earliest attempt")
+        stalls.cont(3)
+        # wait_job raises at once if the job failed on any node ("job failed: <its error>").
+        mesh.wait_job(job, [0, 1, 2, 3], timeout=300)
 
     ledgers = [[row["result_hash"] for row in mesh.call(i, "ledger", {"job": job})] for i in range(4)]
     assert len(ledgers[0]) == rounds and all(ledger == ledgers[0] for ledger in ledgers), "one ledger"
-    for row in mesh.call(0, "ledger", {"job": job}):
+    rows = mesh.call(0, "ledger", {"job": job})
+    assert rows[0]["coordinator"] == ids[first] and rows[0]["attempt"] == turns[first], rows[0]
+    for row in rows:
         assert slow in {c["peer"] for c in row["contributors"]} and len(row["contributors"]) == 4, row
     assert all(mesh.job(i, job)["error"] == "" for i in range(4))
-    assert tenth_of_a_core.throttled() > 0
+    # Held to its quota throughout (stopped for part of the job, it may not have needed more).
+    assert str(mesh.procs[3].pid) in (tenth_of_a_core.path / "cgroup.procs").read_text().split()

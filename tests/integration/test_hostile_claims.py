@@ -34,10 +34,13 @@ from mesh.blob import BLOB_PROTOCOL
 from mesh.codec import open_envelope, seal
 from mesh.dialer import join_candidates
 from mesh.framing import read_obj, write_frame, write_obj
+from mesh.health import HealthConfig
+from mesh.host import build_host
 from mesh.identity import Identity
+from mesh.liveness import DOWN_PER_PERIOD, FIRST_CONTACTS_PER_PERIOD, PING_PROTOCOL
 from mesh.messaging import GOSSIP_PROTOCOL, Inbound
 from mesh.node import MeshConfig, MeshNode
-from mesh.peertable import hint_quota
+from mesh.peertable import hint_quota, stranger_quota
 from mesh.pex import PEERS_REQUEST
 from tests.integration.conftest import light_spec, load_factor
 from tests.integration.test_hostile_resources import assert_one_ledger, rss_mib
@@ -302,6 +305,99 @@ async def test_passed_on_peers_never_push_verified_ones_out_of_the_address_book(
     assert all(e.verified for e in book.best()[: book.best().index(entry) + 1])
     await trio.to_thread.run_sync(lambda: mesh.wait_until(lambda: me in scene.peers(1), 60 * load_factor(),
                                                           what="node 1 back in the mesh"))
+
+
+#: Fresh keys that each make a live connection of their own to node 0, eight at a time: more
+#: than twice what strangers may hold of its table.
+CONNECTORS, AT_ONCE = 2 * stranger_quota(MAX_PEERS) + 8, 8
+
+
+async def test_fresh_keys_that_connect_hold_a_bounded_share_of_the_table_and_push_no_reached_peer_out(
+        scene: Scene) -> None:
+    """Each key a host of its own, connected to node 0 over Noise and sending it a message: a
+    stranger (connected, never reached by node 0) gets an entry only within the strangers'
+    share of the table, the stranger worth least goes first, and the peers node 0 reached
+    itself stay. Node 0's work on them is bounded per probe period, whatever their number."""
+    from libp2p.peer.id import ID
+    from libp2p.peer.peerinfo import info_from_p2p_addr
+    from multiaddr import Multiaddr
+
+    since, target = scene.rounds(), scene.ids[0]
+    keys = [Identity.generate() for _ in range(CONNECTORS)]
+    fresh = {k.peer_id for k in keys}
+
+    def reached_node_1() -> bool:  # node 1 may have just restarted: node 0 probes it again first
+        row = scene.peers(0).get(scene.ids[1], {})
+        return row.get("state") == "up" and row.get("reached", True)
+
+    await trio.to_thread.run_sync(wait, scene, reached_node_1, 60, "node 0 reaching node 1")
+    pings: list[str] = []
+    connected: list[str] = []
+    tried: list[str] = []
+    hold, gate = trio.Event(), trio.Semaphore(AT_ONCE)
+
+    async def connect_as(key: Identity) -> None:
+        host = build_host(key, ["/ip4/127.0.0.1/tcp/0"])
+
+        async def ping(stream: Any) -> None:  # counted, never answered
+            pings.append(key.peer_id)
+            with contextlib.suppress(Exception):
+                await stream.close()
+
+        with contextlib.suppress(Exception):
+            async with host.run([Multiaddr("/ip4/127.0.0.1/tcp/0")]):
+                host.set_stream_handler(PING_PROTOCOL, ping)
+                try:
+                    async with gate:
+                        with trio.fail_after(30 * load_factor()):
+                            await host.connect(info_from_p2p_addr(Multiaddr(str(scene.mesh.bootstrap))))
+                            stream = await host.new_stream(ID.from_base58(target), [GOSSIP_PROTOCOL])
+                            await write_frame(stream, seal(key, PRESENCE, {"jobs": {}}))
+                            await stream.close()
+                        connected.append(key.peer_id)
+                finally:
+                    tried.append(key.peer_id)
+                await hold.wait()
+
+    def held_by_fresh_keys() -> tuple[int, int, int]:
+        """Node 0's entries of the fresh keys: strangers (heard from, never reached), hints (the
+        connections it lists as peers to look up; never heard from), and those it reached
+        itself since (its probes redial a silent peer)."""
+        rows = [r for p, r in scene.peers(0).items() if p in fresh]
+        return (sum(r["last_seen"] is not None and not r.get("reached") for r in rows),
+                sum(r["last_seen"] is None for r in rows), sum(bool(r.get("reached")) for r in rows))
+
+    started = trio.current_time()
+    async with trio.open_nursery() as nursery:
+        for key in keys:
+            nursery.start_soon(connect_as, key)
+        await trio.to_thread.run_sync(wait, scene, lambda: len(tried) == CONNECTORS, 120,
+                                      "every fresh key trying to connect to node 0")
+        await trio.to_thread.run_sync(wait, scene, lambda: sum(held_by_fresh_keys()) >= stranger_quota(MAX_PEERS),
+                                      30, "node 0 taking the fresh keys in")
+        held = []
+        for _ in range(8):  # what node 0 holds while they stay connected
+            held.append(await trio.to_thread.run_sync(held_by_fresh_keys))
+            await trio.sleep(0.5)
+        rows = scene.peers(0)
+        elapsed = trio.current_time() - started
+        hold.set()
+    periods = elapsed / HealthConfig().ping_interval_s + 2
+    print(f"node 0: {len(rows)} entries; (strangers, hints, reached) of the {len(connected)} fresh keys: "
+          f"{held}; {len(pings)} pings to them in {elapsed:.0f}s")
+    # More fresh keys connected than strangers may hold (on a loaded machine a few time out).
+    assert len(connected) >= stranger_quota(MAX_PEERS) + 8, f"only {len(connected)} fresh keys connected"
+    assert max(s for s, _, _ in held) <= stranger_quota(MAX_PEERS), f"strangers held {held}"
+    # Evicted strangers still connected are listed as hints, within the hints' quota; a fresh
+    # key is reached only by one of node 0's own probes, a bounded number per period.
+    probed = (FIRST_CONTACTS_PER_PERIOD + DOWN_PER_PERIOD) * periods
+    assert max(s + h for s, h, _ in held) <= stranger_quota(MAX_PEERS) + hint_quota(MAX_PEERS), held
+    assert max(r for _, _, r in held) <= probed, held
+    assert len(rows) <= MAX_PEERS
+    assert rows[scene.ids[1]]["state"] == "up" and rows[scene.ids[1]].get("reached"), rows[scene.ids[1]]
+    assert len(pings) <= probed, len(pings)
+    scene.keeps_training(since)
+
 
 
 # -- 2. announced blob sizes --------------------------------------------------------------------------

@@ -277,7 +277,7 @@ def test_a_coordinator_cannot_choose_secure_aggregation_groups_nor_mask_a_group_
     # Plan B: the groups public randomness gives, but only the victim and one Sybil mask.
     from gpuflex.node.placement import group_seed, masked_tree
 
-    fair = masked_tree(h.peer_id, members, [], 4, 3, group_seed(job, 1, ""))
+    fair = masked_tree(h.peer_id, members, [], 4, 3, group_seed(job, 1))
     # The victim has moved past attempt 0 by now (nobody planned it): one plan for each of the
     # next attempts the hostile peer owns; the victim holds those ahead until it reaches one.
     for attempt in [a for a in range(48) if coordinator_ranking(job, 1, members, [], a)[0] == h.peer_id]:

@@ -19,8 +19,9 @@ import pytest
 
 from aggregation.tree import build_tree
 from gpuflex.localmesh import LocalMesh
-from gpuflex.node.messages import JOB, make_plan
-from gpuflex.node.placement import group_seed, masked_tree, order_for_tree
+from gpuflex.node.ledger import Ledger
+from gpuflex.node.messages import JOB, RESULT, make_plan, parse_result
+from gpuflex.node.placement import group_draw, group_seed, masked_tree, order_for_tree
 from gpuflex.node.ranking import coordinator_ranking
 from gpuflex.node.secure import mask_group
 from mesh.codec import open_envelope, seal
@@ -95,7 +96,7 @@ def test_a_coordinator_cannot_steer_masked_groups_through_the_private_list(world
         job = open_envelope(frame).digest[:16]
         if coordinator_ranking(job, 1, members)[0] != h.peer_id:
             continue
-        found = find_steering(h.peer_id, members, victim, ours, group_seed(job, 1, ""))
+        found = find_steering(h.peer_id, members, victim, ours, group_seed(job, 1))
         if found is not None:
             break
     assert found is not None, "no job id let the coordinator steer the victim's group"
@@ -115,6 +116,36 @@ def test_a_coordinator_cannot_steer_masked_groups_through_the_private_list(world
                     60 * load_factor(), what="the victim refusing the steered plan")
     time.sleep(2.0)
     assert not [u for u in h.updates if u.sender == victim], "the victim sent its update into the steered group"
+
+
+def test_masked_groups_are_drawn_from_nonces_each_member_committed_a_round_before(world) -> None:
+    """A masked job of the three honest nodes: every update reveals a nonce and commits to the
+    next one, and from round 3 on every plan's groups (and the members' order in them) are the
+    ones those nonces give; the previous result's digest, which its root could re-sign at will
+    to try seed after seed, is no input. A root can only leave contributions out."""
+    mesh, _, ids, _ = world
+    honest = sorted(ids.values())
+    rounds = 4
+    job = mesh.submit(digits_spec(rounds=rounds, min_nodes=3, secure_aggregation=True, group_size=2,
+                                  secagg_min_group=2, allowlist=honest, **{**TIMING, "train_timeout_s": 20.0}))
+    mesh.wait_job(job, [0, 1, 2], timeout=240 * load_factor())
+    ledger = Ledger(mesh.home(0) / "jobs" / job / "ledger.msgpack", job)
+    ledger.load()
+    results = [parse_result(open_envelope(frame, expect_kind=RESULT)) for frame in ledger.frames]
+    assert len(results) == rounds
+    for res in results:
+        rows = {row["peer"]: row for row in res.contributors}
+        assert sorted(rows) == honest, res.round
+        assert all(len(row.get("nonce", "")) == 64 and len(row.get("commit", "")) == 64 for row in rows.values())
+    for r in range(3, rounds + 1):
+        plan = results[r - 1].plan
+        seed, placed = group_draw(job, r, results[r - 2].contributors, results[r - 3].contributors)
+        assert placed == frozenset(honest), f"round {r}: every member's nonce matched its commitment"
+        fair = masked_tree(plan.coordinator, plan.members, plan.private, 2, 2, seed, placed)
+        assert list(plan.parent.items()) == list(fair.items()), f"round {r}: groups not drawn from the nonces"
+        # The draw stays put whatever the previous root signs: another digest, the same draw.
+        assert group_draw(job, r, [dict(row, metrics={"x": 1}) for row in results[r - 2].contributors],
+                          results[r - 3].contributors) == (seed, placed)
 
 
 def test_the_honest_job_kept_one_ledger(world) -> None:

@@ -25,7 +25,7 @@ from aggregation.tree import build_tree, depth
 from gpuflex.node.evidence import cap_from
 from gpuflex.node.kinds import EventKind, Phase
 from gpuflex.node.messages import Plan, make_plan, parse_plan
-from gpuflex.node.placement import cap_per_prefix, group_seed, masked_tree, order_for_tree
+from gpuflex.node.placement import cap_per_prefix, group_draw, masked_tree, order_for_tree
 from gpuflex.node.port import JobPort
 from gpuflex.node.state import JobBook, RoundDeadlines, RoundState
 from gpuflex.node.workplan import keep_earlier, plan_steps, recorded_rates, slow_members, valid_rate
@@ -201,6 +201,7 @@ class Coordinator:
             return len(live) >= need and kept >= needed
 
         book.status.set_phase(Phase.PLAN)
+        log.info("round %d: attempt %d is this node's turn to plan (%d members needed)", rs.round, rs.attempt, need)
         await book.changed.wait_for(lambda: enough(members()) or gave_way(), until)
         if gave_way():
             return None
@@ -246,11 +247,18 @@ class Coordinator:
             return None
         return rs.plan
 
+    def _draw(self, round_: int) -> tuple[bytes, frozenset[str] | None]:
+        """The seed of a masked round's groups, from the nonces the last result reveals, and
+        the members it places (``placement.group_draw``); the ledger is the plan's."""
+        results = self.book.ledger.results
+        return group_draw(self.book.job_id, round_, results[-1].contributors if results else [],
+                          results[-2].contributors if len(results) > 1 else [])
+
     def _tree(self, live: list[str], private: list[str]) -> dict[str, str | None]:
         book, spec = self.book, self.book.spec
         if spec.secure_aggregation:
-            seed = group_seed(book.job_id, book.current.round, book.ledger.head)
-            return masked_tree(book.me, live, private, spec.group_size, spec.secagg_min_group, seed)
+            seed, placed = self._draw(book.current.round)
+            return masked_tree(book.me, live, private, spec.group_size, spec.secagg_min_group, seed, placed)
         slow = slow_members({p: book.rates.get(p) for p in live}) if spec.uses_budget else set()
         ordered, group_size = order_for_tree(book.me, live, private, spec.group_size, slow,
                                              punched=self.port.punched_peers(), coords=self.port.coordinates())
@@ -291,9 +299,9 @@ class Coordinator:
             raise WireError("round", f"plan's compute budget ({plan.budget_s:g}s) or step counts are not "
                                      f"the job's ({budget:g}s, local_steps={spec.local_steps})")
         if spec.secure_aggregation:
-            seed = group_seed(book.job_id, plan.round, plan.prev_result)
+            seed, placed = self._draw(plan.round)
             fair = masked_tree(plan.coordinator, plan.members, plan.private, spec.group_size,
-                               spec.secagg_min_group, seed)
+                               spec.secagg_min_group, seed, placed)
             if dict(plan.parent) != fair:
                 raise WireError("round", f"plan from {plan.coordinator[-8:]} chose its own secure-aggregation "
                                          "groups instead of those public randomness gives")

@@ -21,6 +21,7 @@ from gpuflex.node.kinds import EventKind, Phase
 from gpuflex.node.messages import Plan, TrainedUpdate, capped, parse_recovery_request, seal_update
 from gpuflex.node.modelblob import unpack_delta
 from gpuflex.node.pipeline import DeltaEncoder, secagg_member
+from gpuflex.node.placement import nonce_commitment, secagg_nonce
 from gpuflex.node.port import JobPort, ModelLoader, Trainer
 from gpuflex.node.secure import SecAggMember, answer_recovery
 from gpuflex.node.state import JobBook, RoundDeadlines
@@ -189,9 +190,18 @@ class Member:
             plan=plan.digest, samples=samples, delta_hash=blob_hash(payload), delta_size=int(np.asarray(delta).size),
             metrics={**{k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))},
                      "update_bytes": float(len(payload))},
-            **({"device": book.device} if book.device else {}))
+            **({"device": book.device} if book.device else {}), **self._nonces(r))
         self.cached = {k: v for k, v in self.cached.items() if k[0] >= r}
         self.cached[key] = trained
+
+    def _nonces(self, r: int) -> dict[str, str]:
+        """Secure aggregation: this round's nonce, revealed (it draws the next round's groups,
+        ``placement.group_draw``), and the commitment to the next round's nonce."""
+        book, sign = self.book, self.port.identity.sign
+        if not book.spec.secure_aggregation:
+            return {}
+        return {"nonce": secagg_nonce(sign, book.job_id, r),
+                "commit": nonce_commitment(secagg_nonce(sign, book.job_id, r + 1))}
 
     def _train_ahead(self, plan: Plan, trainer: Trainer, end: np.ndarray, round_steps: int) -> None:
         """Start the next round's first steps from ``end`` while this round's update travels

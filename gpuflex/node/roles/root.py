@@ -21,6 +21,7 @@ from gpuflex.node.modelblob import model_parts
 from gpuflex.node.pipeline import describe_rule, outer_step
 from gpuflex.node.port import JobPort, ModelLoader, Trainer
 from gpuflex.node.state import JobBook
+from gpuflex.node.workfields import nonce_fields
 from gpuflex.node.workplan import effective_steps_norm, member_work
 from gpuflex.privacy import epsilon_spent
 from mesh.blob import blob_hash
@@ -80,8 +81,8 @@ class Root:
             "prev_result": book.ledger.head, "base_hash": plan.base_hash, "model_hash": model_hash,
             "plan": plan.env.raw, "updates": [u.env.raw for u in reduced.updates],
             "partials": [p.env.raw for p in reduced.partials],
-            "contributors": [{"peer": u.peer, "samples": u.samples, "delta_hash": u.delta_hash, **work[u.peer]}
-                             for u in contributions],
+            "contributors": [{"peer": u.peer, "samples": u.samples, "delta_hash": u.delta_hash, **work[u.peer],
+                              **nonce_fields(u.env.body)} for u in contributions],
             "absent": sorted(set(plan.members) - present), "metrics": metrics, "strategy": spec.strategy,
             "rule": describe_rule(spec), "spec_hash": blob_hash(spec.canonical_bytes()),
             **({"step_hash": step_hash} if step_hash is not None else {}),

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mesh.health import UP, HealthConfig, PeerTable
-from mesh.peertable import MAX_MARKS, hint_quota
+from mesh.peertable import MAX_MARKS, hint_quota, stranger, stranger_quota
 
 
 class Clock:
@@ -40,7 +40,7 @@ def test_hints_take_at_most_their_quota_and_never_push_out_live_peers() -> None:
     evicted: list[str] = []
     t.on_evict(evicted.append)
     for i in range(12):
-        t.seen(f"live{i}")
+        t.reached(f"live{i}")
     for i in range(500):
         t.add(f"hint{i}", [f"/ip4/10.0.0.1/tcp/{i + 1}"])
     ids = {r.peer_id for r in t.all()}
@@ -49,15 +49,33 @@ def test_hints_take_at_most_their_quota_and_never_push_out_live_peers() -> None:
     assert "hint499" in ids and "hint0" not in ids and "hint0" in evicted
 
 
-def test_a_full_table_of_live_peers_turns_a_hint_away_but_makes_room_for_a_peer_that_connects() -> None:
+def test_a_full_table_of_live_peers_turns_a_hint_and_a_stranger_away_but_makes_room_for_a_peer_it_reached() -> None:
     t = table(8)
     for i in range(8):
-        t.seen(f"live{i}")
+        t.reached(f"live{i}")
     rec = t.add("hint", ["/ip4/10.0.0.1/tcp/1"])
     assert "hint" not in t and rec.addrs  # detached: nothing kept for it
+    t.seen("stranger")  # it connected; this node never reached it
+    assert "stranger" not in t and len(t.all()) == 8
     t.get("live3").last_seen = 1.0  # the one silent longest
-    t.seen("newcomer")
+    t.reached("newcomer")
     assert "newcomer" in t and "live3" not in t and len(t.all()) == 8
+
+
+def test_strangers_take_at_most_their_quota_and_the_worst_stranger_goes_first() -> None:
+    t = table(64)
+    evicted: list[str] = []
+    t.on_evict(evicted.append)
+    for i in range(12):
+        t.reached(f"live{i}")
+    for i in range(500):
+        t.seen(f"stranger{i}")
+    ids = {r.peer_id for r in t.all()}
+    assert {f"live{i}" for i in range(12)} <= ids and len(ids) <= 64
+    assert len(ids - {f"live{i}" for i in range(12)}) == stranger_quota(64)
+    assert "stranger499" in ids and "stranger0" not in ids and "stranger0" in evicted
+    t.reached("stranger499")  # this node reached it: no longer a stranger
+    assert t.get("stranger499").row()["reached"] is True
 
 
 def test_an_evicted_peer_keeps_its_penalty_as_a_mark() -> None:
@@ -71,7 +89,7 @@ def test_an_evicted_peer_keeps_its_penalty_as_a_mark() -> None:
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.tuples(st.sampled_from(["seen", "add", "penalise"]), st.integers(0, 100)),
+@given(st.lists(st.tuples(st.sampled_from(["seen", "reached", "add", "penalise"]), st.integers(0, 100)),
                 min_size=60, max_size=300),
        st.integers(8, 24))
 def test_any_sequence_stays_within_the_caps(ops: list[tuple[str, int]], max_peers: int) -> None:
@@ -82,6 +100,8 @@ def test_any_sequence_stays_within_the_caps(ops: list[tuple[str, int]], max_peer
         if op == "seen":
             t.seen(peer)
             live.add(peer)
+        elif op == "reached":
+            t.reached(peer)
         elif op == "add":
             t.add(peer, ["/ip4/10.0.0.1/tcp/1"])
         else:
@@ -89,5 +109,7 @@ def test_any_sequence_stays_within_the_caps(ops: list[tuple[str, int]], max_peer
         recs = t.all()
         assert len(recs) <= max_peers
         assert sum(r.last_seen is None for r in recs) <= hint_quota(max_peers)
-        if op == "seen":
+        assert sum(stranger(r) for r in recs) <= stranger_quota(max_peers)
+        full_of_reached = len(recs) == max_peers and all(r.reached and r.state == UP for r in recs)
+        if op == "reached" or (op == "seen" and not full_of_reached):
             assert t.get(peer) is not None and t.get(peer).state == UP

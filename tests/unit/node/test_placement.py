@@ -76,13 +76,77 @@ def test_masked_groups_come_from_the_seed_and_mask_at_least_the_minimum(n: int, 
         assert all(len(group) >= min_group for group in masking if group), (tree, masking)
 
 
-def test_a_different_previous_result_reshuffles_the_groups() -> None:
+def test_different_revealed_nonces_reshuffle_the_groups() -> None:
     from gpuflex.node.placement import group_seed, masked_tree
 
     members = [f"peer{i:02d}" for i in range(12)]
-    trees = {tuple(masked_tree(members[0], members, (), 4, 3, group_seed("job", 2, prev)).items())
-             for prev in ("a" * 64, "b" * 64, "c" * 64, "d" * 64)}
+    trees = {tuple(masked_tree(members[0], members, (), 4, 3, group_seed("job", 3, {"peer01": n * 64})).items())
+             for n in "abcd"}
     assert len(trees) > 1
+
+
+def _rows(peers: list[str], job: str, round_: int, secrets: dict[str, bytes], **extra: object) -> list[dict]:
+    """Contributor rows of round ``round_`` as a result records them: each peer's nonce of this
+    round (from its secret, as its signature would give) and its commitment to the next."""
+    import hashlib
+
+    from gpuflex.node.placement import nonce_commitment, secagg_nonce
+
+    def sign_for(peer: str):  # a deterministic stand-in for the peer's signature
+        return lambda message: hashlib.blake2b(secrets[peer] + message).digest()
+
+    return [{"peer": p, "samples": 1, "nonce": secagg_nonce(sign_for(p), job, round_),
+             "commit": nonce_commitment(secagg_nonce(sign_for(p), job, round_ + 1)), **extra} for p in peers]
+
+
+@given(st.integers(2, 12), st.integers(0, 6), st.binary(min_size=8, max_size=8), st.dictionaries(
+    st.sampled_from(["accuracy", "loss", "duration_s", "note"]), st.floats(allow_nan=False), max_size=4))
+def test_the_draw_depends_on_committed_nonces_alone(n: int, late: int, salt: bytes, metrics: dict) -> None:
+    """What a root can vary in its result (metrics, a re-signature, so its digest) does not move
+    the seed; a nonce that no earlier commitment binds (chosen after seeing the others') counts
+    for nothing, and neither does a contributor whose nonce differs from what it committed to."""
+    from gpuflex.node.placement import group_draw, group_seed
+
+    peers = [f"peer{i:02d}" for i in range(n)]
+    newcomers = [f"new{i}" for i in range(late)]
+    secrets = {p: salt + p.encode() for p in peers + newcomers}
+    before = _rows(peers, "job", 2, secrets)
+    last = _rows(peers + newcomers, "job", 3, secrets, metrics=metrics)
+    seed, placed = group_draw("job", 4, last, before)
+    assert placed == frozenset(peers), "only nonces committed a round earlier count"
+    assert seed == group_draw("job", 4, _rows(peers + newcomers, "job", 3, secrets), before)[0]
+    assert seed == group_seed("job", 4, {r["peer"]: r["nonce"] for r in last if r["peer"] in peers})
+    liar = {**last[0], "nonce": "0" * 64}  # a nonce other than the one it committed to
+    assert group_draw("job", 4, [liar, *last[1:]], before)[1] == frozenset(peers[1:]) or n == 1
+
+
+@given(st.integers(3, 24), st.integers(2, 6), st.integers(2, 4), st.binary(min_size=32, max_size=32),
+       st.integers(1, 12), st.binary(min_size=4, max_size=4))
+def test_keys_that_arrive_after_the_draw_never_join_an_established_members_group(
+        n: int, group_size: int, min_group: int, seed: bytes, fresh: int, salt: bytes) -> None:
+    """A party that knows the seed and makes keys to land beside a member it targets: whatever
+    keys it makes, they join the root's group alone, and every established member masks with the
+    same established members as without them."""
+    from gpuflex.node.placement import masked_tree
+    from gpuflex.node.secure import mask_group
+
+    members = [f"peer{i:02d}" for i in range(n)]
+    sybils = [f"fresh{salt.hex()}{i}" for i in range(fresh)]
+    plain = masked_tree(members[0], members, (), group_size, min_group, seed, established=members)
+    crowded = masked_tree(members[0], members + sybils, (), group_size, min_group, seed, established=members)
+
+    def group(tree: dict[str, str | None], p: str) -> frozenset[str]:
+        leader, masking = mask_group(tree, p)
+        return frozenset({leader, *masking})
+
+    assert sorted(crowded) == sorted(members + sybils)
+    for p in members:
+        assert group(crowded, p) - set(sybils) == group(plain, p), p
+        assert not group(crowded, p) & set(sybils) or members[0] in group(crowded, p), p
+    assert all(mask_group(crowded, s)[0] == members[0] for s in sybils), "fresh keys mask in the root's group"
+    # Without an established set (the job's first rounds) every member is placed by the seed,
+    # as before nonces existed.
+    assert masked_tree(members[0], members, (), group_size, min_group, seed) == plain
 
 
 @given(st.lists(st.tuples(st.integers(0, 3), st.integers(0, 255)), min_size=1, max_size=30), st.integers(1, 4))
