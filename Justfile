@@ -36,7 +36,8 @@ demo *ARGS: setup
 test *ARGS: setup
     .venv/bin/python -m pytest -q -rs -n 4 --dist loadfile {{ARGS}}
 
-# Lint: ruff, the import contracts (pyproject.toml [tool.importlinter]) and mypy on mesh/, aggregation/ and gpuflex/.
+# Lint: ruff, the import contracts (pyproject.toml [tool.importlinter]) and mypy on mesh/, aggregation/, gpuflex/
+# and the benchmarks' Flower app.
 lint: setup
     .venv/bin/ruff check .
     .venv/bin/lint-imports --no-cache

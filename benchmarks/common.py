@@ -203,7 +203,8 @@ class Worker:
     interpreter unless ``python`` names another (a peer of another system, in its own venv).
 
     ``args`` reach the worker's main with ``scratch`` added: a directory of its own inside the
-    coordinator's temporary directory, so files survive no worker, even a killed one. Its stdout is read by a thread into a queue so that :meth:`recv` can time out; its stderr
+    coordinator's temporary directory, so files survive no worker, even a killed one. Its stdout
+    is read by a thread into a queue so that :meth:`recv` can time out; its stderr
     goes to a log file whose tail is quoted when it fails.
     """
 

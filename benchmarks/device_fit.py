@@ -96,12 +96,14 @@ def render(result: dict[str, Any]) -> str:
             ("micro_batch", "micro", "d"), ("accumulation", "accum", "d"), ("threads", "threads", "d"),
             ("probe_samples_per_s", "probe smp/s", ".0f"), ("round_steps", "steps in budget", "d"),
             ("round_samples_per_s", "round smp/s", ".0f")]
-    lines = [f"device fit: digits CNN, batch 32, {result['budget_s']:g} s budget", "", format_table(result["devices"], cols)]
+    lines = [f"device fit: digits CNN, batch 32, {result['budget_s']:g} s budget", "",
+             format_table(result["devices"], cols)]
     if result.get("oom"):
         o = result["oom"]
-        lines += ["", f"CUDA out-of-memory: probe chose micro-batch {o['probe_micro_batch']}; with 35 % more of the card "
-                      f"taken, the round retried {o['oom_retries']}x and trained {o['steps']} steps on micro-batches of "
-                      f"{o['round_micro_batch']} (x{o['accumulation']}), {o['samples']} samples (roomy card: "
+        lines += ["", f"CUDA out-of-memory: probe chose micro-batch {o['probe_micro_batch']}; with 35 % more of "
+                      f"the card taken, the round retried {o['oom_retries']}x and trained {o['steps']} steps on "
+                      f"micro-batches of {o['round_micro_batch']} (x{o['accumulation']}), {o['samples']} samples "
+                      f"(roomy card: "
                       f"{o['ref_steps']} steps, {o['ref_samples']} samples); max |delta - roomy delta| "
                       f"{o['max_abs_diff']:.2e} (max |delta| {o['ref_max_abs']:.2e})"]
     return "\n".join(lines)

@@ -176,7 +176,8 @@ class Host:
             others = rng.sample([p for p in peers if p != node.peer_id], min(lookups, len(peers) - 1))
             ops: list[list[Any]] = []
             for key, peer in zip(keys, others, strict=False):
-                pid, expected, frame = ID.from_base58(peer), f"{owners[key]}:".encode(), seal(node.identity, PING_KIND, {})
+                pid, expected = ID.from_base58(peer), f"{owners[key]}:".encode()
+                frame = seal(node.identity, PING_KIND, {})
                 ops.append([
                     lambda n=node, k=key, e=expected, held=not remote: _timed(
                         "get_value", held, lambda: n.dht.get_value(k),
@@ -312,7 +313,8 @@ def run_mesh(n: int, per_process: int, keys: int, lookups: int, seed: int, budge
         "routing_table_max": max(sizes),
         "put_count": len(put_samples), "put_success_pct": 100.0 * len(put_ms) / max(1, len(put_samples)),
         "put_p50_ms": percentile(put_ms, 50), "put_p95_ms": percentile(put_ms, 95),
-        "held_locally_pct": 100.0 * sum(held) / max(1, len(held)), "ops_planned": planned, "ops_done": len(samples), "rows": _summarise(samples, n),
+        "held_locally_pct": 100.0 * sum(held) / max(1, len(held)), "ops_planned": planned, "ops_done": len(samples),
+        "rows": _summarise(samples, n),
     }
 
 
@@ -336,7 +338,8 @@ def render(result: dict[str, Any]) -> str:
             f"{'settled' if mesh['settled'] else 'still growing (timed out)'} after "
             f"{mesh['settle_s']:.0f}s at min/median/max {mesh['routing_table_min']}/"
             f"{mesh['routing_table_median']}/{mesh['routing_table_max']} peers; put_value: "
-            f"{mesh['put_success_pct']:.1f}% of {mesh['put_count']} returned (all nodes at once), p50 {mesh['put_p50_ms']:.0f} ms, "
+            f"{mesh['put_success_pct']:.1f}% of {mesh['put_count']} returned (all nodes at once), "
+            f"p50 {mesh['put_p50_ms']:.0f} ms, "
             f"p95 {mesh['put_p95_ms']:.0f} ms; {mesh['held_locally_pct']:.0f}% of other nodes' values were "
             "already in a node's own store (k = 20 replication), so lookups use the rest; "
             f"{mesh['ops_done']} of {mesh['ops_planned']} planned operations ran within the "

@@ -181,7 +181,8 @@ def run_base(args: argparse.Namespace, text: Path) -> dict[str, Any]:
             continue
         rows = res["rows"]
         run = {
-            "adapter": adapter, "trainable_params": int(res["params"].size), "model_blob_mb": res["model_blob_bytes"] / MB,
+            "adapter": adapter, "trainable_params": int(res["params"].size),
+            "model_blob_mb": res["model_blob_bytes"] / MB,
             "sent_mb_per_node_round": statistics.mean(res["sent_per_round"]) / MB,
             "received_mb_per_node_round": statistics.mean(res["received_per_round"]) / MB,
             # Round 1 includes every node building the model: medians over the later rounds.
@@ -305,7 +306,8 @@ def render(result: dict[str, Any]) -> str:
     if "base" in result:
         b = result["base"]
         lines += [
-            f"\n`{b['size']}` llama-like model, {b['base_params'] / 1e6:.1f}M parameters ({b['fp32_model_mb']:.0f} MB in "
+            f"\n`{b['size']}` llama-like model, {b['base_params'] / 1e6:.1f}M parameters "
+            f"({b['fp32_model_mb']:.0f} MB in "
             f"fp32); {b['nodes']} node processes; DiLoCo + int8; {b['rounds']} rounds x {b['local_steps']} steps of "
             f"{b['batch_size']} x {b['seq_len']} tokens; round times are medians over rounds 2 and later "
             "(commit to commit)",

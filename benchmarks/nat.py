@@ -1,6 +1,6 @@
 """Training across home NATs: round time against the uplink bound, relay bytes, join time.
 
-The namespace topology of the NAT tests (``tests/integration/nat_topology.py``): one public
+The namespace topology of the NAT tests (``gpuflex/testing/nat.py``): one public
 host, four homes behind nftables NAT routers whose uplinks ``tc tbf`` caps at 20 Mbit, two
 hosts on the first home's LAN. Five node processes (the public one and one per home host),
 every home node started with the public node's address only, run a job whose model is a
@@ -61,7 +61,7 @@ def model_bytes(features: int = 64, classes: int = 10) -> int:
 def run_variant(name: str, rounds: int) -> dict[str, Any]:
     from gpuflex.demo import demo_spec
     from gpuflex.localmesh import LocalMesh
-    from tests.integration.nat_topology import NatTopology
+    from gpuflex.testing.nat import NatTopology
 
     with NatTopology((2, 1, 1, 1), uplink_mbit=UPLINK_MBIT, random_ports=name == "random-ports") as topo, \
             tempfile.TemporaryDirectory() as tmp:
@@ -127,7 +127,8 @@ def run_variant(name: str, rounds: int) -> dict[str, Any]:
 def _describe(r: dict[str, Any]) -> str:
     if "error" in r:
         return f"\n[{r['variant']}]  failed: {r['error']}"
-    newcomer = "never" if r["newcomer_up_everywhere_s"] is None else f"{r['newcomer_up_everywhere_s']}s after it listened"
+    up_s = r["newcomer_up_everywhere_s"]
+    newcomer = "never" if up_s is None else f"{up_s}s after it listened"
     return "\n".join([
         f"\n[{r['variant']}]  mesh ready in {r['mesh_ready_s']}s, {r['rounds']} rounds in {r['job_s']}s "
         f"({r['retried_attempts']} retried attempts; {r['rounds_rooted_on_public']} rounds rooted on the public node)",
@@ -147,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     variants = ("port-preserving", "random-ports") if args.variant == "both" else (args.variant,)
     load = Path("/proc/loadavg").read_text().split()[:3]
     stop_on_sigterm()  # a SIGTERM unwinds, so the namespaces and nodes are always removed
-    from tests.integration.nat_topology import NetnsUnavailable
+    from gpuflex.testing.nat import NetnsUnavailable
 
 
     if not args.json:

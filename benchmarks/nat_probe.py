@@ -268,7 +268,7 @@ def main() -> None:
         return
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from benchmarks.common import stop_on_sigterm
-    from tests.integration.nat_topology import NatTopology
+    from gpuflex.testing.nat import NatTopology
 
     stop_on_sigterm()
     random_ports = "--random-ports" in sys.argv

@@ -160,7 +160,8 @@ def main() -> None:
                     f"central {r['central']:.3f} ({sum(x['seconds'] for x in runs):.0f}s)")
     cols = [("task", "task", ""), ("alpha", "α", ".1f"), ("nodes", "nodes", "d"), ("strategy", "strategy", ""),
             ("final", "final", ".3f"), ("final_sd", "± sd", ".3f"), ("best", "best", ".3f"),
-            ("best_sd", "± sd", ".3f"), ("user", "model.pt", ".3f"), ("central", "central", ".3f"), ("gap_final", "final − central", "+.3f"),
+            ("best_sd", "± sd", ".3f"), ("user", "model.pt", ".3f"), ("central", "central", ".3f"),
+            ("gap_final", "final − central", "+.3f"),
             ("gap_best", "best − central", "+.3f"), ("upload_kb", "KB up / member / round", ".0f")]
     emit({"task": args.task, "seeds": args.seeds, "simulated": True, "rows": rows}, args.json,
          lambda r: format_table(r["rows"], cols))

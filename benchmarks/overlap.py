@@ -1,7 +1,7 @@
 """Utilisation over home uplinks: compute seconds over wall seconds per member, with and without
 training ahead while the update travels (job option ``overlap``), side by side in one run.
 
-The namespace topology of the NAT tests (``tests/integration/nat_topology.py``): one public
+The namespace topology of the NAT tests (``gpuflex/testing/nat.py``): one public
 host and four homes behind nftables NAT routers whose uplinks ``tc tbf`` caps at 20 Mbit, five
 node processes (the public one and one per home host). The model is a 52.8 MB MLP
 (``big_mlp``: 64 → 3600 → 3600 → 10, fp32), trained with DiLoCo's AdamW inner steps and the
@@ -99,7 +99,7 @@ def run_job(mesh: Any, rounds: int, steps: int, overlap: float, seed: int) -> di
 
 def run(rounds: int, steps: int, pairs: int) -> list[dict[str, Any]]:
     from gpuflex.localmesh import LocalMesh
-    from tests.integration.nat_topology import NatTopology
+    from gpuflex.testing.nat import NatTopology
 
     results = []
     with NatTopology((1, 1, 1, 1), uplink_mbit=UPLINK_MBIT) as topo, tempfile.TemporaryDirectory() as tmp:
@@ -134,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, str(ROOT))
     load = Path("/proc/loadavg").read_text().split()[:3]
     stop_on_sigterm()  # a SIGTERM unwinds, so the namespaces and nodes are always removed
-    from tests.integration.nat_topology import NetnsUnavailable
+    from gpuflex.testing.nat import NetnsUnavailable
 
     print(f"overlap benchmark {time.strftime('%Y-%m-%d')}, model {model_bytes() / 1e6:.1f} MB, uplinks "
           f"{UPLINK_MBIT:g} Mbit, {args.steps} local steps a round, load average at start {' '.join(load)}",

@@ -179,10 +179,12 @@ def run(sizes: list[int], rounds: int) -> list[dict[str, Any]]:
 def render(rows: list[dict[str, Any]]) -> str:
     columns = [("members", "contributors", "d"), ("gossip_before_ms", "one result before ms", ".2f"),
                ("gossip_after_ms", "after ms", ".2f"), ("gossip_ratio", "after/before", ".2f"),
-               ("canonical_us", "canonical check µs/frame", ".1f"), ("rounds", "ledger rounds", "d"), ("sync_before_ms", "whole ledger before ms", ".1f"),
+               ("canonical_us", "canonical check µs/frame", ".1f"), ("rounds", "ledger rounds", "d"),
+               ("sync_before_ms", "whole ledger before ms", ".1f"),
                ("sync_after_ms", "after ms", ".1f"), ("sync_ratio", "after/before", ".2f")]
     return "\n".join([
         "Committed-round checks per round, before (signatures, links, contributor list, min_nodes from the "
         "result's metric) and after (evidence: coordinator of the attempt, updates made for the plan, sample "
-        "cap, min_nodes from signed updates, canonical frames); same signed rounds, one process, median CPU ms, before and after run alternately",
+        "cap, min_nodes from signed updates, canonical frames); same signed rounds, one process, median CPU ms, "
+        "before and after run alternately",
         format_table(rows, columns)])

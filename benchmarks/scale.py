@@ -88,7 +88,8 @@ def main(argv: list[str] | None = None) -> int:
         log(f"{n} nodes …")
         report = run_size(cfg)
         idle = report["idle_per_node_s"]
-        log(f"{n} nodes: {report['rounds_committed']}/{args.rounds} rounds in {report['wall_s']} s wall, {report['cpu_s']} s CPU; "
+        log(f"{n} nodes: {report['rounds_committed']}/{args.rounds} rounds in {report['wall_s']} s wall, "
+            f"{report['cpu_s']} s CPU; "
             f"idle {idle['msgs']:.1f} msgs/s, {idle['bytes'] / 1e3:.1f} kB/s per node; "
             f"{report['connections_per_node']['mean']:.0f} connections per node")
         log(f"  gossip: {report['gossip']}; crashed nodes down everywhere after {report['detection_s']} s "

@@ -189,7 +189,10 @@ async def wire_round_trip(members: int, reps: int) -> dict[str, Any]:
                 nodes.append(node)
             leader, ids = nodes[0], [n.identity for n in nodes]
             everyone = {n.peer_id for n in nodes[1:]}
-            if not await await_until(lambda: everyone <= {str(p) for p in leader.host.get_connected_peers()}, 60.0, 0.2):
+            def all_connected() -> bool:
+                return everyone <= {str(p) for p in leader.host.get_connected_peers()}
+
+            if not await await_until(all_connected, 60.0, 0.2):
                 raise RuntimeError("the loopback hosts did not connect to the leader within 60s")
             await trio.sleep(SETTLE_S)
             deltas = [np.zeros(1000, np.float32) for _ in ids[1:]]
@@ -211,7 +214,8 @@ async def wire_round_trip(members: int, reps: int) -> dict[str, Any]:
 
                 async with trio.open_nursery() as nursery:
                     for holder, out, back in exchanged:
-                        nursery.start_soon(one, holder, seal(leader.identity, ECHO_KIND, {"pad": bytes(out), "reply": back}))
+                        echo = seal(leader.identity, ECHO_KIND, {"pad": bytes(out), "reply": back})
+                        nursery.start_soon(one, holder, echo)
                 return not lost
 
             failed = 0

@@ -169,7 +169,7 @@ def first_byte_s(host: Any, url: str, prompt: str) -> float:
 
 
 def relay(samples: int) -> dict[str, Any]:
-    from tests.integration.nat_topology import NatTopology, NetnsUnavailable
+    from gpuflex.testing.nat import NatTopology, NetnsUnavailable
 
     try:
         topo = NatTopology((1, 1), uplink_mbit=20, random_ports=True)

@@ -5,12 +5,12 @@ split, same rounds, local epochs, batch size and optimizer, FedAvg weighted by s
 4 and 8 clients as separate processes on 127.0.0.1, in the same run:
 
 * **Flower** runs as a real deployment, not its simulation engine: one ``flower-superlink``
-  process and N ``flower-supernode`` processes, with a ServerApp/ClientApp written into a
-  temporary directory and launched with ``flwr run``. Flower lives in a venv of its own
-  (``.bench/venvs/flower``, created on first use). Its ClientApp and ServerApp call this
-  repository's own training code (``gpuflex.ml.workload.Workload``, on ``PYTHONPATH``), so
-  the partition, the local training loop and the evaluation are the very same code; only the
-  federation around them differs.
+  process and N ``flower-supernode`` processes, with the ServerApp/ClientApp of
+  ``benchmarks/flower_app`` copied into a temporary directory and launched with ``flwr run``.
+  Flower lives in a venv of its own (``.bench/venvs/flower``, created on first use). Its
+  ClientApp and ServerApp call this repository's own training code
+  (``gpuflex.ml.workload.Workload``, on ``PYTHONPATH``), so the partition, the local training
+  loop and the evaluation are the very same code; only the federation around them differs.
 * **Ours** runs ``gpuflex node start`` processes (``LocalMesh``), no server.
 
 Per side and size it reports:
@@ -47,6 +47,7 @@ import contextlib
 import itertools
 import json
 import os
+import shutil
 import socket
 import statistics
 import subprocess
@@ -81,6 +82,7 @@ FLOWER_VENV = BENCH_VENVS / "flower"
 FLOWER_REQS = ["flwr>=1.41,<1.43", "numpy", "scikit-learn"]
 KB = 1000
 APP_PACKAGE = "gpuflex_flower_app"
+FLOWER_APP = Path(__file__).resolve().parent / "flower_app"
 
 
 class BenchError(RuntimeError):
@@ -98,156 +100,14 @@ def ensure_flower_venv() -> str:
         raise BenchError(f"cannot install Flower: {exc}") from None
 
 
-# -- the Flower app, written into a temporary directory ----------------------------------------
-
-APP_PYPROJECT = """\
-[build-system]
-requires = ["hatchling"]
-build-backend = "hatchling.build"
-
-[project]
-name = "gpuflex-flower-bench"
-version = "1.0.0"
-dependencies = []
-
-[tool.hatch.build.targets.wheel]
-packages = ["."]
-
-[tool.flwr.app]
-publisher = "gpuflex"
-
-[tool.flwr.app.components]
-serverapp = "{package}.server_app:app"
-clientapp = "{package}.client_app:app"
-
-[tool.flwr.app.config]
-spec-path = "{spec_path}"
-out-path = "{out_path}"
-num-clients = {clients}
-"""
-
-APP_COMMON = '''\
-"""Glue between Flower's records and GPUFlex's flat float32 vectors."""
-
-import json
-from pathlib import Path
-
-import numpy as np
-from flwr.app import ArrayRecord
-
-from gpuflex.jobspec import JobSpec
-from gpuflex.ml.workload import Workload
-
-
-def workload(run_config, part: int, parts: int) -> Workload:
-    spec = JobSpec.from_dict(json.loads(Path(str(run_config["spec-path"])).read_text()))
-    return Workload(spec, part, parts)
-
-
-def to_flat(record: ArrayRecord) -> np.ndarray:
-    return np.concatenate([a.reshape(-1) for a in record.to_numpy_ndarrays()]).astype(np.float32)
-
-
-def to_record(work: Workload, flat: np.ndarray) -> ArrayRecord:
-    return ArrayRecord(work.state_dict(flat))
-'''
-
-APP_CLIENT = '''\
-"""Each message runs in a fresh ClientApp process, so the shuffle seed's round counter is
-restored from the server round: the same batches as a mesh node in the same round. The
-process's age when training starts (interpreter, imports, data and model) is reported."""
-
-import os
-import time
-from pathlib import Path
-
-from flwr.app import Context, Message, MetricRecord, RecordDict
-from flwr.clientapp import ClientApp
-
-from {package}.common import to_flat, to_record, workload
-
-app = ClientApp()
-
-
-def process_age() -> float:
-    ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
-    return time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK")
-
-
-@app.train()
-def train(msg: Message, context: Context) -> Message:
-    part, parts = int(context.node_config["partition-id"]), int(context.node_config["num-partitions"])
-    work = workload(context.run_config, part, parts)
-    work._trained_rounds = int(msg.content["config"]["server-round"]) - 1
-    base = to_flat(msg.content["arrays"])
-    startup = process_age()
-    delta, metrics = work.train(base)
-    reply = RecordDict({{
-        "arrays": to_record(work, base + delta),
-        "metrics": MetricRecord({{"num-examples": work.num_samples, "seconds": float(metrics["seconds"]),
-                                 "train_loss": float(metrics["train_loss"]), "startup": startup}}),
-    }})
-    return Message(reply, reply_to=msg)
-'''
-
-APP_SERVER = '''\
-"""FedAvg over every SuperNode each round; the new model is evaluated once, on the server,
-as a mesh coordinator does; a timestamp after each evaluation marks the round boundary."""
-
-import json
-import os
-import time
-from pathlib import Path
-
-from flwr.app import Context, MetricRecord
-from flwr.serverapp import Grid, ServerApp
-from flwr.serverapp.strategy import FedAvg
-
-from {package}.common import to_flat, to_record, workload
-
-app = ServerApp()
-
-
-@app.main()
-def main(grid: Grid, context: Context) -> None:
-    clients = int(context.run_config["num-clients"])
-    out = Path(str(context.run_config["out-path"]))
-    evaluator = workload(context.run_config, 0, clients)
-    marks = []
-    train_stats = []
-
-    def train_metrics(contents, weight_key):
-        seconds = [float(c["metrics"]["seconds"]) for c in contents]
-        train_stats.append((seconds, [float(c["metrics"]["startup"]) for c in contents]))
-        return MetricRecord({{"seconds_max": max(seconds), "contributors": len(seconds)}})
-
-    def evaluate(server_round, arrays):
-        scores = evaluator.evaluate(to_flat(arrays))
-        marks.append({{"round": server_round, "t": time.time(), **scores,
-                      "seconds": train_stats[-1][0] if server_round else [],
-                      "startup": train_stats[-1][1] if server_round else []}})
-        tmp = out.with_name(out.name + ".tmp")
-        tmp.write_text(json.dumps(marks))
-        os.replace(tmp, out)
-        return MetricRecord(scores)
-
-    strategy = FedAvg(fraction_train=1.0, fraction_evaluate=0.0, min_train_nodes=clients,
-                      min_available_nodes=clients, train_metrics_aggr_fn=train_metrics)
-    strategy.start(grid=grid, initial_arrays=to_record(evaluator, evaluator.initial_params()),
-                   num_rounds=evaluator.spec.rounds, evaluate_fn=evaluate)
-'''
+# -- the Flower app (benchmarks/flower_app), copied into a temporary directory ------------------
 
 
 def write_app(root: Path, spec_path: Path, out_path: Path, clients: int) -> Path:
     app = root / "app"
-    pkg = app / APP_PACKAGE
-    pkg.mkdir(parents=True)
-    (app / "pyproject.toml").write_text(
-        APP_PYPROJECT.format(package=APP_PACKAGE, spec_path=spec_path, out_path=out_path, clients=clients))
-    (pkg / "__init__.py").write_text("")
-    (pkg / "common.py").write_text(APP_COMMON)
-    (pkg / "client_app.py").write_text(APP_CLIENT.format(package=APP_PACKAGE))
-    (pkg / "server_app.py").write_text(APP_SERVER.format(package=APP_PACKAGE))
+    shutil.copytree(FLOWER_APP, app / APP_PACKAGE, ignore=shutil.ignore_patterns("__pycache__", "*.toml"))
+    (app / "pyproject.toml").write_text((FLOWER_APP / "app.toml").read_text().format(
+        package=APP_PACKAGE, spec_path=spec_path, out_path=out_path, clients=clients))
     return app
 
 

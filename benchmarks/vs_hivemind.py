@@ -706,9 +706,11 @@ def render(result: dict[str, Any]) -> str:
                 ("direct_p50_ms", "direct p50 ms", ".0f"), ("rt_median", "routing table", ""),
                 ("get_local_pct", "gets held locally %", ".0f"), ("mb_per_peer", "MB per peer", ".0f"),
                 ("ops", "ops run", ""), ("load_after", "load avg", ".1f"), ("error", "error", "")]),
-            "", "DHT ratios, GPUFlex / hivemind (latency below 1: GPUFlex faster; success above 1: GPUFlex more reliable)",
+            "", "DHT ratios, GPUFlex / hivemind (latency below 1: GPUFlex faster; "
+                "success above 1: GPUFlex more reliable)",
             format_table(result["dht_ratios"], [
-                ("peers", "peers", ""), ("put_p50_ms_ratio", "store p50", ".2f"), ("get_p50_ms_ratio", "get p50", ".2f"),
+                ("peers", "peers", ""), ("put_p50_ms_ratio", "store p50", ".2f"),
+                ("get_p50_ms_ratio", "get p50", ".2f"),
                 ("get_p95_ms_ratio", "get p95", ".2f"), ("get_success_pct_ratio", "get success", ".2f")]),
         ]
     if result["averaging"]:

@@ -51,7 +51,8 @@ def _accelerators(torch: Any) -> list[dict[str, Any]]:
         if mps is not None and mps.is_available():
             found.append({"kind": "mps", "name": "Apple GPU", "memory_bytes": ram_bytes(), "capability": None})
     except Exception as exc:  # a broken driver must not take the report down with it
-        found.append({"kind": "error", "name": f"{type(exc).__name__}: {exc}", "memory_bytes": None, "capability": None})
+        found.append({"kind": "error", "name": f"{type(exc).__name__}: {exc}", "memory_bytes": None,
+                      "capability": None})
     return found
 
 

@@ -163,7 +163,8 @@ class HopGuard:
             cap = self.limits.max_circuit_duration_s
             with trio.move_on_after(cap if cap > 0 else math.inf) as scope:
                 if src in self._sources and not self.limits.carry_any and not await self._opens_noise(src, dst):
-                    self.note("not noise", f"circuit from {str(peer_id)[-8:]} closed: it does not open a Noise connection")
+                    self.note("not noise",
+                              f"circuit from {str(peer_id)[-8:]} closed: it does not open a Noise connection")
                     await self._reset(src, dst)
                     return
                 await relay_data(src, dst, peer_id, *args)

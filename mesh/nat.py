@@ -237,7 +237,8 @@ class NatService:
         out = []
         for rec in self.node.peers.all():
             info = rec.info or {}
-            if rec.state == "up" and info.get("relay_service") and parse(info.get("reachability")) == Reachability.PUBLIC:
+            public = parse(info.get("reachability")) == Reachability.PUBLIC
+            if rec.state == "up" and info.get("relay_service") and public:
                 out.append((rec.rtt_ms if rec.rtt_ms is not None else 1e9, rec.peer_id))
         return [p for _, p in sorted(out)]
 

@@ -141,7 +141,8 @@ class MeshConfig:
     node_info: dict[str, Any] = field(default_factory=dict)
     bootstrap_timeout_s: float = 30.0
     refresh_fast_s: float = 1.0
-    refresh_slow_s: float = 300.0  # a settled node's DHT walk (reaches up to k = 20 peers); newcomers dial in, peer exchange spreads them
+    # A settled node's DHT walk (reaches up to k = 20 peers); newcomers dial in, peer exchange spreads them.
+    refresh_slow_s: float = 300.0
     fast_refresh_period_s: float = 30.0
     max_payload: int = 4 << 30
     gossip_window_s: float = 600.0
@@ -728,8 +729,8 @@ class MeshNode:
                 with trio.fail_after(timeout):
                     stream = await self.open(peer, BLOB_PROTOCOL, BLOB_OPEN_S)
                     try:
-                        path, via_bulk = await receive_blob(stream, self.blobs, digest, peer,
-                                                            min(self.config.max_payload, max_size or self.config.max_payload),
+                        limit = min(self.config.max_payload, max_size or self.config.max_payload)
+                        path, via_bulk = await receive_blob(stream, self.blobs, digest, peer, limit,
                                                             use_bulk=self._use_bulk())
                     finally:
                         await close(stream)

@@ -10,9 +10,10 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any, Protocol, runtime_checkable
 
+from gpuflex.client.core import Unreachable
 
-class SourceUnavailable(ConnectionError):
-    """The node cannot be reached right now; the dashboard shows a banner and retries."""
+SourceUnavailable = Unreachable
+"""The node cannot be reached right now; the dashboard shows a banner and retries."""
 
 
 @runtime_checkable

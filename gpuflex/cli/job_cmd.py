@@ -69,8 +69,8 @@ def inference_file(path: Path) -> dict[str, Any] | None:
 
 
 @job_app.command("submit")
-def submit(job_file: Path = typer.Argument(..., help="The job file (TOML, or YAML when it ends in .yaml or .yml)."), node: str | None = NodeOpt,
-           json_out: bool = JsonOpt) -> None:
+def submit(job_file: Path = typer.Argument(..., help="The job file (TOML, or YAML when it ends in .yaml or .yml)."),
+           node: str | None = NodeOpt, json_out: bool = JsonOpt) -> None:
     """Validate the job file, then sign and publish it to the mesh; prints the job id.
 
     A file with ``kind = "inference"`` is a batch inference job: this node sends its prompts to
@@ -94,7 +94,8 @@ def submit(job_file: Path = typer.Argument(..., help="The job file (TOML, or YAM
 def format_inference(js: dict[str, Any]) -> str:
     """A batch inference job's summary: answers collected, by which servers."""
     lines = [f"job          {text(js['job_id'])} ({text(js.get('name'))}), batch inference",
-             f"state        {text(js.get('state'))}  answers {number(js.get('done'), 'd')}/{number(js.get('total'), 'd')}",
+             f"state        {text(js.get('state'))}  "
+             f"answers {number(js.get('done'), 'd')}/{number(js.get('total'), 'd')}",
              f"model        {text(js.get('model'))}  (max_tokens {number(js.get('max_tokens'), 'd')}, "
              f"temperature {number(js.get('temperature'), 'g')})"]
     servers = js.get("servers")
@@ -154,7 +155,8 @@ def format_work(rows: list[dict[str, Any]], round_: int) -> list[str]:
     """Round ``round_``'s work per member: its device, local steps, samples per second and
     share of the round's compute (each member's training seconds over everyone's)."""
     lines = [f"work         round {round_}",
-             f"  {'member':<11} {'device':<28} {'samples':>8} {'steps':>6} {'samples/s':>10} {'train s':>8} {'share':>6} "
+             f"  {'member':<11} {'device':<28} {'samples':>8} {'steps':>6} {'samples/s':>10} {'train s':>8} "
+             f"{'share':>6} "
              f"{'sent MB':>8}"]
     for row in rows:
         share = row.get("compute_share")

@@ -50,12 +50,15 @@ def start(
                               help="Serve blobs over a one-off sealed TCP port on the --listen host "
                                    "(--no-bulk: every byte through libp2p, no extra port)."),
     control_port: int = typer.Option(0, help="Port of the local control API on 127.0.0.1 (0: any free port)."),
-    suspect_after: float = typer.Option(4.0, help="A peer heard from within this many seconds is not suspected on another's word."),
-    down_after: float = typer.Option(9.0, help="A suspect peer is 'down' (down-after - suspect-after) seconds after nobody reached it."),
+    suspect_after: float = typer.Option(
+        4.0, help="A peer heard from within this many seconds is not suspected on another's word."),
+    down_after: float = typer.Option(
+        9.0, help="A suspect peer is 'down' (down-after - suspect-after) seconds after nobody reached it."),
     log_level: str = typer.Option("info", help="debug, info, warning or error."),
     log_format: str = typer.Option("text", help="text or json."),
-    metrics: str | None = typer.Option(None, "--metrics", metavar="ADDR",
-                                          help="Serve Prometheus metrics on ADDR (PORT or HOST:PORT; loopback if only a port)."),
+    metrics: str | None = typer.Option(
+        None, "--metrics", metavar="ADDR",
+        help="Serve Prometheus metrics on ADDR (PORT or HOST:PORT; loopback if only a port)."),
     adversary: str | None = typer.Option(None, hidden=True, help="Test meshes only: behave as KIND."),
     mdns: bool = typer.Option(True, "--mdns/--no-mdns", help="Find peers on this LAN by mDNS (UDP 5353)."),
     relay_service: bool = typer.Option(True, "--relay-service/--no-relay-service",
@@ -150,7 +153,8 @@ def start(
     try:
         health = HealthConfig(suspect_after_s=suspect_after, down_after_s=down_after, max_peers=max_peers)
         runtime = NodeRuntime(NodeOptions(home=root, listen=listen, announce=announce, bootstrap=bootstrap,
-                                          client_mode=client, control_port=control_port, health=health, bulk_channel=bulk,
+                                          client_mode=client, control_port=control_port, health=health,
+                                          bulk_channel=bulk,
                                           bootstrap_timeout_s=bootstrap_timeout,
                                           adversary=adversary, metrics=metrics, relay=relay, mdns=mdns,
                                           reachability=None if reachability == "auto" else reachability,

@@ -106,7 +106,8 @@ def reach_line(nat: dict[str, Any]) -> str:
         text += f", relayed by {', '.join(short(r) for r in nat['reservations'])}"
     if nat.get("relay_service"):
         load = nat.get("relay_load", {})
-        text += f", relay service on ({load.get('reservations', 0)} reservations, {load.get('circuits_now', 0)} circuits)"
+        text += (f", relay service on ({load.get('reservations', 0)} reservations, "
+                 f"{load.get('circuits_now', 0)} circuits)")
     if not nat.get("mdns"):
         text += ", LAN discovery off"
     return text

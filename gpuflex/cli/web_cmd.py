@@ -14,8 +14,8 @@ def web(home: str | None = HomeOpt,
                                    help="Address to serve on. Anything but loopback requires the "
                                         "login token in <home>/web.token.")) -> None:
     """Serve the web portal of a node: watch the mesh, audit jobs, credit peers, invite others."""
-    from web import WebError
-    from web.cli import run_web
+    from gpuflex_web import WebError
+    from gpuflex_web.cli import run_web
 
     try:
         raise typer.Exit(run_web(home, listen, port, echo=typer.echo))

@@ -16,7 +16,6 @@ import hmac
 import json
 import logging
 import os
-import secrets
 from collections import deque
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -26,6 +25,7 @@ import trio
 
 from gpuflex.errors import GpuflexError
 from gpuflex.home import CONTROL_FILE, TOKEN_FILE
+from gpuflex.localauth import load_or_create_token
 from gpuflex.node.events import EventLog
 from mesh.fsutil import atomic_write_text
 
@@ -47,18 +47,6 @@ class ApiError(GpuflexError):
     """An error reply with a message meant for the user."""
 
 
-def load_or_create_token(home: Path) -> str:
-    path = home / TOKEN_FILE
-    if path.exists():
-        token = path.read_text().strip()
-        if len(token) == 64:
-            os.chmod(path, 0o600)
-            return token
-    token = secrets.token_hex(32)
-    atomic_write_text(path, token + "\n", mode=0o600)
-    return token
-
-
 class ControlServer:
     def __init__(self, home: Path, methods: dict[str, Method], events: EventLog, peer_id: str,
                  port: int = 0) -> None:
@@ -67,7 +55,7 @@ class ControlServer:
         self.events = events
         self.peer_id = peer_id
         self.port = port
-        self.token = load_or_create_token(home)
+        self.token = load_or_create_token(home / TOKEN_FILE)
         self._open = 0
         self._waiting: deque[trio.CancelScope] = deque()  # connections yet to show a token, oldest first
 

@@ -131,9 +131,10 @@ class Preparation:
         book.fit = {k: v for k, v in fitted.items() if isinstance(v, (int, float, str)) or v is None}
         if (rate := valid_rate(fitted.get("samples_per_s"))) is not None:
             book.rates[book.me] = rate
-        settings: dict[str, Any] = {k: v for k, v in book.fit.items() if v is not None and k not in ("peer", "message")}
-        port.emit(EventKind.DEVICE_FITTED, message=f"job {book.job_id}: training on {fitted.get('summary', book.device)}",
-                  **settings)
+        settings: dict[str, Any] = {k: v for k, v in book.fit.items()
+                                    if v is not None and k not in ("peer", "message")}
+        port.emit(EventKind.DEVICE_FITTED,
+                  message=f"job {book.job_id}: training on {fitted.get('summary', book.device)}", **settings)
         self._size()
 
     async def _pass_turns(self, scope: trio.CancelScope) -> None:

@@ -19,9 +19,9 @@ more than ``LEDGER_SYNC_BYTES`` of frames it does not hold already. What a page 
 reason to fetch: every frame is checked as its page arrives (``ledger.ChainCheck``), the first
 that does not verify ends the fetch and penalises the peer, and fork choice compares what
 verified before anything changes. A claim of a heavier ledger therefore costs this node one
-page at most unless the claimant serves verifiable rounds. A sync that a peer's message sets off is throttled per peer (one at
-a time, and one every ``TRIGGER_EVERY_S`` at most), so naming unknown jobs cannot make a
-node sync in a loop.
+page at most unless the claimant serves verifiable rounds. A sync that a peer's message sets
+off is throttled per peer (one at a time, and one every ``TRIGGER_EVERY_S`` at most), so
+naming unknown jobs cannot make a node sync in a loop.
 """
 
 from __future__ import annotations

@@ -12,7 +12,6 @@ JSON ``{"error": {...}}`` with a one-line message.
 from __future__ import annotations
 
 import hmac
-import ipaddress
 import json
 import logging
 import secrets
@@ -27,9 +26,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from gpuflex.localauth import is_loopback, load_or_create_token
 from gpuflex.serve import BadRequest, ServeError
 from gpuflex.serve.request import GenRequest, parse_request
-from mesh.fsutil import atomic_write_text
 
 log = logging.getLogger("gpuflex.serve")
 TOKEN_FILE = "serve.token"
@@ -45,27 +44,6 @@ class Service(Protocol):
     def generate(self, req: GenRequest) -> AsyncGenerator[dict[str, Any], None]: ...
 
     def model_list(self) -> list[dict[str, Any]]: ...
-
-
-def is_loopback(host: str) -> bool:
-    if host in ("localhost", ""):
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
-
-
-def load_or_create_token(home: Any) -> str:
-    path = home / TOKEN_FILE
-    if path.exists():
-        token = path.read_text().strip()
-        if len(token) == 64:
-            path.chmod(0o600)
-            return token
-    token = secrets.token_hex(32)
-    atomic_write_text(path, token + "\n", mode=0o600)
-    return token
 
 
 def error(status: int, message: str, kind: str | None = None) -> JSONResponse:
@@ -96,7 +74,7 @@ class Api:
         if self.token is None:
             host = request.headers.get("host", "")
             name = host[1:].split("]", 1)[0] if host.startswith("[") else host.rsplit(":", 1)[0]
-            if not is_loopback(name):
+            if name and not is_loopback(name):  # no Host header at all: a local client
                 return error(421, "this API answers to 127.0.0.1 and localhost only")
             return None
         auth = request.headers.get("authorization", "")
@@ -243,7 +221,7 @@ async def serve_http(service: Service, host: str, port: int, *, task_status: Any
         with socket.socket(family, socket.SOCK_STREAM) as probe:
             probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             probe.bind((host, port))
-    token = None if is_loopback(host) else load_or_create_token(service.home)
+    token = None if is_loopback(host) else load_or_create_token(service.home / TOKEN_FILE)
     cfg = Config()
     cfg.bind = [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]
     cfg.accesslog = None

@@ -269,8 +269,8 @@ class ServeService:
             raise
         total = trio.current_time() - started
         self.routed.finished(total)
-        return {"model": req.model, "text": text, "finish": finish, "usage": usage, "server": server[-1] if server else "",
-                "first_token_ms": first_ms, "total_ms": round(total * 1000, 1)}
+        return {"model": req.model, "text": text, "finish": finish, "usage": usage,
+                "server": server[-1] if server else "", "first_token_ms": first_ms, "total_ms": round(total * 1000, 1)}
 
     def start_run(self, spec: InferenceSpec) -> dict[str, Any]:
         run = self.runs.get(spec.run_id)

@@ -193,8 +193,10 @@ class SimNode:
 
         mesh.handlers.register(SIM_PROBE, on_probe)
         dim = max(1, cfg.update_bytes // 4)
-        jobs = self.jobs = JobManager(mesh, events, self.home,
-                                      trainers=lambda *a: StandInTrainer(self.index, dim, cfg.compute_s, self.model.speed))
+        def trainer(*a: Any) -> StandInTrainer:
+            return StandInTrainer(self.index, dim, cfg.compute_s, self.model.speed)
+
+        jobs = self.jobs = JobManager(mesh, events, self.home, trainers=trainer)
         with trio.CancelScope() as scope:
             self.scope = scope
             async with trio.open_nursery() as nursery:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from gpuflex.localmesh import LocalMesh
-from tests.integration.netns import NetnsPair, NetnsUnavailable
+from gpuflex.testing.netns import NetnsPair, NetnsUnavailable
 
 
 @pytest.fixture

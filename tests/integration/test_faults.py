@@ -20,8 +20,8 @@ import pytest
 
 from gpuflex.localmesh import LocalMesh
 from gpuflex.node.core.ledger import Ledger, read_ledger_file, verify_chain
+from gpuflex.testing.netns import NetnsPair
 from tests.integration.conftest import light_spec
-from tests.integration.netns import NetnsPair
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
 #: What these tests check is the ledger, not the model: a small MLP, one local epoch.

@@ -159,8 +159,9 @@ def test_plans_from_the_wrong_coordinator_or_with_huge_deadlines_are_rejected(ar
     # Each node logs the rejection and penalises the peer that handed it the plan (the hostile
     # peer, or a node that relayed the plan to it).
     rejected = r"rejected input from \w+ \([^)]*\): round: "
-    arena.wait(lambda: arena.logged(rf"{rejected}plan from {h.peer_id[-8:]} for attempt 0, which belongs to "
-                                    rf"{owner[0][-8:]}; penalty now"), "every node rejects the wrong coordinator's plan")
+    arena.wait(lambda: arena.logged(rf"{rejected}plan from {h.peer_id[-8:]} for attempt 0, "
+                                    rf"which belongs to {owner[0][-8:]}; penalty now"),
+               "every node rejects the wrong coordinator's plan")
     arena.wait(lambda: arena.logged(rf"{rejected}the plan's training deadline is \d+s away; the job allows \d+s; "
                                     r"penalty now"), "every node rejects the 11-day deadline")
     for i in range(3):
@@ -237,7 +238,8 @@ def test_a_peer_the_allowlist_excludes_cannot_coordinate_even_if_the_job_names_i
                "every node prepares the job")
     base = mesh.job(0, job)["model_hash"]
     for attempt in range(3):
-        h.call(h.push_raw, list(arena.ids.values()), h.plan(job=job, round_=1, attempt=attempt, prev="", base=base, members=members))
+        h.call(h.push_raw, list(arena.ids.values()),
+               h.plan(job=job, round_=1, attempt=attempt, prev="", base=base, members=members))
     arena.wait(lambda: all(len(re.findall(r"which belongs to", arena.log(i))) > before[i] for i in range(3)),
                "every node refuses the excluded peer's plan")
     arena.wait(lambda: all(mesh.job(i, job)["state"] == "done" for i in range(3)), "the allowlisted job finishes")
@@ -267,7 +269,8 @@ def test_a_coordinator_cannot_choose_secure_aggregation_groups_nor_mask_a_group_
     # Plan A: the victim alone under the hostile leader (one Sybil leads the other), so its
     # "masked" update would be its update in clear.
     alone = {h.peer_id: None, sybils[0]: h.peer_id, sybils[1]: sybils[0], victim: h.peer_id}
-    h.call(h.push_raw, list(arena.ids.values()), h.plan(job=job, round_=1, attempt=0, prev="", base=base, members=list(alone), parent=alone))
+    h.call(h.push_raw, list(arena.ids.values()),
+           h.plan(job=job, round_=1, attempt=0, prev="", base=base, members=list(alone), parent=alone))
     arena.wait(lambda: arena.logged(r"chose its own secure-aggregation groups", [1]), "the victim refuses plan A")
     time.sleep(2.0)
     assert not [u for u in h.updates if u.sender == victim], "the victim sent its update to the hostile leader"
@@ -278,8 +281,9 @@ def test_a_coordinator_cannot_choose_secure_aggregation_groups_nor_mask_a_group_
     # The victim has moved past attempt 0 by now (nobody planned it): one plan for each of the
     # next attempts the hostile peer owns; the victim holds those ahead until it reaches one.
     for attempt in [a for a in range(48) if coordinator_ranking(job, 1, members, [], a)[0] == h.peer_id]:
-        h.call(h.push_raw, list(arena.ids.values()), h.plan(job=job, round_=1, attempt=attempt, prev="", base=base, members=list(fair),
-                                   parent=fair, train_in_s=40.0))
+        h.call(h.push_raw, list(arena.ids.values()),
+               h.plan(job=job, round_=1, attempt=attempt, prev="", base=base, members=list(fair), parent=fair,
+                      train_in_s=40.0))
     arena.wait(lambda: arena.logged(r"not sending a masked update: .* fewer than secagg_min_group=3", [1]),
                "the victim refuses to mask into a group of two")
     assert not [u for u in h.updates if u.sender == victim], "the victim sent its update to the hostile leader"

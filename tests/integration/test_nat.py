@@ -1,6 +1,6 @@
 """Home machines behind NAT, as real node processes in network namespaces.
 
-One topology serves the module (``nat_topology.py``): a public host and four homes behind
+One topology serves the module (``gpuflex.testing.nat``): a public host and four homes behind
 nftables NAT routers with 20 Mbit uplinks, every router mapping each connection to a random
 port (``masquerade fully-random``), so no hole can be punched and only a relay can join two
 homes. Three meshes start at once, so their start-up costs overlap:
@@ -22,8 +22,8 @@ from typing import Any
 import pytest
 
 from gpuflex.localmesh import LocalMesh
+from gpuflex.testing.nat import NatTopology, NetnsUnavailable
 from tests.integration.conftest import digits_spec
-from tests.integration.nat_topology import NatTopology, NetnsUnavailable
 
 ROUNDS = 2
 pytestmark = pytest.mark.slow

@@ -91,7 +91,8 @@ def test_min_nodes_sybil_keys_in_a_committed_plan_cannot_commit_an_open_job_alon
             k.member_of[job] = SAMPLES
             k.call(k.keep_present, job)
         mine = {k.peer_id for k in keys}
-        wait(lambda: any(mine <= {c["peer"] for c in row["contributors"]} for row in mesh.call(0, "ledger", {"job": job})),
+        wait(lambda: any(mine <= {c["peer"] for c in row["contributors"]}
+                         for row in mesh.call(0, "ledger", {"job": job})),
              "both keys contribute to a committed round")
         assert mesh.job(0, job)["round"] < ROUNDS - 2, "the job is still running: there is a round to take"
         # From now on they send nothing: the next honest round waits for their updates until its

@@ -24,7 +24,8 @@ openai = pytest.importorskip("openai", reason="the openai client is in the dev e
 httpx = pytest.importorskip("httpx")
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
-SERVE = '\n[serve]\nhttp = "127.0.0.1:0"\nmax_batch = {batch}\nmax_prompt_tokens = 256\nmax_new_tokens = 200\nqueue = 16\n'
+SERVE = ('\n[serve]\nhttp = "127.0.0.1:0"\nmax_batch = {batch}\nmax_prompt_tokens = 256\nmax_new_tokens = 200\n'
+         'queue = 16\n')
 
 
 def serving_mesh(mesh_factory: Any, size: int, toml: Any) -> Any:
@@ -255,7 +256,8 @@ def test_a_batch_inference_job_spreads_over_the_servers_resumes_after_a_kill_and
     tok = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
     for r in rows:
-        env = open_envelope(base64.b64decode(r["signed"]), expect_kind=SERVE_OUTPUT)  # signed by the server that answered
+        # Signed by the server that answered.
+        env = open_envelope(base64.b64decode(r["signed"]), expect_kind=SERVE_OUTPUT)
         assert env.sender == r["server"] and env.body["text"] == r["text"]
         ids = tok(r["prompt"], return_tensors="pt").input_ids
         ref = model.generate(input_ids=ids, max_new_tokens=24, do_sample=False, pad_token_id=256)

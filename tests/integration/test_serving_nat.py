@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from gpuflex.localmesh import LocalMesh
-from tests.integration.nat_topology import NatTopology, NetnsUnavailable
+from gpuflex.testing.nat import NatTopology, NetnsUnavailable
 from tests.integration.test_serving import SERVE, tiny_model_dir
 
 pytest.importorskip("transformers")

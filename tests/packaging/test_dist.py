@@ -19,7 +19,7 @@ import pytest
 from gpuflex import __version__
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("mesh", "aggregation", "gpuflex", "tui", "web")
+PACKAGES = ("mesh", "aggregation", "gpuflex", "tui", "gpuflex_web")
 BUILD_TIMEOUT_S = 300
 
 pytestmark = pytest.mark.slow
@@ -65,7 +65,7 @@ def test_the_wheel_holds_every_package_file_and_no_tests(built: tuple[Path, list
     assert not missing, f"package files missing from the wheel: {missing}"
     # The data files that the package-data rules exist for, by name, so an emptied glob fails too.
     for data in ("gpuflex/templates/job.toml", "gpuflex/templates/lora.toml", "gpuflex/py.typed",
-                 "tui/dashboard.tcss", "web/templates/join.html", "web/static/style.css"):
+                 "tui/dashboard.tcss", "gpuflex_web/templates/join.html", "gpuflex_web/static/style.css"):
         assert data in wheel
     assert not [n for n in wheel if n.startswith(("tests/", "benchmarks/"))]
     assert f"gpuflex-{__version__}.dist-info/entry_points.txt" in wheel
@@ -87,8 +87,9 @@ def test_the_wheel_installs_alone_and_runs(built: tuple[Path, list[str]], tmp_pa
     assert Path(where.stdout.strip()).is_relative_to(target)
     # The portal finds the wheel it was installed from (pip's direct_url.json) for the Join page.
     found = subprocess.run([sys.executable, "-c", "from pathlib import Path; from gpuflex import __version__; "
-                            "from web.wheel import WheelFinder, wheel_dirs; "
-                            "w = WheelFinder(__version__, wheel_dirs(Path('no-home'))).find(); print(w.path, w.sha256)"],
+                            "from gpuflex_web.wheel import WheelFinder, wheel_dirs; "
+                            "w = WheelFinder(__version__, wheel_dirs(Path('no-home'))).find(); "
+                            "print(w.path, w.sha256)"],
                            env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert found.returncode == 0, found.stderr[-3000:]
     assert found.stdout.split() == [str(wheel), hashlib.sha256(wheel.read_bytes()).hexdigest()]

@@ -39,6 +39,8 @@ def test_screen_snapshot(key: str, mode: str, size: tuple[int, int]) -> None:
                 lambda: isinstance(app.screen, JobsScreen) and JOB_ID in app.screen.ledgers,
                 what="ledger",
             )
+        # The footer is drawn last: a busy machine may not have drawn it within a fixed pause.
+        await until(pilot, lambda: "Quit" in screen_text(app).rstrip().splitlines()[-1], what="the footer")
         await pilot.pause(0.1)
         captured.append(screen_text(app))
 

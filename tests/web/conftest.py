@@ -11,12 +11,12 @@ import httpx
 import pytest
 import trio
 
+from gpuflex_web.app import Portal
+from gpuflex_web.exports import Exporter
+from gpuflex_web.server import serve
 from tests.tui.fake_source import NOW
 from tests.web.browser import ensure_chromium
 from tests.web.fake_api import FakeApi
-from web.app import Portal
-from web.exports import Exporter
-from web.server import serve
 
 
 @dataclass

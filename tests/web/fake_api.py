@@ -18,10 +18,10 @@ import msgpack
 import trio
 
 from gpuflex.node.core.ledger import result_row, verify_chain
+from gpuflex_web.source import NodeRefused, NodeUnavailable
 from tests.tui.fake_source import JOB_ID as HOSTILE_JOB
 from tests.tui.fake_source import METRICS, SELF, history, job_row, ledger_rows, node_info, peer_rows
 from tests.unit.node.chain import JOB, make_chain
-from web.source import NodeRefused, NodeUnavailable
 
 HOSTILE_NAME = "<script>alert(1)</script> [/evil] $\\x$"
 ROUNDS = 3

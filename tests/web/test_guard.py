@@ -7,9 +7,9 @@ from __future__ import annotations
 import httpx
 import trio
 
+from gpuflex_web.security import LOGIN_BURST, LoginThrottle
 from tests.unit.node.chain import JOB
 from tests.web.conftest import Served, start
-from web.security import LOGIN_BURST, LoginThrottle
 
 
 async def test_a_post_without_same_origin_proof_is_refused(served: Served) -> None:

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import trio
 
+from gpuflex_web.views import LEDGER_PAGE
 from tests.web.conftest import Served, start
 from tests.web.fake_api import LLM_JOB, LONG_JOB
 from tests.web.test_pages import job_page_with_spec
-from web.views import LEDGER_PAGE
 
 
 async def test_a_language_model_job_offers_its_adapter_not_a_missing_model_pt(served: Served) -> None:

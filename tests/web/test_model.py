@@ -9,8 +9,8 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from web.credit import compute_credit, credit_csv, csv_cell
-from web.model import MAX_TEXT, Job, LedgerRound, Peer, Status
+from gpuflex_web.credit import compute_credit, credit_csv, csv_cell
+from gpuflex_web.model import MAX_TEXT, Job, LedgerRound, Peer, Status
 
 JSON = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=200),

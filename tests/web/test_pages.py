@@ -10,12 +10,12 @@ import httpx
 import trio
 from markupsafe import escape
 
+from gpuflex_web.security import CSP
 from tests.tui.fake_source import JOB_ID as HOSTILE_JOB
 from tests.tui.fake_source import SELF, peer_id
 from tests.unit.node.chain import JOB
 from tests.web.conftest import Served, next_update
 from tests.web.fake_api import HOSTILE_NAME
-from web.security import CSP
 
 PAGES = ["/", "/peers", "/jobs", f"/jobs/{JOB}", f"/jobs/{HOSTILE_JOB}", "/contributions", "/join"]
 

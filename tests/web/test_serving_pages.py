@@ -118,7 +118,7 @@ async def test_a_playground_post_from_another_site_never_reaches_the_node(served
 async def test_prompts_beyond_the_portals_limit_in_flight_are_refused_not_queued(served: Served) -> None:
     import trio
 
-    from web.serving import MAX_ASKING
+    from gpuflex_web.serving import MAX_ASKING
 
     served.api.serve = serve_block()
     release = trio.Event()

@@ -1,4 +1,4 @@
-"""web.source against a real TCP server speaking the control API's wire format
+"""gpuflex_web.source against a real TCP server speaking the control API's wire format
 (docs/control-api.md): newline-delimited JSON, a token on every request, events pushed."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import trio
 
 from gpuflex.client import Endpoint
 from gpuflex.home import CONTROL_FILE, TOKEN_FILE
+from gpuflex_web.source import ControlSource, NodeRefused, NodeUnavailable
 from tests.web.fake_api import FakeApi
-from web.source import ControlSource, NodeRefused, NodeUnavailable
 
 TOKEN = "ab" * 32
 

@@ -10,18 +10,19 @@ from pathlib import Path
 import httpx
 import trio
 
+from gpuflex_web.app import Portal
+from gpuflex_web.exports import Exporter
+from gpuflex_web.server import serve
+from gpuflex_web.wheel import wheel_dirs
 from tests.tui.fake_source import NOW
 from tests.web.fake_api import FakeApi
-from web.app import Portal
-from web.exports import Exporter
-from web.server import serve
-from web.wheel import wheel_dirs
 
 VERSION = "9.8.7"
 NAME = f"gpuflex-{VERSION}-py3-none-any.whl"
 
 
-async def portal(nursery: trio.Nursery, tmp_path: Path, dirs: list[Path], token: str | None = None) -> httpx.AsyncClient:
+async def portal(nursery: trio.Nursery, tmp_path: Path, dirs: list[Path],
+                 token: str | None = None) -> httpx.AsyncClient:
     api = FakeApi()
     app = Portal(api, token=token, exporter=Exporter(api, tmp_path / "exports"), wall_clock=lambda: NOW,
                  version=VERSION, wheel_dirs=dirs)

@@ -17,7 +17,7 @@ from textual.widgets import DataTable, Input
 
 from tui import format as fmt
 from tui.feed import Snapshot
-from tui.model import MemberWork, Peer, current_job
+from tui.model import MemberWork, NodeInfo, Peer, current_job
 from tui.screens.base import DashboardScreen
 from tui.widgets.keyed_table import Cell, KeyedTable
 from tui.widgets.node_detail import NodeDetail
@@ -33,6 +33,17 @@ class Column:
     sort_key: Callable[[Peer, MemberWork | None], Any]
 
 
+def device_cell(info: NodeInfo | None) -> str:
+    """One short cell: the first accelerator and its memory, or the CPU and its RAM."""
+    if info is None:
+        return ""
+    if info.accelerators:
+        acc = info.accelerators[0]
+        extra = f"+{len(info.accelerators) - 1}" if len(info.accelerators) > 1 else ""
+        return f"{fmt.device_name(acc.name)}{extra} {fmt.human_bytes(acc.memory_bytes)}"
+    return f"cpu×{info.cpu_count} {fmt.human_bytes(info.ram_bytes)}"
+
+
 def _work_key(value: float | None) -> float:
     return -math.inf if value is None else value
 
@@ -42,7 +53,7 @@ def _work_key(value: float | None) -> float:
 COLUMNS = (
     Column("peer", "peer", "i", lambda p, w: p.peer_id),
     Column("state", "state", "t", lambda p, w: (STATE_ORDER.get(p.state, 3), p.peer_id)),
-    Column("device", "device", "d", lambda p, w: p.info.device() if p.info else ""),
+    Column("device", "device", "d", lambda p, w: device_cell(p.info)),
     # The followed job's last committed round: who did how much, on what.
     Column("rate", "smp/s", "r", lambda p, w: _work_key(w.samples_per_s if w else None)),
     Column("share", "shr", "a", lambda p, w: _work_key(w.compute_share if w else None)),
@@ -71,7 +82,7 @@ def _figure(value: float | None, text: str) -> Text:
 def peer_cells(peer: Peer, now: float, work: MemberWork | None = None) -> list[Cell]:
     legacy = Text("yes", style="yellow") if peer.info and peer.info.legacy else Text("")
     penalty = Text(f"{peer.penalty:.2f}", style="red" if peer.penalty > 0 else "dim")
-    device = peer.info.device() if peer.info else fmt.DASH
+    device = device_cell(peer.info) or fmt.DASH
     return [
         fmt.short_id(peer.peer_id),
         fmt.literal(peer.state, style=fmt.STATE_STYLES.get(peer.state, "")),
@@ -100,7 +111,7 @@ def matches(peer: Peer, needle: str) -> bool:
             peer.peer_id,
             peer.state,
             peer.reachability,
-            peer.info.device() if peer.info else "",
+            device_cell(peer.info),
             "legacy" if peer.info and peer.info.legacy else "",
         ]
     )

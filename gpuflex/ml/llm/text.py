@@ -103,7 +103,8 @@ def build_bundle(spec: JobSpec, docs: dict[str, str], tokenizer: Any) -> TextBun
         raise LLMError(f"the text holds no document of at least {seq_len + 1} tokens; lower llm.seq_len")
     data, group = np.concatenate(rows), np.concatenate(groups)
     if len(data) < 2:
-        raise LLMError(f"the text gives only {len(data)} sequence(s) of {seq_len + 1} tokens; need at least 2 (lower llm.seq_len)")
+        raise LLMError(f"the text gives only {len(data)} sequence(s) of {seq_len + 1} tokens; "
+                       "need at least 2 (lower llm.seq_len)")
     train, test = split_indices(group, spec.test_fraction, spec.seed, stratify=False)
     return TextBundle(torch.from_numpy(data[train]), torch.from_numpy(data[test]), group[train], names)
 

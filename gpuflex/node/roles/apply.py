@@ -180,7 +180,8 @@ class ResultApplier:
         """Whether a finished job should fetch a peer's ledger on ``head`` (a presence or sync
         page's head prefix) to report it: another head, not reported yet, within the cap."""
         return (head is not None and head != self.book.ledger.head[:HEAD_CHARS]
-                and len(self._forks_seen) < MAX_FORKS_REPORTED and not any(h.startswith(head) for h in self._forks_seen))
+                and len(self._forks_seen) < MAX_FORKS_REPORTED
+                and not any(h.startswith(head) for h in self._forks_seen))
 
     def _keep_final(self, frames: list[bytes], peer: str) -> None:
         """A finished job keeps its ledger; a different one that also carries its evidence (two

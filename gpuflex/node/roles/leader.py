@@ -104,7 +104,8 @@ class Leader:
             raise WireError(WireReason.HASH, f"delta from {up.peer[-8:]} does not match its signed hash")
         spec = self.book.spec
         col.add_update(up, fold_vector(spec, col.plan, up, decode_update(spec, msg.payload, up.delta_size)))
-        self.port.emit(EventKind.UPDATE_RECEIVED, up.round, up.peer, message=f"round {up.round}: update from {up.peer[-8:]}")
+        self.port.emit(EventKind.UPDATE_RECEIVED, up.round, up.peer,
+                       message=f"round {up.round}: update from {up.peer[-8:]}")
 
     async def on_partial(self, msg: Inbound) -> None:
         part = parse_partial(msg.envelope)
@@ -146,7 +147,8 @@ class Leader:
                 or book.committed >= plan.round:
             return None
         if col.acc.count == 0:
-            self.port.emit(EventKind.REDUCE_EMPTY, plan.round, message=f"round {plan.round}: nothing reached this leader")
+            self.port.emit(EventKind.REDUCE_EMPTY, plan.round,
+                           message=f"round {plan.round}: nothing reached this leader")
             return None
         updates, samples = col.updates, col.samples
         group_reports = [r for p in col.partials for r in p.secagg]

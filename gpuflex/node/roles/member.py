@@ -89,8 +89,10 @@ class Member:
             trained = await self._update_for(plan, deadlines)
             if side is not None:
                 trained = await self._mask(plan, side, trained)
-            elif trained.update.plan != plan.digest:  # signed for this plan alone: it counts in no other attempt's result
-                trained = seal_update(self.port.identity, trained.payload, **{**trained.update.env.body, "plan": plan.digest})
+            elif trained.update.plan != plan.digest:
+                # Signed for this plan alone: it counts in no other attempt's result.
+                body = {**trained.update.env.body, "plan": plan.digest}
+                trained = seal_update(self.port.identity, trained.payload, **body)
             self.book.status.set_phase(Phase.REDUCE, deadlines.train)
             if self._fold_own(plan, trained):  # this node leads its own group: folded here
                 self._sent()
@@ -98,7 +100,8 @@ class Member:
             await send_up(self.port, self.book, plan, deadlines, trained.frame, trained.payload, Work.UPDATE,
                           masked=side is not None, delivered=self._sent)
         except (SendError, WireError, OSError) as exc:
-            self.port.emit(EventKind.UPDATE_FAILED, r, message=f"round {r}: could not deliver this node's update: {exc}")
+            self.port.emit(EventKind.UPDATE_FAILED, r,
+                           message=f"round {r}: could not deliver this node's update: {exc}")
         except Exception as exc:  # user code (a model, a train_fn plug-in) may raise anything;
             # one member's failed round must not end the job, which the others carry on
             log.exception("training for round %d failed", r)

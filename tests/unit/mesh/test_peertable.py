@@ -89,7 +89,8 @@ def test_an_evicted_peer_keeps_its_penalty_as_a_mark() -> None:
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.tuples(st.sampled_from(["seen", "reached", "add", "penalise"]), st.integers(0, 100)), min_size=60, max_size=300),
+@given(st.lists(st.tuples(st.sampled_from(["seen", "reached", "add", "penalise"]), st.integers(0, 100)),
+                min_size=60, max_size=300),
        st.integers(8, 24))
 def test_any_sequence_stays_within_the_caps(ops: list[tuple[str, int]], max_peers: int) -> None:
     t = table(max_peers)

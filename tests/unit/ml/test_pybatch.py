@@ -31,7 +31,8 @@ def py2_batch(data: np.ndarray, labels: list[int]) -> bytes:
     out = b"\x80\x02}q\x00(" + s(b"data")
     out += b"cnumpy.core.multiarray\n_reconstruct\nq\x01cnumpy\nndarray\nq\x02K\x00\x85" + s(b"b") + b"\x87Rq\x03("
     out += b"K\x01" + b"".join(b"M" + struct.pack("<H", d) for d in data.shape) + b"\x86"
-    out += b"cnumpy\ndtype\nq\x04" + s(b"u1") + b"K\x00K\x01\x87Rq\x05(K\x03" + s(b"|") + b"NNNJ\xff\xff\xff\xffJ\xff\xff\xff\xffK\x00tb"
+    out += b"cnumpy\ndtype\nq\x04" + s(b"u1") + b"K\x00K\x01\x87Rq\x05(K\x03" + s(b"|")
+    out += b"NNNJ\xff\xff\xff\xffJ\xff\xff\xff\xffK\x00tb"
     out += b"\x89" + s(raw) + b"tb" + s(b"labels") + b"]q\x06(" + b"".join(b"K" + bytes([v]) for v in labels) + b"eu."
     return out
 

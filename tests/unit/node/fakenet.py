@@ -84,7 +84,8 @@ class FakeTrainer:
         rate = self.node.rate if self.node is not None else 0.0
         return {"device": f"fake{self.index}", "samples_per_s": rate, "precision": "fp32"}
 
-    def train(self, base: np.ndarray, max_steps: int = 0, time_limit_s: float = 0.0) -> tuple[np.ndarray, dict[str, Any]]:
+    def train(self, base: np.ndarray, max_steps: int = 0,
+              time_limit_s: float = 0.0) -> tuple[np.ndarray, dict[str, Any]]:
         rate = self.node.rate if self.node is not None else 0.0
         if rate > 0 and time_limit_s > 0:
             fits = int(time_limit_s * rate // BATCH)

@@ -274,7 +274,8 @@ def test_an_open_job_counts_a_round_only_with_most_of_the_last_rounds_contributo
     if counts:
         assert len(check(frames, frame, ids, quorum=quorum)) == signers
     else:
-        with pytest.raises(EvidenceError, match=r"2 of the recent rounds' contributors contributed; an open job needs 3"):
+        needs = r"2 of the recent rounds' contributors contributed; an open job needs 3"
+        with pytest.raises(EvidenceError, match=needs):
             check(frames, frame, ids, quorum=quorum)
 
 

@@ -90,8 +90,9 @@ ROWS: list[tuple[str, list[tuple[str, int | None, Any]], tuple[int, int | None, 
 
 
 @pytest.mark.parametrize(("steps", "expected"), [(s, e) for _, s, e in ROWS], ids=[n for n, _, _ in ROWS])
-def test_each_transition_keeps_only_live_plans(steps: list[tuple[str, int | None, Any]],
-                                               expected: tuple[int, int | None, set[int], int | None, set[int]]) -> None:
+def test_each_transition_keeps_only_live_plans(
+        steps: list[tuple[str, int | None, Any]],
+        expected: tuple[int, int | None, set[int], int | None, set[int]]) -> None:
     rs = RoundState(round=3)
     for op, arg, returns in steps:
         assert step(rs, op, arg) == returns, f"{op}({arg})"

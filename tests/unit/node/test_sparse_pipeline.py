@@ -153,7 +153,8 @@ def test_the_job_file_refuses_what_cannot_work_with_the_reason(fields: dict[str,
 
 
 def test_robust_rules_that_work_on_sparse_updates_are_accepted_and_round_trip() -> None:
-    for fields in ({"rule": "krum", "rule_params": {"f": 1}}, {"rule": "centered-clipping", "rule_params": {"tau": 1.0}}, {"norm_bound": 3.0}):
+    for fields in ({"rule": "krum", "rule_params": {"f": 1}},
+                   {"rule": "centered-clipping", "rule_params": {"tau": 1.0}}, {"norm_bound": 3.0}):
         spec = JobSpec.from_dict({"model": "digits-cnn", "data": "sklearn-digits", "codec": "sparse", **fields})
         assert JobSpec.from_dict(spec.to_dict()) == spec
     plain = JobSpec.from_dict({"model": "digits-cnn", "data": "sklearn-digits"})

@@ -158,6 +158,7 @@ def test_masked_update_outside_its_group_is_refused() -> None:
     payload = DeltaEncoder(SPEC).encode(np.zeros(SIZE, np.float32), 5, secagg_member(SPEC, ids[1], plan))
     masked = decode_update(SPEC, payload, SIZE)
     plain = JobSpec.from_dict({"model": "mlp", "data": "sklearn-digits"})
-    for reducer in (make_reducer(plain, True), make_reducer(JobSpec.from_dict({**plain.to_dict(), "rule": "median"}), True)):
+    median = JobSpec.from_dict({**plain.to_dict(), "rule": "median"})
+    for reducer in (make_reducer(plain, True), make_reducer(median, True)):
         with pytest.raises(ValueError, match="outside its group"):
             reducer.add(masked, 5.0, ids[1].peer_id)  # type: ignore[arg-type]

@@ -44,7 +44,7 @@ def test_counts_read_in_the_singular_and_the_plural() -> None:
 
 
 def test_cli_and_portal_abbreviate_a_peer_id_alike() -> None:
-    from web.model import short as portal_short
+    from gpuflex_web.model import short as portal_short
 
     peer = "12D3KooWQYhTNQdmr3ArTeUHRYzFg94BKyTkoWBmyqWUZy4uYmyb"
     assert short(peer) == portal_short(peer) == "…" + peer[-10:]

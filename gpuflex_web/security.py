@@ -23,8 +23,6 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import ipaddress
-import secrets
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, MutableMapping
@@ -33,8 +31,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode, urlsplit
 
-from mesh.fsutil import atomic_write_text
-from web import WebError
+from gpuflex.localauth import is_loopback
+from gpuflex.localauth import load_or_create_token as load_token_file
+from gpuflex_web import WebError
 
 TOKEN_FILE = "web.token"
 COOKIE = "gpuflex_web"
@@ -47,7 +46,6 @@ SECURITY_HEADERS = [
     (b"x-frame-options", b"DENY"),
     (b"cross-origin-opener-policy", b"same-origin"),
 ]
-LOOPBACK_NAMES = {"localhost", "127.0.0.1", "::1"}
 OPEN_PATHS = ("/login", "/static/")
 #: Pages that another site may link to: they only read the snapshot the portal already holds.
 NAVIGABLE = ("/", "/login")
@@ -66,30 +64,14 @@ Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 
-def is_loopback(host: str) -> bool:
-    if host in LOOPBACK_NAMES:
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
-
-
 def load_or_create_token(home: Path) -> str:
     """The portal's login token: 64 hex characters, created once, kept in a 0600 file."""
     path = home / TOKEN_FILE
     try:
-        if path.exists():
-            token = path.read_text().strip()
-            if len(token) == 64:
-                path.chmod(0o600)
-                return token
         home.mkdir(parents=True, exist_ok=True)
-        token = secrets.token_hex(32)
-        atomic_write_text(path, token + "\n", mode=0o600)
+        return load_token_file(path)
     except OSError as exc:
         raise WebError(f"cannot use the login token file {path}: {exc.strerror or exc}") from None
-    return token
 
 
 def session_value(token: str) -> str:

@@ -19,8 +19,8 @@ from typing import Any
 import trio
 
 from gpuflex.serve.view import Serving
-from web.model import Event, Job, LedgerRound, Peer, Status, as_list
-from web.source import NodeRefused, NodeUnavailable, Source
+from gpuflex_web.model import Event, Job, LedgerRound, Peer, Status, as_list
+from gpuflex_web.source import NodeRefused, NodeUnavailable, Source
 
 RETRY_DELAYS = (1.0, 2.0, 2.0, 3.0)
 #: On a failed poll the last data stays on screen (marked stale) only if it is younger than

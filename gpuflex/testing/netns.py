@@ -17,13 +17,14 @@ import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from gpuflex.errors import GpuflexError
 from gpuflex.localmesh import Placement
 
 CLONE_NEWNET = 0x40000000
 _serial = itertools.count()
 
 
-class NetnsUnavailable(RuntimeError):
+class NetnsUnavailable(GpuflexError, RuntimeError):
     """This machine cannot create network namespaces for the caller (not root, or no ``ip``)."""
 
 

@@ -33,15 +33,15 @@ from starlette.responses import (
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from web import filters
-from web.credit import compute_credit, credit_csv
-from web.exports import FILES, Exporter, ExportError, MissingFile, Verdict, downloads_for
-from web.hub import Hub, Snapshot
-from web.security import COOKIE, Guard, safe_next, session_value
-from web.serving import DEADLINE_S, MAX_ASKING, MAX_BODY, BadForm, Busy, parse_form
-from web.source import NodeRefused, NodeUnavailable, Source
-from web.views import PAGES, Page
-from web.wheel import WheelFinder
+from gpuflex_web import filters
+from gpuflex_web.credit import compute_credit, credit_csv
+from gpuflex_web.exports import FILES, Exporter, ExportError, MissingFile, Verdict, downloads_for
+from gpuflex_web.hub import Hub, Snapshot
+from gpuflex_web.security import COOKIE, Guard, safe_next, session_value
+from gpuflex_web.serving import DEADLINE_S, MAX_ASKING, MAX_BODY, BadForm, Busy, parse_form
+from gpuflex_web.source import NodeRefused, NodeUnavailable, Source
+from gpuflex_web.views import PAGES, Page
+from gpuflex_web.wheel import WheelFinder
 
 STATIC = Path(__file__).parent / "static"
 KEEPALIVE_S = 15.0
@@ -49,7 +49,7 @@ MAX_FORM = 4096
 
 
 def make_env() -> Environment:
-    env = Environment(loader=PackageLoader("web", "templates"),
+    env = Environment(loader=PackageLoader("gpuflex_web", "templates"),
                       autoescape=select_autoescape(["html"], default=True),
                       trim_blocks=True, lstrip_blocks=True)
     filters.install(env)

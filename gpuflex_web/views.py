@@ -15,12 +15,12 @@ from typing import Any
 
 from markupsafe import Markup
 
-from web.charts import bar_chart, line_chart
-from web.credit import compute_credit, top
-from web.hub import Snapshot
-from web.model import MEMBER_FIELDS, Job, LedgerRound, Peer
-from web.qr import qr_svg
-from web.serving import serving_view
+from gpuflex_web.charts import bar_chart, line_chart
+from gpuflex_web.credit import compute_credit, top
+from gpuflex_web.hub import Snapshot
+from gpuflex_web.model import MEMBER_FIELDS, Job, LedgerRound, Peer, human_bytes
+from gpuflex_web.qr import qr_svg
+from gpuflex_web.serving import serving_view
 
 Params = Mapping[str, str]
 
@@ -35,7 +35,7 @@ PEER_COLUMNS: dict[str, tuple[str, Callable[[Peer], Any]]] = {
     "memory": ("Memory", lambda p: _memory_bytes(p)),
     "reach": ("Reachability", lambda p: REACH_ORDER.get(p.reachability, 3)),
     "legacy": ("Legacy GPU", lambda p: {True: 0, False: 1, None: 2}[p.legacy]),
-    "rounds": ("Rounds", lambda p: p.rounds),
+    "rounds": ("Rounds", lambda p: p.rounds_contributed),
     "penalty": ("Penalty", lambda p: p.penalty),
 }
 
@@ -43,13 +43,14 @@ PEER_COLUMNS: dict[str, tuple[str, Callable[[Peer], Any]]] = {
 def _memory_bytes(p: Peer) -> float:
     if p.info is None:
         return -1.0
-    return (p.info.accelerator_memory if p.info.accelerator else p.info.ram_bytes) or 0.0
+    return p.memory_bytes or 0.0
 
 
 def peer_search_text(p: Peer) -> str:
     legacy = {True: "legacy", False: "", None: ""}[p.legacy]
     os_name = p.info.os if p.info else ""
-    return " ".join([p.peer_id, p.state, p.device, p.memory, p.reachability, legacy, os_name]).lower()
+    words = [p.peer_id, p.state, p.device, human_bytes(p.memory_bytes), p.reachability, legacy, os_name]
+    return " ".join(words).lower()
 
 
 @dataclass(frozen=True)
@@ -148,8 +149,8 @@ def job_view(snap: Snapshot, params: Params) -> dict[str, Any]:
 def contributions_view(snap: Snapshot, params: Params) -> dict[str, Any]:
     credit = compute_credit(snap.ledgers)
     devices = {p.peer_id: p.device for p in snap.peers}
-    if snap.status and snap.status.info:
-        devices[snap.status.peer_id] = snap.status.info.device
+    if snap.status and snap.status.node_info:
+        devices[snap.status.peer_id] = snap.status.node_info.device
     bars = [(f"…{row.peer[-8:]}", row.share, f"{row.share * 100:.1f}%") for row in top(credit)]
     labels = {j.job_id: j.label for j in snap.jobs}
     return {"credit": credit, "devices": devices, "labels": labels,

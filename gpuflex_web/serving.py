@@ -7,7 +7,7 @@ playground sends one prompt through the node's router (control method ``serve_co
 same path an API request takes) and shows the answer, who made it and how fast.
 
 The playground's form is a POST, so the portal's guard asks it for same-origin proof like every
-other change (web.security); the prompt is bounded here before the node bounds it again.
+other change (gpuflex_web.security); the prompt is bounded here before the node bounds it again.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs
 
-from web.hub import Snapshot
+from gpuflex_web.hub import Snapshot
 
 Params = Mapping[str, str]
 #: A playground form's body: a prompt of PROMPT_CHARS, percent-encoded, fits with room.

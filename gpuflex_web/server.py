@@ -14,7 +14,7 @@ import trio
 from hypercorn.config import Config
 from hypercorn.trio import serve as hypercorn_serve
 
-from web.app import Portal
+from gpuflex_web.app import Portal
 
 
 def bind_address(host: str, port: int) -> str:

@@ -18,7 +18,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from web.model import LedgerRound
+from gpuflex_web.model import LedgerRound
 
 Basis = Literal["compute time", "compute share", "samples"]
 BASIS_NOTE: dict[Basis, str] = {

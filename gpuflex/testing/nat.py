@@ -28,7 +28,7 @@ import subprocess
 from dataclasses import dataclass
 
 from gpuflex.localmesh import Placement
-from tests.integration.netns import NetnsUnavailable, _ip, ensure_tool, inside, placement_in
+from gpuflex.testing.netns import NetnsUnavailable, _ip, ensure_tool, inside, placement_in
 
 WAN_NET = "198.51.100"
 _serial = itertools.count()

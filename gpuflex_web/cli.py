@@ -12,8 +12,8 @@ import trio
 
 from gpuflex import __version__
 from gpuflex.home import CONTROL_FILE, resolve_home
-from web import WebError
-from web.security import TOKEN_FILE, is_loopback, load_or_create_token
+from gpuflex_web import WebError
+from gpuflex_web.security import TOKEN_FILE, is_loopback, load_or_create_token
 
 DEFAULT_PORT = 8470
 
@@ -31,10 +31,10 @@ def check_listen(listen: str) -> str:
 def run_web(home: str | None, listen: str, port: int,
             echo: Callable[[str], None] = print) -> int:
     """Serve until interrupted; returns the exit code. Errors are one line, never a trace."""
-    from web.app import Portal
-    from web.server import serve
-    from web.source import ControlSource
-    from web.wheel import wheel_dirs
+    from gpuflex_web.app import Portal
+    from gpuflex_web.server import serve
+    from gpuflex_web.source import ControlSource
+    from gpuflex_web.wheel import wheel_dirs
 
     root = resolve_home(home)
     host = check_listen(listen)

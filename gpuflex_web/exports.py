@@ -24,8 +24,8 @@ from typing import Any
 
 import trio
 
-from web import WebError
-from web.source import NodeRefused, NodeUnavailable, Source
+from gpuflex_web import WebError
+from gpuflex_web.source import NodeRefused, NodeUnavailable, Source
 
 JOB_ID = re.compile(r"[0-9A-Za-z_-]{1,80}")
 EXPORT_TIMEOUT = 120.0

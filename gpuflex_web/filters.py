@@ -10,8 +10,8 @@ import time
 
 from jinja2 import Environment
 
-from web.model import human_bytes, short
-from web.spectext import spec_toml
+from gpuflex_web.model import human_bytes, short
+from gpuflex_web.spectext import spec_toml
 
 DASH = "—"
 
