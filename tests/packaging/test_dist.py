@@ -80,7 +80,7 @@ def test_the_wheel_installs_alone_and_runs(built: tuple[Path, list[str]], tmp_pa
     assert proc.returncode == 0, proc.stderr[-3000:]
     # Only the installed copy of GPUFlex on the path (its dependencies come from this venv).
     env = {**{k: v for k, v in os.environ.items() if k != "PYTHONPATH"}, "PYTHONPATH": str(target)}
-    where = subprocess.run([sys.executable, "-c", "import gpuflex, web, tui; print(gpuflex.__file__); "
+    where = subprocess.run([sys.executable, "-c", "import gpuflex, gpuflex_web, tui; print(gpuflex.__file__); "
                             "from gpuflex.jobspec import example_job_toml; example_job_toml('lora')"],
                            env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert where.returncode == 0, where.stderr[-3000:]
