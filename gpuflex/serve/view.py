@@ -4,8 +4,9 @@ the models this node serves itself; and its batch inference runs. The dashboard 
 portal both draw from it (they are control-API clients: this module imports nothing of the
 node and no torch).
 
-Parsed leniently: a node without serving, or an older or newer one, gives an empty or partial
-view, and a figure that is not a number is None (shown as a dash), never an exception."""
+Parsed leniently with the clients' own rules (``gpuflex.client.model``): a node without serving,
+or an older or newer one, gives an empty or partial view, a figure that is not a finite number
+is None (shown as a dash), never an exception, and text is clipped like every other view's."""
 
 from __future__ import annotations
 
@@ -13,25 +14,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-
-def _map(value: Any) -> Mapping[str, Any]:
-    return value if isinstance(value, Mapping) else {}
+from gpuflex.client.model import LINE, MAX_ITEMS, NAME, WORD, as_list, as_map, clip, count, number
 
 
-def as_list(value: Any) -> list[Any]:
-    return value if isinstance(value, list) else []
+def _str(value: Any, bound: int = NAME, default: str = "") -> str:
+    """Untrusted text under the clients' one clipping rule (``gpuflex.client.model.clip``)."""
+    return clip(value, bound) or default
 
 
-def _num(value: Any) -> float | None:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
-
-
-def _int(value: Any) -> int:
-    return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else 0
-
-
-def _str(value: Any, default: str = "") -> str:
-    return value if isinstance(value, str) else default
+def _items(value: Any) -> list[Any]:
+    return as_list(value)[:MAX_ITEMS]
 
 
 @dataclass(frozen=True)
@@ -45,8 +37,8 @@ class Figures:
 
     @classmethod
     def parse(cls, d: Mapping[str, Any]) -> Figures:
-        return cls(_num(d.get("rps")), _num(d.get("tokens_per_s")), _num(d.get("ttft_ms_p50")),
-                   _num(d.get("latency_ms_p50")))
+        return cls(number(d.get("rps")), number(d.get("tokens_per_s")), number(d.get("ttft_ms_p50")),
+                   number(d.get("latency_ms_p50")))
 
 
 @dataclass(frozen=True)
@@ -63,10 +55,10 @@ class Server:
 
     @classmethod
     def parse(cls, raw: Any) -> Server:
-        d = _map(raw)
-        return cls(_str(d.get("peer"), "?"), bool(d.get("self", False)),
-                   tuple(_str(m) for m in as_list(d.get("models"))), _int(d.get("load")), _int(d.get("capacity")),
-                   _num(d.get("rtt_ms")), Figures.parse(d))
+        d = as_map(raw)
+        return cls(_str(d.get("peer"), NAME, "?"), bool(d.get("self", False)),
+                   tuple(_str(m) for m in _items(d.get("models"))), count(d.get("load")), count(d.get("capacity")),
+                   number(d.get("rtt_ms")), Figures.parse(d))
 
 
 @dataclass(frozen=True)
@@ -85,9 +77,10 @@ class ServedModel:
 
     @classmethod
     def parse(cls, raw: Any) -> ServedModel:
-        d = _map(raw)
-        return cls(_str(d.get("name"), "?"), _str(d.get("source")), _str(d.get("hash")), _int(d.get("load")),
-                   _int(d.get("capacity")), _int(d.get("requests")), _int(d.get("tokens")), _int(d.get("errors")),
+        d = as_map(raw)
+        return cls(_str(d.get("name"), NAME, "?"), _str(d.get("source"), LINE), _str(d.get("hash")),
+                   count(d.get("load")),
+                   count(d.get("capacity")), count(d.get("requests")), count(d.get("tokens")), count(d.get("errors")),
                    Figures.parse(d))
 
 
@@ -105,9 +98,10 @@ class InferenceRun:
 
     @classmethod
     def parse(cls, raw: Any) -> InferenceRun:
-        d = _map(raw)
-        return cls(_str(d.get("run_id"), "?"), _str(d.get("name")), _str(d.get("model")),
-                   _str(d.get("state"), "running"), _int(d.get("done")), _int(d.get("total")), _str(d.get("error")))
+        d = as_map(raw)
+        return cls(_str(d.get("run_id"), NAME, "?"), _str(d.get("name")), _str(d.get("model")),
+                   _str(d.get("state"), WORD, "running"), count(d.get("done")), count(d.get("total")),
+                   _str(d.get("error"), LINE))
 
 
 @dataclass(frozen=True)
@@ -121,14 +115,14 @@ class Serving:
 
     @classmethod
     def from_status(cls, status: Any) -> Serving:
-        d = _map(_map(status).get("serve"))
+        d = as_map(as_map(status).get("serve"))
         return cls(
-            api=_str(d.get("http")),
-            servers=tuple(Server.parse(s) for s in as_list(d.get("servers"))),
-            models=tuple(ServedModel.parse(m) for m in as_list(d.get("models"))),
-            failed=tuple((_str(k), _str(v)) for k, v in _map(d.get("failed")).items()),
-            runs=tuple(InferenceRun.parse(r) for r in as_list(d.get("runs"))),
-            taken_in=Figures.parse(_map(d.get("taken_in"))),
+            api=_str(d.get("http"), LINE),
+            servers=tuple(Server.parse(s) for s in _items(d.get("servers"))),
+            models=tuple(ServedModel.parse(m) for m in _items(d.get("models"))),
+            failed=tuple((_str(k), _str(v, LINE)) for k, v in list(as_map(d.get("failed")).items())[:MAX_ITEMS]),
+            runs=tuple(InferenceRun.parse(r) for r in _items(d.get("runs"))),
+            taken_in=Figures.parse(as_map(d.get("taken_in"))),
         )
 
     @property

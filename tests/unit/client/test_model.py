@@ -86,3 +86,18 @@ def test_the_dashboard_and_the_portal_read_the_same_model() -> None:
 
     for name in ("Peer", "Job", "LedgerRound", "Status", "Event"):
         assert getattr(tui.model, name) is getattr(gpuflex_web.model, name) is getattr(model, name)
+
+
+def test_the_serving_view_reads_peer_text_and_numbers_by_the_same_rules() -> None:
+    """Servers heard from the mesh: non-finite numbers are absent (no ``int(nan)`` crash), and
+    names and lists are bounded like every other view's."""
+    from gpuflex.client.model import MAX_ITEMS, NAME
+    from gpuflex.serve.view import Serving
+
+    view = Serving.from_status({"serve": {"servers": [{
+        "peer": "p" * 500, "load": float("nan"), "capacity": float("inf"), "rtt_ms": float("inf"),
+        "rps": float("nan"), "models": ["m"] * (MAX_ITEMS + 5)}]}})
+    (server,) = view.servers
+    assert len(server.peer) == NAME and server.peer.endswith("…")
+    assert server.load == 0 and server.capacity == 0 and server.rtt_ms is None and server.figures.rps is None
+    assert len(server.models) == MAX_ITEMS
