@@ -23,10 +23,10 @@ import pytest
 
 from gpuflex.localmesh import LocalMesh
 from gpuflex.testing.nat import NatTopology, NetnsUnavailable
-from tests.integration.conftest import digits_spec
+from tests.integration.conftest import digits_spec, load_factor
 
 ROUNDS = 2
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 
 @dataclass
@@ -104,7 +104,9 @@ def main_job(world: World) -> str:
     _wait_reachability(mesh, {0: "public", 1: "relayed", 2: "relayed", 3: "relayed", 4: "relayed"}, 90)
     mesh.wait_connected(timeout=60)
     job = mesh.submit(digits_spec(rounds=ROUNDS, min_nodes=mesh.size, group_size=2), node=0)
-    mesh.wait_job(job, list(range(mesh.size)), timeout=120)
+    # Relayed homes settle their attempts slower when the machine is busy (the whole suite
+    # runs beside this): the budget that holds on an idle machine, scaled by the load.
+    mesh.wait_job(job, list(range(mesh.size)), timeout=120 * load_factor())
     return job
 
 
