@@ -158,11 +158,15 @@ class PeerTable:
         hint past the hints' quota, or a stranger past the strangers', in place of one of its kind."""
         rec = self._marks.pop(peer_id) or PeerRecord(peer_id=peer_id, first_seen=self.clock())
         heard, reached = heard or heard_from(rec), reached or rec.reached  # a mark remembers both
-        if not heard:
-            kind, quota = [r for r in self._peers.values() if not heard_from(r)], hint_quota(self.config.max_peers)
-        else:
-            kind = [] if reached else [r for r in self._peers.values() if stranger(r)]
-            quota = stranger_quota(self.config.max_peers)
+        quota = stranger_quota(self.config.max_peers) if heard else hint_quota(self.config.max_peers)
+        # A table with fewer entries than the quota cannot hold that many of a kind: the walk
+        # that counts them (every entry, at every admission of a mesh that is joining) is skipped.
+        kind: list[PeerRecord] = []
+        if len(self._peers) >= quota:
+            if not heard:
+                kind = [r for r in self._peers.values() if not heard_from(r)]
+            elif not reached:
+                kind = [r for r in self._peers.values() if stranger(r)]
         if len(kind) >= quota:
             if not displace:
                 if rec.penalty > 0:
@@ -221,8 +225,9 @@ class PeerTable:
             rec = self._admit(peer_id, heard=True, reached=False)
         elif not heard_from(rec) and not rec.reached and rec.rounds_contributed == 0:
             # A hint that connects becomes a stranger: one of its kind makes room past the quota.
-            others = [r for r in self._peers.values() if stranger(r)]
-            if len(others) >= stranger_quota(self.config.max_peers):
+            quota = stranger_quota(self.config.max_peers)
+            others = [r for r in self._peers.values() if stranger(r)] if len(self._peers) > quota else []
+            if len(others) >= quota:
                 self._evict(min(others, key=keep_rank))
         self._saw(rec, rtt_ms)
 
