@@ -238,6 +238,10 @@ class Simulation:
         self.crashed: dict[int, float] = {}  # node -> modelled time of its crash
         self.detected: dict[int, float] = {}  # node -> when every live node had it down
         self.gossip: dict[str, Any] = {}
+        # CPU seconds of this process at each phase's end (start, settle, idle, gossip, rounds,
+        # drain): where a simulation's cost goes, as the mesh grows.
+        self.cpu: dict[str, float] = {}
+        self._cpu_at = time.process_time()
 
     def close(self) -> None:
         if self._tmp is not None:
@@ -406,6 +410,7 @@ class Simulation:
     async def run(self, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
         say = progress or (lambda text: None)
         cfg = self.cfg
+        self._cpu_at = time.process_time()
         with inline_threads():
             async with trio.open_nursery() as nursery:
                 starting = self.nodes[: cfg.nodes - cfg.late]
@@ -417,16 +422,20 @@ class Simulation:
                     say(f"started {min(at + wave, len(starting))}/{len(starting)} nodes "
                         f"at t={trio.current_time():.1f}s")
                     await trio.sleep(1.0)
+                self._cpu_mark("start")
                 nursery.start_soon(self._sample)
                 await trio.sleep(cfg.settle_s)
+                self._cpu_mark("settle")
                 idle_from = trio.current_time()
                 await trio.sleep(min(10.0, cfg.settle_s))
                 idle_to = trio.current_time()
+                self._cpu_mark("idle")
                 idle = self._rates(idle_from, idle_to)
                 conns = self.samples[-1]["connections"] if self.samples else [0]
                 say(f"idle: {idle['msgs']:.1f} msgs/s, {idle['bytes'] / 1e3:.1f} kB/s per node; "
                     f"{sum(conns) / max(1, len(conns)):.0f} connections per node (most {max(conns)})")
                 self.gossip = await self.gossip_reach()
+                self._cpu_mark("gossip")
                 say(f"gossip reach: {self.gossip}")
                 t0 = trio.current_time()
                 await self._submit()
@@ -434,11 +443,19 @@ class Simulation:
                 nursery.start_soon(self._churn, nursery, t0)
                 with trio.move_on_after(cfg.time_limit_s):
                     await self._follow_rounds(t0, say)
-                say(f"{len(self.rounds)} rounds committed at t={trio.current_time():.1f}s")
+                self._cpu_mark("rounds")
+                say(f"{len(self.rounds)} rounds committed at t={trio.current_time():.1f}s; CPU s by phase {self.cpu}")
                 await trio.sleep(cfg.drain_s)  # the last result reaches the other nodes
+                self._cpu_mark("drain")
                 report = self.report(idle_from, idle_to)
                 nursery.cancel_scope.cancel()
         return report
+
+    def _cpu_mark(self, phase: str) -> None:
+        """CPU seconds this process spent in ``phase``, since the previous mark."""
+        now = time.process_time()
+        self.cpu[phase] = round(now - self._cpu_at, 1)
+        self._cpu_at = now
 
     def _rates(self, t_from: float, t_to: float) -> dict[str, float]:
         """Messages and bytes per live node per modelled second between two samples."""
@@ -466,6 +483,7 @@ class Simulation:
             "detection_s": {str(k): round(v, 2) for k, v in self.detected.items()},
             "crashed_undetected": [k for k in self.crashed if k not in self.detected],
             "gossip": self.gossip,
+            "cpu_s_by_phase": dict(self.cpu),
         }
 
 
