@@ -17,40 +17,19 @@ Run:
 from __future__ import annotations
 
 import argparse
-import gc
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import trio
 import trio.testing
 
 from benchmarks.common import add_json_flag, emit, log
-from gpuflex.testing.sim import ChurnEvent, ChurnKind, SimConfig, simulation
+from gpuflex.testing.sim import ChurnEvent, ChurnKind, SimConfig, quiet_gc, simulation
 
 
 async def one(cfg: SimConfig) -> dict[str, Any]:
     async with simulation(cfg) as sim:
         return await sim.run(progress=log)
-
-
-@contextmanager
-def quiet_gc() -> Iterator[None]:
-    """Python's cycle collector, tuned for one process holding a thousand nodes: what is
-    there before the run (modules, the nodes' keys) is frozen out of its scans, and it runs
-    after 50,000 allocations instead of 700. With the defaults, each full collection walks
-    every object of every node (a fifth of the CPU at 100 nodes, more the larger the mesh);
-    a node process of its own holds one node's objects and keeps the defaults."""
-    gc.collect()
-    gc.freeze()
-    old = gc.get_threshold()
-    gc.set_threshold(50_000, 20, 100)
-    try:
-        yield
-    finally:
-        gc.set_threshold(*old)
-        gc.unfreeze()
 
 
 def run_size(cfg: SimConfig) -> dict[str, Any]:

@@ -10,6 +10,7 @@ the peers this node has never reached (``reevaluate``), against the two threshol
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -125,6 +126,7 @@ class PeerTable:
         # Bumped whenever the membership (who is in the table, in which state) changes: what
         # depends on it alone (the overlay, ``mesh.overlay``) is recomputed only then.
         self.version = 0
+        self._lists: dict[PeerState, tuple[int, float, list[str]]] = {}  # see ``_listed``
 
     def on_change(self, listener: StateListener) -> None:
         self._listeners.append(listener)
@@ -201,14 +203,30 @@ class PeerTable:
 
     def alive(self) -> list[str]:
         """Peers worth talking to: up, and not being ignored for misbehaviour."""
-        now = self.clock()
-        return [p.peer_id for p in self._peers.values() if p.state == UP and p.ignored_until <= now]
+        return list(self._listed(UP))
 
     def members(self) -> list[str]:
         """Peers still in the mesh as far as this node knows: not down, not ignored. A suspect
         is a member: it must hear that it is suspected, to refute it (``mesh.liveness``)."""
+        return list(self._listed(DOWN))
+
+    def _listed(self, which: PeerState) -> list[str]:
+        """``alive`` (``which`` is UP: those up) or ``members`` (DOWN: those not down), kept
+        until the table changes (``version``) or an ignored peer's time is up: many loops ask
+        every period, and a walk of a table of thousands each time was most of an idle node."""
         now = self.clock()
-        return [p.peer_id for p in self._peers.values() if p.state != DOWN and p.ignored_until <= now]
+        cached = self._lists.get(which)
+        if cached is not None and cached[0] == self.version and now < cached[1]:
+            return cached[2]
+        until = math.inf
+        out = []
+        for p in self._peers.values():
+            if p.ignored_until > now:
+                until = min(until, p.ignored_until)
+            elif (p.state == UP) if which == UP else (p.state != DOWN):
+                out.append(p.peer_id)
+        self._lists[which] = (self.version, until, out)
+        return out
 
     def counts(self) -> dict[str, int]:
         out: dict[str, int] = {str(s): 0 for s in PeerState}

@@ -46,6 +46,7 @@ import trio
 
 from mesh.errors import MeshError
 from mesh.identity import Identity
+from mesh.names import multiaddr_of
 
 #: Bytes of one modelled DHT request or reply.
 DHT_MSG_BYTES = 600
@@ -291,14 +292,10 @@ class SimHost:
         return self.swarm
 
     def listen_addr(self) -> Any:
-        from multiaddr import Multiaddr
-
-        return Multiaddr(f"/ip4/{self.ip}/tcp/4001")
+        return multiaddr_of(f"/ip4/{self.ip}/tcp/4001")
 
     def get_addrs(self) -> list[Any]:
-        from multiaddr import Multiaddr
-
-        return [Multiaddr(f"/ip4/{self.ip}/tcp/4001/p2p/{self.peer_id}")]
+        return [multiaddr_of(f"/ip4/{self.ip}/tcp/4001/p2p/{self.peer_id}")]
 
     def get_connected_peers(self) -> list[Any]:
         return [pid for pid, conns in self.swarm.connections.items() if conns]
