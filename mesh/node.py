@@ -300,12 +300,10 @@ class MeshNode:
         """The IP ``peer`` is connected from, as the transport saw it (a relayed peer shows its
         relay's), or None with no live connection. Unlike the addresses a peer announces, it
         cannot be made up: what per-network caps count (``mesh.netprefix``)."""
-        from libp2p.peer.id import ID
-
         if self.host is None:
             return None
         try:
-            conns = self.host.get_network().get_connections(ID.from_base58(peer))
+            conns = self.host.get_network().get_connections(libp2p_id(peer))
         except Exception:  # an id that does not parse, or a network already closed
             return None
         for conn in conns:
@@ -617,12 +615,10 @@ class MeshNode:
 
     async def open(self, peer: str, protocol: str, timeout: float) -> Any:
         """A new stream to ``peer``: the transport seam (see the module docstring)."""
-        from libp2p.peer.id import ID
-
         self._used[peer] = trio.current_time()
         with trio.fail_after(timeout):
             await self.nat.route(peer, timeout)
-            return await self.host.new_stream(ID.from_base58(peer), [protocol])
+            return await self.host.new_stream(libp2p_id(peer), [protocol])
 
     async def request(self, peer: str, frame: bytes, payload: bytes | memoryview | None = None,
                       timeout: float = 30.0) -> Any:

@@ -25,7 +25,7 @@ from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from enum import Enum
-from functools import partial
+from functools import lru_cache, partial
 from pathlib import Path
 from typing import Any
 
@@ -100,6 +100,17 @@ def emit_event(events: EventLog, kind: Any, **fields: Any) -> None:
     events.emit(kind, **fields)
 
 
+@lru_cache(maxsize=16)
+def shared_delta(dim: int, value: float) -> np.ndarray:
+    """A stand-in update, one read-only buffer shared by every node that sends the same one:
+    a thousand nodes' 10 MB updates would otherwise be 10 GB of identical arrays. The node
+    still encodes, hashes, signs and sends its own bytes of it (production code); only the
+    trainer's output is shared, and read-only, so code that wrote into it would fail loudly."""
+    delta = np.full(dim, value, dtype=np.float32)
+    delta.flags.writeable = False
+    return delta
+
+
 class StandInTrainer:
     """The trainer of a simulated node: a fixed-size update after modelled compute seconds."""
 
@@ -123,7 +134,7 @@ class StandInTrainer:
         if time_limit_s > 0:
             seconds = min(seconds, time_limit_s)
         _owed[0] += seconds
-        delta = np.full(self.dim, 0.001 * (1 + self.index % 7), dtype=np.float32)
+        delta = shared_delta(self.dim, 0.001 * (1 + self.index % 7))
         return delta, {"samples": 32, "dataset_size": self.num_samples, "seconds": seconds, "steps": 1,
                        "samples_per_s": 32 / max(seconds, 1e-6), "train_loss": 1.0}
 
