@@ -37,3 +37,9 @@ def multiaddr_of(text: str) -> Any:
     from multiaddr import Multiaddr
 
     return Multiaddr(text)
+
+
+@lru_cache(maxsize=CACHED_NAMES)
+def addr_text(addr: Any) -> str:
+    """A ``Multiaddr`` as text (py-multiaddr decodes its bytes again at every ``str``)."""
+    return str(addr)
