@@ -95,6 +95,11 @@ def inline_threads() -> Iterator[None]:
         trio.to_thread.run_sync = original
 
 
+def modelled_wall_time(epoch: float) -> float:
+    """Wall-clock seconds in modelled time: ``epoch`` (when the network was made) plus trio's."""
+    return epoch + trio.current_time()
+
+
 def emit_event(events: EventLog, kind: Any, **fields: Any) -> None:
     """A mesh event into the node's event log, as the runtime passes them on."""
     events.emit(kind, **fields)
@@ -221,6 +226,11 @@ class SimNode:
             if isinstance(body, dict) and isinstance(body.get("id"), bytes):
                 self.probes.setdefault(body["id"], trio.current_time())
 
+        # The address book stamps its entries with wall-clock time (it outlives restarts), and
+        # rewrites an entry once its peer was last seen a minute before: under MockClock a
+        # modelled second takes many wall seconds, so the book read the modelled wall clock
+        # (the run's start plus trio's time) instead of the loaded machine's.
+        mesh.book.clock = partial(modelled_wall_time, net.epoch)
         mesh.handlers.register(SIM_PROBE, on_probe)
         dim = max(1, cfg.update_bytes // 4)
         def trainer(*a: Any) -> StandInTrainer:

@@ -36,6 +36,7 @@ import bisect
 import hashlib
 import math
 import random
+import time
 from collections import Counter, defaultdict, deque
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
@@ -480,6 +481,7 @@ class SimNetwork:
 
     def __init__(self, seed: int = 0) -> None:
         self.rng = random.Random(seed)
+        self.epoch = time.time()  # the wall clock at modelled time 0 (``gpuflex.testing.sim``)
         self.hosts: dict[str, SimHost] = {}
         self.online: dict[str, SimHost] = {}
         self.models: dict[str, LinkModel] = {}
