@@ -94,6 +94,9 @@ def main(argv: list[str] | None = None) -> int:
             f"idle {idle['msgs']:.1f} msgs/s, {idle['bytes'] / 1e3:.1f} kB/s per node; "
             f"{report['connections_per_node']['mean']:.0f} connections per node; "
             f"CPU s by phase {report['cpu_s_by_phase']}")
+        job = report.get("job_per_node_s")
+        if job:
+            log(f"  during the job: {job['msgs']:.1f} msgs/s, {job['bytes'] / 1e3:.1f} kB/s per node")
         log(f"  gossip: {report['gossip']}; crashed nodes down everywhere after {report['detection_s']} s "
             f"(never: {report['crashed_undetected']})")
         for r in report["rounds"]:

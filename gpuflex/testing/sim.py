@@ -282,6 +282,7 @@ class Simulation:
         # drain): where a simulation's cost goes, as the mesh grows.
         self.cpu: dict[str, float] = {}
         self._cpu_at = time.process_time()
+        self.job_span: tuple[float, float] | None = None
 
     def close(self) -> None:
         if self._tmp is not None:
@@ -484,6 +485,7 @@ class Simulation:
                 with trio.move_on_after(cfg.time_limit_s):
                     await self._follow_rounds(t0, say)
                 self._cpu_mark("rounds")
+                self.job_span = (t0, trio.current_time())
                 say(f"{len(self.rounds)} rounds committed at t={trio.current_time():.1f}s; CPU s by phase {self.cpu}")
                 await trio.sleep(cfg.drain_s)  # the last result reaches the other nodes
                 self._cpu_mark("drain")
@@ -516,6 +518,8 @@ class Simulation:
         return {
             "nodes": self.cfg.nodes, "rounds_wanted": self.cfg.rounds, "rounds_committed": len(self.rounds),
             "idle_per_node_s": self._rates(idle_from, idle_to),
+            # The same while the job ran (submission to the last round): what being in a job costs.
+            "job_per_node_s": self._rates(*self.job_span) if self.job_span else None,
             "connections_per_node": {"mean": sum(last["connections"]) / max(1, len(last["connections"])),
                                      "max": max(last["connections"] or [0])},
             "alive_view_mean": sum(alive_view) / len(alive_view),
