@@ -71,6 +71,10 @@ class ChainRules:
     # The eligible members as of the last result seen (its digest): asked at every presence,
     # quorum check and incoming update, and a sort of every member each time.
     _eligible: dict[str | None, tuple[str, ...]] = field(default_factory=dict, compare=False, repr=False)
+    # The expected coordinator per attempt, as of the same last result: a rendezvous ranking
+    # (a hash per member) that presence asked for three attempts at every round, on every node.
+    _coordinators: dict[tuple[str | None, int], str | None] = field(default_factory=dict, compare=False,
+                                                                     repr=False)
 
     @classmethod
     def for_job(cls, job: str, spec: JobSpec, initial_members: Sequence[str], owner: str | None = None) -> ChainRules:
@@ -116,10 +120,16 @@ class ChainRules:
         """The one peer whose plan counts for the next round's ``attempt``; None if nobody is
         eligible. Each attempt rotates the ranking by one, so a backup takes over by taking
         the next attempt, and nobody can pick the attempt that names it."""
+        key = (history[-1].digest if history else None, attempt)
+        if key in self._coordinators:
+            return self._coordinators[key]
         ranked = coordinator_ranking(self.job, len(history) + 1, self.eligible(history),
                                      [r.coordinator for r in history], attempt,
                                      first=None if history else self.owner)
-        return ranked[0] if ranked else None
+        if len(self._coordinators) >= 64 or any(k[0] != key[0] for k in self._coordinators):
+            self._coordinators.clear()  # a new head (or many attempts): bounded, recomputed
+        self._coordinators[key] = ranked[0] if ranked else None
+        return self._coordinators[key]
 
     def sample_cap(self, history: Sequence[Result]) -> int | None:
         """The sample cap the next round's plan must carry; None when the coordinator picks it
