@@ -372,7 +372,7 @@ class JobDriver:
         if self._members_gone:
             return  # the round loop said so, and wakes when a member is back
         need = self.spec.min_nodes
-        live = book.live_members(self.port.alive_peers())
+        live = book.live_members(self.port.heard_peers())
         reachable = len(live)
         note = f"only {reachable} of min_nodes={need} members reachable; not committing" if reachable < need else ""
         kept, needed = book.ledger.rules.continuing(book.ledger.results, live)

@@ -390,7 +390,9 @@ class JobManager:
         if refusal is not None:
             raise ApiError(f"this node will not run this job: {refusal}")
         spec = await trio.to_thread.run_sync(pin_spec, spec, self.home, self.config)
-        members = sorted({self.mesh.peer_id, *self.mesh.peers.alive()})
+        # Peers this node heard itself: the job's first members are its first eligible
+        # coordinators, and a key known by hearsay alone may never answer (its turns would idle).
+        members = sorted({self.mesh.peer_id, *self.mesh.peers.heard()})
         frame = seal(self.mesh.identity, JOB, {"spec": spec.to_dict(), "members": members, "created": time.time()})
         env = open_envelope(frame, expect_kind=JOB)
         await self.mesh.broadcast(frame)

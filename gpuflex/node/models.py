@@ -56,7 +56,7 @@ class Models:
             data = port.blobs.read(digest, verify=True)
         except BlobError as exc:
             port.emit(EventKind.STATE_CORRUPT, message=f"{exc}; fetching it again from peers")
-            await port.fetch_blob(digest, providers or port.alive_peers(), max_size=await self.blob_limit())
+            await port.fetch_blob(digest, providers or port.heard_peers(), max_size=await self.blob_limit())
             data = port.blobs.read(digest, verify=True)
         return unpack_model(data)
 

@@ -47,6 +47,9 @@ READY_WAIT_S = 30.0
 #: A plan may arrive while the previous round's result is still being applied here (a model
 #: download): it waits this long for the ledger to catch up.
 PREVIOUS_ROUND_WAIT_S = 15.0
+#: Members up by hearsay alone (never heard by this node) that a coordinator pings before it
+#: plans, and for how long: those that answer are planned; a key nothing answers for is not.
+REACH_AT_ONCE, REACH_TIMEOUT_S = 64, 2.0
 #: A plan's group tree may be at most this deep (groups of two hold 4,096 members at 12).
 MAX_TREE_DEPTH = 12
 
@@ -187,7 +190,7 @@ class Coordinator:
         need = max(spec.min_nodes, spec.secagg_min_group + 1 if spec.secure_aggregation else 1)
 
         def measured() -> list[str]:
-            live = book.live_members(port.alive_peers())
+            live = book.live_members(port.heard_peers())
             if spec.uses_budget:
                 # A member is planned once it has published its throughput: its step count
                 # comes from it. One still loading its data joins the next round; planned
@@ -208,6 +211,7 @@ class Coordinator:
 
         book.status.set_phase(Phase.PLAN)
         log.info("round %d: attempt %d is this node's turn to plan (%d members needed)", rs.round, rs.attempt, need)
+        await self._reach_unheard()
         await book.changed.wait_for(lambda: enough(members()) or gave_way(), until)
         if gave_way():
             return None
@@ -221,7 +225,7 @@ class Coordinator:
                 + (f", {kept} of the {needed} recent contributors an open job needs" if kept < needed else "")
                 + f"; not planning{gone}"))
             return None
-        unmeasured = sorted(set(book.live_members(port.alive_peers())) - set(measured()))
+        unmeasured = sorted(set(book.live_members(port.heard_peers())) - set(measured()))
         if unmeasured:
             log.info("round %d: %d member(s) that have not published their throughput yet join a later round: %s",
                      rs.round, len(unmeasured), ", ".join(p[-8:] for p in unmeasured[:8]))
@@ -252,6 +256,20 @@ class Coordinator:
             log.warning("round %d: this node's own plan for attempt %d was not applied: %s", rs.round, attempt, exc)
             return None
         return rs.plan
+
+    async def _reach_unheard(self) -> None:
+        """Ping the members a plan would include if hearsay counted (up by another peer's word,
+        never heard by this node; ``JobPort.heard_peers``), at most ``REACH_AT_ONCE``: those that
+        answer are planned like any member. A member that has not yet spoken to this node
+        (its first presence still on its way) is not left out of the plan for that."""
+        book, port = self.book, self.port
+        heard = set(port.heard_peers())
+        known = set(book.presence) | set(book.info.initial_members) | set(book.eligible())
+        up = [p for p in known if p not in heard and p != book.me and port.health(p) == PeerState.UP]
+        unheard = [p for p in book.live_members(up) if p != book.me][:REACH_AT_ONCE]
+        if unheard:
+            with trio.move_on_after(REACH_TIMEOUT_S):
+                await port.reach(unheard)
 
     def _draw(self, round_: int) -> tuple[bytes, frozenset[str] | None]:
         """The seed of a masked round's groups, from the nonces the last result reveals, and

@@ -229,8 +229,11 @@ class FakePort:
     async def announce_blob(self, digest: str) -> None:
         return None
 
-    def alive_peers(self) -> list[str]:
+    def heard_peers(self) -> list[str]:
         return [p for p in self.net.order if p != self.node.peer_id and self.health(p) == PeerState.UP]
+
+    async def reach(self, peers: Sequence[str]) -> None:
+        return None  # the fake net's peers are heard as long as they are up
 
     def health(self, peer: str) -> PeerState | None:
         """Never-started nodes are unknown; a killed one is up until ``detect_s`` has passed."""

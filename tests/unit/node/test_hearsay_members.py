@@ -1,0 +1,50 @@
+"""A key known by hearsay alone is never planned nor counted toward ``min_nodes``.
+
+Its signed NodeInfo reaching a node through another peer makes it ``up`` for gossip
+(``PeerTable.vouch``), and presence signed by it can be forwarded by anyone holding the key:
+neither shows that a process answers for it. A plan made now counts only peers this node heard
+from itself (docs/security.md, "Open jobs and Sybils").
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, cast
+
+import trio
+import trio.testing
+
+from gpuflex.node.core.messages import JOB
+from gpuflex.node.nodeport import NodePort
+from gpuflex.node.state import JobBook, JobInfo
+from mesh.codec import open_envelope, seal
+from mesh.health import UP, PeerTable
+from mesh.identity import Identity
+from tests.unit.node.fakenet import fast_spec
+
+
+def test_a_member_up_by_hearsay_is_not_planned_nor_counted_toward_min_nodes(tmp_path: Path) -> None:
+    me, honest, sybil = (Identity(bytes([i]) * 32) for i in (1, 2, 3))
+    table = PeerTable()
+    table.seen(honest.peer_id)  # it spoke to this node over its own connection
+    table.add(sybil.peer_id, ["/ip4/127.0.0.1/tcp/1"])
+    table.vouch(sybil.peer_id)  # its signed NodeInfo came through another peer
+    assert table.get(sybil.peer_id).state == UP and sybil.peer_id in table.alive()  # a gossip member
+    port = NodePort(cast(Any, SimpleNamespace(peers=table)), cast(Any, None), tmp_path, "job", cast(Any, None))
+    assert port.heard_peers() == [honest.peer_id]
+
+    spec = fast_spec(min_nodes=2)
+    frame = seal(me, JOB, {"spec": spec.to_dict(), "members": [me.peer_id], "created": 0})
+    info = JobInfo(job_id=open_envelope(frame).digest[:16], spec=spec, initial_members=(me.peer_id,),
+                   frame=frame, submitted_by=me.peer_id)
+
+    async def main() -> None:
+        book = JobBook(info, me.peer_id, tmp_path / "job")
+        for peer in (honest.peer_id, sybil.peer_id):  # both present, the Sybil's forwarded by anyone
+            book.saw_presence(peer, 10.0)
+        assert book.live_members(port.heard_peers()) == sorted([me.peer_id, honest.peer_id])
+        table.seen(sybil.peer_id)  # once it speaks for itself, it is a member like any other
+        assert sybil.peer_id in book.live_members(port.heard_peers())
+
+    trio.run(main, clock=trio.testing.MockClock())
