@@ -17,9 +17,10 @@ import trio.testing
 
 from gpuflex.node.core.messages import JOB
 from gpuflex.node.nodeport import NodePort
+from gpuflex.node.roles.coordinator import Coordinator
 from gpuflex.node.state import JobBook, JobInfo
 from mesh.codec import open_envelope, seal
-from mesh.health import UP, PeerTable
+from mesh.health import UP, PeerState, PeerTable
 from mesh.identity import Identity
 from tests.unit.node.fakenet import fast_spec
 
@@ -46,5 +47,46 @@ def test_a_member_up_by_hearsay_is_not_planned_nor_counted_toward_min_nodes(tmp_
         assert book.live_members(port.heard_peers()) == sorted([me.peer_id, honest.peer_id])
         table.seen(sybil.peer_id)  # once it speaks for itself, it is a member like any other
         assert sybil.peer_id in book.live_members(port.heard_peers())
+
+    trio.run(main, clock=trio.testing.MockClock())
+
+
+class ReachPort:
+    """Just what ``Coordinator._reach_unheard`` reads of a port: who is heard, health, and
+    ``reach``, which only ``answering`` peers answer."""
+
+    def __init__(self, heard: set[str], up: set[str], answering: set[str]) -> None:
+        self.heard, self.up, self.answering = heard, up, answering
+        self.asked: list[list[str]] = []
+
+    def heard_peers(self) -> list[str]:
+        return sorted(self.heard)
+
+    def health(self, peer: str) -> PeerState | None:
+        return PeerState.UP if peer in self.up else None
+
+    async def reach(self, peers: list[str]) -> None:
+        self.asked.append(list(peers))
+        self.heard |= self.answering & set(peers)
+
+
+def test_a_coordinator_pings_members_it_knows_by_hearsay_and_plans_those_that_answer(tmp_path: Path) -> None:
+    me, honest, newcomer, ghost = (Identity(bytes([i]) * 32).peer_id for i in (1, 2, 3, 4))
+    spec = fast_spec(min_nodes=2)
+    owner = Identity(bytes([1]) * 32)
+    frame = seal(owner, JOB, {"spec": spec.to_dict(), "members": [me, honest, newcomer], "created": 0})
+    info = JobInfo(job_id=open_envelope(frame).digest[:16], spec=spec, initial_members=(me, honest, newcomer),
+                   frame=frame, submitted_by=me)
+    # ``newcomer`` is a member whose first word has not reached this node yet; ``ghost`` is a
+    # key whose presence someone forwards. Both are up by hearsay alone.
+    port = ReachPort(heard={honest}, up={honest, newcomer, ghost}, answering={newcomer})
+
+    async def main() -> None:
+        book = JobBook(info, me, tmp_path / "job")
+        book.saw_presence(ghost, 10.0)
+        coordinator = Coordinator(cast(Any, port), book)
+        await coordinator._reach_unheard()
+        assert port.asked == [sorted([newcomer, ghost])]
+        assert book.live_members(port.heard_peers()) == sorted([me, honest, newcomer])
 
     trio.run(main, clock=trio.testing.MockClock())
