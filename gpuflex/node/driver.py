@@ -42,7 +42,7 @@ from gpuflex.node.port import JobPort, Trainer, TrainerFactory
 from gpuflex.node.prepare import Preparation, load_trainer
 from gpuflex.node.presence import FAILED_REASON_CHARS, JobPresence
 from gpuflex.node.roles.apply import ResultApplier
-from gpuflex.node.roles.coordinator import Coordinator
+from gpuflex.node.roles.coordinator import Coordinator, plannable
 from gpuflex.node.roles.leader import Leader
 from gpuflex.node.roles.member import Member
 from gpuflex.node.roles.root import Root
@@ -372,7 +372,7 @@ class JobDriver:
         if self._members_gone:
             return  # the round loop said so, and wakes when a member is back
         need = self.spec.min_nodes
-        live = book.live_members(self.port.heard_peers())
+        live = book.live_members(plannable(self.port, book))
         reachable = len(live)
         note = f"only {reachable} of min_nodes={need} members reachable; not committing" if reachable < need else ""
         kept, needed = book.ledger.rules.continuing(book.ledger.results, live)

@@ -57,6 +57,17 @@ MAX_TREE_DEPTH = 12
 StartRoles = Callable[[Plan, RoundDeadlines], None]
 
 
+def plannable(port: JobPort, book: JobBook) -> list[str]:
+    """The peers a plan made here may count: those this node heard itself
+    (``JobPort.heard_peers``), and the contributors of the last committed round that are up.
+    Each of those signed an update for a plan of this job's ledger, which only a member that a
+    coordinator heard gets, and a member a round old has often not yet spoken to the next
+    coordinator. A key up by hearsay alone is neither: presence it signs proves nothing."""
+    results = book.ledger.results
+    recent = {str(c.get("peer")) for c in results[-1].contributors} if results else set()
+    return sorted(set(port.heard_peers()) | {p for p in recent if port.health(p) == PeerState.UP})
+
+
 class Coordinator:
     def __init__(self, port: JobPort, book: JobBook, own_samples: Callable[[], int] = lambda: 0,
                  start_roles: StartRoles = lambda plan, deadlines: None) -> None:
@@ -190,7 +201,7 @@ class Coordinator:
         need = max(spec.min_nodes, spec.secagg_min_group + 1 if spec.secure_aggregation else 1)
 
         def measured() -> list[str]:
-            live = book.live_members(port.heard_peers())
+            live = book.live_members(plannable(port, book))
             if spec.uses_budget:
                 # A member is planned once it has published its throughput: its step count
                 # comes from it. One still loading its data joins the next round; planned
@@ -225,7 +236,7 @@ class Coordinator:
                 + (f", {kept} of the {needed} recent contributors an open job needs" if kept < needed else "")
                 + f"; not planning{gone}"))
             return None
-        unmeasured = sorted(set(book.live_members(port.heard_peers())) - set(measured()))
+        unmeasured = sorted(set(book.live_members(plannable(port, book))) - set(measured()))
         if unmeasured:
             log.info("round %d: %d member(s) that have not published their throughput yet join a later round: %s",
                      rs.round, len(unmeasured), ", ".join(p[-8:] for p in unmeasured[:8]))
@@ -263,13 +274,16 @@ class Coordinator:
         answer are planned like any member. A member that has not yet spoken to this node
         (its first presence still on its way) is not left out of the plan for that."""
         book, port = self.book, self.port
-        heard = set(port.heard_peers())
+        heard = set(plannable(port, book))
         known = set(book.presence) | set(book.info.initial_members) | set(book.eligible())
         up = [p for p in known if p not in heard and p != book.me and port.health(p) == PeerState.UP]
         unheard = [p for p in book.live_members(up) if p != book.me][:REACH_AT_ONCE]
         if unheard:
             with trio.move_on_after(REACH_TIMEOUT_S):
                 await port.reach(unheard)
+            answered = set(unheard) & set(port.heard_peers())
+            log.info("pinged %d member(s) known only by hearsay before planning: %d answered%s", len(unheard),
+                     len(answered), "".join(f"; {p[-8:]} did not" for p in sorted(set(unheard) - answered)[:4]))
 
     def _draw(self, round_: int) -> tuple[bytes, frozenset[str] | None]:
         """The seed of a masked round's groups, from the nonces the last result reveals, and
