@@ -47,9 +47,10 @@ READY_WAIT_S = 30.0
 #: A plan may arrive while the previous round's result is still being applied here (a model
 #: download): it waits this long for the ledger to catch up.
 PREVIOUS_ROUND_WAIT_S = 15.0
-#: Members up by hearsay alone (never heard by this node) that a coordinator pings before it
-#: plans, and for how long: those that answer are planned; a key nothing answers for is not.
-REACH_AT_ONCE, REACH_TIMEOUT_S = 64, 2.0
+#: Before it plans, a coordinator gives the members it knows only by hearsay (never heard by
+#: this node) this long to speak, then pings at most so many of those still silent, for at most
+#: so long: those that answer are planned; a key nothing answers for is not.
+SPEAK_WAIT_S, REACH_AT_ONCE, REACH_TIMEOUT_S = 1.5, 64, 2.0
 #: A plan's group tree may be at most this deep (groups of two hold 4,096 members at 12).
 MAX_TREE_DEPTH = 12
 
@@ -268,16 +269,26 @@ class Coordinator:
             return None
         return rs.plan
 
-    async def _reach_unheard(self) -> None:
-        """Ping the members a plan would include if hearsay counted (up by another peer's word,
-        never heard by this node; ``JobPort.heard_peers``), at most ``REACH_AT_ONCE``: those that
-        answer are planned like any member. A member that has not yet spoken to this node
-        (its first presence still on its way) is not left out of the plan for that."""
+    def _unheard(self) -> list[str]:
+        """The members a plan would include if hearsay counted (up by another peer's word, never
+        heard by this node nor contributors of the last round; ``plannable``)."""
         book, port = self.book, self.port
         heard = set(plannable(port, book))
         known = set(book.presence) | set(book.info.initial_members) | set(book.eligible())
         up = [p for p in known if p not in heard and p != book.me and port.health(p) == PeerState.UP]
-        unheard = [p for p in book.live_members(up) if p != book.me][:REACH_AT_ONCE]
+        return [p for p in book.live_members(up) if p != book.me]
+
+    async def _reach_unheard(self) -> None:
+        """Give the members this node knows only by hearsay ``SPEAK_WAIT_S`` to speak (a new
+        job's members send their first presence within a moment), then ping those still silent,
+        at most ``REACH_AT_ONCE``: those that answer are planned like any member. A member whose
+        first word is on its way is not left out of the plan for that; a key nothing answers
+        for costs the plan at most these two waits."""
+        book, port = self.book, self.port
+        if not self._unheard():
+            return
+        await book.changed.wait_for(lambda: not self._unheard(), port.clock.now() + SPEAK_WAIT_S)
+        unheard = self._unheard()[:REACH_AT_ONCE]
         if unheard:
             with trio.move_on_after(REACH_TIMEOUT_S):
                 await port.reach(unheard)

@@ -15,9 +15,10 @@ from typing import Any, cast
 import trio
 import trio.testing
 
+from gpuflex.node.clock import DeadlineClock
 from gpuflex.node.core.messages import JOB
 from gpuflex.node.nodeport import NodePort
-from gpuflex.node.roles.coordinator import Coordinator
+from gpuflex.node.roles.coordinator import SPEAK_WAIT_S, Coordinator
 from gpuflex.node.state import JobBook, JobInfo
 from mesh.codec import open_envelope, seal
 from mesh.health import UP, PeerState, PeerTable
@@ -58,6 +59,7 @@ class ReachPort:
     def __init__(self, heard: set[str], up: set[str], answering: set[str]) -> None:
         self.heard, self.up, self.answering = heard, up, answering
         self.asked: list[list[str]] = []
+        self.clock = DeadlineClock()
 
     def heard_peers(self) -> list[str]:
         return sorted(self.heard)
@@ -70,7 +72,7 @@ class ReachPort:
         self.heard |= self.answering & set(peers)
 
 
-def test_a_coordinator_pings_members_it_knows_by_hearsay_and_plans_those_that_answer(tmp_path: Path) -> None:
+def test_a_coordinator_waits_for_hearsay_members_pings_the_silent_and_plans_those_that_answer(tmp_path: Path) -> None:
     me, honest, newcomer, ghost = (Identity(bytes([i]) * 32).peer_id for i in (1, 2, 3, 4))
     spec = fast_spec(min_nodes=2)
     owner = Identity(bytes([1]) * 32)
@@ -85,8 +87,24 @@ def test_a_coordinator_pings_members_it_knows_by_hearsay_and_plans_those_that_an
         book = JobBook(info, me, tmp_path / "job")
         book.saw_presence(ghost, 10.0)
         coordinator = Coordinator(cast(Any, port), book)
+        began = trio.current_time()
         await coordinator._reach_unheard()
+        assert trio.current_time() - began >= SPEAK_WAIT_S  # it gave them time to speak first
         assert port.asked == [sorted([newcomer, ghost])]
         assert book.live_members(port.heard_peers()) == sorted([me, honest, newcomer])
+        # A member that speaks while the coordinator waits is planned with no ping at all.
+        port.asked.clear()
+        port.heard.discard(newcomer)
+        book.saw_presence(ghost, 10.0)
 
-    trio.run(main, clock=trio.testing.MockClock())
+        async def speaks() -> None:
+            await trio.sleep(0.5)
+            port.heard.add(newcomer)
+            book.saw_presence(newcomer, 10.0)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(speaks)
+            await coordinator._reach_unheard()
+        assert port.asked == [[ghost]]
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
