@@ -16,7 +16,7 @@ import hashlib
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
-from aggregation.tree import ParentMap, build_tree, cut_groups
+from aggregation.tree import ParentMap, cut_groups, group_sizes
 from gpuflex.node.core.workfields import HEX_DIGITS
 from mesh.netprefix import network_prefix
 from mesh.vivaldi import Coordinate
@@ -48,17 +48,15 @@ def order_for_tree(me: str, members: Sequence[str], private: Collection[str],
     reach = [me] + [p for p in others if p not in private and p not in slow] + late
     n = len(others) + 1
     size = max(2, group_size)
-    needed = -(-n // size)
+    needed = len(group_sizes(n, size))
     if needed > len(reach):  # too few directly reachable leaders: hole-punched homes lead too
         holes = [p for p in priv if p in punched]
         reach += holes[: needed - len(reach)]
         priv = [p for p in priv if p not in reach]
-    if needed > len(reach):  # still too few: fewer, larger groups
-        size = max(size, -(-n // len(reach)))
-    count = -(-n // size)
-    base, extra = divmod(n, count)
-    sizes = [base + (1 if i < extra else 0) for i in range(count)]
-    leaders = (reach + priv)[:count]
+    if needed > len(reach):  # still too few: fewer, larger groups, one per reachable leader
+        size = max(size, -(-(n - 1) // len(reach)) + 1)
+    sizes = group_sizes(n, size)
+    leaders = (reach + priv)[:len(sizes)]
     pool = [p for p in priv + reach if p not in leaders]
     ordered: list[str] = []
     for leader, k in zip(leaders, sizes, strict=True):
@@ -101,8 +99,13 @@ def near_groups(me: str, members: Sequence[str], private: Collection[str], group
     everyone = list(dict.fromkeys(members))
     size = max(2, group_size)
     at = {p: coords.get(p, Coordinate()) for p in everyone}
-    sizes = [len(g) for g in cut_groups(everyone, size)]
-    groups = _bisect(sorted(everyone), sizes, at)
+    sizes = group_sizes(len(everyone), size)
+    # The root's group (the first) is the root and its nearest members; the rest are cut by
+    # halving, so groups next to each other in the order, which share a parent, are near.
+    rest = sorted((p for p in everyone if p != me), key=lambda p: (at[me].rtt_to(at[p]), p))
+    groups = [[me, *rest[: sizes[0] - 1]]]
+    if len(sizes) > 1:
+        groups += _bisect(sorted(rest[sizes[0] - 1:]), sizes[1:], at)
     fit = sorted(_rank(p, me, private, slow, punched) for p in everyone)[len(groups) - 1]
     ordered: list[str] = []
     for group in groups:
@@ -223,5 +226,24 @@ def masked_tree(root: str, members: Sequence[str], private: Collection[str], gro
         leaders.append(group[lead])
         for p in [group[lead], *group[:lead], *group[lead + 1:]]:
             parents[p] = None if p == group[lead] else group[lead]
-    upper = build_tree(leaders, size, root)  # leaders are grouped again, as build_tree does
-    return {p: upper.get(p, parent) for p, parent in parents.items()}
+    return {p: _leaders_grouped(leaders, size, root).get(p, parent) for p, parent in parents.items()}
+
+
+def _leaders_grouped(leaders: list[str], size: int, root: str) -> ParentMap:
+    """A masked round's upper levels: the leaders are cut into groups of ``size`` again, level
+    by level, each led by its first (or the root), so a leader leads at every level it
+    reaches. Unlike ``build_tree``, whose upper leaders lead smaller bottom groups, this keeps
+    every masked group at ``size`` (at least ``min_group`` masking members), at the price of
+    up to ``size - 1`` children per level at the root."""
+    parents: ParentMap = dict.fromkeys(leaders)
+    level = leaders
+    while len(level) > 1:
+        next_level = []
+        for group in cut_groups(level, size):
+            leader = root if root in group else group[0]
+            for member in group:
+                if member != leader:
+                    parents[member] = leader
+            next_level.append(leader)
+        level = next_level
+    return parents
