@@ -9,7 +9,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from aggregation.tree import fan_out, group_sizes, tree_groups
 from aggregation import (
     AggregationError,
     build_tree,
@@ -19,6 +18,7 @@ from aggregation import (
     leaders,
     weighted_mean,
 )
+from aggregation.tree import fan_out, group_sizes, tree_groups
 
 
 def _members(n: int) -> list[str]:
@@ -180,10 +180,8 @@ def test_no_node_has_more_than_group_size_children(
     n = n_public + n_private
     groups = group_sizes(n, g)
     assert sum(groups) == n and all(s >= 1 for s in groups)
-    leads, rest = public[: len(groups)], public[len(groups):] + private
-    rest = leads[len(leads):] + rest
-    heads = leads + rest[: max(0, len(groups) - len(leads))]
-    rest = rest[max(0, len(groups) - len(leads)):]
+    heads = (public + private)[: len(groups)]  # reachable members lead while there are any
+    rest = (public + private)[len(groups):]
     ordered: list[str] = []
     for head, k in zip(heads, groups, strict=True):
         ordered += [head, *rest[: k - 1]]

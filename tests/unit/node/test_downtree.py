@@ -1,0 +1,88 @@
+"""The committed model's way down the tree: parent first, a parent that does not hold it yet
+asked again, a failing one skipped, the root last (``gpuflex.node.downtree``)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any, cast
+
+import pytest
+import trio
+
+from aggregation.tree import build_tree
+from gpuflex.node.core.messages import Result
+from gpuflex.node.downtree import WAIT_S, down_chain, fetch_down
+from gpuflex.node.port import JobPort
+from mesh.blob import BlobError, BlobNotFound
+from mesh.health import PeerState
+
+DIGEST = "ab" * 32
+
+
+class Port:
+    """What ``fetch_down`` uses of a port: each peer holds the blob from ``ready_at`` (trio
+    time) on, or fails every ask (``broken``); every ask is recorded."""
+
+    def __init__(self, ready_at: dict[str, float], broken: set[str] = frozenset(),  # type: ignore[assignment]
+                 down: set[str] = frozenset()) -> None:  # type: ignore[assignment]
+        self.ready_at, self.broken, self.down = ready_at, broken, down
+        self.asks: list[str] = []
+        self.held = False
+        self.blobs = SimpleNamespace(has=lambda digest: self.held)
+
+    async def fetch_blob(self, digest: str, providers: list[str], timeout: float, max_size: int) -> None:
+        (peer,) = providers
+        self.asks.append(peer)
+        await trio.sleep(0.01)
+        if peer in self.broken:
+            raise BlobError(f"{peer}: unreachable")
+        if trio.current_time() < self.ready_at.get(peer, float("inf")):
+            raise BlobNotFound(f"{peer}: not found")
+        self.held = True
+
+    def health(self, peer: str) -> PeerState | None:
+        return PeerState.DOWN if peer in self.down else PeerState.UP
+
+
+def _port(port: Port) -> JobPort:
+    return cast(JobPort, port)
+
+
+def test_the_chain_is_the_parent_then_the_ancestors_and_the_root_last() -> None:
+    members = [f"m{i:02d}" for i in range(64)]
+    parent = build_tree(members, 8, "m00")
+    res = cast(Result, SimpleNamespace(plan=SimpleNamespace(parent=parent), coordinator="m00"))
+    leaf = next(m for m in members if m not in parent.values() and parent[m] != "m00")
+    chain = down_chain(res, leaf)
+    assert chain[0] == parent[leaf] and chain[-1] == "m00" and len(chain) >= 2
+    assert down_chain(res, "m00") == []  # the root holds it
+    assert down_chain(res, "stranger") == ["m00"]  # outside the plan: the coordinator
+
+
+async def test_a_parent_that_does_not_hold_it_yet_is_asked_again_not_the_root(autojump_clock: Any) -> None:
+    port = Port({"parent": 3.0, "root": 0.0})
+    assert await fetch_down(_port(port), DIGEST, ["parent", "root"], timeout=5, max_size=1 << 20) == "parent"
+    assert "root" not in port.asks and port.asks.count("parent") > 2
+
+
+async def test_a_broken_or_down_parent_moves_on_at_once(autojump_clock: Any) -> None:
+    port = Port({"grand": 0.0, "root": 0.0}, broken={"parent"})
+    assert await fetch_down(_port(port), DIGEST, ["parent", "grand", "root"], timeout=5, max_size=1) == "grand"
+    assert port.asks == ["parent", "grand"]
+    port = Port({"root": 0.0}, down={"parent"})  # "not found" from a peer marked down: not waited for
+    assert await fetch_down(_port(port), DIGEST, ["parent", "root"], timeout=5, max_size=1) == "root"
+    assert port.asks == ["parent", "root"]
+
+
+async def test_the_wait_is_bounded_then_the_root_serves(autojump_clock: Any) -> None:
+    port = Port({"root": 0.0})  # the parent never gets it
+    start = trio.current_time()
+    assert await fetch_down(_port(port), DIGEST, ["parent", "grand", "root"], timeout=5, max_size=1) == "root"
+    assert trio.current_time() - start <= WAIT_S + 1
+    assert port.asks[-2:] == ["grand", "root"]  # past the wait, each one above is asked once
+
+
+async def test_nobody_serving_it_is_an_error(autojump_clock: Any) -> None:
+    port = Port({}, broken={"root"})
+    with pytest.raises(BlobError, match="no tree ancestor"):
+        await fetch_down(_port(port), DIGEST, ["parent", "root"], timeout=5, max_size=1, wait_s=2)
