@@ -4,8 +4,9 @@ A round's result names the new model (and, with a step codec, the encoded step m
 replay) by hash. If every member fetched it from the root, the root's uplink would carry one
 copy per member, a load that grows with the mesh. Instead each member asks its parent in the
 round's tree first, then the ancestors above it, the root (the round's coordinator) last: a
-leader that holds the committed model serves its own children, so no node sends more copies
-than it has children. Whoever serves it, the bytes are checked against the hash the signed
+leader that holds the committed model serves its own children, so a node sends a copy per
+child, not per member. The exception is a leader behind NAT (``down_chain``): its children
+fetch from the nearest public ancestor, whose uplink is ten times a home one or more. Whoever serves it, the bytes are checked against the hash the signed
 result names (``mesh.blob`` refuses a blob whose hash differs, and a replayed step is checked
 against the model hash), so a parent can delay the model but not change it.
 
@@ -38,14 +39,19 @@ POLL_MAX_S = 0.5
 
 
 def down_chain(res: Result, me: str) -> list[str]:
-    """Whom ``me`` fetches ``res``'s model (or step) from: its parent in the round's tree (the
-    signed plan the result commits), then the ancestors above it, the coordinator last. A
-    node outside the plan asks the coordinator."""
-    parent = res.plan.parent
-    chain = ancestors(parent, me) if me in parent else []
+    """Whom ``me`` fetches ``res``'s model (or step) from: its ancestors in the round's tree
+    (the signed plan the result commits), nearest first and the coordinator last, those the
+    plan lists as behind NAT after the others. A home leader hole-punched into leading sends
+    on a home uplink, a tenth of a public one or less: seven copies from it take longer than
+    seventy from a public node, so its children fetch from the nearest public ancestor and
+    ask it only if that fails. With no public ancestor the order is the tree's. A node
+    outside the plan asks the coordinator."""
+    plan = res.plan
+    chain = ancestors(plan.parent, me) if me in plan.parent else []
     if res.coordinator not in chain:
         chain.append(res.coordinator)
-    return [p for p in chain if p != me]
+    private = set(plan.private)
+    return sorted((p for p in chain if p != me), key=lambda p: p in private)  # stable: nearest first
 
 
 async def fetch_down(port: JobPort, digest: str, chain: list[str], *, timeout: float, max_size: int,

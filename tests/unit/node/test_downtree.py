@@ -51,7 +51,7 @@ def _port(port: Port) -> JobPort:
 def test_the_chain_is_the_parent_then_the_ancestors_and_the_root_last() -> None:
     members = [f"m{i:02d}" for i in range(64)]
     parent = build_tree(members, 8, "m00")
-    res = cast(Result, SimpleNamespace(plan=SimpleNamespace(parent=parent), coordinator="m00"))
+    res = cast(Result, SimpleNamespace(plan=SimpleNamespace(parent=parent, private=()), coordinator="m00"))
     leaf = next(m for m in members if m not in parent.values() and parent[m] != "m00")
     chain = down_chain(res, leaf)
     assert chain[0] == parent[leaf] and chain[-1] == "m00" and len(chain) >= 2
@@ -86,3 +86,14 @@ async def test_nobody_serving_it_is_an_error(autojump_clock: Any) -> None:
     port = Port({}, broken={"root"})
     with pytest.raises(BlobError, match="no tree ancestor"):
         await fetch_down(_port(port), DIGEST, ["parent", "root"], timeout=5, max_size=1, wait_s=2)
+
+
+def test_the_children_of_a_leader_behind_nat_ask_the_nearest_public_ancestor_first() -> None:
+    parent = {"root": None, "home": "root", "pub": "root", "leaf": "home", "leaf2": "pub"}
+    plan = SimpleNamespace(parent=parent, private=("home", "leaf"))
+    res = cast(Result, SimpleNamespace(plan=plan, coordinator="root"))
+    assert down_chain(res, "leaf") == ["root", "home"]  # the home leader is the fallback
+    assert down_chain(res, "leaf2") == ["pub", "root"]
+    everyone_home = SimpleNamespace(parent=parent, private=tuple(parent))
+    assert down_chain(cast(Result, SimpleNamespace(plan=everyone_home, coordinator="root")), "leaf") == \
+        ["home", "root"]
