@@ -5,10 +5,12 @@ replay) by hash. If every member fetched it from the root, the root's uplink wou
 copy per member, a load that grows with the mesh. Instead each member asks its parent in the
 round's tree first, then the ancestors above it, the root (the round's coordinator) last: a
 leader that holds the committed model serves its own children, so a node sends a copy per
-child, not per member. The exception is a leader behind NAT (``down_chain``): its children
-fetch from the nearest public ancestor, whose uplink is ten times a home one or more. Whoever serves it, the bytes are checked against the hash the signed
-result names (``mesh.blob`` refuses a blob whose hash differs, and a replayed step is checked
-against the model hash), so a parent can delay the model but not change it.
+child, not per member. The exception is a leader behind NAT (``first_sources``): its
+children fetch from public nodes nearer the root, spread so that each takes few extra
+copies, since a public uplink is ten times a home one or more. Whoever serves it, the bytes
+are checked against the hash the signed result names (``mesh.blob`` refuses a blob whose
+hash differs, and a replayed step is checked against the model hash), so a parent can delay
+the model but not change it.
 
 A parent fetches the model from its own parent when the result reaches it, so a child may ask
 before the parent holds it: a "not found" from an ancestor that is up is asked again, with a
@@ -18,7 +20,9 @@ ancestor unreachable, down, slow or serving wrong bytes) moves on to the next on
 
 from __future__ import annotations
 
+import heapq
 import logging
+from collections.abc import Collection, Mapping
 
 import trio
 
@@ -38,20 +42,76 @@ POLL_FIRST_S = 0.1
 POLL_MAX_S = 0.5
 
 
+def first_sources(parent: Mapping[str, str | None], private: Collection[str]) -> dict[str, str]:
+    """Member -> the node it asks first for a round's model: its parent, unless the parent is
+    behind NAT (a home leader's uplink is a tenth of a public one or less, so seven copies
+    from it take longer than seventy from a public node). A member under such a parent asks
+    the public node with the fewest copies to send so far among those nearer the root than
+    it (so they hold the model no later than its parent would), ties to the nearer and the
+    earlier in the plan: the extra copies are spread over the public nodes instead of all
+    falling on the nearest public ancestor. With no public node to ask, the parent.
+
+    Every member computes the same map from the signed plan alone (``parent`` keeps the
+    plan's order), in O(n log n)."""
+    order = {m: i for i, m in enumerate(parent)}
+    kids: dict[str, list[str]] = {}
+    root = None
+    for m, p in parent.items():
+        if p is None:
+            root = m
+        else:
+            kids.setdefault(p, []).append(m)
+    if root is None:
+        return {}
+    level, depth = [root], {root: 0}
+    by_depth: list[list[str]] = []
+    while level and len(depth) <= len(parent):  # breadth first; a plan's tree is checked acyclic
+        by_depth.append(level)
+        level = [k for m in level for k in kids.get(m, []) if k not in depth]
+        depth.update((k, len(by_depth)) for k in level)
+    load = dict.fromkeys((m for m in parent if m not in private), 0)
+    source: dict[str, str] = {}
+    under_home: list[str] = []
+    for m, p in parent.items():
+        if p is None or m not in depth:
+            continue
+        if p in private:
+            under_home.append(m)
+        else:
+            source[m] = p
+            load[p] += 1
+    heap: list[tuple[int, int, int, str]] = []
+    added = 0
+    for m in sorted(under_home, key=lambda m: (depth[m], order[m])):
+        while added < depth[m]:  # public nodes nearer the root than m become candidates
+            heap += [(load[q], added, order[q], q) for q in by_depth[added] if q in load]
+            heapq.heapify(heap)
+            added += 1
+        if not heap:
+            source[m] = parent[m] or root
+            continue
+        _, d, i, q = heapq.heappop(heap)
+        source[m] = q
+        load[q] += 1
+        heapq.heappush(heap, (load[q], d, i, q))
+    return source
+
+
 def down_chain(res: Result, me: str) -> list[str]:
-    """Whom ``me`` fetches ``res``'s model (or step) from: its ancestors in the round's tree
-    (the signed plan the result commits), nearest first and the coordinator last, those the
-    plan lists as behind NAT after the others. A home leader hole-punched into leading sends
-    on a home uplink, a tenth of a public one or less: seven copies from it take longer than
-    seventy from a public node, so its children fetch from the nearest public ancestor and
-    ask it only if that fails. With no public ancestor the order is the tree's. A node
+    """Whom ``me`` fetches ``res``'s model (or step) from: its first source
+    (``first_sources``), then its ancestors in the round's tree (the signed plan the result
+    commits), nearest first, those behind NAT after the others, the coordinator last. A node
     outside the plan asks the coordinator."""
     plan = res.plan
     chain = ancestors(plan.parent, me) if me in plan.parent else []
     if res.coordinator not in chain:
         chain.append(res.coordinator)
     private = set(plan.private)
-    return sorted((p for p in chain if p != me), key=lambda p: p in private)  # stable: nearest first
+    chain = sorted(chain, key=lambda p: p in private)  # stable: nearest first
+    first = first_sources(plan.parent, private).get(me) if me in plan.parent else None
+    if first is not None:
+        chain = [first, *(p for p in chain if p != first)]
+    return [p for p in chain if p != me]
 
 
 async def fetch_down(port: JobPort, digest: str, chain: list[str], *, timeout: float, max_size: int,

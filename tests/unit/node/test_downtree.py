@@ -3,15 +3,20 @@ asked again, a failing one skipped, the root last (``gpuflex.node.downtree``).""
 
 from __future__ import annotations
 
+from collections import Counter
 from types import SimpleNamespace
 from typing import Any, cast
 
 import pytest
 import trio
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from aggregation.tree import build_tree
+from aggregation.tree import build_tree, fan_out
+from gpuflex.node.collector import ancestors
 from gpuflex.node.core.messages import Result
-from gpuflex.node.downtree import WAIT_S, down_chain, fetch_down
+from gpuflex.node.core.placement import order_for_tree
+from gpuflex.node.downtree import WAIT_S, down_chain, fetch_down, first_sources
 from gpuflex.node.port import JobPort
 from mesh.blob import BlobError, BlobNotFound
 from mesh.health import PeerState
@@ -88,12 +93,37 @@ async def test_nobody_serving_it_is_an_error(autojump_clock: Any) -> None:
         await fetch_down(_port(port), DIGEST, ["parent", "root"], timeout=5, max_size=1, wait_s=2)
 
 
-def test_the_children_of_a_leader_behind_nat_ask_the_nearest_public_ancestor_first() -> None:
+def test_the_children_of_a_leader_behind_nat_ask_a_public_node_first() -> None:
     parent = {"root": None, "home": "root", "pub": "root", "leaf": "home", "leaf2": "pub"}
     plan = SimpleNamespace(parent=parent, private=("home", "leaf"))
     res = cast(Result, SimpleNamespace(plan=plan, coordinator="root"))
-    assert down_chain(res, "leaf") == ["root", "home"]  # the home leader is the fallback
+    # "pub" (one copy to send so far) is nearer the root than "leaf" and less loaded than the root (two)
+    assert first_sources(parent, plan.private)["leaf"] == "pub"
+    assert down_chain(res, "leaf") == ["pub", "root", "home"]  # the home leader is the last fallback
     assert down_chain(res, "leaf2") == ["pub", "root"]
     everyone_home = SimpleNamespace(parent=parent, private=tuple(parent))
     assert down_chain(cast(Result, SimpleNamespace(plan=everyone_home, coordinator="root")), "leaf") == \
         ["home", "root"]
+
+
+@settings(max_examples=150, deadline=None)
+@given(n_public=st.integers(1, 40), n_home=st.integers(0, 300), group_size=st.integers(2, 12))
+def test_home_leaders_children_are_spread_over_public_nodes_nearer_the_root(
+        n_public: int, n_home: int, group_size: int) -> None:
+    """Whatever the share of public members: a member's first source is its parent when that
+    is public, else a public node nearer the root; no public node takes many more copies than
+    its share of them."""
+    public = [f"pub{i:02d}" for i in range(n_public)]
+    home = {f"home{i:03d}" for i in range(n_home)}
+    ordered, size = order_for_tree(public[0], [*public, *sorted(home)], home, group_size, punched=home)
+    parent = build_tree(ordered, size, public[0])
+    source = first_sources(parent, home)
+    assert set(source) == set(parent) - {public[0]}
+    hops = {m: len(ancestors(parent, m)) for m in parent}
+    for m, q in source.items():
+        assert q == parent[m] or (q not in home and parent[m] in home and hops[q] < hops[m]), (m, q)
+    loads = Counter(source.values())
+    under_home = sum(1 for m in source if parent[m] in home)
+    most_public = max((loads[q] for q in public), default=0)
+    assert most_public <= fan_out(size) + -(-under_home // n_public) + 1
+    assert not any(q in home for q in loads)  # a public node nearer the root always exists
