@@ -127,3 +127,27 @@ def test_home_leaders_children_are_spread_over_public_nodes_nearer_the_root(
     most_public = max((loads[q] for q in public), default=0)
     assert most_public <= fan_out(size) + -(-under_home // n_public) + 1
     assert not any(q in home for q in loads)  # a public node nearer the root always exists
+
+
+async def test_each_round_s_model_comes_down_the_tree_not_from_the_root(autojump_clock: Any, tmp_path: Any) -> None:
+    """Thirteen members in groups of three (a tree three levels deep, at most two children a
+    node), with blobs fetched only from the providers a node names, as the mesh does: every
+    member holds each committed model, fetched from its own parent, and no node serves a
+    round's model to more members than it has children."""
+    from tests.unit.node.fakenet import FakeNet, fast_spec
+    from tests.unit.node.test_round_protocol import one_ledger
+
+    net = FakeNet(tmp_path, 13, fast_spec(rounds=2, group_size=3, min_nodes=13))
+    net.providers_only = True
+    async with trio.open_nursery() as nursery:
+        await net.start(nursery)
+        await net.wait_rounds(2)
+        results = one_ledger(net, 2)
+        nursery.cancel_scope.cancel()
+    for res in results:
+        parent = res.plan.parent
+        fetches = [(server, fetcher) for digest, server, fetcher in net.served
+                   if digest in {res.model_hash, res.step_hash}]
+        assert {fetcher for _, fetcher in fetches} == set(parent) - {res.coordinator}
+        assert all(parent[fetcher] == server for server, fetcher in fetches), fetches
+        assert max(Counter(server for server, _ in fetches).values()) <= fan_out(3)
