@@ -35,19 +35,27 @@ def order_for_tree(me: str, members: Sequence[str], private: Collection[str],
 
     With the members' network coordinates (``coords``, ``mesh.vivaldi``) for most of them, the
     groups are cut by nearness instead (``near_groups``), when every group then has a leader
-    as reachable as the plain order would give it."""
-    if coords is not None and sum(p in coords for p in members) * 2 >= len(members) > group_size:
-        near = near_groups(me, members, private, group_size, slow, punched, coords)
-        if near is not None:
-            return near, max(2, group_size)
+    as reachable as the plain order would give it.
+
+    The tree's fan-out is ``group_size - 1`` (groups of ``group_size``), or ``group_size``
+    itself, the cap on children, when that needs fewer leaders and the public members are
+    too few to lead the smaller groups: a home leader is slower, and one that some members
+    cannot reach costs them a timeout, so public members take one more child first."""
     others = [p for p in members if p != me]
+    n = len(others) + 1
+    size = max(2, group_size)
+    fit = 1 + sum(p not in private and p not in slow for p in others)
+    if len(group_sizes(n, size)) > fit and len(group_sizes(n, size + 1)) < len(group_sizes(n, size)):
+        size += 1  # fan-out group_size: within the cap, fewer leaders from home
+    if coords is not None and sum(p in coords for p in members) * 2 >= len(members) > size:
+        near = near_groups(me, members, private, size, slow, punched, coords)
+        if near is not None:
+            return near, size
     priv = [p for p in others if p in private]
     late = [p for p in others if p in slow and p not in private]
     if not priv and not late:
-        return [me, *others], group_size
+        return [me, *others], size
     reach = [me] + [p for p in others if p not in private and p not in slow] + late
-    n = len(others) + 1
-    size = max(2, group_size)
     needed = len(group_sizes(n, size))
     if needed > len(reach):  # too few directly reachable leaders: hole-punched homes lead too
         holes = [p for p in priv if p in punched]

@@ -198,7 +198,8 @@ def test_hole_punched_homes_lead_before_any_group_outgrows_group_size(
     if groups <= n_public:
         assert receivers <= set(public), "homes lead while public members suffice"
     if groups <= n_public + n_punched:
-        assert size == group_size
+        assert size in (group_size, group_size + 1)  # fan-out group_size - 1, or the cap itself
+        assert max(len(children(parent, p)) for p in parent) <= max(2, group_size)
         assert receivers <= set(public + punched), f"unreachable leaders: {receivers - set(public + punched)}"
 
 
@@ -210,7 +211,7 @@ def test_hundred_members_ten_public_keep_groups_of_eight() -> None:
     _, size = order_for_tree(public[0], public + punched + private, set(punched + private), 8,
                                    punched=set(punched))
     assert size_before == 11  # without the punched homes: ten public leaders with up to ten children each
-    assert size == 8
+    assert size == 9  # fan-out 8, the cap: 13 leaders, of them 3 from home, instead of 15 and 5
 
 
 @given(st.integers(3, 30), st.integers(2, 6), st.integers(2, 4), st.binary(min_size=32, max_size=32),
@@ -267,12 +268,12 @@ def test_groups_by_nearness_keep_the_cap_and_reachable_leaders(n_sites: int, per
     me = members[-1]
     ordered, size = order_for_tree(me, members, private, group_size, coords=coords)
     assert sorted(ordered) == sorted(members)
-    assert size == group_size  # nearness never widens the groups
+    assert size in (group_size, group_size + 1)  # nearness never widens the groups past the cap
     parent = build_tree(ordered, size, me)
     assert parent[me] is None
     groups = tree_groups(ordered, size)  # the groups build_tree makes of this order
-    assert max(len(g) for g in groups) <= fan_out(group_size) + 1
-    assert max(len(children(parent, p)) for p in parent) <= fan_out(group_size)
+    assert max(len(g) for g in groups) <= fan_out(size) + 1
+    assert max(len(children(parent, p)) for p in parent) <= max(2, group_size)
     leaders = {g[0] for g in groups}
     assert all(parent[m] in leaders or m in leaders for m in members)
     if len(groups) <= len(members) - len(private):  # enough reachable members to lead every group
