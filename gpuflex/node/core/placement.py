@@ -73,6 +73,10 @@ def order_for_tree(me: str, members: Sequence[str], private: Collection[str],
     return ordered, size
 
 
+#: ``_rank`` of a member behind NAT with no hole punch: its children could not reach it.
+UNREACHABLE = 4
+
+
 def _rank(peer: str, me: str, private: Collection[str], slow: Collection[str], punched: Collection[str]) -> int:
     """How fit ``peer`` is to lead (smaller is fitter): the root, then reachable and not slow,
     reachable and slow, hole-punched, then behind NAT."""
@@ -80,7 +84,7 @@ def _rank(peer: str, me: str, private: Collection[str], slow: Collection[str], p
         return 0
     if peer not in private:
         return 1 if peer not in slow else 2
-    return 3 if peer in punched else 4
+    return 3 if peer in punched else UNREACHABLE
 
 
 def _bisect(points: list[str], sizes: list[int], at: Mapping[str, Coordinate]) -> list[list[str]]:
@@ -103,7 +107,9 @@ def near_groups(me: str, members: Sequence[str], private: Collection[str], group
     fittest member (``_rank``), nearest the group's others among equals; ``build_tree`` cuts
     exactly these groups, and groups their leaders in the same order, so upper levels are
     near too. None when some group would get a less fit leader than the plain order gives
-    (a group of homes only, while reachable members lead elsewhere): the caller falls back."""
+    (a group of homes only, while reachable members lead elsewhere), or a leader nobody can
+    reach (behind NAT, no hole punch): the caller falls back to the plain order, which widens
+    the groups instead."""
     everyone = list(dict.fromkeys(members))
     size = max(2, group_size)
     at = {p: coords.get(p, Coordinate()) for p in everyone}
@@ -119,8 +125,9 @@ def near_groups(me: str, members: Sequence[str], private: Collection[str], group
     for group in groups:
         leader = min(group, key=lambda p: (_rank(p, me, private, slow, punched),
                                            sum(at[p].rtt_to(at[q]) for q in group), p))
-        if _rank(leader, me, private, slow, punched) > max(fit, 1):
-            return None
+        rank = _rank(leader, me, private, slow, punched)
+        if rank > max(fit, 1) or (rank == UNREACHABLE and leader != me):
+            return None  # the plain order widens the groups rather than have nobody reach a leader
         ordered += [leader, *(p for p in group if p != leader)]
     return ordered
 
