@@ -31,10 +31,11 @@ setup:
 demo *ARGS: setup
     .venv/bin/gpuflex demo {{ARGS}}
 
-# Run the whole test suite. Four workers, a test file each at a time: the real-process tests
+# Run the whole test suite. Four workers, a test file each at a time, the longest files first
+# (tests/conftest.py): the real-process tests
 # spend most of their time waiting on deadlines and the network, not on the CPU.
 test *ARGS: setup
-    .venv/bin/python -m pytest -q -rs -n 4 --dist loadfile {{ARGS}}
+    .venv/bin/python -m pytest -q -rs -n 4 --dist loadfile --no-loadscope-reorder {{ARGS}}
 
 # Lint: ruff, the import contracts (pyproject.toml [tool.importlinter]) and mypy on mesh/, aggregation/, gpuflex/
 # and the benchmarks' Flower app.

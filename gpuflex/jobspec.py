@@ -188,6 +188,10 @@ class JobSpec:
     plan_timeout_s: float = 0.0  # 0: AUTO_PLAN_TIMEOUT_S, see plan_timeout
     train_timeout_s: float = 0.0  # 0: adaptive, see train_budget
     reduce_timeout_s: float = 0.0  # 0: AUTO_REDUCE_SLACK_S, see reduce_slack
+    #: Seconds every node rests after a commit before it takes up the next round (0: none), so
+    #: that a volunteer's machine is idle between rounds instead of training flat out; a plan
+    #: that arrives earlier ends the rest (gpuflex/node/driver.py).
+    pause_s: float = 0.0
     allowlist: tuple[str, ...] = field(default_factory=tuple)
     train_fn: str = ""
     partitioner: str = ""
@@ -604,6 +608,7 @@ _CHECKS: dict[str, Callable[[Any], Any]] = {
     "plan_timeout_s": _TIMEOUT,
     "train_timeout_s": _TIMEOUT,
     "reduce_timeout_s": _TIMEOUT,
+    "pause_s": _TIMEOUT,
     "allowlist": _allowlist,
     "train_fn": _optional_plugin,
     "partitioner": _optional_plugin,

@@ -118,6 +118,7 @@ class JobDriver:
                 await self.preparation.run()
                 status.start()
                 while book.committed < self.spec.rounds and self._budget_allows():
+                    await self._rest(book.current)
                     await self._drive_round(book.current)
                 status.finish()
                 last = book.ledger.results[-1].metrics if book.ledger.results else {}
@@ -149,6 +150,15 @@ class JobDriver:
         return True
 
     # -- one round -----------------------------------------------------------------------------------
+
+    async def _rest(self, rs: RoundState) -> None:
+        """The job's ``pause_s`` after a commit, on trio's clock, before this node takes up the
+        next round: the machine is idle meanwhile. A plan or a commit of that round arriving
+        from a peer that rested less ends it, so nodes never wait on each other's rests."""
+        pause = self.spec.pause_s
+        if pause <= 0 or self.book.committed == 0:
+            return
+        await self.book.changed.wait_for(lambda: self._moved_on(rs), self.port.clock.now() + pause)
 
     async def _drive_round(self, rs: RoundState) -> None:
         """Attempts of round ``rs.round`` until it commits. Every pass through the loop waits

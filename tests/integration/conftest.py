@@ -82,6 +82,12 @@ def light_spec(**overrides: object) -> dict:
     return digits_spec(**{"model": "mlp", **overrides})
 
 
+#: The honest job that runs beside an attack for a whole module: it must keep committing, not
+#: train flat out. Unpaced, its two nodes committed two rounds a second and took a core and more
+#: between them for minutes, which the attacks and the checks beside it then lacked.
+HONEST_PACE = {"pause_s": 1.0}
+
+
 def load_factor() -> float:
     """How many times slower than idle this machine runs now: the one-minute load per core,
     between 1 and 4. Discovery and failure detection are bounded by CPU (every node process

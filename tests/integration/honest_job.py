@@ -3,6 +3,7 @@ committing, and every node holds one and the same verified chain of its rounds."
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 
 from gpuflex.localmesh import LocalMesh
@@ -33,3 +34,15 @@ def assert_one_ledger(mesh: LocalMesh, job: str, nodes: Sequence[int], at_least:
     assert common >= at_least, f"only {common} rounds committed through the attacks"
     assert all(f[:common] == frames[0][:common] for f in frames), "the nodes hold different ledgers"
     assert [r.round for r in verify_chain(frames[0], job)] == list(range(1, len(frames[0]) + 1))
+
+
+def assert_paced(mesh: LocalMesh, job: str, node: int, pause_s: float) -> None:
+    """The job's ``pause_s`` held: each committed round's result was signed at least that long
+    after the previous one's, since every node rests that long after a commit before it plans
+    or trains the next round."""
+    ledger = Ledger(mesh.home(node) / "jobs" / job / "ledger.msgpack", job)
+    assert ledger.load() == []
+    stamps = [r.env.ts for r in ledger.results]
+    gaps = [b - a for a, b in itertools.pairwise(stamps)]
+    assert len(gaps) >= 2, f"only {len(stamps)} rounds to compare"
+    assert min(gaps) >= pause_s, f"a round committed {min(gaps):.2f} s after the one before (pause {pause_s} s)"

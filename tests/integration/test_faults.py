@@ -1,18 +1,17 @@
-"""Fault tolerance with real node processes (on loopback, or in network namespaces the test makes): nothing
-committed is ever lost.
+"""Fault tolerance with real node processes (on loopback, or in network namespaces the test
+makes): nothing committed is ever lost.
 
-What needs real processes stays here: every node killed and restarted from a corrupt file, a real
-network partition, a real full disk. How the round protocol survives a member, leader or coordinator
-dying, a late joiner and a straggler is tested in one process under a mock clock
-(tests/unit/node/test_round_protocol.py); a hostile peer's frames against real libp2p hosts in
-tests/integration/test_hostile_wire.py; kills at an exact protocol point in test_secagg_dropout.py."""
+What needs real processes stays here: every node killed and restarted from a corrupt file, a
+real full disk, and (tests/integration/test_partition.py) a real network partition. How the
+round protocol survives a member, leader or coordinator dying, a late joiner and a straggler is
+tested in one process under a mock clock (tests/unit/node/test_round_protocol.py); a hostile
+peer's frames against real libp2p hosts in tests/integration/test_hostile_wire.py; kills at an
+exact protocol point in test_secagg_dropout.py."""
 
 from __future__ import annotations
 
 import errno
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -20,7 +19,6 @@ import pytest
 
 from gpuflex.localmesh import LocalMesh
 from gpuflex.node.core.ledger import Ledger, read_ledger_file, verify_chain
-from gpuflex.testing.netns import NetnsPair
 from tests.integration.conftest import light_spec
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
@@ -73,52 +71,6 @@ def test_all_nodes_killed_then_resumed_with_a_corrupt_state_file(mesh_factory) -
     assert "corrupt" in log and "recovering" in log
     hashes = {mesh.job(i, job)["model_hash"] for i in range(3)}
     assert len(hashes) == 1
-
-
-PARTITION_ROUNDS = 12
-
-
-def test_partition_minority_waits_and_says_so_then_all_agree(netns_pair: NetnsPair, mesh_factory) -> None:
-    majority, minority = [0, 1, 2, 3], [4, 5]
-    sides = {i: netns_pair.a if i in majority else netns_pair.b for i in range(6)}
-    mesh = mesh_factory(6, placement=lambda i: sides[i].placement())
-    mesh.start(timeout=120)
-    mesh.wait_connected(60)
-    ids = peer_ids(mesh, range(6))
-    # Enough rounds that the majority can commit two more after the cut however late the cut
-    # lands: on a loaded machine the minority had reached round 5 of 6 before it took effect.
-    job = mesh.submit(light_spec(rounds=PARTITION_ROUNDS, min_nodes=4, **FAST))
-
-    def level() -> bool:  # every node has fetched the same round's model: no download is cut
-        held = {mesh.job(i, job)["round"] for i in range(6)}
-        return len(held) == 1 and held.pop() >= 1
-
-    mesh.wait_until(level, 120, interval=0.1, what="all nodes at the same round")
-    netns_pair.partition()
-    mesh.wait_until(lambda: all("of min_nodes=4" in mesh.job(i, job)["waiting"] for i in minority), 60,
-                    interval=0.5, what="the minority saying it cannot reach min_nodes")
-    stuck = [mesh.job(i, job)["round"] for i in minority]
-    last = max(stuck)
-    assert last + 2 <= PARTITION_ROUNDS, f"the cut took effect only at round {last}"
-    wait_round(mesh, 0, job, last + 2, timeout=120)  # the majority commits on
-    assert [mesh.job(i, job)["round"] for i in minority] == stuck, "the minority committed while cut off"
-    for i in minority:
-        assert "waiting, only" in mesh.log_path(i).read_text(errors="replace")
-    shown = subprocess.run([*sides[4].placement().prefix, sys.executable, "-m", "gpuflex", "job", "status", job,
-                            "--node", str(mesh.home(4))], capture_output=True, text=True, timeout=60)
-    assert "waiting      only" in shown.stdout, shown.stdout + shown.stderr
-    healed_at = mesh.job(0, job)["round"]
-
-    netns_pair.heal()
-    mesh.wait_job(job, list(range(6)), timeout=240)
-    rows = assert_one_ledger(mesh, list(range(6)), job, PARTITION_ROUNDS)
-    side_a = {p for p, i in ids.items() if i in majority}
-    # Rounds after last + 1 were planned on ledgers the minority did not have.
-    assert healed_at >= last + 2
-    for row in rows[last + 1 : healed_at]:
-        assert {c["peer"] for c in row["contributors"]} <= side_a
-    assert len({mesh.job(i, job)["model_hash"] for i in range(6)}) == 1
-    assert all(not mesh.job(i, job)["waiting"] for i in range(6))
 
 
 def fill_up(path: Path) -> None:

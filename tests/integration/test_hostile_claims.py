@@ -42,7 +42,8 @@ from mesh.messaging import GOSSIP_PROTOCOL, Inbound
 from mesh.node import MeshConfig, MeshNode
 from mesh.peertable import hint_quota, stranger_quota
 from mesh.pex import PEERS_REQUEST
-from tests.integration.conftest import light_spec, load_factor
+from tests.integration.conftest import HONEST_PACE, light_spec, load_factor
+from tests.integration.honest_job import assert_paced
 from tests.integration.test_hostile_resources import assert_one_ledger, rss_mib
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
@@ -91,7 +92,7 @@ def scene(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scene]:
         mesh.start(timeout=120, count=2)
         mesh.wait_connected(60 * load_factor())
         scene = Scene(mesh, [mesh.call(i, "status")["peer_id"] for i in range(2)])
-        scene.job = mesh.submit(light_spec(rounds=1000, min_nodes=2, **FAST))
+        scene.job = mesh.submit(light_spec(rounds=1000, min_nodes=2, **FAST, **HONEST_PACE))
         scene.keeps_training(0)
         yield scene
     finally:
@@ -439,5 +440,6 @@ async def test_a_model_server_announcing_a_huge_size_reserves_no_disk(scene: Sce
 
 def test_the_honest_job_kept_one_ledger_on_every_node(scene: Scene) -> None:
     """Through every claim: one chain of committed rounds, the same on all three nodes (node 2
-    caught up on it through an honest node), as far as each has got."""
+    caught up on it through an honest node), as far as each has got; paced by its ``pause_s``."""
     assert_one_ledger(scene.mesh, scene.job, scene.rounds(), 3)
+    assert_paced(scene.mesh, scene.job, 0, HONEST_PACE["pause_s"])

@@ -27,7 +27,7 @@ from mesh.blob import BLOB_PROTOCOL, blob_hash
 from mesh.framing import read_obj, write_obj
 from mesh.identity import Identity
 from mesh.node import MeshConfig, MeshNode
-from tests.integration.conftest import light_spec
+from tests.integration.conftest import HONEST_PACE, light_spec
 from tests.integration.honest_job import assert_one_ledger, committed, keeps_committing
 from tests.integration.test_hostile_resources import open_fds, rss_mib
 
@@ -59,7 +59,7 @@ def local(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Local]:
         # A short job first: its final model stays on node 0, for the bulk test to fetch.
         world.short = mesh.submit(light_spec(rounds=2, min_nodes=2, **FAST))
         mesh.wait_job(world.short, [0, 1], 120)
-        world.job = mesh.submit(light_spec(rounds=1000, min_nodes=2, **FAST))
+        world.job = mesh.submit(light_spec(rounds=1000, min_nodes=2, **FAST, **HONEST_PACE))
         world.keeps_training(0)
         yield world
     finally:

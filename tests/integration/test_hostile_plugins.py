@@ -17,7 +17,7 @@ import pytest
 
 from gpuflex.client import ControlError
 from gpuflex.localmesh import LocalMesh
-from tests.integration.conftest import digits_spec, light_spec
+from tests.integration.conftest import HONEST_PACE, digits_spec, light_spec
 from tests.integration.honest_job import assert_one_ledger, keeps_committing
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
@@ -34,7 +34,7 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalMesh, s
     try:
         mesh.start(timeout=120)
         mesh.wait_connected(60)
-        job = mesh.submit(light_spec(rounds=1000, min_nodes=2, **FAST))
+        job = mesh.submit(light_spec(rounds=1000, min_nodes=2, **FAST, **HONEST_PACE))
         keeps_committing(mesh, job, 0)
         yield mesh, job
     finally:

@@ -22,7 +22,7 @@ import trio
 from gpuflex.localmesh import LocalMesh
 from mesh.identity import Identity
 from mesh.node import MeshConfig, MeshNode
-from tests.integration.conftest import light_spec
+from tests.integration.conftest import HONEST_PACE, light_spec
 from tests.integration.honest_job import assert_one_ledger, committed, keeps_committing
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
@@ -60,7 +60,7 @@ def relay(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Relay]:
         mesh.start(timeout=120, count=2)
         mesh.wait_connected(60)
         world = Relay(mesh)
-        world.job = mesh.submit(light_spec(rounds=1000, min_nodes=2, **FAST))
+        world.job = mesh.submit(light_spec(rounds=1000, min_nodes=2, **FAST, **HONEST_PACE))
         mesh.wait_until(lambda: world.ids[0] in world.nat(1)["reservations"], 90, interval=0.5,
                         what="node 1 holding a reservation on node 0")
         world.keeps_training(0)
@@ -244,18 +244,27 @@ async def test_one_source_cannot_take_every_circuit_of_a_reserved_peer(relay: Re
 
 
 async def test_an_idle_circuit_ends_at_its_time_cap(relay: Relay, tmp_path: Path) -> None:
-    """A circuit that carries nothing after its opening is closed at node 0's duration cap."""
+    """A circuit that carries nothing after its opening is closed at node 0's duration cap.
+
+    A circuit that ends long before the cap ended for another reason (on a loaded machine an
+    in-process peer's connection can drop): it says nothing about the cap, so a new one is
+    opened, three at most, and every early end is named in the failure."""
+    early: list[float] = []
     async with AsyncExitStack() as stack:
         accomplice = await stack.enter_async_context(hostile(relay, tmp_path, "accomplice"))
         prober = await stack.enter_async_context(hostile(relay, tmp_path, "prober"))
         accept_circuits(accomplice, [0])
-        stream = await reserved_circuit(relay.ids[0], accomplice, prober)
-        await stream.write(NOISE_OPENING)
-        start = trio.current_time()
-        assert await ended_within(stream, CIRCUIT_S + 12), f"an idle circuit outlived its {CIRCUIT_S} s cap by 12 s"
-        took = trio.current_time() - start
-        print(f"the idle circuit ended after {took:.1f} s (cap {CIRCUIT_S} s)")
-        assert took > CIRCUIT_S / 2, f"the circuit ended after {took:.1f} s, long before its cap: not the cap's doing"
+        for _ in range(3):
+            stream = await reserved_circuit(relay.ids[0], accomplice, prober)
+            await stream.write(NOISE_OPENING)
+            start = trio.current_time()
+            assert await ended_within(stream, CIRCUIT_S + 12), f"an idle circuit outlived its {CIRCUIT_S} s cap by 12 s"
+            took = trio.current_time() - start
+            print(f"the idle circuit ended after {took:.1f} s (cap {CIRCUIT_S} s)")
+            if took > CIRCUIT_S / 2:
+                return
+            early.append(round(took, 1))
+    raise AssertionError(f"every idle circuit ended long before its {CIRCUIT_S} s cap, not by the cap: {early} s")
 
 
 async def test_a_relay_carries_only_the_mesh_connections(relay: Relay, tmp_path: Path) -> None:
@@ -285,13 +294,19 @@ async def test_a_relay_carries_only_the_mesh_connections(relay: Relay, tmp_path:
         accomplice.host.set_stream_handler(STOP_PROTOCOL_ID, accomplice.nat.relay.protocol._handle_stop_stream)
         base = next(a for a in relay.mesh.call(0, "status")["addrs"] if "/ip4/127.0.0.1/" in a).split("/p2p/")[0]
         circuit = f"{base}/p2p/{relay.ids[0]}/p2p-circuit/p2p/{accomplice.peer_id}"
-        conn = None
+        conn, errors = None, []
         for _ in range(3):  # a loaded machine may time the connection's negotiation out
-            with trio.move_on_after(30), suppress(Exception):
-                conn = await prober.nat.relay.transport.dial(Multiaddr(circuit))
+            with trio.move_on_after(30) as timer:
+                try:
+                    conn = await prober.nat.relay.transport.dial(Multiaddr(circuit))
+                except Exception as exc:  # py-libp2p's dial errors share no base class
+                    errors.append(f"{exc.__class__.__name__}: {exc}"[:200])
+                    await trio.sleep(1)  # the raw circuit's slot is freed as its end reaches node 0
+            if timer.cancelled_caught:
+                errors.append("no answer in 30 s")
             if conn is not None:
                 break
-        assert conn is not None, "a real libp2p connection did not go through the relay"
+        assert conn is not None, f"a real libp2p connection did not go through the relay: {errors}"
         conns = prober.host.get_network().connections.get(ID.from_base58(accomplice.peer_id), [])
         assert any("/p2p-circuit" in str(a) for c in conns for a in c.get_transport_addresses())
 

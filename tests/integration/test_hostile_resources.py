@@ -34,7 +34,7 @@ from mesh.identity import Identity
 from mesh.limits import PeerLimits
 from mesh.messaging import GOSSIP_PROTOCOL, MSG_PROTOCOL
 from mesh.node import MeshConfig, MeshNode
-from tests.integration.conftest import digits_spec
+from tests.integration.conftest import HONEST_PACE, digits_spec
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 READ_TIMEOUT_S = 2.0  # node 0's --read-timeout, short so the stalled streams end quickly
@@ -92,7 +92,7 @@ def honest(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Honest]:
         mesh.start(timeout=120, count=2)
         mesh.wait_connected(60)
         honest = Honest(mesh, [mesh.call(i, "status")["peer_id"] for i in range(2)])
-        honest.job = mesh.submit(digits_spec(rounds=HONEST_ROUNDS, min_nodes=2, **FAST))
+        honest.job = mesh.submit(digits_spec(rounds=HONEST_ROUNDS, min_nodes=2, **FAST, **HONEST_PACE))
         honest.keeps_training(0)
         yield honest
     finally:

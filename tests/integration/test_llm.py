@@ -11,10 +11,10 @@ import pytest
 
 from gpuflex.node.core.ledger import Ledger, verify_chain
 from gpuflex.nodeconfig import dump_node_config
+from tests.needs import needs
 from tests.unit.ml.conftest import PLAY, shared_data_dir
 
-pytest.importorskip("peft", reason="needs the llm extra: pip install 'gpuflex[llm]'")
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+pytestmark = [needs("peft"), pytest.mark.integration, pytest.mark.timeout(300)]
 
 
 def shakespeare_file(tmp_path: Path) -> Path:

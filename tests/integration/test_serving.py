@@ -18,11 +18,11 @@ import pytest
 from gpuflex.nodeconfig import dump_node_config
 from tests.integration.conftest import light_spec
 from tests.integration.test_llm import shakespeare_file, tiny_lora_spec
+from tests.needs import needs
 
-pytest.importorskip("peft", reason="needs the llm extra: pip install 'gpuflex[llm]'")
 openai = pytest.importorskip("openai", reason="the openai client is in the dev extra")
 httpx = pytest.importorskip("httpx")
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
+pytestmark = [needs("peft"), pytest.mark.integration, pytest.mark.timeout(600)]
 
 SERVE = ('\n[serve]\nhttp = "127.0.0.1:0"\nmax_batch = {batch}\nmax_prompt_tokens = 256\nmax_new_tokens = 200\n'
          'queue = 16\n')

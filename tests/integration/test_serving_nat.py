@@ -13,9 +13,9 @@ import pytest
 from gpuflex.localmesh import LocalMesh
 from gpuflex.testing.nat import NatTopology, NetnsUnavailable
 from tests.integration.test_serving import SERVE, tiny_model_dir
+from tests.needs import needs
 
-pytest.importorskip("transformers")
-pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(600)]
+pytestmark = [needs("transformers"), pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(600)]
 
 
 def test_a_request_is_routed_and_streamed_over_a_relay_between_two_homes(tmp_path: Path) -> None:

@@ -18,10 +18,10 @@ import pytest
 
 from gpuflex.localmesh import LocalMesh
 from tests.integration.test_serving import tiny_model_dir
+from tests.needs import needs
 from tests.web.browser import make_driver, wait_for
 
-pytest.importorskip("transformers")
-pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(300)]
+pytestmark = [needs("transformers"), pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(300)]
 
 
 @pytest.fixture
