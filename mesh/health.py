@@ -205,6 +205,16 @@ class PeerTable:
         """Peers worth talking to: up, and not being ignored for misbehaviour."""
         return list(self._listed(UP))
 
+    def heard(self) -> list[str]:
+        """Peers up, not ignored, that this node heard from itself (a message over the peer's own
+        connection, an answer to a probe; ``last_seen``). A member known only by hearsay (its
+        signed NodeInfo came through another peer, ``vouch``) is not one: any party holding a
+        key can have that spread, with no process behind it. What a node plans with, counts
+        toward a quorum or submits a job to reads this; the overlay and gossip read ``alive``."""
+        now = self.clock()
+        return [p.peer_id for p in self._peers.values()
+                if p.state == UP and p.last_seen is not None and p.ignored_until <= now]
+
     def members(self) -> list[str]:
         """Peers still in the mesh as far as this node knows: not down, not ignored. A suspect
         is a member: it must hear that it is suspected, to refute it (``mesh.liveness``)."""
@@ -267,7 +277,8 @@ class PeerTable:
     def vouch(self, peer_id: str) -> None:
         """``peer_id``'s own signed record (its NodeInfo) came through another peer: a member,
         ``up`` by hearsay until failure detection says otherwise (SWIM's membership), so a
-        node need not contact every member of a large mesh to count it. A peer held ``down``
+        node need not contact every member of a large mesh to gossip with it. Up by hearsay
+        is not ``heard``: plans and quorums count only peers this node heard itself. A peer held ``down``
         stays down: only the peer itself (an answer, its signed ``alive``) brings it back."""
         rec = self._peers.get(peer_id)
         if rec is None:

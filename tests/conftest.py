@@ -37,6 +37,8 @@ LONGEST_FIRST = (
     "tests/tui/test_app.py",
     "tests/integration/test_sdk.py",
     "tests/integration/test_late_join.py",
+    "tests/integration/test_hostile_hearsay.py",
+    "tests/integration/test_failed_member.py",
     "tests/integration/test_llm.py",
 )
 _RANK = {path: rank for rank, path in enumerate(LONGEST_FIRST)}

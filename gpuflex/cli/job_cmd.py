@@ -123,6 +123,11 @@ def format_status(js: dict[str, Any]) -> str:
     for key, label in (("error", "error"), ("waiting", "waiting"), ("stalled", "stalled"), ("write_error", "disk")):
         if js.get(key):
             lines.append(f"{label:<12} {text(js[key], 1000)}")
+    gone = js.get("gone")
+    for row in gone if isinstance(gone, list) else []:
+        if isinstance(row, dict):
+            why = text(row.get("reason"), 300)
+            lines.append(f"gone         {short(str(row.get('peer', '')))}: the job failed there ({why})")
     if js.get("work"):
         lines.extend(format_work(js["work"], js["round"]))
     if js["metrics"]:

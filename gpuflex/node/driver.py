@@ -41,6 +41,7 @@ from gpuflex.node.policy import IncidentPolicy
 from gpuflex.node.port import JobPort, Trainer, TrainerFactory
 from gpuflex.node.prepare import Preparation, load_trainer
 from gpuflex.node.presence import FAILED_REASON_CHARS, JobPresence
+from gpuflex.node.quorum import quorum_note
 from gpuflex.node.roles.apply import ResultApplier
 from gpuflex.node.roles.coordinator import Coordinator
 from gpuflex.node.roles.leader import Leader
@@ -381,16 +382,7 @@ class JobDriver:
             return
         if self._members_gone:
             return  # the round loop said so, and wakes when a member is back
-        need = self.spec.min_nodes
-        live = book.live_members(self.port.alive_peers())
-        reachable = len(live)
-        note = f"only {reachable} of min_nodes={need} members reachable; not committing" if reachable < need else ""
-        kept, needed = book.ledger.rules.continuing(book.ledger.results, live)
-        if not note and kept < needed:
-            note = (f"only {kept} of the {needed} recent contributors an open job needs are reachable; "
-                    "not committing")
-        if note:
-            note += self._missing_members(live)
+        note, reachable = quorum_note(book, self.port)
         if not status.set_waiting(note):
             return
         r = book.current.round
@@ -398,16 +390,7 @@ class JobDriver:
             self.port.emit(EventKind.ROUND_WAITING, r, message=f"job {self.job_id} round {r}: waiting, {note}")
         else:
             self.port.emit(EventKind.QUORUM_RESTORED, r, message=(
-                f"job {self.job_id} round {r}: {reachable} members reachable again (min_nodes={need})"))
-
-    def _missing_members(self, live: list[str]) -> str:
-        """Which members are out of reach and why, as far as this node can tell (their own
-        NodeInfo says whether they are behind NAT and which relays hold a slot for them)."""
-        book, allow = self.book, set(self.spec.allowlist)
-        missing = sorted(p for p in set(book.info.initial_members) | set(book.eligible())
-                         if p not in live and (not allow or p in allow))
-        return "".join(f"; {peer[-8:]} " + (f"is gone: the job failed there ({book.left[peer]})" if peer in book.left
-                                            else self.port.why_unreachable(peer)) for peer in missing[:8])
+                f"job {self.job_id} round {r}: {reachable} members reachable again (min_nodes={self.spec.min_nodes})"))
 
     def recent_blobs(self) -> set[str]:
         return self.models.recent()

@@ -74,8 +74,13 @@ class NodePort:
     async def announce_blob(self, digest: str) -> None:
         await self._mesh.announce_blob(digest)
 
-    def alive_peers(self) -> list[str]:
-        return self._mesh.peers.alive()
+    def heard_peers(self) -> list[str]:
+        return self._mesh.peers.heard()
+
+    async def reach(self, peers: Sequence[str]) -> None:
+        async with trio.open_nursery() as nursery:
+            for peer in peers:
+                nursery.start_soon(self._mesh.liveness.ping, peer)
 
     def health(self, peer: str) -> PeerState | None:
         rec = self._mesh.peers.get(peer)

@@ -88,8 +88,16 @@ class JobPort(Protocol):
 
     # -- peer health -----------------------------------------------------------------------------
 
-    def alive_peers(self) -> list[str]:
-        """Peers that are up and not ignored for misbehaviour."""
+    def heard_peers(self) -> list[str]:
+        """Peers that are up, not ignored for misbehaviour, and that this node heard from itself
+        (``mesh.health.PeerTable.heard``): only these are planned or counted toward
+        ``min_nodes``. A key known by hearsay alone (its signed NodeInfo relayed by another
+        peer) may have no process behind it, and would hold a plan's round until its deadline."""
+        ...
+
+    async def reach(self, peers: Sequence[str]) -> None:
+        """Ping ``peers`` at once (the caller bounds them and the time): those that answer are
+        heard from (``heard_peers``) from now on."""
         ...
 
     def health(self, peer: str) -> PeerState | None:

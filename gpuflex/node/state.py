@@ -401,11 +401,13 @@ class JobBook:
         """The largest update or partial payload this job's model allows, in bytes."""
         return PAYLOAD_BYTES_PER_PARAM * self.model_size + PAYLOAD_SLACK
 
-    def live_members(self, alive: list[str]) -> list[str]:
-        """Who a plan made now would include: this node, fresh presence from live peers, and
-        the job's known members that are up; within the allowlist, if the job has one."""
+    def live_members(self, heard: list[str]) -> list[str]:
+        """Who a plan made now would include: this node, fresh presence from ``heard`` peers,
+        and the job's known members among them; within the allowlist, if the job has one.
+        ``heard``: peers up that this node heard itself (``JobPort.heard_peers``), never a key
+        that is up by hearsay alone: presence signed by such a key can be forwarded by anyone."""
         now = trio.current_time()
-        up = set(alive)
+        up = set(heard)
         fresh = {p for p, t in self.presence.items() if now - t <= PRESENCE_FRESH_S and p in up}
         # Members of the job so far are known to hold it; being up is enough for them.
         known = (set(self.info.initial_members) | set(self.eligible())) & up

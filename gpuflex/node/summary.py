@@ -47,6 +47,7 @@ def summarize(book: JobBook, now: float) -> dict[str, Any]:
         "rounds": spec.rounds, "phase": str(status.phase), "phase_progress": round(progress, 3),
         "coordinator": coordinator, "is_coordinator": coordinator == book.me, "role": str(status.role),
         "members": members[:LISTED_MEMBERS], "member_count": len(members), "error": status.error,
+        "gone": gone_rows(book),
         "waiting": status.waiting if status.state == JobState.RUNNING else "", "write_error": status.write_error,
         "stalled": status.stalled if status.state == JobState.RUNNING
         and status.stalled.startswith(f"round {book.committed + 1} ") else "",
@@ -60,6 +61,14 @@ def summarize(book: JobBook, now: float) -> dict[str, Any]:
         "fit": dict(book.fit),
         "work": work_rows(book),
     }
+
+
+def gone_rows(book: JobBook) -> list[dict[str, str]]:
+    """The members whose presence says the job failed there, and why, as each one says
+    (``JobBook.left``; bounded and printable when it arrived): they are left out of plans, so
+    ``job status`` names them instead of a round retrying for them in silence. At most
+    ``LISTED_MEMBERS``, by peer id."""
+    return [{"peer": peer, "reason": why} for peer, why in sorted(book.left.items())[:LISTED_MEMBERS]]
 
 
 def work_rows(book: JobBook) -> list[dict[str, Any]]:

@@ -17,7 +17,7 @@ import pytest
 
 from gpuflex.localmesh import LocalMesh
 from gpuflex.node.core.ledger import Ledger, verify_chain
-from gpuflex.node.core.messages import JOB, RESULT, parse_result
+from gpuflex.node.core.messages import JOB, PRESENCE, RESULT, parse_result
 from gpuflex.node.core.ranking import coordinator_ranking
 from mesh.codec import open_envelope, seal
 from tests.integration.conftest import digits_spec, load_factor
@@ -115,21 +115,46 @@ def test_a_forged_result_with_no_updates_is_rejected_in_a_running_job(arena: Are
     arena.no_hostile_round()
 
 
-def test_a_presence_claiming_round_99_and_a_ledger_without_evidence_switch_nobody(arena: Arena) -> None:
+def test_a_presence_claiming_round_99_and_a_ledger_without_evidence_switch_nobody(arena: Arena, tmp_path) -> None:
     h, job = arena.hostile, arena.job
-    first = parse_result(open_envelope(arena.frames(0)[0], expect_kind=RESULT))
-    zero = h.zero_model(job)
-    h.sync_ledgers = {job: h.forged_chain(job=job, rounds=99, base=first.base_hash, model=zero,
-                                          members=list(arena.ids.values()),
-                                          beat=min(first.digest, old_digest(first.env.raw)))}
-    h.sync_weights = {job: HUGE}
-    h.call(h.presence, {job: 99}, {job: HUGE})  # and a weight no honest ledger has
-    # Catch-up sync asks the claimant, and refuses its ledger at round 1: no evidence. A node
-    # whose presence scope never took the claim up does not ask at all; either way none switches.
-    arena.wait(lambda: any(re.search(rf"ledger from {h.peer_id[-8:]}: round 1: ", arena.log(i)) for i in range(3)),
-               "a node that asks refuses the ledger")
+    arena.wait(lambda: any(r.job == job for r in h.results), "the hostile peer hears a result")
+    # A claimant of its own, so that no earlier attack's fruitless sync throttles the ask
+    # (``FRUITLESS_SYNC_S``): each node that hears this claim must take it up.
+    claimant = HostilePeer(tmp_path / "claimant", arena.mesh.call(0, "status")["addrs"][0]).start()
+    honest = list(arena.ids.values())
+    try:
+        arena.wait(lambda: set(honest) <= set(claimant.node.peers.alive()), "the claimant meets everyone")
+        first = parse_result(open_envelope(arena.frames(0)[0], expect_kind=RESULT))
+        claimant.sync_ledgers = {job: claimant.forged_chain(job=job, rounds=99, base=first.base_hash,
+                                                            model=h.zero_model(job), members=honest,
+                                                            beat=min(first.digest, old_digest(first.env.raw)))}
+        claimant.sync_weights = {job: HUGE}
+
+        def heard_and_refused(i: int) -> bool:
+            return re.search(rf"rejected input from {claimant.peer_id[-8:]} \(sync page of job {job}\): "
+                             r"evidence: ledger from \w+: round 1: .*penalty now", arena.log(i)) is not None
+
+        # Straight to every node, freshly signed (gossip drops a copy it has seen), again until
+        # each has judged it: a node catching up from another peer at that moment takes the
+        # claim up from the next presence.
+        for _ in range(60):
+            claimant.call(claimant.push_raw, honest, seal(claimant.identity, PRESENCE,
+                                                          {"jobs": {job: 99}, "weights": {job: HUGE}}))
+            if all(heard_and_refused(i) for i in range(3)):
+                break
+            time.sleep(0.5 * load_factor())
+        missing = [i for i in range(3) if not heard_and_refused(i)]
+        assert not missing, f"nodes {missing} heard the claim and did not fetch, check and penalise its ledger"
+        for i in range(3):  # every node that heard the claim holds the claimant's penalty
+            row = next(r for r in arena.mesh.call(i, "peers") if r["peer_id"] == claimant.peer_id)
+            assert row["penalty"] > 0, f"node {i} did not penalise the claimant"
+    finally:
+        claimant.close()
     assert not any("switched to the winning branch" in arena.log(i) for i in range(3))
     assert all(arena.committed(i) < 99 for i in range(3))
+    for i in range(3):
+        assert all(open_envelope(f).sender != claimant.peer_id for f in arena.frames(i)), \
+            f"node {i} took a round of the claimed branch"
     arena.no_hostile_round()
 
 

@@ -47,11 +47,26 @@ READY_WAIT_S = 30.0
 #: A plan may arrive while the previous round's result is still being applied here (a model
 #: download): it waits this long for the ledger to catch up.
 PREVIOUS_ROUND_WAIT_S = 15.0
+#: Before it plans, a coordinator gives the members it knows only by hearsay (never heard by
+#: this node) this long to speak, then pings at most so many of those still silent, for at most
+#: so long: those that answer are planned; a key nothing answers for is not.
+SPEAK_WAIT_S, REACH_AT_ONCE, REACH_TIMEOUT_S = 1.5, 64, 2.0
 #: A plan's group tree may be at most this deep (groups of two hold 4,096 members at 12).
 MAX_TREE_DEPTH = 12
 
 #: Starts this node's roles in a plan now in force (the driver's ``_start_roles``).
 StartRoles = Callable[[Plan, RoundDeadlines], None]
+
+
+def plannable(port: JobPort, book: JobBook) -> list[str]:
+    """The peers a plan made here may count: those this node heard itself
+    (``JobPort.heard_peers``), and the contributors of the last committed round that are up.
+    Each of those signed an update for a plan of this job's ledger, which only a member that a
+    coordinator heard gets, and a member a round old has often not yet spoken to the next
+    coordinator. A key up by hearsay alone is neither: presence it signs proves nothing."""
+    results = book.ledger.results
+    recent = {str(c.get("peer")) for c in results[-1].contributors} if results else set()
+    return sorted(set(port.heard_peers()) | {p for p in recent if port.health(p) == PeerState.UP})
 
 
 class Coordinator:
@@ -187,7 +202,7 @@ class Coordinator:
         need = max(spec.min_nodes, spec.secagg_min_group + 1 if spec.secure_aggregation else 1)
 
         def measured() -> list[str]:
-            live = book.live_members(port.alive_peers())
+            live = book.live_members(plannable(port, book))
             if spec.uses_budget:
                 # A member is planned once it has published its throughput: its step count
                 # comes from it. One still loading its data joins the next round; planned
@@ -208,6 +223,7 @@ class Coordinator:
 
         book.status.set_phase(Phase.PLAN)
         log.info("round %d: attempt %d is this node's turn to plan (%d members needed)", rs.round, rs.attempt, need)
+        await self._reach_unheard()
         await book.changed.wait_for(lambda: enough(members()) or gave_way(), until)
         if gave_way():
             return None
@@ -221,7 +237,7 @@ class Coordinator:
                 + (f", {kept} of the {needed} recent contributors an open job needs" if kept < needed else "")
                 + f"; not planning{gone}"))
             return None
-        unmeasured = sorted(set(book.live_members(port.alive_peers())) - set(measured()))
+        unmeasured = sorted(set(book.live_members(plannable(port, book))) - set(measured()))
         if unmeasured:
             log.info("round %d: %d member(s) that have not published their throughput yet join a later round: %s",
                      rs.round, len(unmeasured), ", ".join(p[-8:] for p in unmeasured[:8]))
@@ -252,6 +268,33 @@ class Coordinator:
             log.warning("round %d: this node's own plan for attempt %d was not applied: %s", rs.round, attempt, exc)
             return None
         return rs.plan
+
+    def _unheard(self) -> list[str]:
+        """The members a plan would include if hearsay counted (up by another peer's word, never
+        heard by this node nor contributors of the last round; ``plannable``)."""
+        book, port = self.book, self.port
+        heard = set(plannable(port, book))
+        known = set(book.presence) | set(book.info.initial_members) | set(book.eligible())
+        up = [p for p in known if p not in heard and p != book.me and port.health(p) == PeerState.UP]
+        return [p for p in book.live_members(up) if p != book.me]
+
+    async def _reach_unheard(self) -> None:
+        """Give the members this node knows only by hearsay ``SPEAK_WAIT_S`` to speak (a new
+        job's members send their first presence within a moment), then ping those still silent,
+        at most ``REACH_AT_ONCE``: those that answer are planned like any member. A member whose
+        first word is on its way is not left out of the plan for that; a key nothing answers
+        for costs the plan at most these two waits."""
+        book, port = self.book, self.port
+        if not self._unheard():
+            return
+        await book.changed.wait_for(lambda: not self._unheard(), port.clock.now() + SPEAK_WAIT_S)
+        unheard = self._unheard()[:REACH_AT_ONCE]
+        if unheard:
+            with trio.move_on_after(REACH_TIMEOUT_S):
+                await port.reach(unheard)
+            answered = set(unheard) & set(port.heard_peers())
+            log.info("pinged %d member(s) known only by hearsay before planning: %d answered%s", len(unheard),
+                     len(answered), "".join(f"; {p[-8:]} did not" for p in sorted(set(unheard) - answered)[:4]))
 
     def _draw(self, round_: int) -> tuple[bytes, frozenset[str] | None]:
         """The seed of a masked round's groups, from the nonces the last result reveals, and

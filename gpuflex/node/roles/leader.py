@@ -126,14 +126,18 @@ class Leader:
     # -- reduce ----------------------------------------------------------------------------------
 
     async def _collect(self, col: Collector) -> None:
-        """Wait for the children, expecting the children of any child that goes down instead."""
+        """Wait for the children, expecting the children of any child that goes down instead.
+        A child whose presence says the job failed there (``JobBook.left``) is gone alike: it
+        was planned before its word arrived, and will send nothing."""
         changed = self.book.changed
         while not col.done.is_set() and self.port.clock.now() < col.deadline:
             for child in sorted(col.expected - col.reported - {self.book.me}):
-                if self.port.health(child) == PeerState.DOWN:
+                failed = self.book.left.get(child)
+                if failed is not None or self.port.health(child) == PeerState.DOWN:
                     col.child_down(child)
+                    why = "is down" if failed is None else f"is gone: the job failed there ({failed})"
                     self.port.emit(EventKind.LEADER_DOWN, col.plan.round, child, message=(
-                        f"round {col.plan.round}: {child[-8:]} is down; expecting its group directly"))
+                        f"round {col.plan.round}: {child[-8:]} {why}; expecting its group directly"))
             if not col.done.is_set():
                 await changed.wait(col.deadline)  # a child's report and a peer's health both notify
         col.closed = True

@@ -143,3 +143,15 @@ def test_job_status_shows_the_bytes_each_round_moved() -> None:
     assert "4.500 MB of updates up" in total and "2.250 MB down" in total  # 0.5 x 3 + 0.25 x 3
     js["metrics"][0].pop("update_bytes")  # a round from a node that did not record bytes
     assert not any(line.startswith("bytes") for line in format_status(js).splitlines())
+
+
+def test_job_status_names_each_member_gone_because_the_job_failed_there() -> None:
+    from gpuflex.cli.job_cmd import format_status
+
+    js = {"job_id": "j1", "name": "digits", "state": "running", "round": 2, "rounds": 8, "phase": "train",
+          "coordinator": "12D3KooWAAAAAAAA", "is_coordinator": False, "role": "member", "members": [],
+          "metrics": [], "gone": [{"peer": "12D3KooWGoneGone", "reason": "cannot read\x1b[2J its data"},
+                                  "not a row"]}
+    gone = [line for line in format_status(js).splitlines() if line.startswith("gone")]
+    assert len(gone) == 1 and "GoneGone" in gone[0] and "the job failed there (cannot read" in gone[0]
+    assert "\x1b" not in gone[0]  # a peer's text, shown as text
