@@ -213,10 +213,7 @@ class JobManager:
         driver = self.drivers.get(job) if isinstance(job, str) else None
         if driver is None:
             refused = isinstance(job, str) and self.admission.refused(job) is not None
-            if not refused:
-                # Gossip too: a node whose sync at join failed hears of a running job only
-                # this way (presence goes to a job's members). ``via`` is the neighbour that
-                # handed the message on, and the sync is throttled per peer.
+            if not msg.gossip and not refused:
                 self.syncer.trigger(msg.via)
             raise Rejected("a job this node does not run" if refused else f"unknown job {printable(job, 40)}")
         return await driver.handle(msg)
