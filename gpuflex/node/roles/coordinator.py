@@ -117,6 +117,17 @@ class Coordinator:
             return set()
         return slow_members(recorded_rates(book.ledger.results[-1].contributors))
 
+    def passes_own_turns(self) -> bool:
+        """Whether this node plans none of the current round's attempts although it is up: it
+        is an eligible candidate that skips its own turns (behind NAT, or slow by the ledger,
+        while a reachable candidate is up). Its presence says so (``passes``), so peers skip
+        its turns at once on its own signed word: a peer that has not yet learnt it is behind
+        NAT (a NodeInfo older than its reachability) otherwise waits a plan timeout for a
+        turn nobody plans, and a public node's plan for a later attempt stays held meanwhile.
+        Only this node can say it passes its turns, so no later candidate pre-empts it."""
+        book = self.book
+        return book.me in book.eligible() and book.participates() and self._skipped(book.me)
+
     def _attempt_skipped(self, attempt: int) -> bool:
         cand = self.book.expected_coordinator(attempt)
         return cand is None or self._skipped(cand)
@@ -137,24 +148,30 @@ class Coordinator:
         def settled() -> bool:
             return rs.has_plan() or book.round_over(rs) or self._activate_held(rs)
 
-        if settled():
-            return rs.plan if rs.has_plan() else None
-        turn = self._next_turn(rs.attempt)
-        if turn is None:
-            # Nobody to wait for (every candidate is down, or this node, back from a restart,
-            # was not in the last plan): give the mesh one plan timeout to change. Retrying at
-            # once instead spun the driver at full CPU.
-            await book.changed.wait_for(settled, clock.now() + spec.plan_timeout)
-            return rs.plan if rs.has_plan() else None
-        rs.begin_attempt(turn)
-        if settled():
-            return rs.plan if rs.has_plan() else None
-        cand = book.expected_coordinator(turn)
-        assert cand is not None  # _next_turn found one
-        if cand == book.me:
-            await self.coordinate(rs)
-            return rs.plan if rs.has_plan() else None
-        await book.changed.wait_for(lambda: settled() or self._skipped(cand), clock.now() + spec.plan_timeout)
+        # At most one pass per candidate: a turn skipped while a later attempt's plan is held
+        # goes on to the next turn here, not after the driver's pause between attempts.
+        for _ in range(max(1, len(book.eligible()))):
+            if settled():
+                break
+            turn = self._next_turn(rs.attempt)
+            if turn is None:
+                # Nobody to wait for (every candidate is down, or this node, back from a restart,
+                # was not in the last plan): give the mesh one plan timeout to change. Retrying at
+                # once instead spun the driver at full CPU.
+                await book.changed.wait_for(settled, clock.now() + spec.plan_timeout)
+                break
+            rs.begin_attempt(turn)
+            if settled():
+                break
+            cand = book.expected_coordinator(turn)
+            assert cand is not None  # _next_turn found one
+            if cand == book.me:
+                await self.coordinate(rs)
+                break
+            await book.changed.wait_for(lambda c=cand: settled() or self._skipped(c), clock.now() + spec.plan_timeout)
+            if settled() or not self._skipped(cand) or not any(a > turn for a in rs.held):
+                break
+            rs.begin_attempt(turn + 1)  # its candidate passes: on to the held plan's attempt
         return rs.plan if rs.has_plan() else None
 
     def _take_up_behind(self, rs: RoundState) -> bool:

@@ -243,7 +243,12 @@ class FakePort:
         return PeerState.DOWN if other.down or self.net.cut(self.node, other) else PeerState.UP
 
     def private_peers(self) -> set[str]:
-        return set()  # the fake net has no NAT
+        """The nodes the test put behind NAT (``FakeNet.private``), as this node knows them: a
+        node in ``FakeNet.stale_claims`` knows only of itself (the others' NodeInfo it holds
+        predates their reachability, as a home's does that learnt its peers before any of them
+        found out it is relayed)."""
+        me = self.node.peer_id
+        return self.net.private & {me} if me in self.net.stale_claims else set(self.net.private)
 
     def coordinates(self) -> dict[str, Any]:
         return {}  # no network coordinates: groups in the plain order
@@ -303,6 +308,8 @@ class FakeNet:
         self.acks: list[tuple[int, int, str, str]] = []  # (round, attempt, member, acceptor) of updates
         self.forwarded: set[tuple[int, int, str]] = set()  # (round, attempt, leader) of delivered partials
         self.roots: dict[tuple[int, int], str] = {}  # (round, attempt) -> the plan's root
+        self.private: set[str] = set()  # nodes behind NAT (none by default)
+        self.stale_claims: set[str] = set()  # nodes that know no other node's reachability
         ids = [Identity(bytes([i + 1]) * 32) for i in range(size)]
         self.archive: dict[str, bytes] = {}
         self.nodes: dict[str, FakeNode] = {

@@ -230,3 +230,33 @@ async def test_a_node_with_no_live_coordinator_to_wait_for_waits_instead_of_spin
     # One try per plan timeout at most; before, the driver retried at once, forever, and the
     # node (a real one: its control API, its pings) stopped answering.
     assert len(retried) <= 30.0 / 3.0 + 2, f"{len(retried)} retries in 30 s"
+
+
+async def test_homes_that_do_not_know_each_other_are_behind_nat_take_up_the_public_plan_at_once(
+        autojump_clock, tmp_path) -> None:
+    """The NAT topology of tests/integration/test_nat.py: one public node, four homes. Round 2's
+    attempts 0-3 belong to the homes (the public node coordinated round 1 and cools down); the
+    public node skips them and plans attempt 4. Each home knows it is behind NAT itself, but
+    not yet that the others are (their NodeInfo predates it): before, each held the public
+    plan and waited a plan timeout for every other home's turn, which no home ever plans."""
+    net = FakeNet(tmp_path, 5, fast_spec(rounds=2, min_nodes=5, group_size=2))
+    public = net.node(0)  # the job's owner: round 1's first candidate
+    homes = [n for n in net.nodes.values() if n is not public]
+    net.private = {n.peer_id for n in homes}
+    net.stale_claims = set(net.private)
+    async with trio.open_nursery() as nursery:
+        await net.start(nursery)
+        await net.wait_rounds(2)
+        first, second = one_ledger(net, 2)
+        nursery.cancel_scope.cancel()
+    assert first.coordinator == public.peer_id and first.attempt == 0
+    assert second.coordinator == public.peer_id and second.attempt == 4, net.dump()
+    assert len(contributors(second)) == 5
+
+    def took_up(node) -> float:
+        return next(e.at for e in node.events if e.kind == EventKind.PLAN_RECEIVED and e.round == 2)
+
+    planned = took_up(public)
+    late = {n.index: round(took_up(n) - planned, 2) for n in homes}
+    # Within a moment (a presence), not a plan timeout (3 s) per home turn.
+    assert max(late.values()) < 1.0, f"homes took the public plan up this late (s): {late}\n{net.dump()}"
