@@ -10,7 +10,9 @@ A received plan is accepted only if it extends this node's ledger, comes from th
 attempt belongs to, keeps to the job's allowlist, deadlines and sample cap, and (under secure
 aggregation) groups its members as public randomness says. A plan for a later attempt never
 displaces the plan in force: it is held until this node gives up the current attempt itself,
-so nobody pre-empts a live coordinator by naming a larger attempt.
+so nobody pre-empts a live coordinator by naming a larger attempt. A candidate that skips its own
+turns says so in its presence (``passes_own_turns``): peers that cannot tell it is behind NAT
+then skip its turn on its signed word, and go on to the held plan without a plan timeout.
 """
 
 from __future__ import annotations
@@ -168,11 +170,16 @@ class Coordinator:
             if cand == book.me:
                 await self.coordinate(rs)
                 break
-            await book.changed.wait_for(lambda c=cand: settled() or self._skipped(c), clock.now() + spec.plan_timeout)
+            await self._await_turn(cand, settled)
             if settled() or not self._skipped(cand) or not any(a > turn for a in rs.held):
                 break
             rs.begin_attempt(turn + 1)  # its candidate passes: on to the held plan's attempt
         return rs.plan if rs.has_plan() else None
+
+    async def _await_turn(self, cand: str, settled: Callable[[], bool]) -> None:
+        """Wait one plan timeout for ``cand``'s plan, or until it is settled or ``cand`` skipped."""
+        await self.book.changed.wait_for(lambda: settled() or self._skipped(cand),
+                                         self.port.clock.now() + self.book.spec.plan_timeout)
 
     def _take_up_behind(self, rs: RoundState) -> bool:
         """Put in force a plan for an earlier attempt that came while this node was busy."""
