@@ -18,6 +18,7 @@ then skip its turn on its signed word, and go on to the held plan without a plan
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable
 
 import trio
@@ -36,7 +37,7 @@ from gpuflex.node.core.workplan import (
     valid_rate,
 )
 from gpuflex.node.port import JobPort
-from gpuflex.node.state import JobBook, RoundDeadlines, RoundState
+from gpuflex.node.state import PRESENCE_FRESH_S, JobBook, RoundDeadlines, RoundState
 from mesh.codec import WireError, WireReason
 from mesh.health import PeerState
 from mesh.messaging import Inbound, Rejected
@@ -130,6 +131,22 @@ class Coordinator:
         book = self.book
         return book.me in book.eligible() and book.participates() and self._skipped(book.me)
 
+    def _silent(self, peer: str) -> bool:
+        """Whether ``peer`` (not this node) has sent this node no presence of the job within
+        ``PRESENCE_FRESH_S``: it is no live member here (``JobBook.live_members``) either."""
+        if peer == self.book.me:
+            return False
+        return self.port.clock.now() - self.book.presence.get(peer, -math.inf) > PRESENCE_FRESH_S
+
+    def _passed_over(self, peer: str, rs: RoundState, attempt: int) -> bool:
+        """Whether ``peer``'s turn (``attempt``) gives way to a plan this node holds for a later
+        attempt: ``peer`` is silent here. Its presence (which would say whether it passes its
+        turns) does not reach this node, and a valid plan for a later attempt is in hand, so
+        this node does not wait a plan timeout on a candidate it cannot hear. A candidate this
+        node hears is waited for as before, so a later candidate pre-empts no earlier one that
+        is live here; one it cannot hear could not have had this node's update anyway."""
+        return any(a > attempt for a in rs.held) and self._silent(peer)
+
     def _attempt_skipped(self, attempt: int) -> bool:
         cand = self.book.expected_coordinator(attempt)
         return cand is None or self._skipped(cand)
@@ -170,16 +187,33 @@ class Coordinator:
             if cand == book.me:
                 await self.coordinate(rs)
                 break
-            await self._await_turn(cand, settled)
-            if settled() or not self._skipped(cand) or not any(a > turn for a in rs.held):
+            if not self._passed_over(cand, rs, turn):
+                await self._await_turn(cand, settled, rs, turn)
+            if settled() or not any(a > turn for a in rs.held):
+                break
+            if self._passed_over(cand, rs, turn):
+                log.info("round %d: attempt %d's coordinator %s has not been heard here for %.0fs: on to the "
+                         "plan held for attempt %d", rs.round, turn, cand[-8:], PRESENCE_FRESH_S,
+                         min(a for a in rs.held if a > turn))
+            elif not self._skipped(cand):
                 break
             rs.begin_attempt(turn + 1)  # its candidate passes: on to the held plan's attempt
         return rs.plan if rs.has_plan() else None
 
-    async def _await_turn(self, cand: str, settled: Callable[[], bool]) -> None:
-        """Wait one plan timeout for ``cand``'s plan, or until it is settled or ``cand`` skipped."""
-        await self.book.changed.wait_for(lambda: settled() or self._skipped(cand),
-                                         self.port.clock.now() + self.book.spec.plan_timeout)
+    async def _await_turn(self, cand: str, settled: Callable[[], bool], rs: RoundState, turn: int) -> None:
+        """Wait one plan timeout for ``cand``'s plan, or until it is settled, ``cand`` is
+        skipped, or (a later plan held) ``cand`` falls silent here."""
+        book, clock = self.book, self.port.clock
+        until = clock.now() + book.spec.plan_timeout
+
+        def done() -> bool:
+            return settled() or self._skipped(cand) or self._passed_over(cand, rs, turn)
+
+        # Silence is a matter of time, not of a change: look again once it would set in.
+        quiet_at = book.presence.get(cand, -math.inf) + PRESENCE_FRESH_S  # presence is on trio's clock too
+        if quiet_at < until and await book.changed.wait_for(done, quiet_at):
+            return
+        await book.changed.wait_for(done, until)
 
     def _take_up_behind(self, rs: RoundState) -> bool:
         """Put in force a plan for an earlier attempt that came while this node was busy."""
@@ -410,8 +444,12 @@ class Coordinator:
             self._in_force(rs, plan, deadlines, take_up=True)
             return plan, deadlines
         live = current is not None and current.attempt >= rs.attempt  # not an attempt given up here
-        if live or any(not self._attempt_skipped(a) for a in
-                       range(reached, min(plan.attempt, reached + len(book.eligible())))):
+
+        def waited_for(a: int) -> bool:  # a turn before this plan's that this node waits out
+            cand = book.expected_coordinator(a)
+            return not self._attempt_skipped(a) and not (cand is not None and self._silent(cand))
+
+        if live or any(waited_for(a) for a in range(reached, min(plan.attempt, reached + len(book.eligible())))):
             # A live peer's attempt comes first here: keep this plan until this node gives that up.
             rs.hold(plan)
             book.changed.notify()

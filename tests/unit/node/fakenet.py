@@ -310,6 +310,7 @@ class FakeNet:
         self.roots: dict[tuple[int, int], str] = {}  # (round, attempt) -> the plan's root
         self.private: set[str] = set()  # nodes behind NAT (none by default)
         self.stale_claims: set[str] = set()  # nodes that know no other node's reachability
+        self.presence_cut: set[frozenset[str]] = set()  # pairs of nodes whose presence never arrives
         ids = [Identity(bytes([i + 1]) * 32) for i in range(size)]
         self.archive: dict[str, bytes] = {}
         self.nodes: dict[str, FakeNode] = {
@@ -492,7 +493,8 @@ class FakeNet:
                 if not src.alive or src.driver is None:
                     continue
                 for dst in self.nodes.values():
-                    if dst is src or not self.reachable(src, dst) or dst.driver is None or dst.nursery is None:
+                    if dst is src or not self.reachable(src, dst) or dst.driver is None or dst.nursery is None \
+                            or frozenset((src.peer_id, dst.peer_id)) in self.presence_cut:
                         continue
                     seen = JobPresence.from_wire(src.driver.committed, src.driver.head(), src.driver.throughput(),
                                                  src.driver.weight, preparing=src.driver.preparing,

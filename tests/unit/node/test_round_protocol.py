@@ -232,18 +232,24 @@ async def test_a_node_with_no_live_coordinator_to_wait_for_waits_instead_of_spin
     assert len(retried) <= 30.0 / 3.0 + 2, f"{len(retried)} retries in 30 s"
 
 
+@pytest.mark.parametrize("homes_hear_each_other", [True, False])
 async def test_homes_that_do_not_know_each_other_are_behind_nat_take_up_the_public_plan_at_once(
-        autojump_clock, tmp_path) -> None:
+        autojump_clock, tmp_path, homes_hear_each_other: bool) -> None:
     """The NAT topology of tests/integration/test_nat.py: one public node, four homes. Round 2's
     attempts 0-3 belong to the homes (the public node coordinated round 1 and cools down); the
     public node skips them and plans attempt 4. Each home knows it is behind NAT itself, but
     not yet that the others are (their NodeInfo predates it): before, each held the public
-    plan and waited a plan timeout for every other home's turn, which no home ever plans."""
+    plan and waited a plan timeout for every other home's turn, which no home ever plans.
+    Homes that hear each other skip those turns on the word of each (it passes its turns);
+    homes whose presence never reaches each other (relayed links that flap) skip turns whose
+    candidate is silent, once the public plan is in hand."""
     net = FakeNet(tmp_path, 5, fast_spec(rounds=2, min_nodes=5, group_size=2))
     public = net.node(0)  # the job's owner: round 1's first candidate
     homes = [n for n in net.nodes.values() if n is not public]
     net.private = {n.peer_id for n in homes}
     net.stale_claims = set(net.private)
+    if not homes_hear_each_other:
+        net.presence_cut = {frozenset((a.peer_id, b.peer_id)) for a in homes for b in homes if a is not b}
     async with trio.open_nursery() as nursery:
         await net.start(nursery)
         await net.wait_rounds(2)
