@@ -77,6 +77,9 @@ class Coordinator:
                  start_roles: StartRoles = lambda plan, deadlines: None) -> None:
         self.port, self.book = port, book
         self._own_samples, self._start_roles = own_samples, start_roles
+        # When this node took the job up: a peer is silent only after as long as presence may
+        # take to come at all (``_silent``), so a new job's first plans are waited for as before.
+        self._since = port.clock.now()
 
     # -- whose turn it is --------------------------------------------------------------------
 
@@ -133,10 +136,12 @@ class Coordinator:
 
     def _silent(self, peer: str) -> bool:
         """Whether ``peer`` (not this node) has sent this node no presence of the job within
-        ``PRESENCE_FRESH_S``: it is no live member here (``JobBook.live_members``) either."""
+        ``PRESENCE_FRESH_S``: it is no live member here (``JobBook.live_members``) either. Never
+        in the first ``PRESENCE_FRESH_S`` after this node took the job up: a peer not heard yet
+        then may just not have spoken yet, and a later candidate would pre-empt it."""
         if peer == self.book.me:
             return False
-        return self.port.clock.now() - self.book.presence.get(peer, -math.inf) > PRESENCE_FRESH_S
+        return self.port.clock.now() - max(self._since, self.book.presence.get(peer, -math.inf)) > PRESENCE_FRESH_S
 
     def _passed_over(self, peer: str, rs: RoundState, attempt: int) -> bool:
         """Whether ``peer``'s turn (``attempt``) gives way to a plan this node holds for a later
@@ -210,7 +215,7 @@ class Coordinator:
             return settled() or self._skipped(cand) or self._passed_over(cand, rs, turn)
 
         # Silence is a matter of time, not of a change: look again once it would set in.
-        quiet_at = book.presence.get(cand, -math.inf) + PRESENCE_FRESH_S  # presence is on trio's clock too
+        quiet_at = max(self._since, book.presence.get(cand, -math.inf)) + PRESENCE_FRESH_S  # trio's clock too
         if quiet_at < until and await book.changed.wait_for(done, quiet_at):
             return
         await book.changed.wait_for(done, until)

@@ -242,7 +242,7 @@ async def test_homes_that_do_not_know_each_other_are_behind_nat_take_up_the_publ
     plan and waited a plan timeout for every other home's turn, which no home ever plans.
     Homes that hear each other skip those turns on the word of each (it passes its turns);
     homes whose presence never reaches each other (relayed links that flap) skip turns whose
-    candidate is silent, once the public plan is in hand."""
+    candidate is silent (no presence for ``PRESENCE_FRESH_S``), once the public plan is in hand."""
     net = FakeNet(tmp_path, 5, fast_spec(rounds=2, min_nodes=5, group_size=2))
     public = net.node(0)  # the job's owner: round 1's first candidate
     homes = [n for n in net.nodes.values() if n is not public]
@@ -250,6 +250,8 @@ async def test_homes_that_do_not_know_each_other_are_behind_nat_take_up_the_publ
     net.stale_claims = set(net.private)
     if not homes_hear_each_other:
         net.presence_cut = {frozenset((a.peer_id, b.peer_id)) for a in homes for b in homes if a is not b}
+        for n in net.nodes.values():  # round 2 starts once silence can tell (PRESENCE_FRESH_S into the job)
+            n.train_s = 11.0
     async with trio.open_nursery() as nursery:
         await net.start(nursery)
         await net.wait_rounds(2)
