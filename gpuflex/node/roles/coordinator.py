@@ -12,7 +12,9 @@ aggregation) groups its members as public randomness says. A plan for a later at
 displaces the plan in force: it is held until this node gives up the current attempt itself,
 so nobody pre-empts a live coordinator by naming a larger attempt. A candidate that skips its own
 turns says so in its presence (``passes_own_turns``): peers that cannot tell it is behind NAT
-then skip its turn on its signed word, and go on to the held plan without a plan timeout.
+then skip its turn on its signed word, and go on to the held plan without a plan timeout. With
+a later plan held, a turn whose candidate this node has not heard for ``PRESENCE_FRESH_S`` gives
+way to it at once (``_passed_over``).
 """
 
 from __future__ import annotations
