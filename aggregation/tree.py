@@ -2,9 +2,16 @@
 
 Every node computes the tree from the signed member list alone, so the plan
 must be a pure function of its inputs: no hashing of Python objects, no set
-iteration, only the members' given order. Groups are cut level by level,
-which gives depth ceil(log_g n) and at most ``group_size`` members per group,
-so no leader's inbound bandwidth grows with the size of the mesh.
+iteration, only the members' given order. The tree is a complete
+``fan_out(group_size)``-ary tree over groups: the member list is cut into
+consecutive groups (``group_sizes``), each led by its first member, the
+root's group first; the group leaders form a heap under the root (leader
+``j`` under leader ``(j - 1) // fan``), and a leader's own group fills the
+places its leader children leave. So a node leads one group at one level
+only, no node ever has more than ``fan_out(group_size)`` children (at most
+``group_size - 1`` for groups of three or more), and the depth is about
+log_fan(n): neither a leader's inbound bandwidth nor what it sends back down
+grows with the size of the mesh.
 """
 
 from __future__ import annotations
@@ -36,12 +43,50 @@ def cut_groups(nodes: list[str], group_size: int) -> list[list[str]]:
     return groups
 
 
+def fan_out(group_size: int) -> int:
+    """The most children a node has in a tree cut with ``group_size``: a leader and
+    ``group_size - 1`` others make a group, except that groups of two would make a chain,
+    so the fan-out is at least 2."""
+    return max(2, check_int(group_size, "group_size", low=2) - 1)
+
+
+def group_sizes(count: int, group_size: int) -> list[int]:
+    """Sizes of the groups ``build_tree`` cuts ``count`` members into, in order, the root's
+    group first; each group is its leader and the leaf members it leads.
+
+    The groups' leaders are the internal nodes of a complete ``fan_out(group_size)``-ary
+    tree in breadth-first order (the first ``ceil((count - 1) / fan)`` of the heap), so the
+    upper leaders lead small groups or none: a leader's children, leaders and leaves
+    together, never exceed the fan-out. Every group has at least its leader, and every
+    leader but a lone root has at least one child."""
+    count = check_int(count, "count", low=1)
+    fan = fan_out(group_size)
+    if count == 1:
+        return [1]
+    leaders = -(-(count - 1) // fan)
+    sizes = [1] * leaders
+    for i in range(leaders, count):  # the heap's leaves, each under its heap parent
+        sizes[(i - 1) // fan] += 1
+    return sizes
+
+
+def tree_groups(nodes: Sequence[str], group_size: int) -> list[list[str]]:
+    """``nodes`` cut into consecutive groups of ``group_sizes``: the groups ``build_tree``
+    makes of this order (the first group is the root's)."""
+    groups, start = [], 0
+    for size in group_sizes(len(nodes), group_size):
+        groups.append(list(nodes[start:start + size]))
+        start += size
+    return groups
+
+
 def build_tree(members: Sequence[str], group_size: int, root: str) -> ParentMap:
     """Return the parent of every member; the root maps to None.
 
-    Each group is led by its first member, except the group holding the root,
-    which the root leads; leaders are grouped again the same way until one
-    group is left. The dict keeps the members' given order.
+    The members, the root moved to the front, are cut into ``tree_groups``; each group's
+    first member leads its other members, and leader ``j`` (in group order) has leader
+    ``(j - 1) // fan_out(group_size)`` as its parent. No node has more than the fan-out's
+    children, however many members there are. The dict keeps the members' given order.
     """
     group_size = check_int(group_size, "group_size", low=2)
     nodes = list(members)
@@ -52,16 +97,14 @@ def build_tree(members: Sequence[str], group_size: int, root: str) -> ParentMap:
     if root not in nodes:
         raise AggregationError(f"root {root!r} is not a member")
     parents: ParentMap = dict.fromkeys(nodes)
-    level = nodes
-    while len(level) > 1:
-        next_level = []
-        for group in cut_groups(level, group_size):
-            leader = root if root in group else group[0]
-            for member in group:
-                if member != leader:
-                    parents[member] = leader
-            next_level.append(leader)
-        level = next_level
+    fan = fan_out(group_size)
+    heads: list[str] = []
+    for j, group in enumerate(tree_groups([root, *(m for m in nodes if m != root)], group_size)):
+        heads.append(group[0])
+        if j:
+            parents[group[0]] = heads[(j - 1) // fan]
+        for member in group[1:]:
+            parents[member] = group[0]
     return parents
 
 

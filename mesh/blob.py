@@ -37,12 +37,19 @@ CHUNK = 1 << 20
 # A transfer that makes no progress this long is given up, so a cut link frees the caller
 # long before the whole-transfer timeout.
 STALL_S = 15.0
+#: A server's answer for a blob it does not hold.
+NOT_FOUND = "not found"
 
 log = logging.getLogger(__name__)
 
 
 class BlobError(MeshError, RuntimeError):
     """A blob could not be found, read or fetched."""
+
+
+class BlobNotFound(BlobError):
+    """The asked peer does not hold the blob (or not yet: a tree parent may still be fetching
+    the model it will pass down), as opposed to a transfer that failed."""
 
 
 class BlobIntegrityError(BlobError):
@@ -193,7 +200,7 @@ async def serve_blob(stream: Stream, store: BlobStore, max_request: int = 4096,
         await write_obj(stream, {"ok": False, "error": "bad request"})
         raise WireError(WireReason.GARBLED, "blob request without a valid hash")
     if not store.has(digest):
-        await write_obj(stream, {"ok": False, "error": "not found"})
+        await write_obj(stream, {"ok": False, "error": NOT_FOUND})
         return None
     size = store.size(digest)
     opened = bulk_host is not None and bulk.choose_cipher(request.get("bulk")) is not None and (
@@ -270,7 +277,8 @@ async def receive_blob(stream: Stream, store: BlobStore, digest: str, peer: str,
     reply: Any = await read_obj(stream)
     if not isinstance(reply, dict) or not reply.get("ok"):
         err = reply.get("error", "refused") if isinstance(reply, dict) else "garbled reply"
-        raise BlobError(f"peer {peer} does not serve blob {digest[:16]}…: {err}")
+        kind = BlobNotFound if err == NOT_FOUND else BlobError
+        raise kind(f"peer {peer} does not serve blob {digest[:16]}…: {str(err)[:80]}")
     size = reply.get("size")
     if not isinstance(size, int) or size < 0 or size > max_size:
         raise WireError(WireReason.OVERSIZED, f"peer {peer} announced a blob of {size!r} bytes (limit {max_size})")

@@ -39,7 +39,7 @@ import trio
 
 from mesh import __version__, bulk
 from mesh.addressbook import BOOK_FILE, AddressBook
-from mesh.blob import BLOB_PROTOCOL, BlobError, BlobIntegrityError, BlobStore, receive_blob
+from mesh.blob import BLOB_PROTOCOL, BlobError, BlobIntegrityError, BlobNotFound, BlobStore, receive_blob
 from mesh.bootstrap import BootstrapError as BootstrapError  # re-exported: callers catch it here
 from mesh.bootstrap import Joiner, JoinPolicy
 from mesh.codec import (
@@ -722,6 +722,7 @@ class MeshNode:
         candidates.sort(key=lambda p: self.claimed_reachability(p) != Reachability.PUBLIC)
         errors: list[str] = []
         integrity: list[BlobIntegrityError] = []
+        missing = 0
         for peer in candidates:
             if self.peers.is_ignored(peer):
                 continue
@@ -746,11 +747,16 @@ class MeshNode:
             except WireError as exc:  # an announced size over the limit, a stalled transfer
                 self.inbound.reject(peer, exc, "blob")
                 errors.append(str(exc))
+            except BlobNotFound as exc:
+                errors.append(str(exc))
+                missing += 1
             except BlobError as exc:
                 errors.append(str(exc))
             except Exception as exc:  # one provider's failure, of any kind, moves on to the next
                 errors.append(f"{peer[-8:]}: {exc.__class__.__name__}: {exc}")
         detail = "; ".join(errors) if errors else "no peer has it"
+        if missing and missing == len(errors):  # every provider asked answered that it holds none
+            raise BlobNotFound(f"could not fetch blob {digest[:16]}…: {detail}")
         if integrity:
             raise BlobIntegrityError(candidates[0], digest, "mismatch") if len(candidates) == 1 else BlobError(
                 f"could not fetch blob {digest[:16]}…: {detail}")

@@ -41,8 +41,9 @@ from gpuflex.node.policy import IncidentPolicy
 from gpuflex.node.port import JobPort, Trainer, TrainerFactory
 from gpuflex.node.prepare import Preparation, load_trainer
 from gpuflex.node.presence import FAILED_REASON_CHARS, JobPresence
+from gpuflex.node.quorum import quorum_note
 from gpuflex.node.roles.apply import ResultApplier
-from gpuflex.node.roles.coordinator import Coordinator, plannable
+from gpuflex.node.roles.coordinator import Coordinator
 from gpuflex.node.roles.leader import Leader
 from gpuflex.node.roles.member import Member
 from gpuflex.node.roles.root import Root
@@ -166,7 +167,7 @@ class JobDriver:
         that cannot progress costs no CPU and the node keeps serving."""
         book, status, clock = self.book, self.book.status, self.port.clock
         rs.begin_attempt(rs.plan.attempt if rs.plan is not None else 0)
-        if self.coordinator.passes_own_turns():
+        if self.coordinator.turns.passes_own_turns():
             self.port.announce_soon()  # peers skip this node's turns on its word, not a plan timeout
         while not book.round_over(rs):
             began = clock.now()
@@ -349,10 +350,10 @@ class JobDriver:
     @property
     def passes_round(self) -> int:
         """The round whose coordinator turns this node passes (while preparing, or because it
-        skips its own turns: ``Coordinator.passes_own_turns``); 0 if none is current."""
+        skips its own turns: ``Turns.passes_own_turns``); 0 if none is current."""
         if self.book.passed_now():
             return self.book.passed_now()
-        return self.book.current.round if self.book.loaded and self.coordinator.passes_own_turns() else 0
+        return self.book.current.round if self.book.loaded and self.coordinator.turns.passes_own_turns() else 0
 
     def may_win(self, claim: LedgerClaim) -> bool:
         """Whether a peer's ledger, as it describes it, is worth fetching (``ResultApplier.may_win``)."""
@@ -386,16 +387,7 @@ class JobDriver:
             return
         if self._members_gone:
             return  # the round loop said so, and wakes when a member is back
-        need = self.spec.min_nodes
-        live = book.live_members(plannable(self.port, book))
-        reachable = len(live)
-        note = f"only {reachable} of min_nodes={need} members reachable; not committing" if reachable < need else ""
-        kept, needed = book.ledger.rules.continuing(book.ledger.results, live)
-        if not note and kept < needed:
-            note = (f"only {kept} of the {needed} recent contributors an open job needs are reachable; "
-                    "not committing")
-        if note:
-            note += self._missing_members(live)
+        note, reachable = quorum_note(book, self.port)
         if not status.set_waiting(note):
             return
         r = book.current.round
@@ -403,16 +395,7 @@ class JobDriver:
             self.port.emit(EventKind.ROUND_WAITING, r, message=f"job {self.job_id} round {r}: waiting, {note}")
         else:
             self.port.emit(EventKind.QUORUM_RESTORED, r, message=(
-                f"job {self.job_id} round {r}: {reachable} members reachable again (min_nodes={need})"))
-
-    def _missing_members(self, live: list[str]) -> str:
-        """Which members are out of reach and why, as far as this node can tell (their own
-        NodeInfo says whether they are behind NAT and which relays hold a slot for them)."""
-        book, allow = self.book, set(self.spec.allowlist)
-        missing = sorted(p for p in set(book.info.initial_members) | set(book.eligible())
-                         if p not in live and (not allow or p in allow))
-        return "".join(f"; {peer[-8:]} " + (f"is gone: the job failed there ({book.left[peer]})" if peer in book.left
-                                            else self.port.why_unreachable(peer)) for peer in missing[:8])
+                f"job {self.job_id} round {r}: {reachable} members reachable again (min_nodes={self.spec.min_nodes})"))
 
     def recent_blobs(self) -> set[str]:
         return self.models.recent()

@@ -62,7 +62,7 @@ PRESENCE_SENDS_AT_ONCE = 3
 WATCH_PER_JOB = 16  #: members of a running job watched first-hand, picked as mesh.overlay picks
 #: How often each job re-checks whether min_nodes members are reachable, to say so.
 QUORUM_CHECK_S = 1.0
-#: At start a node waits up to this many seconds (one try a second) for a first peer to sync from.
+#: At start a node tries this many times, a second apart, for a first peer to sync from and a sync that succeeds.
 INITIAL_SYNC_TRIES = 30
 #: Peers asked at start, and at most peers asked when a job needs to catch up.
 INITIAL_SYNC_PEERS, CATCH_UP_PEERS = 2, 4
@@ -213,7 +213,10 @@ class JobManager:
         driver = self.drivers.get(job) if isinstance(job, str) else None
         if driver is None:
             refused = isinstance(job, str) and self.admission.refused(job) is not None
-            if not msg.gossip and not refused:
+            if not refused:
+                # Gossip too: a node whose sync at join failed hears of a running job only
+                # this way (presence goes to a job's members). ``via`` is the neighbour that
+                # handed the message on, and the sync is throttled per peer.
                 self.syncer.trigger(msg.via)
             raise Rejected("a job this node does not run" if refused else f"unknown job {printable(job, 40)}")
         return await driver.handle(msg)
@@ -315,11 +318,13 @@ class JobManager:
         return set().union(*(d.recent_blobs() for d in self.drivers.values()))
 
     async def _initial_sync(self) -> None:
+        """Learn the mesh's jobs from the first peers up. A sync that fails (a loaded peer, a
+        stream that would not open) is tried again a second later with the peers known by
+        then: presence goes only to a job's members, so a node that learnt no job here would
+        hear of a running one only by its gossip."""
         for _ in range(INITIAL_SYNC_TRIES):
-            peers = self.mesh.peers.alive()
-            if peers:
-                for peer in peers[:INITIAL_SYNC_PEERS]:
-                    await self.syncer.sync_from_peer(peer)
+            results = [await self.syncer.sync_from_peer(peer) for peer in self.mesh.peers.alive()[:INITIAL_SYNC_PEERS]]
+            if any(results):
                 return
             await trio.sleep(1.0)
 

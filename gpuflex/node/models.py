@@ -1,5 +1,6 @@
-"""The models a job holds on this node: fetched by hash, rebuilt from a committed step where
-the root sent one, and pruned to the last few as rounds commit."""
+"""The models a job holds on this node: fetched by hash (a round's new one down the round's
+tree, ``downtree``), rebuilt from a committed step where the root sent one, and pruned to the
+last few as rounds commit."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ from gpuflex.node.core.messages import Result
 from gpuflex.node.core.modelblob import model_blob_limit, model_parts, unpack_model
 from gpuflex.node.core.pipeline import replay_step
 from gpuflex.node.core.selection import best_result
-from gpuflex.node.port import JobPort
+from gpuflex.node.downtree import down_chain, fetch_down
+from gpuflex.node.port import FETCH_TIMEOUT_S, JobPort
 from gpuflex.node.state import JobBook
 from mesh.blob import BlobError, parts_hash
 from mesh.codec import WireError
@@ -62,12 +64,15 @@ class Models:
 
     async def hold_committed(self, res: Result) -> None:
         """Hold the model a result commits: rebuilt from the previous model and the encoded
-        step where the root sent one, else (or if the rebuild does not match) downloaded."""
+        step where the root sent one, else (or if the rebuild does not match) downloaded. Both
+        come down the round's tree (``downtree``): from this node's parent first, the root
+        last, so the root serves its own children only."""
         blobs = self.port.blobs
+        chain = down_chain(res, self.book.me)
         if res.step_hash is not None and not blobs.has(res.model_hash) and blobs.has(res.base_hash):
             try:
-                await self.port.fetch_blob(res.step_hash, [res.coordinator], timeout=STEP_FETCH_S,
-                                           max_size=await self.blob_limit())
+                await fetch_down(self.port, res.step_hash, chain, timeout=STEP_FETCH_S,
+                                 max_size=await self.blob_limit())
                 parts = await self.port.offload(self._replay, res)
                 if parts_hash(parts) == res.model_hash:
                     blobs.put_parts(parts)
@@ -78,7 +83,13 @@ class Models:
             except (BlobError, WireError) as exc:
                 log.info("round %d: rebuilding from the step failed (%s); downloading the model",
                          res.round, exc)
-        await self.load(res.model_hash, [res.coordinator])
+        if not blobs.has(res.model_hash):
+            try:
+                await fetch_down(self.port, res.model_hash, chain, timeout=FETCH_TIMEOUT_S,
+                                 max_size=await self.blob_limit())
+            except BlobError as exc:  # ``load`` asks them all once more, and then the mesh
+                log.info("round %d: the model did not come down the tree (%s)", res.round, exc)
+        await self.load(res.model_hash, chain)
 
     async def hold_head(self, results: list[Result], providers: list[str]) -> None:
         """Hold the model the last of ``results`` (a verified chain) commits. A node that is a

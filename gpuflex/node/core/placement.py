@@ -16,7 +16,7 @@ import hashlib
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
-from aggregation.tree import ParentMap, build_tree, cut_groups
+from aggregation.tree import ParentMap, cut_groups, group_sizes
 from gpuflex.node.core.workfields import HEX_DIGITS
 from mesh.netprefix import network_prefix
 from mesh.vivaldi import Coordinate
@@ -35,36 +35,46 @@ def order_for_tree(me: str, members: Sequence[str], private: Collection[str],
 
     With the members' network coordinates (``coords``, ``mesh.vivaldi``) for most of them, the
     groups are cut by nearness instead (``near_groups``), when every group then has a leader
-    as reachable as the plain order would give it."""
-    if coords is not None and sum(p in coords for p in members) * 2 >= len(members) > group_size:
-        near = near_groups(me, members, private, group_size, slow, punched, coords)
-        if near is not None:
-            return near, max(2, group_size)
+    as reachable as the plain order would give it.
+
+    The tree's fan-out is ``group_size - 1`` (groups of ``group_size``), or ``group_size``
+    itself, the cap on children, when that needs fewer leaders and the public members are
+    too few to lead the smaller groups: a home leader is slower, and one that some members
+    cannot reach costs them a timeout, so public members take one more child first."""
     others = [p for p in members if p != me]
+    n = len(others) + 1
+    size = max(2, group_size)
+    fit = 1 + sum(p not in private and p not in slow for p in others)
+    if len(group_sizes(n, size)) > fit and len(group_sizes(n, size + 1)) < len(group_sizes(n, size)):
+        size += 1  # fan-out group_size: within the cap, fewer leaders from home
+    if coords is not None and sum(p in coords for p in members) * 2 >= len(members) > size:
+        near = near_groups(me, members, private, size, slow, punched, coords)
+        if near is not None:
+            return near, size
     priv = [p for p in others if p in private]
     late = [p for p in others if p in slow and p not in private]
     if not priv and not late:
-        return [me, *others], group_size
+        return [me, *others], size
     reach = [me] + [p for p in others if p not in private and p not in slow] + late
-    n = len(others) + 1
-    size = max(2, group_size)
-    needed = -(-n // size)
+    needed = len(group_sizes(n, size))
     if needed > len(reach):  # too few directly reachable leaders: hole-punched homes lead too
         holes = [p for p in priv if p in punched]
         reach += holes[: needed - len(reach)]
         priv = [p for p in priv if p not in reach]
-    if needed > len(reach):  # still too few: fewer, larger groups
-        size = max(size, -(-n // len(reach)))
-    count = -(-n // size)
-    base, extra = divmod(n, count)
-    sizes = [base + (1 if i < extra else 0) for i in range(count)]
-    leaders = (reach + priv)[:count]
+    if needed > len(reach):  # still too few: fewer, larger groups, one per reachable leader
+        size = max(size, -(-(n - 1) // len(reach)) + 1)
+    sizes = group_sizes(n, size)
+    leaders = (reach + priv)[:len(sizes)]
     pool = [p for p in priv + reach if p not in leaders]
     ordered: list[str] = []
     for leader, k in zip(leaders, sizes, strict=True):
         ordered += [leader, *pool[: k - 1]]
         pool = pool[k - 1:]
     return ordered, size
+
+
+#: ``_rank`` of a member behind NAT with no hole punch: its children could not reach it.
+UNREACHABLE = 4
 
 
 def _rank(peer: str, me: str, private: Collection[str], slow: Collection[str], punched: Collection[str]) -> int:
@@ -74,7 +84,7 @@ def _rank(peer: str, me: str, private: Collection[str], slow: Collection[str], p
         return 0
     if peer not in private:
         return 1 if peer not in slow else 2
-    return 3 if peer in punched else 4
+    return 3 if peer in punched else UNREACHABLE
 
 
 def _bisect(points: list[str], sizes: list[int], at: Mapping[str, Coordinate]) -> list[list[str]]:
@@ -97,19 +107,27 @@ def near_groups(me: str, members: Sequence[str], private: Collection[str], group
     fittest member (``_rank``), nearest the group's others among equals; ``build_tree`` cuts
     exactly these groups, and groups their leaders in the same order, so upper levels are
     near too. None when some group would get a less fit leader than the plain order gives
-    (a group of homes only, while reachable members lead elsewhere): the caller falls back."""
+    (a group of homes only, while reachable members lead elsewhere), or a leader nobody can
+    reach (behind NAT, no hole punch): the caller falls back to the plain order, which widens
+    the groups instead."""
     everyone = list(dict.fromkeys(members))
     size = max(2, group_size)
     at = {p: coords.get(p, Coordinate()) for p in everyone}
-    sizes = [len(g) for g in cut_groups(everyone, size)]
-    groups = _bisect(sorted(everyone), sizes, at)
+    sizes = group_sizes(len(everyone), size)
+    # The root's group (the first) is the root and its nearest members; the rest are cut by
+    # halving, so groups next to each other in the order, which share a parent, are near.
+    rest = sorted((p for p in everyone if p != me), key=lambda p: (at[me].rtt_to(at[p]), p))
+    groups = [[me, *rest[: sizes[0] - 1]]]
+    if len(sizes) > 1:
+        groups += _bisect(sorted(rest[sizes[0] - 1:]), sizes[1:], at)
     fit = sorted(_rank(p, me, private, slow, punched) for p in everyone)[len(groups) - 1]
     ordered: list[str] = []
     for group in groups:
         leader = min(group, key=lambda p: (_rank(p, me, private, slow, punched),
                                            sum(at[p].rtt_to(at[q]) for q in group), p))
-        if _rank(leader, me, private, slow, punched) > max(fit, 1):
-            return None
+        rank = _rank(leader, me, private, slow, punched)
+        if rank > max(fit, 1) or (rank == UNREACHABLE and leader != me):
+            return None  # the plain order widens the groups rather than have nobody reach a leader
         ordered += [leader, *(p for p in group if p != leader)]
     return ordered
 
@@ -223,5 +241,24 @@ def masked_tree(root: str, members: Sequence[str], private: Collection[str], gro
         leaders.append(group[lead])
         for p in [group[lead], *group[:lead], *group[lead + 1:]]:
             parents[p] = None if p == group[lead] else group[lead]
-    upper = build_tree(leaders, size, root)  # leaders are grouped again, as build_tree does
-    return {p: upper.get(p, parent) for p, parent in parents.items()}
+    return {p: _leaders_grouped(leaders, size, root).get(p, parent) for p, parent in parents.items()}
+
+
+def _leaders_grouped(leaders: list[str], size: int, root: str) -> ParentMap:
+    """A masked round's upper levels: the leaders are cut into groups of ``size`` again, level
+    by level, each led by its first (or the root), so a leader leads at every level it
+    reaches. Unlike ``build_tree``, whose upper leaders lead smaller bottom groups, this keeps
+    every masked group at ``size`` (at least ``min_group`` masking members), at the price of
+    up to ``size - 1`` children per level at the root."""
+    parents: ParentMap = dict.fromkeys(leaders)
+    level = leaders
+    while len(level) > 1:
+        next_level = []
+        for group in cut_groups(level, size):
+            leader = root if root in group else group[0]
+            for member in group:
+                if member != leader:
+                    parents[member] = leader
+            next_level.append(leader)
+        level = next_level
+    return parents

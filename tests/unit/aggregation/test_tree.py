@@ -18,6 +18,7 @@ from aggregation import (
     leaders,
     weighted_mean,
 )
+from aggregation.tree import fan_out, group_sizes, tree_groups
 
 
 def _members(n: int) -> list[str]:
@@ -26,18 +27,20 @@ def _members(n: int) -> list[str]:
 
 def test_small_tree_by_hand() -> None:
     tree = build_tree(["a", "b", "c", "d", "e", "f"], 3, root="e")
-    # level 0: [a b c] led by a, [d e f] led by the root e; level 1: [a e] led by e.
-    assert tree == {"a": "e", "b": "a", "c": "a", "d": "e", "e": None, "f": "e"}
-    assert children(tree, "a") == ["b", "c"]
-    assert children(tree, "e") == ["a", "d", "f"]
-    assert leaders(tree) == ["a", "e"]
+    # fan-out 2, the root first: e a b c d f. A heap of 6 has 3 inner nodes; the groups are
+    # [e] [a b c] [d f]: a and d under e (e's own group has no room left), b c under a, f under d.
+    assert group_sizes(6, 3) == [1, 3, 2]
+    assert tree == {"a": "e", "b": "a", "c": "a", "d": "e", "e": None, "f": "d"}
+    assert children(tree, "e") == ["a", "d"]
+    assert leaders(tree) == ["a", "d", "e"]
     assert depth(tree) == 2
 
 
-def test_groups_are_balanced() -> None:
-    # 5 members in groups of about 2: [a b] [c d] [e], never a 4-and-1 split.
-    tree = build_tree(["a", "b", "c", "d", "e"], 2, root="a")
-    assert tree["b"] == "a" and tree["d"] == "c"
+def test_a_leader_leads_one_group_only() -> None:
+    # 64 members, groups of 8: the old tree gave the root 7 children at each of two levels.
+    tree = build_tree(_members(64), 8, root="peer-000")
+    assert max(len(children(tree, m)) for m in tree) == 7
+    assert depth(tree) == 3
 
 
 def test_single_member() -> None:
@@ -92,11 +95,12 @@ def test_tree_shape_rules(n: int, g: int, data: st.DataObject) -> None:
     assert tree == build_tree(list(members), g, root)  # deterministic
     assert tree[root] is None
     assert sum(p is None for p in tree.values()) == 1
-    bound = math.ceil(math.log(n, g) - 1e-9) if n > 1 else 0
+    fan = fan_out(g)
+    # a complete fan-ary tree: depth d holds up to 1 + fan + ... + fan**d members
+    bound = math.ceil(math.log(n * (fan - 1) + 1, fan) - 1e-9) - 1 if n > 1 else 0
     assert depth(tree) <= bound  # also proves every chain reaches the root
     for leader in leaders(tree):
-        # a group has at most g members, leader included, at each level it leads
-        assert len(children(tree, leader)) <= (g - 1) * max(1, bound)
+        assert 1 <= len(children(tree, leader)) <= fan or (n == 1 and leader == root)
 
 
 @settings(max_examples=120, deadline=None)
@@ -137,9 +141,10 @@ def test_absent_members_are_skipped_but_relay(n: int, g: int, seed: int) -> None
 
 
 def test_absent_leader_forwards_children() -> None:
-    tree = build_tree(["a", "b", "c", "d"], 2, "c")  # a leads b; c leads a, d
-    vectors = {"b": np.array([2.0]), "d": np.array([6.0])}
-    out = hierarchical_mean(tree, vectors, {"b": 1.0, "d": 3.0})
+    tree = build_tree(["a", "b", "c", "d"], 2, "c")  # c leads a, b; b leads d (a heap of fan-out 2)
+    assert tree == {"a": "c", "b": "c", "c": None, "d": "b"}
+    vectors = {"a": np.array([2.0]), "d": np.array([6.0])}  # b sent nothing of its own
+    out = hierarchical_mean(tree, vectors, {"a": 1.0, "d": 3.0})
     assert out[0] == pytest.approx(5.0)
 
 
@@ -153,3 +158,42 @@ def test_hierarchical_errors() -> None:
         hierarchical_mean(tree, {"a": np.ones(1)}, {})
     with pytest.raises(AggregationError, match="not in the tree"):
         children(tree, "z")
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    n_public=st.integers(1, 60),
+    n_private=st.integers(0, 300),
+    g=st.integers(2, 16),
+    size=st.integers(1, 8),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_no_node_has_more_than_group_size_children(
+    n_public: int, n_private: int, g: int, size: int, seed: int
+) -> None:
+    """Whatever the members and the share of them that can accept connections, no node has
+    more than ``group_size`` children, a node leads one group, and the hierarchical mean
+    is the flat one. Members ordered as placement orders them (the reachable at the head of
+    the groups, ``tree_groups``) get reachable leaders whenever there are enough."""
+    public = [f"pub{i:03d}" for i in range(n_public)]
+    private = [f"priv{i:03d}" for i in range(n_private)]
+    n = n_public + n_private
+    groups = group_sizes(n, g)
+    assert sum(groups) == n and all(s >= 1 for s in groups)
+    heads = (public + private)[: len(groups)]  # reachable members lead while there are any
+    rest = (public + private)[len(groups):]
+    ordered: list[str] = []
+    for head, k in zip(heads, groups, strict=True):
+        ordered += [head, *rest[: k - 1]]
+        rest = rest[k - 1:]
+    assert [grp[0] for grp in tree_groups(ordered, g)] == heads
+    tree = build_tree(ordered, g, ordered[0])
+    most = max(len(children(tree, m)) for m in tree)
+    assert most <= g and most <= fan_out(g)
+    if len(groups) <= n_public:
+        assert set(leaders(tree)) <= set(public)
+    rng = np.random.default_rng(seed)
+    vectors = {m: rng.standard_normal(size).astype(np.float32) for m in ordered}
+    weights = {m: float(rng.uniform(1, 100)) for m in ordered}
+    flat = weighted_mean(list(vectors.values()), list(weights.values()))
+    np.testing.assert_allclose(hierarchical_mean(tree, vectors, weights), flat, atol=1e-5)

@@ -35,7 +35,7 @@ from gpuflex.node.core.workplan import norm_of
 from gpuflex.node.driver import JobDriver
 from gpuflex.node.presence import JobPresence
 from gpuflex.node.state import JobInfo
-from mesh.blob import BlobError, blob_hash
+from mesh.blob import BlobError, BlobNotFound, blob_hash
 from mesh.codec import ReplayGuard, WireError, open_envelope, seal
 from mesh.health import PeerState
 from mesh.identity import Identity
@@ -215,7 +215,8 @@ class FakePort:
                          max_size: int | None = None) -> object:
         if self.node.blobs.has(digest):
             return digest
-        for peer in [*providers, *self.net.ids()]:
+        strict = self.net.providers_only and providers
+        for peer in [*providers] if strict else [*providers, *self.net.ids()]:
             other = self.net.nodes.get(peer)
             if other is not None and other is not self.node and self.net.reachable(self.node, other) \
                     and other.blobs.has(digest):
@@ -223,7 +224,10 @@ class FakePort:
                     continue  # as the mesh refuses a blob announced over what the job expects
                 await trio.sleep(self.net.delay(self.node, other))
                 self.node.blobs.put(other.blobs.read(digest))
+                self.net.served.append((digest, other.peer_id, self.node.peer_id))
                 return digest
+        if strict:  # as the mesh answers when every provider asked holds none
+            raise BlobNotFound(f"could not fetch blob {digest[:16]}: not found")
         raise BlobError(f"could not fetch blob {digest[:16]}: no peer has it")
 
     async def announce_blob(self, digest: str) -> None:
@@ -311,6 +315,9 @@ class FakeNet:
         self.private: set[str] = set()  # nodes behind NAT (none by default)
         self.stale_claims: set[str] = set()  # nodes that know no other node's reachability
         self.presence_cut: set[frozenset[str]] = set()  # pairs of nodes whose presence never arrives
+        #: Blob fetches: only from the providers named, as the mesh does (else from anyone).
+        self.providers_only = False
+        self.served: list[tuple[str, str, str]] = []  # (digest, server, fetcher) of every blob fetched
         ids = [Identity(bytes([i + 1]) * 32) for i in range(size)]
         self.archive: dict[str, bytes] = {}
         self.nodes: dict[str, FakeNode] = {

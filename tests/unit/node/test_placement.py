@@ -4,7 +4,7 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from aggregation.tree import build_tree, cut_groups
+from aggregation.tree import build_tree, children, fan_out, group_sizes, tree_groups
 from gpuflex.node.core.placement import order_for_tree
 from mesh.vivaldi import MAX_MS, Coordinate, from_wire, observe
 
@@ -20,7 +20,8 @@ def test_leaders_are_reachable_whenever_any_are(n_public: int, n_private: int, g
     parent = build_tree(ordered, size, me)
     receivers = {p for p in parent.values() if p is not None}
     assert receivers <= set(public), f"private leaders: {receivers - set(public)}"
-    assert size == group_size or -(-len(members) // group_size) > n_public
+    assert size == group_size or len(group_sizes(len(members), group_size)) > n_public
+    assert max(len(children(parent, p)) for p in parent) <= fan_out(size)
 
 
 def test_no_private_member_keeps_the_plain_order() -> None:
@@ -45,7 +46,8 @@ def test_slow_members_lead_no_group_while_enough_others_can(n_fast: int, n_slow:
     parent = build_tree(ordered, size, me)
     receivers = {p for p in parent.values() if p is not None}
     assert not receivers & set(private), "groups are widened before a private member leads one"
-    if -(-len(members) // size) <= n_fast:  # enough fast members to lead every group
+    assert max(len(children(parent, p)) for p in parent) <= fan_out(size)
+    if len(group_sizes(len(members), size)) <= n_fast:  # enough fast members to lead every group
         assert receivers <= set(fast), f"slow or private leaders: {receivers - set(fast)}"
 
 
@@ -180,7 +182,7 @@ def test_network_prefixes() -> None:
 def test_hole_punched_homes_lead_before_any_group_outgrows_group_size(
         n_public: int, n_punched: int, n_private: int, group_size: int) -> None:
     """A tenth of the members public: the homes reached through a hole punch lead groups too,
-    so groups keep ``group_size`` (the root leads one group per level, as in every tree); the
+    so groups keep ``group_size`` and no node has more children than that allows; the
     unpunched private members never lead while any reachable one could."""
     public = [f"pub{i}" for i in range(n_public)]
     punched = [f"hole{i}" for i in range(n_punched)]
@@ -191,11 +193,13 @@ def test_hole_punched_homes_lead_before_any_group_outgrows_group_size(
     assert sorted(ordered) == sorted(members) and ordered[0] == me
     parent = build_tree(ordered, size, me)
     receivers = {p for p in parent.values() if p is not None}
-    groups = -(-len(members) // group_size)
+    groups = len(group_sizes(len(members), group_size))
+    assert max(len(children(parent, p)) for p in parent) <= fan_out(size)
     if groups <= n_public:
         assert receivers <= set(public), "homes lead while public members suffice"
     if groups <= n_public + n_punched:
-        assert size == group_size
+        assert size in (group_size, group_size + 1)  # fan-out group_size - 1, or the cap itself
+        assert max(len(children(parent, p)) for p in parent) <= max(2, group_size)
         assert receivers <= set(public + punched), f"unreachable leaders: {receivers - set(public + punched)}"
 
 
@@ -206,8 +210,8 @@ def test_hundred_members_ten_public_keep_groups_of_eight() -> None:
     _, size_before = order_for_tree(public[0], public + punched + private, set(punched + private), 8)
     _, size = order_for_tree(public[0], public + punched + private, set(punched + private), 8,
                                    punched=set(punched))
-    assert size_before == 10  # without the punched homes: ten groups of ten under ten public leaders
-    assert size == 8
+    assert size_before == 11  # without the punched homes: ten public leaders with up to ten children each
+    assert size == 9  # fan-out 8, the cap: 13 leaders, of them 3 from home, instead of 15 and 5
 
 
 @given(st.integers(3, 30), st.integers(2, 6), st.integers(2, 4), st.binary(min_size=32, max_size=32),
@@ -264,15 +268,18 @@ def test_groups_by_nearness_keep_the_cap_and_reachable_leaders(n_sites: int, per
     me = members[-1]
     ordered, size = order_for_tree(me, members, private, group_size, coords=coords)
     assert sorted(ordered) == sorted(members)
-    assert size == group_size  # nearness never widens the groups
+    reachable = len(members) - len(private)
+    if len(group_sizes(len(members), group_size + 1)) <= reachable:
+        assert size in (group_size, group_size + 1)  # nearness never widens the groups past the cap
     parent = build_tree(ordered, size, me)
     assert parent[me] is None
-    groups = cut_groups(ordered, size)  # the bottom groups build_tree makes of this order
-    assert max(len(g) for g in groups) <= group_size
-    leaders = {me if me in g else g[0] for g in groups}
+    groups = tree_groups(ordered, size)  # the groups build_tree makes of this order
+    assert max(len(g) for g in groups) <= fan_out(size) + 1
+    if size <= group_size + 1:
+        assert max(len(children(parent, p)) for p in parent) <= max(2, group_size)
+    leaders = {g[0] for g in groups}
     assert all(parent[m] in leaders or m in leaders for m in members)
-    if len(groups) <= len(members) - len(private):  # enough reachable members to lead every group
-        assert not leaders & private, leaders & private
+    assert not leaders & private, leaders & private  # groups widen before an unreachable home leads
 
 
 def test_groups_by_nearness_put_leaders_near_their_members() -> None:

@@ -18,7 +18,7 @@ import trio.testing
 
 from gpuflex.node.clock import DeadlineClock
 from gpuflex.node.core.messages import JOB
-from gpuflex.node.roles.coordinator import Coordinator
+from gpuflex.node.roles.turns import Turns
 from gpuflex.node.state import PRESENCE_FRESH_S, JobBook, JobInfo
 from mesh.codec import open_envelope, seal
 from mesh.health import PeerState
@@ -54,13 +54,13 @@ def test_a_home_passes_its_turns_only_while_a_reachable_candidate_is_up(tmp_path
     port = TurnPort(up={public, other}, private={home, other})
 
     async def main() -> None:
-        coordinator = Coordinator(cast(Any, port), book_of(tmp_path, home, [home, public, other]))
-        assert coordinator.passes_own_turns(), "behind NAT with a public candidate up: it passes"
+        turns = Turns(cast(Any, port), book_of(tmp_path, home, [home, public, other]))
+        assert turns.passes_own_turns(), "behind NAT with a public candidate up: it passes"
         port.up.discard(public)  # no reachable candidate left: a home must plan after all
-        assert not coordinator.passes_own_turns()
+        assert not turns.passes_own_turns()
         port.up.add(public)
         port.private.discard(home)  # reachable itself: it plans its turns
-        assert not coordinator.passes_own_turns()
+        assert not turns.passes_own_turns()
 
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
 
@@ -71,20 +71,20 @@ def test_a_held_later_plan_passes_over_only_a_candidate_not_heard_for_a_while(tm
 
     async def main() -> None:
         book = book_of(tmp_path, me, [me, earlier, later])
-        coordinator = Coordinator(cast(Any, port), book)
+        turns = Turns(cast(Any, port), book)
         rs = book.current
-        assert not coordinator._passed_over(earlier, rs, 0), "no later plan held"
+        assert not turns.passed_over(earlier, rs, 0), "no later plan held"
         rs.hold(cast(Any, SimpleNamespace(round=rs.round, attempt=2)))
         # A new job: nobody is silent before presence has had time to come at all.
-        assert not coordinator._passed_over(earlier, rs, 0)
+        assert not turns.passed_over(earlier, rs, 0)
         await trio.sleep(PRESENCE_FRESH_S / 2)
         book.saw_presence(earlier)
         await trio.sleep(PRESENCE_FRESH_S * 0.9)
-        assert not coordinator._passed_over(earlier, rs, 0), "heard within PRESENCE_FRESH_S: waited for"
-        assert coordinator._passed_over(later, rs, 1), "never heard, the job long under way: passed over"
-        assert not coordinator._passed_over(earlier, rs, 2), "the held plan is not for a later attempt"
+        assert not turns.passed_over(earlier, rs, 0), "heard within PRESENCE_FRESH_S: waited for"
+        assert turns.passed_over(later, rs, 1), "never heard, the job long under way: passed over"
+        assert not turns.passed_over(earlier, rs, 2), "the held plan is not for a later attempt"
         await trio.sleep(PRESENCE_FRESH_S * 0.2)
-        assert coordinator._passed_over(earlier, rs, 0), "silent for PRESENCE_FRESH_S: passed over"
-        assert not coordinator._passed_over(me, rs, 0), "this node never passes itself over"
+        assert turns.passed_over(earlier, rs, 0), "silent for PRESENCE_FRESH_S: passed over"
+        assert not turns.passed_over(me, rs, 0), "this node never passes itself over"
 
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))

@@ -46,15 +46,17 @@ def test_make_reducer_picks_by_rule() -> None:
 
 
 def test_median_in_tree_survives_one_attacker_per_group() -> None:
-    parent, updates = nine({1: 100.0, 4: 100.0, 7: 100.0})  # one attacker in each group of 3
+    # The tree of nine in groups of 3 (fan-out 2): p0 leads p1 and p3; p1 leads p2 and p6; p3
+    # leads p4, p5; p6 leads p7, p8. One attacker in each reduction: p1, p4, p7.
+    parent, updates = nine({1: 100.0, 4: 100.0, 7: 100.0})
     assert tree_reduce(spec(rule="median"), parent, "p0", updates) == pytest.approx(1.04, abs=0.05)
-    assert tree_reduce(spec(), parent, "p0", updates) > 30  # plain FedAvg is dragged away
+    assert tree_reduce(spec(), parent, "p0", updates) > 20  # plain FedAvg is dragged away
 
 
 def test_tree_breaks_where_flat_robust_holds() -> None:
     """4 of 9 attackers (< half) placed as majorities of 2 of the 3 groups break the tree."""
     parent, updates = nine({1: 100.0, 2: 100.0, 4: 100.0, 5: 100.0})
-    # groups are [p0 p1 p2] [p3 p4 p5] [p6 p7 p8]: two group medians become 100
+    # p1 (100) with p2 (100) and p3 with p4, p5 (100): both of the root's children send 100
     assert tree_reduce(spec(rule="median"), parent, "p0", updates) == pytest.approx(100.0)
     flat = build_tree(list(updates), len(updates), "p0")  # flat-robust: one group under the root
     assert tree_reduce(spec(rule="median", aggregation_mode="flat-robust"), flat, "p0", updates) < 1.1
