@@ -30,10 +30,11 @@ class Turns:
     def skipped(self, peer: str) -> bool:
         """Whether ``peer`` will not plan its attempt, as far as this node can tell: it is down
         or unknown, it does not take part, it is behind NAT while a reachable candidate is up,
-        it said it passes this round's turns (it was still preparing when a peer was ready)
-        while a candidate that did not is up, or (in a time-budgeted job) the last result
-        records it as slow while a faster one is up. Each of these is a fact every node learns
-        alike (health aside), so the node itself skips the same attempts its peers skip."""
+        it said it passes this round's turns (it was still preparing when a peer was ready, or
+        it skips its own turns: ``passes_own_turns``) while a candidate that did not is up, or
+        (in a time-budgeted job) the last result records it as slow while a faster one is up.
+        Each of these is a fact every node learns alike (health aside), so the node itself
+        skips the same attempts its peers skip."""
         book, port = self.book, self.port
         if peer == book.me:
             up = book.participates()
