@@ -315,6 +315,7 @@ class FakeNet:
         self.private: set[str] = set()  # nodes behind NAT (none by default)
         self.stale_claims: set[str] = set()  # nodes that know no other node's reachability
         self.presence_cut: set[frozenset[str]] = set()  # pairs of nodes whose presence never arrives
+        self.pair_cuts: set[frozenset[str]] = set()  # pairs of nodes cut from each other alone
         #: Blob fetches: only from the providers named, as the mesh does (else from anyone).
         self.providers_only = False
         self.served: list[tuple[str, str, str]] = []  # (digest, server, fetcher) of every blob fetched
@@ -405,6 +406,8 @@ class FakeNet:
         self._health_changed()
 
     def cut(self, a: FakeNode, b: FakeNode) -> bool:
+        if frozenset((a.peer_id, b.peer_id)) in self.pair_cuts:
+            return True
         if self.partition is None:
             return False
         return not any(a.peer_id in side and b.peer_id in side for side in self.partition)

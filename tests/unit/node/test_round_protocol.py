@@ -268,3 +268,28 @@ async def test_homes_that_do_not_know_each_other_are_behind_nat_take_up_the_publ
     late = {n.index: round(took_up(n) - planned, 2) for n in homes}
     # Within a moment (a presence), not a plan timeout (3 s) per home turn.
     assert max(late.values()) < 1.0, f"homes took the public plan up this late (s): {late}\n{net.dump()}"
+
+
+async def test_a_member_its_leader_cannot_reach_fails_over_to_a_root_that_waits_for_it(
+        autojump_clock, tmp_path) -> None:
+    """A leader that sees a member down (a relayed link not up yet) sends its partial without
+    it at once; the member, alive, reaches the root a few seconds later. With min_nodes = every
+    member the root, every child reported and one contribution short, used to abort at once,
+    and the next attempt was short alike (test_nat.py went to attempt 20 so). It waits for
+    that member until its deadline instead, and attempt 0 commits with every member."""
+    net = FakeNet(tmp_path, 5, fast_spec(rounds=1, min_nodes=5, group_size=2))
+    tree = net.first_tree()
+    root = next(p for p, up in tree.items() if up is None)
+    leader = next(p for p in tree if tree[p] == root and p in tree.values())
+    member = next(p for p, up in tree.items() if up == leader)
+    net.pair_cuts = {frozenset((leader, member))}
+    # The member learns the leader is out of reach only when its send times out.
+    net.jitter = lambda a, b: 4.0 if (a.peer_id, b.peer_id) == (member, leader) else 0.01
+    async with trio.open_nursery() as nursery:
+        await net.start(nursery)
+        await net.wait_rounds(1)
+        (res,) = one_ledger(net, 1)
+        nursery.cancel_scope.cancel()
+    assert res.attempt == 0, net.dump()
+    assert contributors(res) == set(net.order)
+    assert not any(EventKind.ROUND_ABORTED in n.kinds() for n in net.nodes.values()), net.dump()
