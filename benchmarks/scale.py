@@ -24,7 +24,7 @@ import trio
 import trio.testing
 
 from benchmarks.common import add_json_flag, emit, log
-from gpuflex.testing.sim import ChurnEvent, ChurnKind, SimConfig, simulation
+from gpuflex.testing.sim import ChurnEvent, ChurnKind, SimConfig, quiet_gc, simulation
 
 
 async def one(cfg: SimConfig) -> dict[str, Any]:
@@ -37,7 +37,8 @@ def run_size(cfg: SimConfig) -> dict[str, Any]:
 
     logging.getLogger().setLevel(logging.ERROR)  # a thousand nodes' routine warnings are noise here
     wall, cpu = time.perf_counter(), time.process_time()
-    report = trio.run(one, cfg, clock=trio.testing.MockClock(autojump_threshold=0))
+    with quiet_gc():
+        report = trio.run(one, cfg, clock=trio.testing.MockClock(autojump_threshold=0))
     report["wall_s"] = round(time.perf_counter() - wall, 1)
     report["cpu_s"] = round(time.process_time() - cpu, 1)  # what a shared, loaded machine cannot inflate
     return report
@@ -91,7 +92,11 @@ def main(argv: list[str] | None = None) -> int:
         log(f"{n} nodes: {report['rounds_committed']}/{args.rounds} rounds in {report['wall_s']} s wall, "
             f"{report['cpu_s']} s CPU; "
             f"idle {idle['msgs']:.1f} msgs/s, {idle['bytes'] / 1e3:.1f} kB/s per node; "
-            f"{report['connections_per_node']['mean']:.0f} connections per node")
+            f"{report['connections_per_node']['mean']:.0f} connections per node; "
+            f"CPU s by phase {report['cpu_s_by_phase']}")
+        job = report.get("job_per_node_s")
+        if job:
+            log(f"  during the job: {job['msgs']:.1f} msgs/s, {job['bytes'] / 1e3:.1f} kB/s per node")
         log(f"  gossip: {report['gossip']}; crashed nodes down everywhere after {report['detection_s']} s "
             f"(never: {report['crashed_undetected']})")
         for r in report["rounds"]:

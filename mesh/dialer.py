@@ -27,6 +27,7 @@ from typing import Any
 from mesh.addressbook import AddressBook, clean_addr
 from mesh.bootstrap import Candidate
 from mesh.host import HostError, parse_multiaddr
+from mesh.names import addr_text, libp2p_id
 
 # How long py-libp2p keeps the addresses we dial (its own connect() uses 120 s).
 ADDR_TTL_S = 3600
@@ -75,9 +76,7 @@ def redial_addrs(host: Any, peer_id: str, book: AddressBook, limit: int = 4) -> 
     py-libp2p learned last (identify and DHT answers append, so the newest is the last
     stored and likeliest current after a move), then the address book's, in its order (the
     one that worked first, failed ones last)."""
-    from libp2p.peer.id import ID
-
-    stored = [str(a) for a in reversed(_stored(host.get_peerstore(), ID.from_base58(peer_id)))]
+    stored = [addr_text(a) for a in reversed(_stored(host.get_peerstore(), libp2p_id(peer_id)))]
     entry = book.get(peer_id)
     out: list[str] = []
     for addr in [*stored, *(entry.addrs if entry else [])]:

@@ -27,6 +27,7 @@ from typing import Any, Protocol
 import trio
 
 from mesh.health import UP, PeerRecord, PeerTable
+from mesh.names import peer_text
 from mesh.records import nodeinfo_key
 
 log = logging.getLogger("mesh.discovery")
@@ -151,7 +152,7 @@ class Discovery:
     def learn(self, pid: Any) -> None:
         from libp2p.peer.peerstore import PeerStoreError
 
-        text = str(pid)
+        text = peer_text(pid)
         if text == self.node.peer_id:
             return
         rec = self.node.peers.get(text)

@@ -12,7 +12,6 @@ costs nothing, and with ``stall_s`` a stream on which no byte arrives for that l
 
 from __future__ import annotations
 
-import math
 import struct
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -47,15 +46,21 @@ def _is_eof(exc: BaseException) -> bool:
 
 
 async def _read_some(stream: Stream, n: int, what: str, got: int, total: int, stall_s: float | None) -> bytes:
-    """One read of at most ``n`` bytes, within ``stall_s`` seconds when given."""
-    with trio.move_on_after(math.inf if stall_s is None else stall_s) as scope:
-        try:
+    """One read of at most ``n`` bytes, within ``stall_s`` seconds when given (without, the
+    caller's own deadline bounds it, and no cancel scope is made: a node reads several times
+    per message, and a scope costs more than the read)."""
+    scope: trio.CancelScope | None = None
+    try:
+        if stall_s is None:
             chunk = await stream.read(n)
-        except Exception as exc:  # py-libp2p's stream errors have no common base: EOF is told by name
-            if _is_eof(exc):
-                raise Truncated(f"{what} ended after {got} of {total} bytes", got) from None
-            raise
-    if scope.cancelled_caught:
+        else:
+            with trio.move_on_after(stall_s) as scope:
+                chunk = await stream.read(n)
+    except Exception as exc:  # py-libp2p's stream errors have no common base: EOF is told by name
+        if _is_eof(exc):
+            raise Truncated(f"{what} ended after {got} of {total} bytes", got) from None
+        raise
+    if scope is not None and scope.cancelled_caught:
         raise Stalled(f"{what}: no byte for {stall_s:g} s after {got} of {total} bytes", got)
     if not chunk:
         raise Truncated(f"{what} ended after {got} of {total} bytes", got)

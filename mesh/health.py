@@ -10,6 +10,7 @@ the peers this node has never reached (``reevaluate``), against the two threshol
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -125,6 +126,7 @@ class PeerTable:
         # Bumped whenever the membership (who is in the table, in which state) changes: what
         # depends on it alone (the overlay, ``mesh.overlay``) is recomputed only then.
         self.version = 0
+        self._lists: dict[PeerState, tuple[int, float, list[str]]] = {}  # see ``_listed``
 
     def on_change(self, listener: StateListener) -> None:
         self._listeners.append(listener)
@@ -158,11 +160,15 @@ class PeerTable:
         hint past the hints' quota, or a stranger past the strangers', in place of one of its kind."""
         rec = self._marks.pop(peer_id) or PeerRecord(peer_id=peer_id, first_seen=self.clock())
         heard, reached = heard or heard_from(rec), reached or rec.reached  # a mark remembers both
-        if not heard:
-            kind, quota = [r for r in self._peers.values() if not heard_from(r)], hint_quota(self.config.max_peers)
-        else:
-            kind = [] if reached else [r for r in self._peers.values() if stranger(r)]
-            quota = stranger_quota(self.config.max_peers)
+        quota = stranger_quota(self.config.max_peers) if heard else hint_quota(self.config.max_peers)
+        # A table with fewer entries than the quota cannot hold that many of a kind: the walk
+        # that counts them (every entry, at every admission of a mesh that is joining) is skipped.
+        kind: list[PeerRecord] = []
+        if len(self._peers) >= quota:
+            if not heard:
+                kind = [r for r in self._peers.values() if not heard_from(r)]
+            elif not reached:
+                kind = [r for r in self._peers.values() if stranger(r)]
         if len(kind) >= quota:
             if not displace:
                 if rec.penalty > 0:
@@ -197,8 +203,7 @@ class PeerTable:
 
     def alive(self) -> list[str]:
         """Peers worth talking to: up, and not being ignored for misbehaviour."""
-        now = self.clock()
-        return [p.peer_id for p in self._peers.values() if p.state == UP and p.ignored_until <= now]
+        return list(self._listed(UP))
 
     def heard(self) -> list[str]:
         """Peers up, not ignored, that this node heard from itself (a message over the peer's own
@@ -213,8 +218,25 @@ class PeerTable:
     def members(self) -> list[str]:
         """Peers still in the mesh as far as this node knows: not down, not ignored. A suspect
         is a member: it must hear that it is suspected, to refute it (``mesh.liveness``)."""
+        return list(self._listed(DOWN))
+
+    def _listed(self, which: PeerState) -> list[str]:
+        """``alive`` (``which`` is UP: those up) or ``members`` (DOWN: those not down), kept
+        until the table changes (``version``) or an ignored peer's time is up: many loops ask
+        every period, and a walk of a table of thousands each time was most of an idle node."""
         now = self.clock()
-        return [p.peer_id for p in self._peers.values() if p.state != DOWN and p.ignored_until <= now]
+        cached = self._lists.get(which)
+        if cached is not None and cached[0] == self.version and now < cached[1]:
+            return cached[2]
+        until = math.inf
+        out = []
+        for p in self._peers.values():
+            if p.ignored_until > now:
+                until = min(until, p.ignored_until)
+            elif (p.state == UP) if which == UP else (p.state != DOWN):
+                out.append(p.peer_id)
+        self._lists[which] = (self.version, until, out)
+        return out
 
     def counts(self) -> dict[str, int]:
         out: dict[str, int] = {str(s): 0 for s in PeerState}
@@ -231,8 +253,9 @@ class PeerTable:
             rec = self._admit(peer_id, heard=True, reached=False)
         elif not heard_from(rec) and not rec.reached and rec.rounds_contributed == 0:
             # A hint that connects becomes a stranger: one of its kind makes room past the quota.
-            others = [r for r in self._peers.values() if stranger(r)]
-            if len(others) >= stranger_quota(self.config.max_peers):
+            quota = stranger_quota(self.config.max_peers)
+            others = [r for r in self._peers.values() if stranger(r)] if len(self._peers) > quota else []
+            if len(others) >= quota:
                 self._evict(min(others, key=keep_rank))
         self._saw(rec, rtt_ms)
 

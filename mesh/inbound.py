@@ -34,6 +34,7 @@ from mesh.framing import Stalled, read_frame, read_growing, read_len64, write_fr
 from mesh.health import PeerTable
 from mesh.limits import Busy, Charge, LogThrottle, PeerLimits, PeerQuotas
 from mesh.messaging import HandlerTable, Inbound, Rejected, SeenCache
+from mesh.names import peer_text
 from mesh.push import PUSH_FLAG, receive_pushed
 
 log = logging.getLogger("mesh.node")
@@ -90,7 +91,7 @@ class InboundStreams:
         counter = getattr(self.quotas, quota)
 
         async def run(stream: Any) -> None:
-            remote = str(stream.muxed_conn.peer_id)
+            remote = peer_text(stream.muxed_conn.peer_id)
             if self.node.peers.is_ignored(remote):
                 await reset(stream)
                 return

@@ -25,6 +25,7 @@ host, outside that seam: ``mesh.dialer`` (joining and redialling), ``mesh.nat``/
 
 from __future__ import annotations
 
+import heapq
 import logging
 import math
 import time
@@ -78,8 +79,9 @@ from mesh.messaging import (
     SeenCache,
     SendError,
 )
+from mesh.names import libp2p_id, multiaddr_of, peer_text
 from mesh.nat import NatService
-from mesh.overlay import neighbours, ring_key
+from mesh.overlay import neighbours, ring_int
 from mesh.pex import PEERS_REQUEST, PeerExchange
 from mesh.push import PUSH_MIN, push_payload
 from mesh.reachability import BEHIND_NAT, Reachability
@@ -106,6 +108,8 @@ BOOK_EVERY_S = 2.0
 TRIM_IDLE_S, TRIM_PER_PERIOD, TRIM_EVERY_S = 30.0, 16, 5.0
 #: NodeInfo given to a peer that asks is signed afresh when older than this (its coordinate moves).
 INFO_RESEAL_S = 60.0
+#: Seconds the addresses a peer's NodeInfo names stay in the peerstore (refreshed by newer records).
+LEARNT_ADDR_TTL_S = 600.0
 #: DHT routing-table entries, nearest first, that this node keeps first-hand contact with.
 DHT_NEAREST = 8
 #: The overlay follows a changed membership at most this often.
@@ -210,6 +214,10 @@ class MeshNode:
         # Where this node sits in the network (mesh.vivaldi), and where its peers say they do.
         self.coord = Coordinate()
         self.coords: dict[str, Coordinate] = {}
+        # peer -> (addresses last put in the peerstore from its NodeInfo, when): a record that
+        # names the same ones again (every reseal of it, passed on by peer exchange) is not
+        # parsed into multiaddrs again until half their peerstore TTL has gone.
+        self._noted_addrs: dict[str, tuple[tuple[str, ...], float]] = {}
         self._info_sealed_at = -math.inf
         self.peers.on_change(self._peer_state_changed)
         self.peers.on_evict(self._forget)
@@ -292,12 +300,10 @@ class MeshNode:
         """The IP ``peer`` is connected from, as the transport saw it (a relayed peer shows its
         relay's), or None with no live connection. Unlike the addresses a peer announces, it
         cannot be made up: what per-network caps count (``mesh.netprefix``)."""
-        from libp2p.peer.id import ID
-
         if self.host is None:
             return None
         try:
-            conns = self.host.get_network().get_connections(ID.from_base58(peer))
+            conns = self.host.get_network().get_connections(libp2p_id(peer))
         except Exception:  # an id that does not parse, or a network already closed
             return None
         for conn in conns:
@@ -392,9 +398,9 @@ class MeshNode:
         ``mesh.overlay``): the peers its Kademlia lookups start from."""
         if self.dht is None:
             return []
-        me = int.from_bytes(ring_key(self.peer_id), "big")
-        ids = {str(p) for p in self.dht.routing_table.get_peer_ids()} - {self.peer_id}
-        return sorted(ids, key=lambda p: int.from_bytes(ring_key(p), "big") ^ me)[:DHT_NEAREST]
+        me = ring_int(self.peer_id)
+        ids = {peer_text(p) for p in self.dht.routing_table.get_peer_ids()} - {self.peer_id}
+        return heapq.nsmallest(DHT_NEAREST, ids, key=lambda p: ring_int(p) ^ me)
 
     def keep_set(self) -> set[str]:
         """The bounded set of peers this node contacts first-hand and keeps connections to:
@@ -451,11 +457,13 @@ class MeshNode:
             return  # a full table turned it away (mesh.peertable): nothing kept for it anywhere
         self.peers.vouch(peer)
         self.note_coord(peer, info.get("coord"))
+        now, noted = trio.current_time(), self._noted_addrs.get(peer)
+        if noted is not None and noted[0] == tuple(addrs) and now - noted[1] < LEARNT_ADDR_TTL_S / 2:
+            return
+        self._noted_addrs[peer] = (tuple(addrs), now)
         try:  # so a dial to it has somewhere to go (a DHT walk would have put them there too)
-            from libp2p.peer.id import ID
-            from multiaddr import Multiaddr
-
-            self.host.get_peerstore().add_addrs(ID.from_base58(peer), [Multiaddr(a) for a in addrs], 600)
+            self.host.get_peerstore().add_addrs(libp2p_id(peer), [multiaddr_of(a) for a in addrs],
+                                                int(LEARNT_ADDR_TTL_S))
         except Exception as exc:  # a peer's claimed addresses may fail multiaddr or libp2p in any way
             log.debug("NodeInfo of %s has addresses this node cannot use: %s", peer[-8:], exc)
 
@@ -586,8 +594,9 @@ class MeshNode:
         (bounded), so a key that comes and goes (a job's absent member, named again every
         second) is not looked up again each time it returns."""
         self.discovery.forget_info(peer, 4 * self.config.health.max_peers)
-        self.pex.frames.pop(peer, None)
+        self.pex.forget(peer)
         self.coords.pop(peer, None)
+        self._noted_addrs.pop(peer, None)
         self.liveness.drop(peer)
 
     def _peer_state_changed(self, rec: PeerRecord, old: PeerState, new: PeerState) -> None:
@@ -606,12 +615,10 @@ class MeshNode:
 
     async def open(self, peer: str, protocol: str, timeout: float) -> Any:
         """A new stream to ``peer``: the transport seam (see the module docstring)."""
-        from libp2p.peer.id import ID
-
         self._used[peer] = trio.current_time()
         with trio.fail_after(timeout):
             await self.nat.route(peer, timeout)
-            return await self.host.new_stream(ID.from_base58(peer), [protocol])
+            return await self.host.new_stream(libp2p_id(peer), [protocol])
 
     async def request(self, peer: str, frame: bytes, payload: bytes | memoryview | None = None,
                       timeout: float = 30.0) -> Any:

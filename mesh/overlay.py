@@ -31,6 +31,12 @@ def ring_key(peer: str) -> bytes:
     return hashlib.sha256(peer.encode()).digest()
 
 
+@lru_cache(maxsize=1 << 14)
+def ring_int(peer: str) -> int:
+    """``ring_key`` as an integer: XOR distances on the ring (``MeshNode.dht_nearest``)."""
+    return int.from_bytes(ring_key(peer), "big")
+
+
 def strides(n: int) -> list[int]:
     """The ring distances a node links to, in a ring of ``n`` members."""
     out = [1, 2, round(n ** 0.25), round(n ** 0.5), round(n ** 0.75)]

@@ -50,10 +50,26 @@ class PeerExchange:
         self.node = node
         self.on_info = on_info
         self.frames: dict[str, bytes] = {}  # peer -> its latest signed NodeInfo
+        # The same records, by their bytes: an answer's records already held are skipped
+        # without building a set of the whole table at every answer (N per answer, N² a mesh).
+        self._held: dict[bytes, str] = {}
 
     def remember(self, peer: str, frame: bytes) -> None:
         if peer in self.node.peers:  # kept per peer-table entry, and dropped with it
-            self.frames[peer] = frame
+            self._keep(peer, frame)
+
+    def forget(self, peer: str) -> None:
+        """``peer`` left the peer table: its record goes too."""
+        old = self.frames.pop(peer, None)
+        if old is not None and self._held.get(old) == peer:
+            del self._held[old]
+
+    def _keep(self, peer: str, frame: bytes) -> None:
+        old = self.frames.get(peer)
+        if old is not None and self._held.get(old) == peer:
+            del self._held[old]
+        self.frames[peer] = frame
+        self._held[frame] = peer
 
     async def answer(self, msg: Inbound) -> list[bytes]:
         """Up to ``MAX_PEERS`` records of peers up here, a random draw each time: in a mesh of
@@ -67,9 +83,8 @@ class PeerExchange:
         if not isinstance(frames, list):
             return 0
         new = 0
-        held = set(self.frames.values())  # a record already held is not verified again
         for frame in frames[:MAX_PEERS]:
-            if not isinstance(frame, bytes) or frame in held:
+            if not isinstance(frame, bytes) or frame in self._held:  # held: not verified again
                 continue
             try:
                 env = open_envelope(frame, expect_kind="nodeinfo")
@@ -85,7 +100,7 @@ class PeerExchange:
             self.on_info(env.sender, body)
             if env.sender in self.node.peers:  # not when a full table turned it away
                 new += rec is None
-                self.frames[env.sender] = frame
+                self._keep(env.sender, frame)
         return new
 
     async def run(self) -> None:

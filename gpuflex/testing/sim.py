@@ -14,6 +14,7 @@ the rounds, plays a churn trace, and samples every node's traffic once a modelle
 
 from __future__ import annotations
 
+import gc
 import logging
 import math
 import random
@@ -24,7 +25,7 @@ from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from enum import Enum
-from functools import partial
+from functools import lru_cache, partial
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +55,24 @@ _owed: list[float] = [0.0]
 
 
 @contextmanager
+def quiet_gc() -> Iterator[None]:
+    """Python's cycle collector, tuned for one process holding a thousand nodes: what is
+    there before the run (modules, the nodes' keys) is frozen out of its scans, and it runs
+    after 50,000 allocations instead of 700. With the defaults, each full collection walks
+    every object of every node (a fifth of the CPU at 100 nodes, more the larger the mesh);
+    a node process of its own holds one node's objects and keeps the defaults."""
+    gc.collect()
+    gc.freeze()
+    old = gc.get_threshold()
+    gc.set_threshold(50_000, 20, 100)
+    try:
+        yield
+    finally:
+        gc.set_threshold(*old)
+        gc.unfreeze()
+
+
+@contextmanager
 def inline_threads() -> Iterator[None]:
     """Run ``trio.to_thread.run_sync`` work inline for the duration (and sleep what a stand-in
     trainer says its work took): under MockClock a real thread would let the clock jump while
@@ -76,9 +95,25 @@ def inline_threads() -> Iterator[None]:
         trio.to_thread.run_sync = original
 
 
+def modelled_wall_time(epoch: float) -> float:
+    """Wall-clock seconds in modelled time: ``epoch`` (when the network was made) plus trio's."""
+    return epoch + trio.current_time()
+
+
 def emit_event(events: EventLog, kind: Any, **fields: Any) -> None:
     """A mesh event into the node's event log, as the runtime passes them on."""
     events.emit(kind, **fields)
+
+
+@lru_cache(maxsize=16)
+def shared_delta(dim: int, value: float) -> np.ndarray:
+    """A stand-in update, one read-only buffer shared by every node that sends the same one:
+    a thousand nodes' 10 MB updates would otherwise be 10 GB of identical arrays. The node
+    still encodes, hashes, signs and sends its own bytes of it (production code); only the
+    trainer's output is shared, and read-only, so code that wrote into it would fail loudly."""
+    delta = np.full(dim, value, dtype=np.float32)
+    delta.flags.writeable = False
+    return delta
 
 
 class StandInTrainer:
@@ -104,7 +139,7 @@ class StandInTrainer:
         if time_limit_s > 0:
             seconds = min(seconds, time_limit_s)
         _owed[0] += seconds
-        delta = np.full(self.dim, 0.001 * (1 + self.index % 7), dtype=np.float32)
+        delta = shared_delta(self.dim, 0.001 * (1 + self.index % 7))
         return delta, {"samples": 32, "dataset_size": self.num_samples, "seconds": seconds, "steps": 1,
                        "samples_per_s": 32 / max(seconds, 1e-6), "train_loss": 1.0}
 
@@ -191,6 +226,11 @@ class SimNode:
             if isinstance(body, dict) and isinstance(body.get("id"), bytes):
                 self.probes.setdefault(body["id"], trio.current_time())
 
+        # The address book stamps its entries with wall-clock time (it outlives restarts), and
+        # rewrites an entry once its peer was last seen a minute before: under MockClock a
+        # modelled second takes many wall seconds, so the book read the modelled wall clock
+        # (the run's start plus trio's time) instead of the loaded machine's.
+        mesh.book.clock = partial(modelled_wall_time, net.epoch)
         mesh.handlers.register(SIM_PROBE, on_probe)
         dim = max(1, cfg.update_bytes // 4)
         def trainer(*a: Any) -> StandInTrainer:
@@ -238,6 +278,11 @@ class Simulation:
         self.crashed: dict[int, float] = {}  # node -> modelled time of its crash
         self.detected: dict[int, float] = {}  # node -> when every live node had it down
         self.gossip: dict[str, Any] = {}
+        # CPU seconds of this process at each phase's end (start, settle, idle, gossip, rounds,
+        # drain): where a simulation's cost goes, as the mesh grows.
+        self.cpu: dict[str, float] = {}
+        self._cpu_at = time.process_time()
+        self.job_span: tuple[float, float] | None = None
 
     def close(self) -> None:
         if self._tmp is not None:
@@ -406,6 +451,7 @@ class Simulation:
     async def run(self, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
         say = progress or (lambda text: None)
         cfg = self.cfg
+        self._cpu_at = time.process_time()
         with inline_threads():
             async with trio.open_nursery() as nursery:
                 starting = self.nodes[: cfg.nodes - cfg.late]
@@ -417,16 +463,20 @@ class Simulation:
                     say(f"started {min(at + wave, len(starting))}/{len(starting)} nodes "
                         f"at t={trio.current_time():.1f}s")
                     await trio.sleep(1.0)
+                self._cpu_mark("start")
                 nursery.start_soon(self._sample)
                 await trio.sleep(cfg.settle_s)
+                self._cpu_mark("settle")
                 idle_from = trio.current_time()
                 await trio.sleep(min(10.0, cfg.settle_s))
                 idle_to = trio.current_time()
+                self._cpu_mark("idle")
                 idle = self._rates(idle_from, idle_to)
                 conns = self.samples[-1]["connections"] if self.samples else [0]
                 say(f"idle: {idle['msgs']:.1f} msgs/s, {idle['bytes'] / 1e3:.1f} kB/s per node; "
                     f"{sum(conns) / max(1, len(conns)):.0f} connections per node (most {max(conns)})")
                 self.gossip = await self.gossip_reach()
+                self._cpu_mark("gossip")
                 say(f"gossip reach: {self.gossip}")
                 t0 = trio.current_time()
                 await self._submit()
@@ -434,11 +484,20 @@ class Simulation:
                 nursery.start_soon(self._churn, nursery, t0)
                 with trio.move_on_after(cfg.time_limit_s):
                     await self._follow_rounds(t0, say)
-                say(f"{len(self.rounds)} rounds committed at t={trio.current_time():.1f}s")
+                self._cpu_mark("rounds")
+                self.job_span = (t0, trio.current_time())
+                say(f"{len(self.rounds)} rounds committed at t={trio.current_time():.1f}s; CPU s by phase {self.cpu}")
                 await trio.sleep(cfg.drain_s)  # the last result reaches the other nodes
+                self._cpu_mark("drain")
                 report = self.report(idle_from, idle_to)
                 nursery.cancel_scope.cancel()
         return report
+
+    def _cpu_mark(self, phase: str) -> None:
+        """CPU seconds this process spent in ``phase``, since the previous mark."""
+        now = time.process_time()
+        self.cpu[phase] = round(now - self._cpu_at, 1)
+        self._cpu_at = now
 
     def _rates(self, t_from: float, t_to: float) -> dict[str, float]:
         """Messages and bytes per live node per modelled second between two samples."""
@@ -459,6 +518,8 @@ class Simulation:
         return {
             "nodes": self.cfg.nodes, "rounds_wanted": self.cfg.rounds, "rounds_committed": len(self.rounds),
             "idle_per_node_s": self._rates(idle_from, idle_to),
+            # The same while the job ran (submission to the last round): what being in a job costs.
+            "job_per_node_s": self._rates(*self.job_span) if self.job_span else None,
             "connections_per_node": {"mean": sum(last["connections"]) / max(1, len(last["connections"])),
                                      "max": max(last["connections"] or [0])},
             "alive_view_mean": sum(alive_view) / len(alive_view),
@@ -466,6 +527,7 @@ class Simulation:
             "detection_s": {str(k): round(v, 2) for k, v in self.detected.items()},
             "crashed_undetected": [k for k in self.crashed if k not in self.detected],
             "gossip": self.gossip,
+            "cpu_s_by_phase": dict(self.cpu),
         }
 
 

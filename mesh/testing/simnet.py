@@ -36,6 +36,7 @@ import bisect
 import hashlib
 import math
 import random
+import time
 from collections import Counter, defaultdict, deque
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
@@ -46,6 +47,7 @@ import trio
 
 from mesh.errors import MeshError
 from mesh.identity import Identity
+from mesh.names import multiaddr_of
 
 #: Bytes of one modelled DHT request or reply.
 DHT_MSG_BYTES = 600
@@ -291,14 +293,10 @@ class SimHost:
         return self.swarm
 
     def listen_addr(self) -> Any:
-        from multiaddr import Multiaddr
-
-        return Multiaddr(f"/ip4/{self.ip}/tcp/4001")
+        return multiaddr_of(f"/ip4/{self.ip}/tcp/4001")
 
     def get_addrs(self) -> list[Any]:
-        from multiaddr import Multiaddr
-
-        return [Multiaddr(f"/ip4/{self.ip}/tcp/4001/p2p/{self.peer_id}")]
+        return [multiaddr_of(f"/ip4/{self.ip}/tcp/4001/p2p/{self.peer_id}")]
 
     def get_connected_peers(self) -> list[Any]:
         return [pid for pid, conns in self.swarm.connections.items() if conns]
@@ -483,6 +481,7 @@ class SimNetwork:
 
     def __init__(self, seed: int = 0) -> None:
         self.rng = random.Random(seed)
+        self.epoch = time.time()  # the wall clock at modelled time 0 (``gpuflex.testing.sim``)
         self.hosts: dict[str, SimHost] = {}
         self.online: dict[str, SimHost] = {}
         self.models: dict[str, LinkModel] = {}

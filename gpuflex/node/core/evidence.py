@@ -30,7 +30,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from gpuflex.errors import GpuflexError
@@ -68,6 +68,13 @@ class ChainRules:
     owner: str | None = None  # who signed the job: round 1's first candidate if eligible
     # An open job (no allowlist): each round needs most of the recent rounds' contributors.
     quorum: bool = False
+    # The eligible members as of the last result seen (its digest): asked at every presence,
+    # quorum check and incoming update, and a sort of every member each time.
+    _eligible: dict[str | None, tuple[str, ...]] = field(default_factory=dict, compare=False, repr=False)
+    # The expected coordinator per attempt, as of the same last result: a rendezvous ranking
+    # (a hash per member) that presence asked for three attempts at every round, on every node.
+    _coordinators: dict[tuple[str | None, int], str | None] = field(default_factory=dict, compare=False,
+                                                                     repr=False)
 
     @classmethod
     def for_job(cls, job: str, spec: JobSpec, initial_members: Sequence[str], owner: str | None = None) -> ChainRules:
@@ -100,17 +107,29 @@ class ChainRules:
     def eligible(self, history: Sequence[Result]) -> list[str]:
         """Who may coordinate the next round: the last committed plan's members (the job's
         initial members before any), within the allowlist. Presence alone never adds anyone."""
-        members = history[-1].plan.members if history else (self.initial_members or ())
-        return sorted(p for p in members if self.allowed(p))
+        key = history[-1].digest if history else None
+        cached = self._eligible.get(key)
+        if cached is None:
+            members = history[-1].plan.members if history else (self.initial_members or ())
+            cached = tuple(sorted(p for p in members if self.allowed(p)))
+            self._eligible.clear()
+            self._eligible[key] = cached
+        return list(cached)
 
     def expected_coordinator(self, history: Sequence[Result], attempt: int) -> str | None:
         """The one peer whose plan counts for the next round's ``attempt``; None if nobody is
         eligible. Each attempt rotates the ranking by one, so a backup takes over by taking
         the next attempt, and nobody can pick the attempt that names it."""
+        key = (history[-1].digest if history else None, attempt)
+        if key in self._coordinators:
+            return self._coordinators[key]
         ranked = coordinator_ranking(self.job, len(history) + 1, self.eligible(history),
                                      [r.coordinator for r in history], attempt,
                                      first=None if history else self.owner)
-        return ranked[0] if ranked else None
+        if len(self._coordinators) >= 64 or any(k[0] != key[0] for k in self._coordinators):
+            self._coordinators.clear()  # a new head (or many attempts): bounded, recomputed
+        self._coordinators[key] = ranked[0] if ranked else None
+        return self._coordinators[key]
 
     def sample_cap(self, history: Sequence[Result]) -> int | None:
         """The sample cap the next round's plan must carry; None when the coordinator picks it

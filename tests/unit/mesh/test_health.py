@@ -77,3 +77,27 @@ def test_silence_ages_only_the_peers_asked_for() -> None:
     table.reevaluate(unseen_only=True, among={"kept", "unknown"})
     assert table.get("kept").state == DOWN and table.get("elsewhere").state == SUSPECT
     assert table.version > version  # what depends on the membership (the overlay) sees the change
+
+
+def test_the_kept_lists_of_peers_up_and_members_follow_every_change() -> None:
+    """``alive`` and ``members`` are kept between changes of the table: a peer that goes down
+    leaves them at once, an ignored one leaves them and comes back when its time is up, a new
+    one joins them, and a caller that changes the list it got changes nothing kept."""
+    clock = Clock()
+    table = PeerTable(HealthConfig(suspect_after_s=4, down_after_s=9, penalty_ignore_threshold=1,
+                                   penalty_ignore_s=30), clock=clock)
+    for p in ("a", "b", "c"):
+        table.seen(p)
+    assert sorted(table.alive()) == ["a", "b", "c"]
+    table.alive().append("x")
+    assert "x" not in table.alive()
+    table.set_state("a", DOWN)
+    assert sorted(table.alive()) == ["b", "c"] and sorted(table.members()) == ["b", "c"]
+    table.set_state("b", SUSPECT)
+    assert table.alive() == ["c"] and sorted(table.members()) == ["b", "c"]
+    table.penalise("c", 5)
+    assert table.alive() == [] and table.members() == ["b"]
+    clock.now += 31
+    assert table.alive() == ["c"]
+    table.seen("d")
+    assert sorted(table.alive()) == ["c", "d"]

@@ -52,6 +52,21 @@ def test_signatures_verify_only_with_the_right_key() -> None:
     assert not verify(a.public_key, b"msg!", sig)
 
 
+def test_a_remembered_signature_still_passes_only_for_its_own_key_message_and_signature() -> None:
+    """``verify`` remembers triples that verified: the second look passes, and no other key,
+    message or signature rides on it (a flipped bit in any of them still fails)."""
+    a, b = Identity.generate(), Identity.generate()
+    message = b"nodeinfo " * 100
+    sig = a.sign(message)
+    assert verify(a.public_key, message, sig)
+    assert verify(a.public_key, message, sig)  # remembered now
+    flipped = bytes([sig[0] ^ 1]) + sig[1:]
+    assert not verify(a.public_key, message, flipped)
+    assert not verify(b.public_key, message, sig)
+    assert not verify(a.public_key, message + b"!", sig)
+    assert not verify(a.public_key, message, sig[:63])
+
+
 @given(st.binary(max_size=64))
 def test_base58_round_trip(data: bytes) -> None:
     assert b58decode(b58encode(data)) == data

@@ -15,7 +15,7 @@ import pytest
 import trio
 import trio.testing
 
-from gpuflex.testing.sim import ChurnEvent, ChurnKind, SimConfig, Simulation
+from gpuflex.testing.sim import ChurnEvent, ChurnKind, SimConfig, Simulation, quiet_gc
 
 NODES = 24
 ROUNDS = 4
@@ -37,7 +37,8 @@ def run() -> tuple[Simulation, dict[str, Any]]:
         return await sim.run()
 
     try:
-        report = trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+        with quiet_gc():
+            report = trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
     finally:
         sim.close()
     return sim, report
