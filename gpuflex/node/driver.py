@@ -167,6 +167,8 @@ class JobDriver:
         that cannot progress costs no CPU and the node keeps serving."""
         book, status, clock = self.book, self.book.status, self.port.clock
         rs.begin_attempt(rs.plan.attempt if rs.plan is not None else 0)
+        if self.coordinator.turns.passes_own_turns():
+            self.port.announce_soon()  # peers skip this node's turns on its word, not a plan timeout
         while not book.round_over(rs):
             began = clock.now()
             status.set_phase(Phase.PLAN)
@@ -347,8 +349,11 @@ class JobDriver:
 
     @property
     def passes_round(self) -> int:
-        """The round whose coordinator turns this node passes while preparing; 0 if none is current."""
-        return self.book.passed_now()
+        """The round whose coordinator turns this node passes (while preparing, or because it
+        skips its own turns: ``Turns.passes_own_turns``); 0 if none is current."""
+        if self.book.passed_now():
+            return self.book.passed_now()
+        return self.book.current.round if self.book.loaded and self.coordinator.turns.passes_own_turns() else 0
 
     def may_win(self, claim: LedgerClaim) -> bool:
         """Whether a peer's ledger, as it describes it, is worth fetching (``ResultApplier.may_win``)."""

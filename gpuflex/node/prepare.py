@@ -5,7 +5,7 @@ measuring its throughput). Meanwhile the node can hold no coordinator turn: a pe
 comes would wait a plan timeout for its plan, and once ready it would root the round at its own
 pace. So a node still preparing after ``PASS_TURNS_AFTER_S``, when an eligible peer has the job
 ready, passes its turns in the current round and says so in presence; its peers skip those
-turns on that word (``Coordinator._skipped``), and it skips them too, so both agree.
+turns on that word (``Turns.skipped``), and it skips them too, so both agree.
 """
 
 from __future__ import annotations

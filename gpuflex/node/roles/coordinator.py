@@ -10,12 +10,17 @@ A received plan is accepted only if it extends this node's ledger, comes from th
 attempt belongs to, keeps to the job's allowlist, deadlines and sample cap, and (under secure
 aggregation) groups its members as public randomness says. A plan for a later attempt never
 displaces the plan in force: it is held until this node gives up the current attempt itself,
-so nobody pre-empts a live coordinator by naming a larger attempt.
+so nobody pre-empts a live coordinator by naming a larger attempt. A candidate that skips its own
+turns says so in its presence (``Turns.passes_own_turns``): peers that cannot tell it is behind NAT
+then skip its turn on its signed word, and go on to the held plan without a plan timeout. With
+a later plan held, a turn whose candidate this node has not heard for ``PRESENCE_FRESH_S`` gives
+way to it at once (``Turns.passed_over``).
 """
 
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable
 
 import trio
@@ -29,12 +34,12 @@ from gpuflex.node.core.placement import cap_per_prefix, group_draw, masked_tree,
 from gpuflex.node.core.workplan import (
     keep_earlier,
     plan_steps,
-    recorded_rates,
     slow_members,
     valid_rate,
 )
 from gpuflex.node.port import JobPort
-from gpuflex.node.state import JobBook, RoundDeadlines, RoundState
+from gpuflex.node.roles.turns import Turns
+from gpuflex.node.state import PRESENCE_FRESH_S, JobBook, RoundDeadlines, RoundState
 from mesh.codec import WireError, WireReason
 from mesh.health import PeerState
 from mesh.messaging import Inbound, Rejected
@@ -74,60 +79,9 @@ class Coordinator:
                  start_roles: StartRoles = lambda plan, deadlines: None) -> None:
         self.port, self.book = port, book
         self._own_samples, self._start_roles = own_samples, start_roles
+        self.turns = Turns(port, book)
 
-    # -- whose turn it is --------------------------------------------------------------------
-
-    def _skipped(self, peer: str) -> bool:
-        """Whether ``peer`` will not plan its attempt, as far as this node can tell: it is down
-        or unknown, it does not take part, it is behind NAT while a reachable candidate is up,
-        it said it passes this round's turns (it was still preparing when a peer was ready)
-        while a candidate that did not is up, or (in a time-budgeted job) the last result
-        records it as slow while a faster one is up. Each of these is a fact every node learns
-        alike (health aside), so the node itself skips the same attempts its peers skip."""
-        book, port = self.book, self.port
-        if peer == book.me:
-            up = book.participates()
-        else:  # a peer whose job failed plans nothing, whatever its health
-            up = port.health(peer) not in (None, PeerState.DOWN) and peer not in book.left
-        if not up:
-            return True
-        private = port.private_peers()
-        slow = self._slow_by_ledger()
-        passing = book.passing_now()
-        if peer not in private and peer not in slow and peer not in passing:
-            return False
-        # A private candidate is skipped for any reachable one; a slow one for any reachable one
-        # that is not slow; one that passes its turns for any reachable one that does not.
-        shunned = set(private)
-        if peer in slow:
-            shunned |= slow
-        if peer in passing:
-            shunned |= passing
-        others = [p for p in book.eligible() if p not in shunned
-                  and (p == book.me or port.health(p) not in (None, PeerState.DOWN))]
-        return bool(others)
-
-    def _slow_by_ledger(self) -> set[str]:
-        """In a time-budgeted job, the members much slower than the fastest by the throughputs
-        the last committed result records (``workplan.slow_members``). Every node with that
-        ledger computes the same set, so they all pass the same attempts without a message: a
-        slow coordinator, as the round's root, would hold every round it roots."""
-        book = self.book
-        if not book.spec.uses_budget or not book.ledger.results:
-            return set()
-        return slow_members(recorded_rates(book.ledger.results[-1].contributors))
-
-    def _attempt_skipped(self, attempt: int) -> bool:
-        cand = self.book.expected_coordinator(attempt)
-        return cand is None or self._skipped(cand)
-
-    def _next_turn(self, attempt: int) -> int | None:
-        """The first attempt from ``attempt`` on whose peer may plan; None if, in a whole turn
-        of the ranking, none may (all down)."""
-        for a in range(attempt, attempt + max(1, len(self.book.eligible()))):
-            if not self._attempt_skipped(a):
-                return a
-        return None
+    # -- obtaining the plan ------------------------------------------------------------------
 
     async def obtain_plan(self, rs: RoundState) -> Plan | None:
         """The plan in force for ``rs.attempt`` or later: this node's own on its turn, else the
@@ -137,25 +91,53 @@ class Coordinator:
         def settled() -> bool:
             return rs.has_plan() or book.round_over(rs) or self._activate_held(rs)
 
-        if settled():
-            return rs.plan if rs.has_plan() else None
-        turn = self._next_turn(rs.attempt)
-        if turn is None:
-            # Nobody to wait for (every candidate is down, or this node, back from a restart,
-            # was not in the last plan): give the mesh one plan timeout to change. Retrying at
-            # once instead spun the driver at full CPU.
-            await book.changed.wait_for(settled, clock.now() + spec.plan_timeout)
-            return rs.plan if rs.has_plan() else None
-        rs.begin_attempt(turn)
-        if settled():
-            return rs.plan if rs.has_plan() else None
-        cand = book.expected_coordinator(turn)
-        assert cand is not None  # _next_turn found one
-        if cand == book.me:
-            await self.coordinate(rs)
-            return rs.plan if rs.has_plan() else None
-        await book.changed.wait_for(lambda: settled() or self._skipped(cand), clock.now() + spec.plan_timeout)
+        # At most one pass per candidate: a turn skipped while a later attempt's plan is held
+        # goes on to the next turn here, not after the driver's pause between attempts.
+        for _ in range(max(1, len(book.eligible()))):
+            if settled():
+                break
+            turn = self.turns.next_turn(rs.attempt)
+            if turn is None:
+                # Nobody to wait for (every candidate is down, or this node, back from a restart,
+                # was not in the last plan): give the mesh one plan timeout to change. Retrying at
+                # once instead spun the driver at full CPU.
+                await book.changed.wait_for(settled, clock.now() + spec.plan_timeout)
+                break
+            rs.begin_attempt(turn)
+            if settled():
+                break
+            cand = book.expected_coordinator(turn)
+            assert cand is not None  # _next_turn found one
+            if cand == book.me:
+                await self.coordinate(rs)
+                break
+            if not self.turns.passed_over(cand, rs, turn):
+                await self._await_turn(cand, settled, rs, turn)
+            if settled() or not any(a > turn for a in rs.held):
+                break
+            if self.turns.passed_over(cand, rs, turn):
+                log.info("round %d: attempt %d's coordinator %s has not been heard here for %.0fs: on to the "
+                         "plan held for attempt %d", rs.round, turn, cand[-8:], PRESENCE_FRESH_S,
+                         min(a for a in rs.held if a > turn))
+            elif not self.turns.skipped(cand):
+                break
+            rs.begin_attempt(turn + 1)  # its candidate passes: on to the held plan's attempt
         return rs.plan if rs.has_plan() else None
+
+    async def _await_turn(self, cand: str, settled: Callable[[], bool], rs: RoundState, turn: int) -> None:
+        """Wait one plan timeout for ``cand``'s plan, or until it is settled, ``cand`` is
+        skipped, or (a later plan held) ``cand`` falls silent here."""
+        book, clock = self.book, self.port.clock
+        until = clock.now() + book.spec.plan_timeout
+
+        def done() -> bool:
+            return settled() or self.turns.skipped(cand) or self.turns.passed_over(cand, rs, turn)
+
+        # Silence is a matter of time, not of a change: look again once it would set in.
+        quiet_at = max(self.turns.since, book.presence.get(cand, -math.inf)) + PRESENCE_FRESH_S  # trio's clock too
+        if quiet_at < until and await book.changed.wait_for(done, quiet_at):
+            return
+        await book.changed.wait_for(done, until)
 
     def _take_up_behind(self, rs: RoundState) -> bool:
         """Put in force a plan for an earlier attempt that came while this node was busy."""
@@ -386,8 +368,12 @@ class Coordinator:
             self._in_force(rs, plan, deadlines, take_up=True)
             return plan, deadlines
         live = current is not None and current.attempt >= rs.attempt  # not an attempt given up here
-        if live or any(not self._attempt_skipped(a) for a in
-                       range(reached, min(plan.attempt, reached + len(book.eligible())))):
+
+        def waited_for(a: int) -> bool:  # a turn before this plan's that this node waits out
+            cand = book.expected_coordinator(a)
+            return not self.turns.attempt_skipped(a) and not (cand is not None and self.turns.silent(cand))
+
+        if live or any(waited_for(a) for a in range(reached, min(plan.attempt, reached + len(book.eligible())))):
             # A live peer's attempt comes first here: keep this plan until this node gives that up.
             rs.hold(plan)
             book.changed.notify()

@@ -130,7 +130,7 @@ class Leader:
         A child whose presence says the job failed there (``JobBook.left``) is gone alike: it
         was planned before its word arrived, and will send nothing."""
         changed = self.book.changed
-        while not col.done.is_set() and self.port.clock.now() < col.deadline:
+        while (not col.done.is_set() or self._short(col)) and self.port.clock.now() < col.deadline:
             for child in sorted(col.expected - col.reported - {self.book.me}):
                 failed = self.book.left.get(child)
                 if failed is not None or self.port.health(child) == PeerState.DOWN:
@@ -138,9 +138,23 @@ class Leader:
                     why = "is down" if failed is None else f"is gone: the job failed there ({failed})"
                     self.port.emit(EventKind.LEADER_DOWN, col.plan.round, child, message=(
                         f"round {col.plan.round}: {child[-8:]} {why}; expecting its group directly"))
-            if not col.done.is_set():
+            if not col.done.is_set() or self._short(col):
                 await changed.wait(col.deadline)  # a child's report and a peer's health both notify
         col.closed = True
+
+    def _short(self, col: Collector) -> bool:
+        """The root, every child reported, still short of ``min_nodes``: a member that a
+        partial left out and that is neither down here nor gone may yet fail over to the root
+        (its leader marked it down while a relayed link was not up). Aborting at once retried
+        the round attempt after attempt within seconds, each short alike; the root waits for
+        such members until its deadline instead. Not under secure aggregation, where a member's
+        update is masked for its own group's sum."""
+        book = self.book
+        if col.plan.coordinator != book.me or book.spec.secure_aggregation \
+                or len(col.updates) + len(col.within) >= book.spec.min_nodes:
+            return False
+        return any(p not in col.covered and p != book.me and p not in book.left
+                   and self.port.health(p) != PeerState.DOWN for p in col.plan.members)
 
     async def reduce(self, plan: Plan, col: Collector) -> Reduced | None:
         """Everything folded for ``plan`` once the collector closes; None when the round moved

@@ -247,7 +247,12 @@ class FakePort:
         return PeerState.DOWN if other.down or self.net.cut(self.node, other) else PeerState.UP
 
     def private_peers(self) -> set[str]:
-        return set()  # the fake net has no NAT
+        """The nodes the test put behind NAT (``FakeNet.private``), as this node knows them: a
+        node in ``FakeNet.stale_claims`` knows only of itself (the others' NodeInfo it holds
+        predates their reachability, as a home's does that learnt its peers before any of them
+        found out it is relayed)."""
+        me = self.node.peer_id
+        return self.net.private & {me} if me in self.net.stale_claims else set(self.net.private)
 
     def coordinates(self) -> dict[str, Any]:
         return {}  # no network coordinates: groups in the plain order
@@ -307,6 +312,10 @@ class FakeNet:
         self.acks: list[tuple[int, int, str, str]] = []  # (round, attempt, member, acceptor) of updates
         self.forwarded: set[tuple[int, int, str]] = set()  # (round, attempt, leader) of delivered partials
         self.roots: dict[tuple[int, int], str] = {}  # (round, attempt) -> the plan's root
+        self.private: set[str] = set()  # nodes behind NAT (none by default)
+        self.stale_claims: set[str] = set()  # nodes that know no other node's reachability
+        self.presence_cut: set[frozenset[str]] = set()  # pairs of nodes whose presence never arrives
+        self.pair_cuts: set[frozenset[str]] = set()  # pairs of nodes cut from each other alone
         #: Blob fetches: only from the providers named, as the mesh does (else from anyone).
         self.providers_only = False
         self.served: list[tuple[str, str, str]] = []  # (digest, server, fetcher) of every blob fetched
@@ -397,6 +406,8 @@ class FakeNet:
         self._health_changed()
 
     def cut(self, a: FakeNode, b: FakeNode) -> bool:
+        if frozenset((a.peer_id, b.peer_id)) in self.pair_cuts:
+            return True
         if self.partition is None:
             return False
         return not any(a.peer_id in side and b.peer_id in side for side in self.partition)
@@ -492,7 +503,8 @@ class FakeNet:
                 if not src.alive or src.driver is None:
                     continue
                 for dst in self.nodes.values():
-                    if dst is src or not self.reachable(src, dst) or dst.driver is None or dst.nursery is None:
+                    if dst is src or not self.reachable(src, dst) or dst.driver is None or dst.nursery is None \
+                            or frozenset((src.peer_id, dst.peer_id)) in self.presence_cut:
                         continue
                     seen = JobPresence.from_wire(src.driver.committed, src.driver.head(), src.driver.throughput(),
                                                  src.driver.weight, preparing=src.driver.preparing,

@@ -230,3 +230,66 @@ async def test_a_node_with_no_live_coordinator_to_wait_for_waits_instead_of_spin
     # One try per plan timeout at most; before, the driver retried at once, forever, and the
     # node (a real one: its control API, its pings) stopped answering.
     assert len(retried) <= 30.0 / 3.0 + 2, f"{len(retried)} retries in 30 s"
+
+
+@pytest.mark.parametrize("homes_hear_each_other", [True, False])
+async def test_homes_that_do_not_know_each_other_are_behind_nat_take_up_the_public_plan_at_once(
+        autojump_clock, tmp_path, homes_hear_each_other: bool) -> None:
+    """The NAT topology of tests/integration/test_nat.py: one public node, four homes. Round 2's
+    attempts 0-3 belong to the homes (the public node coordinated round 1 and cools down); the
+    public node skips them and plans attempt 4. Each home knows it is behind NAT itself, but
+    not yet that the others are (their NodeInfo predates it): before, each held the public
+    plan and waited a plan timeout for every other home's turn, which no home ever plans.
+    Homes that hear each other skip those turns on the word of each (it passes its turns);
+    homes whose presence never reaches each other (relayed links that flap) skip turns whose
+    candidate is silent (no presence for ``PRESENCE_FRESH_S``), once the public plan is in hand."""
+    net = FakeNet(tmp_path, 5, fast_spec(rounds=2, min_nodes=5, group_size=2))
+    public = net.node(0)  # the job's owner: round 1's first candidate
+    homes = [n for n in net.nodes.values() if n is not public]
+    net.private = {n.peer_id for n in homes}
+    net.stale_claims = set(net.private)
+    if not homes_hear_each_other:
+        net.presence_cut = {frozenset((a.peer_id, b.peer_id)) for a in homes for b in homes if a is not b}
+        for n in net.nodes.values():  # round 2 starts once silence can tell (PRESENCE_FRESH_S into the job)
+            n.train_s = 11.0
+    async with trio.open_nursery() as nursery:
+        await net.start(nursery)
+        await net.wait_rounds(2)
+        first, second = one_ledger(net, 2)
+        nursery.cancel_scope.cancel()
+    assert first.coordinator == public.peer_id and first.attempt == 0
+    assert second.coordinator == public.peer_id and second.attempt == 4, net.dump()
+    assert len(contributors(second)) == 5
+
+    def took_up(node) -> float:
+        return next(e.at for e in node.events if e.kind == EventKind.PLAN_RECEIVED and e.round == 2)
+
+    planned = took_up(public)
+    late = {n.index: round(took_up(n) - planned, 2) for n in homes}
+    # Within a moment (a presence), not a plan timeout (3 s) per home turn.
+    assert max(late.values()) < 1.0, f"homes took the public plan up this late (s): {late}\n{net.dump()}"
+
+
+async def test_a_member_its_leader_cannot_reach_fails_over_to_a_root_that_waits_for_it(
+        autojump_clock, tmp_path) -> None:
+    """A leader that sees a member down (a relayed link not up yet) sends its partial without
+    it at once; the member, alive, reaches the root a few seconds later. With min_nodes = every
+    member the root, every child reported and one contribution short, used to abort at once,
+    and the next attempt was short alike (test_nat.py went to attempt 20 so). It waits for
+    that member until its deadline instead, and attempt 0 commits with every member."""
+    net = FakeNet(tmp_path, 5, fast_spec(rounds=1, min_nodes=5, group_size=2))
+    tree = net.first_tree()
+    root = next(p for p, up in tree.items() if up is None)
+    leader = next(p for p in tree if tree[p] == root and p in tree.values())
+    member = next(p for p, up in tree.items() if up == leader)
+    net.pair_cuts = {frozenset((leader, member))}
+    # The member learns the leader is out of reach only when its send times out.
+    net.jitter = lambda a, b: 4.0 if (a.peer_id, b.peer_id) == (member, leader) else 0.01
+    async with trio.open_nursery() as nursery:
+        await net.start(nursery)
+        await net.wait_rounds(1)
+        (res,) = one_ledger(net, 1)
+        nursery.cancel_scope.cancel()
+    assert res.attempt == 0, net.dump()
+    assert contributors(res) == set(net.order)
+    assert not any(EventKind.ROUND_ABORTED in n.kinds() for n in net.nodes.values()), net.dump()
