@@ -2,8 +2,8 @@
 
 `just test` runs four workers, a file each at a time (``--dist loadfile``). A file that takes
 two minutes and starts last keeps the run going two minutes after the others are done, so the
-files measured longest (wall seconds on an idle two-core machine, `--durations`) go first, in
-this order; every other file keeps its place after them. Every worker computes the same order,
+files measured longest (their wall seconds in a whole run on a two-core machine, `--durations`)
+go first, in this order; every other file keeps its place after them. Every worker computes the same order,
 as xdist requires. Run with ``--no-loadscope-reorder`` so that xdist keeps it.
 """
 
@@ -13,31 +13,31 @@ import pytest
 
 #: Longest first. A file missing here is only scheduled later, never skipped.
 LONGEST_FIRST = (
-    "tests/integration/test_nat.py",
-    "tests/integration/test_partition.py",
     "tests/integration/test_hostile_claims.py",
+    "tests/integration/test_partition.py",
     "tests/integration/test_faults.py",
-    "tests/integration/test_hostile_resources.py",
-    "tests/integration/test_hostile_relay.py",
     "tests/integration/test_open_job_sybils.py",
+    "tests/integration/test_nat.py",
     "tests/integration/test_hostile_rounds.py",
     "tests/integration/test_serving_nat.py",
-    "tests/integration/test_heterogeneous.py",
-    "tests/integration/test_secagg_dropout.py",
+    "tests/integration/test_hostile_hearsay.py",
     "tests/integration/test_serving.py",
+    "tests/integration/test_hostile_relay.py",
+    "tests/integration/test_hostile_resources.py",
     "tests/integration/test_hostile_plugins.py",
+    "tests/integration/test_heterogeneous.py",
+    "tests/integration/test_discovery.py",
+    "tests/integration/test_secagg_dropout.py",
+    "tests/unit/workflow/test_bench_venvs.py",
     "tests/web/test_browser.py",
     "tests/integration/test_hostile_secagg_groups.py",
     "tests/integration/test_rounds.py",
-    "tests/unit/workflow/test_bench_venvs.py",
-    "tests/integration/test_discovery.py",
     "tests/integration/test_rejoin.py",
     "tests/integration/test_cli.py",
     "tests/packaging/test_container.py",
     "tests/tui/test_app.py",
     "tests/integration/test_sdk.py",
     "tests/integration/test_late_join.py",
-    "tests/integration/test_hostile_hearsay.py",
     "tests/integration/test_failed_member.py",
     "tests/integration/test_llm.py",
 )
