@@ -94,3 +94,13 @@ def load_factor() -> float:
     walks the DHT and answers pings), so a budget that holds on an idle 2-core machine is
     scaled by this on a shared, busy one instead of flaking."""
     return min(4.0, max(1.0, os.getloadavg()[0] / (os.cpu_count() or 1)))
+
+
+def scaled_wait(mesh: LocalMesh, default_s: float) -> Callable[..., None]:
+    """``wait(predicate, what, timeout=default_s)``: poll ``mesh`` every 0.2 s until
+    ``predicate`` holds, for ``timeout`` seconds scaled by the machine's load (``load_factor``)."""
+
+    def wait(predicate: Callable[[], bool], what: str, timeout: float = default_s) -> None:
+        mesh.wait_until(predicate, timeout * load_factor(), interval=0.2, what=what)
+
+    return wait

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable
 
 import pytest
 import trio
@@ -23,7 +22,7 @@ from mesh.codec import seal
 from mesh.identity import Identity
 from mesh.liveness import RUMOUR
 from mesh.pex import PEERS_REQUEST
-from tests.integration.conftest import light_spec, load_factor
+from tests.integration.conftest import light_spec, load_factor, scaled_wait
 from tests.integration.hostile_peer import HostilePeer
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
@@ -37,8 +36,7 @@ def test_a_key_up_by_hearsay_that_never_answers_is_in_no_committed_plan(mesh_fac
     mesh.start(timeout=120)
     mesh.wait_connected(60 * load_factor())
 
-    def wait(predicate: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
-        mesh.wait_until(predicate, timeout * load_factor(), interval=0.2, what=what)
+    wait = scaled_wait(mesh, 60.0)
 
     honest = [mesh.call(i, "status")["peer_id"] for i in range(2)]
     # The job first, so that its members are the honest nodes (the hostile peer, which answers

@@ -12,7 +12,6 @@ its own ledger and finishes the job.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
 
 import pytest
 
@@ -21,7 +20,7 @@ from gpuflex.node.core.ledger import Ledger
 from gpuflex.node.core.messages import RESULT, UPDATE, Plan, Result, parse_plan, parse_result
 from mesh.blob import blob_hash
 from mesh.codec import open_envelope, seal
-from tests.integration.conftest import light_spec, load_factor
+from tests.integration.conftest import light_spec, load_factor, scaled_wait
 from tests.integration.hostile_peer import HostilePeer
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
@@ -69,8 +68,7 @@ def test_min_nodes_sybil_keys_in_a_committed_plan_cannot_commit_an_open_job_alon
     mesh.start(timeout=120)
     mesh.wait_connected(60 * load_factor())
 
-    def wait(predicate: Callable[[], bool], what: str, timeout: float = 90.0) -> None:
-        mesh.wait_until(predicate, timeout * load_factor(), interval=0.2, what=what)
+    wait = scaled_wait(mesh, 90.0)
 
     def frames(i: int) -> list[bytes]:
         ledger = Ledger(mesh.home(i) / "jobs" / job / "ledger.msgpack", job)
