@@ -263,6 +263,51 @@ async def test_fresh_signers_get_no_peer_entry_and_passed_on_peers_stay_within_t
     scene.keeps_training(since)
 
 
+def book_entry(scene: Scene, peer: str) -> Any:
+    """Node 0's saved address book (read from a copy: a book that fails to load is moved
+    aside), and ``peer``'s entry in it."""
+    copy = scene.mesh.base / "book-copy.json"
+    copy.write_bytes((scene.mesh.home(0) / "peers.json").read_bytes())
+    book = AddressBook(copy, scene.ids[0])
+    book.load()
+    return book, book.get(peer)
+
+
+async def test_passed_on_peers_never_push_verified_ones_out_of_the_address_book(scene: Scene,
+                                                                                 tmp_path: Path) -> None:
+    """Node 1 stops, and node 0's dials to it fail, as they do for a peer that restarts.
+    Meanwhile a peer passes on made-up peers to node 0 (whose address book holds 16): node 1
+    stays in the book, ahead of every hint, so node 0 dials it first when it starts again."""
+    mesh, (me, other) = scene.mesh, scene.ids
+
+    def failed_or_gone() -> bool:
+        entry = book_entry(scene, other)[1]
+        return entry is None or entry.failures >= 3
+
+    async with claimant(scene, tmp_path) as hostile:
+        hostile.node.handlers.register(PEERS_REQUEST, hostile.made_up_peers)
+        mesh.call(1, "shutdown")
+        await trio.to_thread.run_sync(lambda: mesh.procs[1].wait(timeout=30))
+        await trio.to_thread.run_sync(wait, scene, failed_or_gone, 60, "node 0 failing to dial node 1")
+        asked = hostile.pex_asks.get(me, 0)  # made-up peers passed on from now on meet a peer with failed dials
+        await trio.to_thread.run_sync(wait, scene, lambda: hostile.pex_asks.get(me, 0) > asked, 40,
+                                      "node 0 asking for peers")
+        await trio.sleep(4)  # what it learnt reaches its book, saved every 2 s
+    book, entry = book_entry(scene, other)
+    made_up = set(hostile.passed_on)
+    held = [e.peer_id for e in book.best()]
+    print(f"node 0's book: {len(held)} entries, {len(made_up & set(held))} made up; node 1 "
+          f"{'kept' if entry else 'evicted'} ({entry.failures if entry else '-'} failed dials)")
+    await trio.to_thread.run_sync(lambda: mesh.start_node(1, timeout=120))
+    assert entry is not None, "node 1, verified by node 0 itself, was pushed out of its book by hints"
+    assert made_up & set(held), "no passed-on peer reached node 0's address book"
+    order = [c.peer_id for c in join_candidates([], book, set(), 32)]  # what node 0 dials first at start
+    assert other in order and all(order.index(other) < order.index(p) for p in made_up & set(order)), order
+    assert all(e.verified for e in book.best()[: book.best().index(entry) + 1])
+    await trio.to_thread.run_sync(lambda: mesh.wait_until(lambda: me in scene.peers(1), 60 * load_factor(),
+                                                          what="node 1 back in the mesh"))
+
+
 #: Fresh keys that each make a live connection of their own to node 0, eight at a time: more
 #: than twice what strangers may hold of its table.
 CONNECTORS, AT_ONCE = 2 * stranger_quota(MAX_PEERS) + 8, 8
@@ -354,50 +399,6 @@ async def test_fresh_keys_that_connect_hold_a_bounded_share_of_the_table_and_pus
     assert len(pings) <= probed, len(pings)
     scene.keeps_training(since)
 
-
-def book_entry(scene: Scene, peer: str) -> Any:
-    """Node 0's saved address book (read from a copy: a book that fails to load is moved
-    aside), and ``peer``'s entry in it."""
-    copy = scene.mesh.base / "book-copy.json"
-    copy.write_bytes((scene.mesh.home(0) / "peers.json").read_bytes())
-    book = AddressBook(copy, scene.ids[0])
-    book.load()
-    return book, book.get(peer)
-
-
-async def test_passed_on_peers_never_push_verified_ones_out_of_the_address_book(scene: Scene,
-                                                                                 tmp_path: Path) -> None:
-    """Node 1 stops, and node 0's dials to it fail, as they do for a peer that restarts.
-    Meanwhile a peer passes on made-up peers to node 0 (whose address book holds 16): node 1
-    stays in the book, ahead of every hint, so node 0 dials it first when it starts again."""
-    mesh, (me, other) = scene.mesh, scene.ids
-
-    def failed_or_gone() -> bool:
-        entry = book_entry(scene, other)[1]
-        return entry is None or entry.failures >= 3
-
-    async with claimant(scene, tmp_path) as hostile:
-        hostile.node.handlers.register(PEERS_REQUEST, hostile.made_up_peers)
-        mesh.call(1, "shutdown")
-        await trio.to_thread.run_sync(lambda: mesh.procs[1].wait(timeout=30))
-        await trio.to_thread.run_sync(wait, scene, failed_or_gone, 60, "node 0 failing to dial node 1")
-        asked = hostile.pex_asks.get(me, 0)  # made-up peers passed on from now on meet a peer with failed dials
-        await trio.to_thread.run_sync(wait, scene, lambda: hostile.pex_asks.get(me, 0) > asked, 40,
-                                      "node 0 asking for peers")
-        await trio.sleep(4)  # what it learnt reaches its book, saved every 2 s
-    book, entry = book_entry(scene, other)
-    made_up = set(hostile.passed_on)
-    held = [e.peer_id for e in book.best()]
-    print(f"node 0's book: {len(held)} entries, {len(made_up & set(held))} made up; node 1 "
-          f"{'kept' if entry else 'evicted'} ({entry.failures if entry else '-'} failed dials)")
-    await trio.to_thread.run_sync(lambda: mesh.start_node(1, timeout=120))
-    assert entry is not None, "node 1, verified by node 0 itself, was pushed out of its book by hints"
-    assert made_up & set(held), "no passed-on peer reached node 0's address book"
-    order = [c.peer_id for c in join_candidates([], book, set(), 32)]  # what node 0 dials first at start
-    assert other in order and all(order.index(other) < order.index(p) for p in made_up & set(order)), order
-    assert all(e.verified for e in book.best()[: book.best().index(entry) + 1])
-    await trio.to_thread.run_sync(lambda: mesh.wait_until(lambda: me in scene.peers(1), 60 * load_factor(),
-                                                          what="node 1 back in the mesh"))
 
 
 # -- 2. announced blob sizes --------------------------------------------------------------------------
