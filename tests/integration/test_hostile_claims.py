@@ -143,6 +143,11 @@ class Claimant:
                                               "addrs": [f"/ip4/127.0.0.1/tcp/{random.randrange(20000, 60000)}"]}))
         return out
 
+    async def no_peers(self, msg: Inbound) -> list[bytes]:
+        """A peer exchange answer that passes on nobody: a node that joined through this peer
+        alone syncs from it first, instead of from an honest peer it would learn of here."""
+        return []
+
     async def huge_blob(self, stream: Any) -> None:
         """Whatever blob is asked for, it announces ``HUGE`` bytes, then sends nothing."""
         with contextlib.suppress(Exception):
@@ -414,6 +419,7 @@ async def test_a_model_server_announcing_a_huge_size_reserves_no_disk(scene: Sce
     async with claimant(scene, tmp_path) as hostile:
         hostile.serves.update(frame=(mesh.home(0) / "jobs" / job / "job.frame").read_bytes(), frames=ledger.frames)
         hostile.node.handlers.register(SYNC, hostile.honest_sync)
+        hostile.node.handlers.register(PEERS_REQUEST, hostile.no_peers)  # node 2 learns the job here first
         hostile.node.host.set_stream_handler(BLOB_PROTOCOL, hostile.huge_blob)
         victim, through = mesh.node_args, hostile.node.multiaddrs()[0]
         mesh.node_args = lambda i: ["--bootstrap", through] if i == 2 else list(victim(i) if victim else [])
