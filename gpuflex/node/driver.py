@@ -351,8 +351,9 @@ class JobDriver:
     def passes_round(self) -> int:
         """The round whose coordinator turns this node passes (while preparing, or because it
         skips its own turns: ``Turns.passes_own_turns``); 0 if none is current."""
-        if self.book.passed_now():
-            return self.book.passed_now()
+        passed = self.book.passed_now()
+        if passed:
+            return passed
         return self.book.current.round if self.book.loaded and self.coordinator.turns.passes_own_turns() else 0
 
     def may_win(self, claim: LedgerClaim) -> bool:
