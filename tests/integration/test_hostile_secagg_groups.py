@@ -49,15 +49,15 @@ def steered_tree(root: str, members: list[str], private: set[str], seed: bytes) 
 def find_steering(root: str, members: list[str], victim: str, ours: set[str],
                   seed: bytes) -> tuple[dict[str, str | None], set[str]] | None:
     """A private list that puts ``victim`` masking among ``ours`` only, in a tree other than
-    the one the seed alone gives."""
-    fair = masked_tree(root, members, (), GROUP, MIN_GROUP, seed)
+    the one the seed gives with that list: the fair tree may, by the seed's chance, group the
+    victim with our keys too, and a plan that is the fair tree is one the victim rightly takes."""
     others = [p for p in members if p != root]
     for k in range(1, len(others) + 1):
         for private in itertools.combinations(others, k):
             tree = steered_tree(root, members, set(private), seed)
             leader, masking = mask_group(tree, victim)
-            if leader != victim and tree != fair and {leader, *masking} - {victim} <= ours \
-                    and len(masking) >= MIN_GROUP:
+            if leader != victim and tree != masked_tree(root, members, set(private), GROUP, MIN_GROUP, seed) \
+                    and {leader, *masking} - {victim} <= ours and len(masking) >= MIN_GROUP:
                 return tree, set(private)
     return None
 
