@@ -14,7 +14,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -329,8 +329,9 @@ async def test_a_job_whose_members_are_all_gone_waits_at_no_cost(honest: Honest,
                                              "created": time.time()})
         await hostile.request(target, frame)
         orphan = job_id_of(open_envelope(frame))
-        honest.mesh.wait_until(lambda: "are gone" in honest.mesh.job(0, orphan)["waiting"], 30, interval=0.2,
-                               what="the orphan job saying its members are gone")
+        await in_thread(lambda: honest.mesh.wait_until(
+            lambda: "are gone" in honest.mesh.job(0, orphan)["waiting"], 30, interval=0.2,
+            what="the orphan job saying its members are gone"))
         cpu, start = main_thread_cpu_s(pid), time.monotonic()
         await trio.sleep(3)
         load = (main_thread_cpu_s(pid) - cpu) / (time.monotonic() - start)
@@ -340,6 +341,12 @@ async def test_a_job_whose_members_are_all_gone_waits_at_no_cost(honest: Honest,
                                     f"waited, {baseline:.0%} just before it came")
     assert_served(api)
     honest.keeps_training(since)
+
+
+async def in_thread(wait: Callable[[], object]) -> None:
+    """Run a blocking wait on a worker thread, so the hostile peer's own trio loop in this
+    process keeps answering (a node that dials it meanwhile would otherwise wait out a timeout)."""
+    await trio.to_thread.run_sync(wait)
 
 
 async def deliver(hostile: MeshNode, target: str, frame: bytes, tries: int = 3) -> None:
@@ -373,11 +380,13 @@ async def test_seventy_two_jobs_sync_in_pages_to_a_new_node(honest: Honest, tmp_
                 frame = seal(key, JOB, body)
                 published.add(job_id_of(open_envelope(frame)))
                 await deliver(hostile, target, frame)
-        honest.mesh.wait_until(lambda: published <= {j["job_id"] for j in honest.mesh.call(0, "jobs")}, 60,
-                               interval=0.5, what="node 0 holding the 72 jobs")
+        await in_thread(lambda: honest.mesh.wait_until(
+            lambda: published <= {j["job_id"] for j in honest.mesh.call(0, "jobs")}, 60, interval=0.5,
+            what="node 0 holding the 72 jobs"))
         await trio.to_thread.run_sync(honest.mesh.start_node, 2)
-        honest.mesh.wait_until(lambda: published <= {j["job_id"] for j in honest.mesh.call(2, "jobs")}, 60,
-                               interval=0.5, what="the new node learning every job")
+        await in_thread(lambda: honest.mesh.wait_until(
+            lambda: published <= {j["job_id"] for j in honest.mesh.call(2, "jobs")}, 60, interval=0.5,
+            what="the new node learning every job"))
         shown = await trio.to_thread.run_sync(lambda: subprocess.run(
             [sys.executable, "-m", "gpuflex", "status", "--home", str(honest.mesh.home(0))],
             capture_output=True, text=True, timeout=60))
