@@ -102,7 +102,7 @@ def own_turns(mesh, i: int, round_: int) -> list[int]:
 
 def passes_round(mesh, i: int, round_: int) -> bool:
     """Whether node ``i`` gave up its coordinator turns of ``round_``, by its log."""
-    return f"gives up its coordinator turns in round {round_}" in mesh.log_path(i).read_text(errors="replace")
+    return f"passes its coordinator turns in round {round_}" in mesh.log_path(i).read_text(errors="replace")
 
 
 def test_four_nodes_one_throttled_commit_every_round_and_no_job_fails(tenth_of_a_core, mesh_factory) -> None:

@@ -9,9 +9,18 @@ import pytest
 
 from gpuflex.jobspec import JobSpec
 from gpuflex.nodeconfig import dump_node_config
+from tests.needs import needs
 from tests.unit.ml.conftest import PLAY
 
-pytest.importorskip("peft", reason="needs the llm extra: pip install 'gpuflex[llm]'")
+HERE = Path(__file__).parent
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every test here needs peft; it is looked up, not imported, at collection (``tests.needs``)."""
+    mark = needs("peft")
+    for item in items:
+        if item.path.is_relative_to(HERE):
+            item.add_marker(mark)
 
 
 def make_home(root: Path, text: str = PLAY * 8, **sections: dict[str, Any]) -> Path:

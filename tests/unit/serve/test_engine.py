@@ -6,21 +6,23 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-import trio
-
-pytest.importorskip("transformers")
 import torch
-from transformers import AutoModelForCausalLM, GPT2Config, LlamaConfig, PreTrainedTokenizerFast
+import trio
 
 from gpuflex.ml.llm.tokenizer import EOS, byte_tokenizer
 from gpuflex.serve import BadRequest, Overloaded
 from gpuflex.serve.request import GenRequest
 from gpuflex.serve.scheduler import Scheduler
+from tests.needs import needs
+
+pytestmark = needs("transformers")  # imported by the tests that run, not at collection in every worker
 
 PROMPTS = ["ROMEO:\n", "Hi", "To be or not to be", "x" * 40, "abc", "é∂ unicode"]
 
 
 def tiny(family: str) -> Any:
+    from transformers import AutoModelForCausalLM, GPT2Config, LlamaConfig
+
     torch.manual_seed(0)
     if family == "llama":
         cfg = LlamaConfig(vocab_size=257, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
@@ -33,6 +35,8 @@ def tiny(family: str) -> Any:
 
 
 def tokenizer() -> Any:
+    from transformers import PreTrainedTokenizerFast
+
     return PreTrainedTokenizerFast(tokenizer_object=byte_tokenizer(), eos_token=EOS)
 
 
