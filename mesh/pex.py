@@ -29,13 +29,9 @@ log = logging.getLogger("mesh.pex")
 PEERS_REQUEST = "peers_req"
 register_kind(PEERS_REQUEST, 1024)
 MAX_PEERS = 64
-YOUNG_S = 30.0  # ask often while this node is new ...
+YOUNG_S = 30.0  # ask often while this node is new
 FAST_S = 2.0
 SLOW_S = 20.0
-#: ... until this many rounds in a row taught it no peer: then it has met the mesh within its
-#: reach, and newcomers reach it by their own asks (a 3-node mesh asked 30 times in its first
-#: 30 s, a tenth of each node's CPU then).
-QUIET_ROUNDS = 3
 
 
 class PexHost(Protocol):
@@ -108,23 +104,19 @@ class PeerExchange:
         return new
 
     async def run(self) -> None:
-        started, quiet = trio.current_time(), 0
+        started = trio.current_time()
         while True:
             frame = seal(self.node.identity, PEERS_REQUEST, {})
-            asked = learnt = 0
             for peer in self._sources():
                 try:
                     reply = await self.node.request(peer, frame, timeout=10)
                 except SendError as exc:
                     log.debug("peer exchange with %s failed: %s", peer[-8:], exc)
                     continue
-                asked += 1
                 added = self.learn(reply, peer)
-                learnt += added
                 if added:
                     log.info("learnt of %d peer(s) from %s", added, peer[-8:])
-            quiet = 0 if learnt or not asked else quiet + 1
-            young = trio.current_time() - started < YOUNG_S and quiet < QUIET_ROUNDS
+            young = trio.current_time() - started < YOUNG_S
             await trio.sleep(FAST_S if young else SLOW_S)
 
     def _sources(self) -> list[str]:
