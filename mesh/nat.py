@@ -51,11 +51,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("mesh.nat")
 FAST_CHECK_S = 3.0
-#: A known verdict is checked again after this; a private node keeps to it (its relay slots and
-#: hole punches depend on the verdict being fresh) ...
-SETTLED_CHECK_S = RESERVE_RETRY_S * 3
-#: ... and a public one that holds backs off to this.
-SLOW_CHECK_S = 300.0
+SLOW_CHECK_S = 60.0
 SERVERS_PER_CHECK = 2
 
 
@@ -188,18 +184,13 @@ class NatService:
         """Dial-back checks often while the verdict is unknown and rarely after; but a private
         node with no relay slot looks for a relay every few seconds, because the public peers'
         NodeInfo (which names the relays) often arrives just after its own first verdict."""
-        next_check, last, gap = 0.0, Reachability.UNKNOWN, SETTLED_CHECK_S
+        next_check = 0.0
         while True:
             if trio.current_time() >= next_check:
                 if self.state.forced is None:
                     await self.check_once()
-                verdict = self.reachability()
-                # A public verdict that held since the last check is asked again at gaps doubling
-                # to SLOW_CHECK_S: each check is a fresh connection and handshake from every
-                # server asked, which was most of an idle node's CPU when done every 30 s.
-                gap = min(gap * 2, SLOW_CHECK_S) if verdict == last == Reachability.PUBLIC else SETTLED_CHECK_S
-                last = verdict
-                next_check = trio.current_time() + (FAST_CHECK_S if verdict == Reachability.UNKNOWN else gap)
+                unknown = self.reachability() == Reachability.UNKNOWN
+                next_check = trio.current_time() + (FAST_CHECK_S if unknown else min(SLOW_CHECK_S, RESERVE_RETRY_S * 3))
             await self._apply()
             seeking = self.reachability() == Reachability.PRIVATE and bool(self.node.config.relay.reservations)
             await trio.sleep(FAST_CHECK_S if seeking else max(FAST_CHECK_S, next_check - trio.current_time()))
