@@ -725,8 +725,11 @@ class MeshNode:
             found = await best_effort(f"find_providers {digest[:12]}",
                                       lambda: self.dht.find_providers(digest, 8), DHT_PROVIDER_S) or []
             candidates += [str(p.peer_id) for p in found if str(p.peer_id) != self.peer_id]
-        # Holders that accept connections first; one behind NAT is reached through its relay.
-        candidates.sort(key=lambda p: self.claimed_reachability(p) != Reachability.PUBLIC)
+        # Holders that accept connections, or are connected already, first, in the caller's
+        # order (a peer this node just synced from may not have its NodeInfo here yet); one
+        # behind NAT is reached through its relay.
+        connected = self.connected_ids()
+        candidates.sort(key=lambda p: p not in connected and self.claimed_reachability(p) != Reachability.PUBLIC)
         errors: list[str] = []
         integrity: list[BlobIntegrityError] = []
         missing = 0
