@@ -22,7 +22,7 @@ import trio
 from gpuflex.localmesh import LocalMesh
 from mesh.identity import Identity
 from mesh.node import MeshConfig, MeshNode
-from tests.integration.conftest import HONEST_PACE, light_spec
+from tests.integration.conftest import HONEST_PACE, light_spec, load_factor
 from tests.integration.honest_job import assert_one_ledger, committed, keeps_committing
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
@@ -81,7 +81,8 @@ async def hostile(relay: Relay, tmp_path: Path, name: str) -> AsyncIterator[Mesh
             return any(r["peer_id"] == node.peer_id and r.get("reachability", "unknown") != "unknown"
                        for r in relay.mesh.call(0, "peers"))
 
-        await trio.to_thread.run_sync(lambda: relay.mesh.wait_until(known, 60, what=f"node 0 knowing {name}"))
+        await trio.to_thread.run_sync(
+            lambda: relay.mesh.wait_until(known, 60 * load_factor(), what=f"node 0 knowing {name}"))
         yield node
         node.stop()
 

@@ -34,7 +34,7 @@ from mesh.identity import Identity
 from mesh.limits import PeerLimits
 from mesh.messaging import GOSSIP_PROTOCOL, MSG_PROTOCOL
 from mesh.node import MeshConfig, MeshNode
-from tests.integration.conftest import HONEST_PACE, digits_spec
+from tests.integration.conftest import HONEST_PACE, digits_spec, load_factor
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 READ_TIMEOUT_S = 2.0  # node 0's --read-timeout, short so the stalled streams end quickly
@@ -382,11 +382,11 @@ async def test_seventy_two_jobs_sync_in_pages_to_a_new_node(honest: Honest, tmp_
                 published.add(job_id_of(open_envelope(frame)))
                 await deliver(hostile, target, frame)
         await in_thread(lambda: honest.mesh.wait_until(
-            lambda: published <= {j["job_id"] for j in honest.mesh.call(0, "jobs")}, 60, interval=0.5,
+            lambda: published <= {j["job_id"] for j in honest.mesh.call(0, "jobs")}, 60 * load_factor(), interval=0.5,
             what="node 0 holding the 72 jobs"))
         await trio.to_thread.run_sync(honest.mesh.start_node, 2)
         await in_thread(lambda: honest.mesh.wait_until(
-            lambda: published <= {j["job_id"] for j in honest.mesh.call(2, "jobs")}, 60, interval=0.5,
+            lambda: published <= {j["job_id"] for j in honest.mesh.call(2, "jobs")}, 60 * load_factor(), interval=0.5,
             what="the new node learning every job"))
         shown = await trio.to_thread.run_sync(lambda: subprocess.run(
             [sys.executable, "-m", "gpuflex", "status", "--home", str(honest.mesh.home(0))],
