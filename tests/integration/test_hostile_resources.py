@@ -207,7 +207,8 @@ def assert_served(watch: Watch, rss_budget_mib: float = RSS_BUDGET_MIB) -> None:
     p90 = ranked[int(0.9 * (len(ranked) - 1))]
     shown = f"{len(api)} calls: median {ranked[len(ranked) // 2]:.3f} s, 90% {p90:.3f} s, worst {ranked[-1]:.2f} s"
     print(f"node 0 during the attack: {shown}; resident memory grew {watch.rss_grown:.0f} MiB at most")
-    assert p90 < API_BUDGET_S and ranked[-1] < API_WORST_S, f"control API too slow: {shown}"
+    # The worst call waits its turn for a core on a loaded machine: its bound scales with the load.
+    assert p90 < API_BUDGET_S and ranked[-1] < API_WORST_S * load_factor(), f"control API too slow: {shown}"
     assert watch.rss_grown < rss_budget_mib, f"node 0 grew by {watch.rss_grown:.0f} MiB (budget {rss_budget_mib})"
 
 
