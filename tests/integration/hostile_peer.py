@@ -43,6 +43,22 @@ from mesh.messaging import GOSSIP_PROTOCOL, Inbound
 from mesh.node import MeshConfig, MeshNode
 
 
+async def send_raw(node: MeshNode, peer: str, frame: bytes, tries: int = 1) -> None:
+    """Hand ``frame`` to ``peer`` as gossip on a stream of its own, bytes untouched. A stream a
+    loaded machine drops is opened again, ``tries`` at most, 0.5 s apart and doubling; the last
+    failure is raised."""
+    for attempt in range(tries):
+        try:
+            stream = await node.open(peer, GOSSIP_PROTOCOL, 10)
+            await write_frame(stream, frame)
+            await stream.close()
+            return
+        except Exception:  # py-libp2p's stream errors share no base class
+            if attempt == tries - 1:
+                raise
+            await trio.sleep(0.5 * 2**attempt)
+
+
 def old_digest(frame: bytes) -> str:
     """What a digest was before ids hashed the signed bytes: a hash of the whole frame."""
     return hashlib.blake2b(frame, digest_size=32).hexdigest()
@@ -197,9 +213,7 @@ class HostilePeer:
         assert self.node is not None
         for peer in peers:
             with contextlib.suppress(Exception), trio.move_on_after(10):
-                stream = await self.node.open(peer, GOSSIP_PROTOCOL, 10)
-                await write_frame(stream, frame)
-                await stream.close()
+                await send_raw(self.node, peer, frame)
 
     async def presence(self, jobs: dict[str, int], weights: dict[str, int] | None = None) -> None:
         """Presence naming ``jobs``' heights, and the ledger ``weights`` it claims, if given."""

@@ -44,6 +44,7 @@ from mesh.peertable import hint_quota, stranger_quota
 from mesh.pex import PEERS_REQUEST
 from tests.integration.conftest import HONEST_PACE, light_spec, load_factor
 from tests.integration.honest_job import assert_paced
+from tests.integration.hostile_peer import send_raw
 from tests.integration.test_hostile_resources import assert_one_ledger, rss_mib
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
@@ -240,14 +241,8 @@ async def test_fresh_signers_get_no_peer_entry_and_passed_on_peers_stay_within_t
 
         async def gossip(first: int) -> None:  # a message node 0 rejects, each from a fresh key
             for key in signers[first::8]:
-                for _ in range(3):  # a stream a loaded machine drops is opened again
-                    try:
-                        stream = await hostile.node.open(target, GOSSIP_PROTOCOL, 10)
-                        await write_frame(stream, seal(key, PRESENCE, {"jobs": "none"}))
-                        await stream.close()
-                        break
-                    except Exception:  # py-libp2p's stream errors share no base class
-                        await trio.sleep(0.5)
+                with contextlib.suppress(Exception):
+                    await send_raw(hostile.node, target, seal(key, PRESENCE, {"jobs": "none"}), tries=3)
 
         async with trio.open_nursery() as nursery:
             for first in range(8):

@@ -35,6 +35,7 @@ from mesh.limits import PeerLimits
 from mesh.messaging import GOSSIP_PROTOCOL, MSG_PROTOCOL
 from mesh.node import MeshConfig, MeshNode
 from tests.integration.conftest import HONEST_PACE, digits_spec, load_factor
+from tests.integration.hostile_peer import send_raw
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 READ_TIMEOUT_S = 2.0  # node 0's --read-timeout, short so the stalled streams end quickly
@@ -350,22 +351,6 @@ async def in_thread(wait: Callable[[], object]) -> None:
     await trio.to_thread.run_sync(wait)
 
 
-async def deliver(hostile: MeshNode, target: str, frame: bytes, tries: int = 6) -> None:
-    """Hand ``frame`` to ``target`` on a stream of its own. A stream whose negotiation a loaded
-    machine drops is opened again (``tries`` at most, 0.5 s apart and doubling): what the test
-    needs is the job there."""
-    for attempt in range(tries):
-        try:
-            stream = await hostile.open(target, GOSSIP_PROTOCOL, 10)
-            await write_frame(stream, frame)
-            await stream.close()
-            return
-        except Exception:  # py-libp2p's stream errors share no base class
-            if attempt == tries - 1:
-                raise
-            await trio.sleep(0.5 * 2**attempt)
-
-
 async def test_seventy_two_jobs_sync_in_pages_to_a_new_node(honest: Honest, tmp_path: Path) -> None:
     """Jobs whose frames together pass the 16 MiB frame limit (each near its kind's 256 KiB,
     with 4,600 members: 17 MiB in all); from nine keys, so a cap on jobs per publisher does not
@@ -381,24 +366,25 @@ async def test_seventy_two_jobs_sync_in_pages_to_a_new_node(honest: Honest, tmp_
                         "created": time.time()}
                 frame = seal(key, JOB, body)
                 frames[job_id_of(open_envelope(frame))] = frame
-                await deliver(hostile, target, frame)
+                await send_raw(hostile, target, frame, tries=6)
         published = set(frames)
+
+        def held(i: int) -> set[str]:
+            return {j["job_id"] for j in honest.mesh.call(i, "jobs")}
+
         for attempt in range(3):  # node 0 reads a frame within --read-timeout (2 s); a loaded one may not
             try:
-                await in_thread(lambda: honest.mesh.wait_until(
-                    lambda: published <= {j["job_id"] for j in honest.mesh.call(0, "jobs")}, 30 * load_factor(),
-                    interval=0.5, what="node 0 holding the 72 jobs"))
+                await in_thread(lambda: honest.mesh.wait_until(lambda: published <= held(0), 30 * load_factor(),
+                                                               interval=0.5, what="node 0 holding the 72 jobs"))
                 break
             except TimeoutError:
                 if attempt == 2:
                     raise
-                held = {j["job_id"] for j in honest.mesh.call(0, "jobs")}
-                for job_id in published - held:
-                    await deliver(hostile, target, frames[job_id])
+                for job_id in published - held(0):
+                    await send_raw(hostile, target, frames[job_id], tries=6)
         await trio.to_thread.run_sync(honest.mesh.start_node, 2)
-        await in_thread(lambda: honest.mesh.wait_until(
-            lambda: published <= {j["job_id"] for j in honest.mesh.call(2, "jobs")}, 60 * load_factor(), interval=0.5,
-            what="the new node learning every job"))
+        await in_thread(lambda: honest.mesh.wait_until(lambda: published <= held(2), 60 * load_factor(), interval=0.5,
+                                                       what="the new node learning every job"))
         shown = await trio.to_thread.run_sync(lambda: subprocess.run(
             [sys.executable, "-m", "gpuflex", "status", "--home", str(honest.mesh.home(0))],
             capture_output=True, text=True, timeout=60))
