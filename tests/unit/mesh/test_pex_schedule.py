@@ -1,0 +1,79 @@
+"""Peer exchange's ask schedule under trio's MockClock: fast while asks teach something or the
+peer table changes, backing off once a young node's asks teach nothing (a settled small mesh
+asked every 2 s for its first half minute, for nothing)."""
+
+from __future__ import annotations
+
+from itertools import pairwise
+from types import SimpleNamespace
+from typing import Any
+
+import trio
+import trio.testing
+
+from mesh.codec import seal
+from mesh.health import PeerTable, protocol_clock
+from mesh.identity import Identity
+from mesh.pex import FAST_S, SLOW_S, YOUNG_S, PeerExchange, next_gap
+
+ME = Identity(bytes(range(32)))
+SOURCE = Identity(bytes(range(1, 33)))
+NEWCOMER = Identity(bytes(range(2, 34)))
+
+
+class Host(SimpleNamespace):
+    """A node whose one up peer answers every ask with ``answer``; each ask's time is kept."""
+
+    async def request(self, peer: str, frame: bytes, payload: Any = None, timeout: float = 30.0) -> Any:
+        self.asks.append(trio.current_time())
+        return list(self.answer)
+
+
+def host() -> Host:
+    return Host(peer_id=ME.peer_id, identity=ME, peers=PeerTable(clock=protocol_clock), asks=[], answer=[])
+
+
+def test_next_gap_doubles_to_the_slow_period_and_news_resets_it() -> None:
+    gaps = [FAST_S]
+    for _ in range(6):
+        gaps.append(next_gap(gaps[-1], news=False))
+    assert gaps == [2.0, 4.0, 8.0, 16.0, 20.0, 20.0, 20.0] and SLOW_S == 20.0
+    assert next_gap(16.0, news=True) == FAST_S
+
+
+def run_for(node: Host, seconds: float, during: Any = None) -> None:
+    async def main() -> None:
+        node.peers.reached(node.peers.add(SOURCE.peer_id).peer_id)
+        pex = PeerExchange(node, lambda peer, info: node.peers.add(peer).__setattr__("info", info))
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(pex.run)
+            if during is not None:
+                await during()
+            await trio.sleep_until(seconds)
+            nursery.cancel_scope.cancel()
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
+def test_a_settled_young_node_backs_off_then_asks_at_the_slow_period() -> None:
+    node = host()
+    run_for(node, YOUNG_S + 2 * SLOW_S + 1)
+    young = [t for t in node.asks if t < YOUNG_S]
+    # The first ask, one more (the table changed: the source was reached), then gaps of 4, 8, 16.
+    assert young == [0.0, 2.0, 6.0, 14.0], node.asks
+    assert [b - a for a, b in pairwise(node.asks[4:])] == [SLOW_S] * (len(node.asks) - 5)
+    assert len(young) < YOUNG_S / FAST_S / 3  # was one ask every FAST_S
+
+
+def test_an_ask_that_teaches_a_peer_keeps_the_pace_fast() -> None:
+    node = host()
+    record = seal(NEWCOMER, "nodeinfo", {"peer_id": NEWCOMER.peer_id, "addrs": ["/ip4/10.0.0.9/tcp/1"], "ts": 1.0})
+
+    async def newcomer_arrives() -> None:
+        await trio.sleep(13.0)  # the source hears of a new node while this one has backed off
+        node.answer = [record]
+
+    run_for(node, 25.0, during=newcomer_arrives)
+    # Backed off to 14.0; the ask at 14.0 teaches the newcomer, so the next is FAST_S later.
+    assert node.asks[:5] == [0.0, 2.0, 6.0, 14.0, 16.0], node.asks
+    assert NEWCOMER.peer_id in node.peers
