@@ -109,13 +109,35 @@ def build_host(identity: Identity, listen: Sequence[str], announce: Sequence[str
     security = {NOISE_ID: NoiseTransport(keypair, noise_privkey=new_x25519().private_key)}
     listen_addrs = [parse_multiaddr(a, "listen address") for a in listen]
     announce_addrs = [parse_multiaddr(a, "announce address") for a in announce] or None
-    return new_host(
+    host = new_host(
         key_pair=keypair,
         sec_opt=security,
         muxer_opt=create_yamux_muxer_option(),
         listen_addrs=listen_addrs,
         announce_addrs=announce_addrs,
     )
+    no_auto_connect(host)
+    return host
+
+
+def no_auto_connect(host: IHost) -> None:
+    """Keep py-libp2p's auto-connector from ever starting.
+
+    It holds a node at 50 to 300 connections (go-libp2p's defaults): while below 100, every
+    10 s and after each disconnect, it dials up to 32 peers from the peerstore, which holds
+    every peer the node has heard of. The mesh keeps connections to a bounded set of peers
+    (its keep set: overlay neighbours, round members, nearest DHT entries) and closes the
+    other idle ones (``MeshNode.trim_connections``); the auto-connector dialled them again,
+    a Noise handshake each time, and made a node's connections grow with the mesh. Its
+    start is the one switch it has (``maybe_connect`` returns at once while not started)."""
+    connector = getattr(host.get_network(), "auto_connector", None)
+    if connector is None:  # a py-libp2p without one: nothing to switch off
+        return
+
+    async def stay_stopped() -> None:
+        connector._started = False
+
+    connector.start = stay_stopped
 
 
 def on_disconnect(host: IHost, callback: Callable[[str], None]) -> None:

@@ -102,3 +102,16 @@ def test_relay_circuits_are_left_to_the_relay_client() -> None:
     book.seen(Identity.generate().peer_id, [f"/ip4/10.0.0.9/tcp/4001/p2p/{relay}/p2p-circuit"])
     got = join_candidates([], book, exclude=set(), limit=8)
     assert got == [Candidate(relayed, ("/ip4/192.168.1.5/tcp/4001",), "book")]
+
+
+async def test_a_peer_the_mesh_only_heard_of_is_not_dialled_behind_its_back() -> None:
+    """py-libp2p's auto-connector dialled every peer in the peerstore (where peer exchange and
+    the DHT put every peer a node hears of) every 10 s while a node held fewer than 100
+    connections, so connections grew with the mesh whatever the keep set; it never starts now."""
+    from libp2p.peer.id import ID
+
+    async with running_host() as (a, _, _), running_host() as (_, c_id, c_addr):
+        assert not a.get_network().auto_connector._started
+        a.get_peerstore().add_addrs(ID.from_base58(c_id), [parse_multiaddr(c_addr)], 3600)  # heard of
+        await trio.sleep(11.0)  # the auto-connector's period below its floor was 10 s
+        assert a.get_connected_peers() == []
