@@ -43,6 +43,19 @@ def launcher(checkout: Path) -> list[str]:
     return ["-c", code]
 
 
+def tcp_sockets(pid: int) -> int:
+    """Open sockets of a node process: its peer connections, plus its listeners and the
+    control API's (a handful, the same for every node)."""
+    fd = Path(f"/proc/{pid}/fd")
+    count = 0
+    for entry in fd.iterdir():
+        try:
+            count += os.readlink(entry).startswith("socket:")
+        except OSError:  # closed meanwhile
+            continue
+    return count
+
+
 def cpu_seconds(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / TICKS  # utime, stime
@@ -72,10 +85,12 @@ def measure(design: str, checkout: Path, nodes: int, seconds: float, settle: flo
         cpu = [(cpu_seconds(p) - c) / wall for p, c in zip(pids, cpu0, strict=True)]
         sent = [(mesh.call(i, "status")["bytes_sent"] - s) / wall for i, s in zip(range(nodes), sent0, strict=True)]
         ups = mesh.up_counts()
+        socks = [tcp_sockets(p) for p in pids]
         row: dict[str, Any] = {
             "design": design, "nodes": nodes, "cpu_median_pct": 100 * statistics.median(cpu),
             "cpu_max_pct": 100 * max(cpu), "bytes_sent_per_s": statistics.median(sent),
-            "min_up": min(ups), "started_s": started, "connected_s": connected}
+            "min_up": min(ups), "sockets_median": statistics.median(socks), "sockets_max": max(socks),
+            "started_s": started, "connected_s": connected}
         if kill:
             row["detect_s"] = detect(mesh, nodes, victim=nodes // 2)
         log(f"{design} {nodes}: {row}")
@@ -104,7 +119,8 @@ def render(result: dict[str, Any]) -> str:
     rows = result["rows"]
     cols = [("design", "design", ""), ("nodes", "nodes", "d"), ("cpu_median_pct", "CPU % median", ".2f"),
             ("cpu_max_pct", "CPU % max", ".2f"), ("bytes_sent_per_s", "B sent/s", ".0f"),
-            ("min_up", "min peers up", "d")]
+            ("min_up", "min peers up", "d"), ("sockets_median", "sockets median", ".0f"),
+            ("sockets_max", "sockets max", "d")]
     if any("detect_s" in r for r in rows):
         cols.append(("detect_s", "kill → down everywhere s", ".1f"))
     lines = [f"Idle upkeep per node process, no job, 127.0.0.1, {result['seconds']:.0f} s window "

@@ -53,6 +53,8 @@ class PexHost(Protocol):
     async def request(self, peer: str, frame: bytes, payload: bytes | memoryview | None = None,
                       timeout: float = 30.0) -> Any: ...
 
+    def connected_ids(self) -> set[str]: ...
+
 
 class PeerExchange:
     def __init__(self, node: PexHost, on_info: Callable[[str, dict[str, Any]], None]) -> None:
@@ -118,26 +120,37 @@ class PeerExchange:
         seen = -1  # the peer table's version (membership and states) at the last ask
         while True:
             frame = seal(self.node.identity, PEERS_REQUEST, {})
-            learnt = 0
+            learnt = answered = 0
             for peer in self._sources():
                 try:
                     reply = await self.node.request(peer, frame, timeout=10)
                 except SendError as exc:
                     log.debug("peer exchange with %s failed: %s", peer[-8:], exc)
                     continue
+                answered += 1
                 added = self.learn(reply, peer)
                 learnt += added
                 if added:
                     log.info("learnt of %d peer(s) from %s", added, peer[-8:])
-            gap = next_gap(gap, learnt > 0 or self.node.peers.version != seen)
+            if answered:  # no answer says nothing about news: the pace stays as it was
+                gap = next_gap(gap, learnt > 0 or self.node.peers.version != seen)
             seen = self.node.peers.version
             young = trio.current_time() - started < YOUNG_S
             await trio.sleep(gap if young else SLOW_S)
 
     def _sources(self) -> list[str]:
         """Two up peers this node has talked to, public ones first (they meet the most
-        peers), drawn at random among those so that asks spread over the mesh."""
+        peers), drawn at random among those so that asks spread over the mesh. Short of two,
+        peers it is connected to whatever their state: a node that joined through one
+        overloaded peer, which then answered its probes too late and is held ``down`` here,
+        knew no one else and asked no one, and stayed alone in a mesh of 24 (real processes,
+        2 cores) while its connection to that peer stayed open."""
         ups = [r for r in self.node.peers.all() if r.state == "up" and r.last_seen is not None]
         random.shuffle(ups)
         ups.sort(key=lambda r: parse_reachability((r.info or {}).get("reachability")) != Reachability.PUBLIC)
-        return [r.peer_id for r in ups[:2]]
+        out = [r.peer_id for r in ups[:2]]
+        if len(out) < 2:
+            rest = sorted(self.node.connected_ids() - set(out))
+            random.shuffle(rest)
+            out += rest[: 2 - len(out)]
+        return out

@@ -12,7 +12,7 @@ import trio
 import trio.testing
 
 from mesh.codec import seal
-from mesh.health import PeerTable, protocol_clock
+from mesh.health import PeerState, PeerTable, protocol_clock
 from mesh.identity import Identity
 from mesh.pex import FAST_S, SLOW_S, YOUNG_S, PeerExchange, next_gap
 
@@ -28,9 +28,13 @@ class Host(SimpleNamespace):
         self.asks.append(trio.current_time())
         return list(self.answer)
 
+    def connected_ids(self) -> set[str]:
+        return set(self.connected)
+
 
 def host() -> Host:
-    return Host(peer_id=ME.peer_id, identity=ME, peers=PeerTable(clock=protocol_clock), asks=[], answer=[])
+    return Host(peer_id=ME.peer_id, identity=ME, peers=PeerTable(clock=protocol_clock), asks=[], answer=[],
+                connected=[])
 
 
 def test_next_gap_doubles_to_the_slow_period_and_news_resets_it() -> None:
@@ -77,3 +81,26 @@ def test_an_ask_that_teaches_a_peer_keeps_the_pace_fast() -> None:
     # Backed off to 14.0; the ask at 14.0 teaches the newcomer, so the next is FAST_S later.
     assert node.asks[:5] == [0.0, 2.0, 6.0, 14.0, 16.0], node.asks
     assert NEWCOMER.peer_id in node.peers
+
+
+def test_a_node_whose_only_peer_is_down_here_still_asks_it_while_connected() -> None:
+    node = host()
+    node.connected = [SOURCE.peer_id]
+    record = seal(NEWCOMER, "nodeinfo", {"peer_id": NEWCOMER.peer_id, "addrs": ["/ip4/10.0.0.9/tcp/1"], "ts": 1.0})
+    node.answer = [record]
+
+    async def source_held_down() -> None:
+        node.peers.set_state(SOURCE.peer_id, PeerState.DOWN)  # it answered this node's probes too late
+
+    run_for(node, 5.0, during=source_held_down)
+    assert node.asks and NEWCOMER.peer_id in node.peers
+
+
+def test_a_node_with_no_peer_up_nor_connected_asks_no_one() -> None:
+    node = host()
+
+    async def source_gone() -> None:
+        node.peers.set_state(SOURCE.peer_id, PeerState.DOWN)
+
+    run_for(node, 5.0, during=source_gone)
+    assert node.asks == []  # held down before its first ask, and not connected
