@@ -32,15 +32,18 @@ MAX_PEERS = 64
 YOUNG_S = 30.0  # ask often while this node is new
 FAST_S = 2.0
 SLOW_S = 20.0
+QUIET_ASKS = 3  # asks in a row that teach nothing before a young node slows down
 
 
-def next_gap(gap: float, news: bool) -> float:
-    """The wait before the next ask while this node is young: ``FAST_S`` while asks teach it
-    peers or its table changes by other means (a mesh still starting), twice the last gap
-    (up to ``SLOW_S``) once one teaches nothing. Each ask is a stream to two peers and their
-    answers; a small mesh that has settled asked 15 times in its first half minute for nothing,
-    about a fifth of an idle node's CPU there."""
-    return FAST_S if news else min(SLOW_S, gap * 2)
+def young_gap(quiet: int) -> float:
+    """The wait before the next ask while this node is young, after ``quiet`` asks in a row
+    that taught it nothing while its peer table held still: ``FAST_S`` for the first
+    ``QUIET_ASKS`` of them (a mesh still starting: the asked peer may know more in a moment),
+    then twice the last gap, up to ``SLOW_S``. Each ask is a stream to two peers and their
+    answers; a small mesh that had settled asked 15 times in its first half minute for nothing."""
+    if quiet < QUIET_ASKS:
+        return FAST_S
+    return min(SLOW_S, FAST_S * 2 ** (quiet - QUIET_ASKS + 1))
 
 
 class PexHost(Protocol):
@@ -116,7 +119,7 @@ class PeerExchange:
 
     async def run(self) -> None:
         started = trio.current_time()
-        gap = FAST_S
+        quiet = 0  # asks in a row that taught nothing, the peer table holding still
         seen = -1  # the peer table's version (membership and states) at the last ask
         while True:
             frame = seal(self.node.identity, PEERS_REQUEST, {})
@@ -133,10 +136,10 @@ class PeerExchange:
                 if added:
                     log.info("learnt of %d peer(s) from %s", added, peer[-8:])
             if answered:  # no answer says nothing about news: the pace stays as it was
-                gap = next_gap(gap, learnt > 0 or self.node.peers.version != seen)
+                quiet = 0 if learnt > 0 or self.node.peers.version != seen else quiet + 1
             seen = self.node.peers.version
             young = trio.current_time() - started < YOUNG_S
-            await trio.sleep(gap if young else SLOW_S)
+            await trio.sleep(young_gap(quiet) if young else SLOW_S)
 
     def _sources(self) -> list[str]:
         """Two up peers this node has talked to, public ones first (they meet the most

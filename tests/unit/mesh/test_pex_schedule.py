@@ -14,7 +14,7 @@ import trio.testing
 from mesh.codec import seal
 from mesh.health import PeerState, PeerTable, protocol_clock
 from mesh.identity import Identity
-from mesh.pex import FAST_S, SLOW_S, YOUNG_S, PeerExchange, next_gap
+from mesh.pex import FAST_S, QUIET_ASKS, SLOW_S, YOUNG_S, PeerExchange, young_gap
 
 ME = Identity(bytes(range(32)))
 SOURCE = Identity(bytes(range(1, 33)))
@@ -37,12 +37,10 @@ def host() -> Host:
                 connected=[])
 
 
-def test_next_gap_doubles_to_the_slow_period_and_news_resets_it() -> None:
-    gaps = [FAST_S]
-    for _ in range(6):
-        gaps.append(next_gap(gaps[-1], news=False))
-    assert gaps == [2.0, 4.0, 8.0, 16.0, 20.0, 20.0, 20.0] and SLOW_S == 20.0
-    assert next_gap(16.0, news=True) == FAST_S
+def test_the_young_gap_stays_fast_for_a_few_quiet_asks_then_doubles_to_the_slow_period() -> None:
+    gaps = [young_gap(quiet) for quiet in range(9)]
+    assert QUIET_ASKS == 3 and gaps == [2.0, 2.0, 2.0, 4.0, 8.0, 16.0, 20.0, 20.0, 20.0] and SLOW_S == 20.0
+    assert young_gap(0) == FAST_S
 
 
 def run_for(node: Host, seconds: float, during: Any = None) -> None:
@@ -63,10 +61,11 @@ def test_a_settled_young_node_backs_off_then_asks_at_the_slow_period() -> None:
     node = host()
     run_for(node, YOUNG_S + 2 * SLOW_S + 1)
     young = [t for t in node.asks if t < YOUNG_S]
-    # The first ask, one more (the table changed: the source was reached), then gaps of 4, 8, 16.
-    assert young == [0.0, 2.0, 6.0, 14.0], node.asks
-    assert [b - a for a, b in pairwise(node.asks[4:])] == [SLOW_S] * (len(node.asks) - 5)
-    assert len(young) < YOUNG_S / FAST_S / 3  # was one ask every FAST_S
+    # The first ask (news: the table was new to it), three quiet ones at FAST_S, then 4, 8, 16.
+    assert young == [0.0, 2.0, 4.0, 6.0, 10.0, 18.0], node.asks
+    after = [t for t in node.asks if t >= YOUNG_S]
+    assert after[0] == 34.0 and [b - a for a, b in pairwise(after)] == [SLOW_S] * (len(after) - 1), node.asks
+    assert len(young) <= YOUNG_S / FAST_S / 2  # was one ask every FAST_S: 15
 
 
 def test_an_ask_that_teaches_a_peer_keeps_the_pace_fast() -> None:
@@ -78,8 +77,8 @@ def test_an_ask_that_teaches_a_peer_keeps_the_pace_fast() -> None:
         node.answer = [record]
 
     run_for(node, 25.0, during=newcomer_arrives)
-    # Backed off to 14.0; the ask at 14.0 teaches the newcomer, so the next is FAST_S later.
-    assert node.asks[:5] == [0.0, 2.0, 6.0, 14.0, 16.0], node.asks
+    # Backed off after 10.0; the ask at 18.0 teaches the newcomer, so the next is FAST_S later.
+    assert node.asks[:7] == [0.0, 2.0, 4.0, 6.0, 10.0, 18.0, 20.0], node.asks
     assert NEWCOMER.peer_id in node.peers
 
 
