@@ -20,41 +20,13 @@ Run (sizes one after the other; a size that fails still reports how far it got):
 from __future__ import annotations
 
 import argparse
-import os
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 from benchmarks.common import add_json_flag, emit, format_table, log, stop_on_sigterm
-
-TICKS = os.sysconf("SC_CLK_TCK")
-
-
-def cpu_seconds(pid: int) -> float:
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / TICKS
-
-
-def pss_mb(pid: int) -> float:
-    """Proportional set size: shared pages split among the processes that share them."""
-    try:
-        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
-            if line.startswith("Pss:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return 0.0
-
-
-def open_fds(pid: int) -> int:
-    try:
-        return len(os.listdir(f"/proc/{pid}/fd"))
-    except OSError:
-        return 0
+from benchmarks.procstat import cpu_seconds, open_fds, pss_mb
 
 
 def job_spec(rounds: int, local_steps: int, nodes: int) -> dict[str, Any]:

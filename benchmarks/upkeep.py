@@ -22,7 +22,6 @@ Run:
 from __future__ import annotations
 
 import argparse
-import os
 import signal
 import statistics
 import tempfile
@@ -31,9 +30,9 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common import add_json_flag, emit, format_table, log, ratio, stop_on_sigterm
+from benchmarks.procstat import cpu_seconds, open_sockets
 
 HERE = Path(__file__).resolve().parent.parent
-TICKS = os.sysconf("SC_CLK_TCK")
 
 
 def launcher(checkout: Path) -> list[str]:
@@ -41,24 +40,6 @@ def launcher(checkout: Path) -> list[str]:
     code = (f"import runpy, sys; sys.path.insert(0, {str(checkout)!r}); "
             "runpy.run_module('gpuflex', run_name='__main__', alter_sys=True)")
     return ["-c", code]
-
-
-def tcp_sockets(pid: int) -> int:
-    """Open sockets of a node process: its peer connections, plus its listeners and the
-    control API's (a handful, the same for every node)."""
-    fd = Path(f"/proc/{pid}/fd")
-    count = 0
-    for entry in fd.iterdir():
-        try:
-            count += os.readlink(entry).startswith("socket:")
-        except OSError:  # closed meanwhile
-            continue
-    return count
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICKS  # utime, stime
 
 
 def measure(design: str, checkout: Path, nodes: int, seconds: float, settle: float, kill: bool) -> dict[str, Any]:
@@ -85,7 +66,7 @@ def measure(design: str, checkout: Path, nodes: int, seconds: float, settle: flo
         cpu = [(cpu_seconds(p) - c) / wall for p, c in zip(pids, cpu0, strict=True)]
         sent = [(mesh.call(i, "status")["bytes_sent"] - s) / wall for i, s in zip(range(nodes), sent0, strict=True)]
         ups = mesh.up_counts()
-        socks = [tcp_sockets(p) for p in pids]
+        socks = [open_sockets(p) for p in pids]
         row: dict[str, Any] = {
             "design": design, "nodes": nodes, "cpu_median_pct": 100 * statistics.median(cpu),
             "cpu_max_pct": 100 * max(cpu), "bytes_sent_per_s": statistics.median(sent),

@@ -134,8 +134,8 @@ def no_auto_connect(host: IHost) -> None:
     if connector is None:  # a py-libp2p without one: nothing to switch off
         return
 
-    async def stay_stopped() -> None:
-        connector._started = False
+    async def stay_stopped() -> None:  # leaves ``_started`` False, as constructed
+        return None
 
     connector.start = stay_stopped
 

@@ -153,7 +153,7 @@ class PeerExchange:
         ups.sort(key=lambda r: parse_reachability((r.info or {}).get("reachability")) != Reachability.PUBLIC)
         out = [r.peer_id for r in ups[:2]]
         if len(out) < 2:
-            rest = sorted(self.node.connected_ids() - set(out))
+            rest = list(self.node.connected_ids() - set(out))
             random.shuffle(rest)
             out += rest[: 2 - len(out)]
         return out

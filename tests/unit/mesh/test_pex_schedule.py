@@ -19,6 +19,7 @@ from mesh.pex import FAST_S, QUIET_ASKS, SLOW_S, YOUNG_S, PeerExchange, young_ga
 ME = Identity(bytes(range(32)))
 SOURCE = Identity(bytes(range(1, 33)))
 NEWCOMER = Identity(bytes(range(2, 34)))
+NEWCOMER_INFO = seal(NEWCOMER, "nodeinfo", {"peer_id": NEWCOMER.peer_id, "addrs": ["/ip4/10.0.0.9/tcp/1"], "ts": 1.0})
 
 
 class Host(SimpleNamespace):
@@ -70,11 +71,10 @@ def test_a_settled_young_node_backs_off_then_asks_at_the_slow_period() -> None:
 
 def test_an_ask_that_teaches_a_peer_keeps_the_pace_fast() -> None:
     node = host()
-    record = seal(NEWCOMER, "nodeinfo", {"peer_id": NEWCOMER.peer_id, "addrs": ["/ip4/10.0.0.9/tcp/1"], "ts": 1.0})
 
     async def newcomer_arrives() -> None:
         await trio.sleep(13.0)  # the source hears of a new node while this one has backed off
-        node.answer = [record]
+        node.answer = [NEWCOMER_INFO]
 
     run_for(node, 25.0, during=newcomer_arrives)
     # Backed off after 10.0; the ask at 18.0 teaches the newcomer, so the next is FAST_S later.
@@ -85,8 +85,7 @@ def test_an_ask_that_teaches_a_peer_keeps_the_pace_fast() -> None:
 def test_a_node_whose_only_peer_is_down_here_still_asks_it_while_connected() -> None:
     node = host()
     node.connected = [SOURCE.peer_id]
-    record = seal(NEWCOMER, "nodeinfo", {"peer_id": NEWCOMER.peer_id, "addrs": ["/ip4/10.0.0.9/tcp/1"], "ts": 1.0})
-    node.answer = [record]
+    node.answer = [NEWCOMER_INFO]
 
     async def source_held_down() -> None:
         node.peers.set_state(SOURCE.peer_id, PeerState.DOWN)  # it answered this node's probes too late
