@@ -107,8 +107,11 @@ class ResultApplier:
                 book.ledger.append(frame, res, checked=True)
                 self.incidents.write_recovered(book.committed)
                 self.models.prune()
-                # Any peer (a late joiner, a node resyncing) can now find the model by hash.
-                book.tasks.start_soon(port.announce_blob, res.model_hash)
+                if res.coordinator == book.me:
+                    # One provider record a round, the root's: every member holds the model
+                    # too, but a record from each of them was a DHT walk and k stores per
+                    # member per round, and members fetch down the round's tree, not by lookup.
+                    book.tasks.start_soon(port.announce_blob, res.model_hash)
             except (LedgerError, WireError) as exc:
                 self.incidents.rejected(res.coordinator, res.round, f"round {res.round}: result rejected: {exc}")
                 return

@@ -231,7 +231,7 @@ class FakePort:
         raise BlobError(f"could not fetch blob {digest[:16]}: no peer has it")
 
     async def announce_blob(self, digest: str) -> None:
-        return None
+        self.net.announced.append((digest, self.node.peer_id))
 
     def heard_peers(self) -> list[str]:
         return [p for p in self.net.order if p != self.node.peer_id and self.health(p) == PeerState.UP]
@@ -319,6 +319,7 @@ class FakeNet:
         #: Blob fetches: only from the providers named, as the mesh does (else from anyone).
         self.providers_only = False
         self.served: list[tuple[str, str, str]] = []  # (digest, server, fetcher) of every blob fetched
+        self.announced: list[tuple[str, str]] = []  # (digest, node) of every provider record made
         ids = [Identity(bytes([i + 1]) * 32) for i in range(size)]
         self.archive: dict[str, bytes] = {}
         self.nodes: dict[str, FakeNode] = {
