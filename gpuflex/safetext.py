@@ -6,6 +6,10 @@ line with a forged one, and a bidirectional override makes text read backwards. 
 is passed through :func:`printable`, which keeps every visible character and shows every
 control or formatting character as an escape, and bounds the length. ``--json`` output needs
 none of this: JSON escapes control characters itself.
+
+Text this node sends to its peers must not tell them more about the machine than the job
+needs: :func:`without_paths` takes the local file paths out of an error message before it
+leaves the node.
 """
 
 from __future__ import annotations
@@ -34,6 +38,40 @@ def printable(value: object, limit: int | None = MAX_CHARS, *, keep_newlines: bo
     if limit is not None and len(text) > limit:
         text = text[: limit - 1] + "…"
     return text
+
+
+# One component of a path as an error message quotes it: up to a space, a quote, a separator or
+# the punctuation that ends a quoted path (``'/a/b'``, ``(/a/b)``, ``/a/b:12``, ``/a/b, ...``).
+_PART = r"[^\s/\\'\"`,;:()\[\]{}<>|]+"
+_LOCAL_PATH = re.compile(
+    # A POSIX path of two or more components (or a file:// address of one), at the start of a
+    # word: not after a letter, digit, slash or backslash, so that a relative path data/x.npz
+    # and a ratio 3/4 are left alone, and a web address's //host/a/b too (after its colon).
+    rf"(?:file://|(?<![\w/\\])(?:(?<!:)/+)?)/{_PART}(?:/+{_PART})+/*"
+    # A home directory, the user's own or a named one: ~/x, ~alice/x.
+    rf"|(?<![\w/\\])~[\w.-]*[/\\]+(?:{_PART}(?:[/\\]+{_PART})*[/\\]*)?"
+    # A Windows path on a drive, with either separator (C:\Users\x, C:/Users/x), or on a share
+    # (\\host\share\x); an exception's repr doubles each backslash, hence the runs of them.
+    rf"|(?<![\w/\\])[A-Za-z]:[/\\]+(?:{_PART}(?:[/\\]+{_PART})*[/\\]*)?"
+    rf"|(?<![\w/\\])\\{{2,}}{_PART}(?:\\+{_PART})+\\*"
+)
+#: What :func:`without_paths` puts where a path was.
+PATH_MARK = "<path>"
+
+
+def without_paths(text: str) -> str:
+    """``text`` with every absolute local path in it replaced by ``<path>``.
+
+    A job's error on this node travels to its peers (presence says why the job failed here),
+    and an exception quotes paths: ``No such file or directory: '/home/alice/data/x.npz'``
+    tells every peer the operator's user name and how the disk is laid out. The path goes as a
+    whole, its file name too: the last component can be the user name itself
+    (``/home/alice``, ``C:\\Users\\alice``) or a file the operator named, and the operator reads
+    the full message in ``job status`` on this node, which keeps it. Peers need only the kind of
+    failure. Relative paths stay (they say nothing about the machine), and a path is cut at a
+    space: in ``/home/alice/My Files/x`` the part ``Files/x`` stays, after ``<path>``.
+    """
+    return _LOCAL_PATH.sub(PATH_MARK, text)
 
 
 def plural(count: object, word: str, words: str | None = None) -> str:

@@ -50,6 +50,7 @@ from gpuflex.node.roles.root import Root
 from gpuflex.node.state import JobBook, JobInfo, RoundDeadlines, RoundState
 from gpuflex.node.summary import ledger_rows, members_gone_note, metric_rows, summarize
 from gpuflex.privacy import STOP, WARN, budget_status
+from gpuflex.safetext import without_paths
 from mesh.codec import WireError, WireReason
 from mesh.health import PeerState
 from mesh.messaging import Inbound, Rejected, SendError
@@ -290,9 +291,13 @@ class JobDriver:
 
     @property
     def failure(self) -> str:
-        """Why this job failed here ("" unless it did): presence tells its peers."""
+        """Why this job failed here ("" unless it did): presence tells its peers. Without the
+        local paths the error quotes (``safetext.without_paths``): they name the operator's
+        user and directories, which are no peer's business; ``job status`` here keeps them."""
         status = self.book.status
-        return (status.error or "failed")[:FAILED_REASON_CHARS] if status.state == JobState.FAILED else ""
+        if status.state != JobState.FAILED:
+            return ""
+        return without_paths(status.error or "failed")[:FAILED_REASON_CHARS]
 
     @property
     def committed(self) -> int:

@@ -7,6 +7,7 @@ makes impossible on that node, so the job fails there, and only there: its ``job
 says failed and why. Its presence tells its peers, who leave it out of their plans and name
 it in their ``job status`` as gone for that reason (rather than a round retrying for an
 update that never comes), and the job commits every round without it (``min_nodes`` = 2).
+The reason names the file it could not read, on its own node only: peers read ``<path>``.
 """
 
 from __future__ import annotations
@@ -50,6 +51,10 @@ def test_a_job_failing_on_one_node_is_named_gone_for_its_reason_by_its_peers(tmp
 
         mesh.wait_until(lambda: all(names_node_2(i) for i in (0, 1)), 30 * load_factor(), interval=0.3,
                         what="nodes 0 and 1 naming node 2 as gone for its reason")
+        assert str(tmp_path) in own["error"], own["error"]
+        for i in (0, 1):
+            said = [row["reason"] for row in mesh.call(i, "job_status", {"job": job})["gone"]]
+            assert said and not any(str(tmp_path) in why for why in said), said
         mesh.wait_job(job, [0, 1], timeout=120 * load_factor())
         for i in (0, 1):
             assert names_node_2(i), "a finished job still names the member it went on without"

@@ -99,3 +99,27 @@ async def test_a_job_that_fails_on_one_node_says_why_there_and_its_peers_name_it
     retried = [(n.index, e.message) for n in others for e in n.events
                if e.kind == EventKind.PLAN_RECEIVED and e.at > PRESENCE_EVERY_S + 1.0]
     assert not retried, f"a plan named the member whose job failed, and was retried in silence: {retried}"
+
+
+async def test_a_failed_jobs_reason_reaches_its_peers_without_the_local_paths_it_quotes(
+        autojump_clock, tmp_path, monkeypatch) -> None:
+    net = FakeNet(tmp_path, 3, fast_spec(rounds=2, min_nodes=3))
+    broken = net.ranking(1, 0)[-1]
+    where = "/home/alice/datasets/clinic-7/x.npz"  # the operator's user and directories
+    fitted = FakeTrainer.fitted
+
+    def fit(trainer: FakeTrainer) -> dict[str, Any]:
+        if trainer.node is broken:
+            raise FileNotFoundError(2, "No such file or directory", where)
+        return fitted(trainer)
+
+    monkeypatch.setattr(FakeTrainer, "fitted", fit)
+    others = [n for n in net.nodes.values() if n is not broken]
+    async with trio.open_nursery() as nursery:
+        await net.start(nursery)
+        await net.wait_until(lambda: all(broken.peer_id in n.driver.book.left for n in others), limit=30)
+        nursery.cancel_scope.cancel()
+    assert where in broken.driver.summary()["error"], "job status on the node itself keeps the path"
+    for n in others:
+        (gone,) = n.driver.summary()["gone"]
+        assert gone == {"peer": broken.peer_id, "reason": "[Errno 2] No such file or directory: '<path>'"}
