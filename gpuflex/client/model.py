@@ -236,6 +236,30 @@ class MemberWork:
 
 
 @dataclass(frozen=True)
+class GoneMember:
+    """A member whose presence says the job failed there, and why, in that peer's own words
+    (a row of the JobSummary's ``gone``): plans leave it out, so a view names it rather than
+    leave a person to wonder why its updates never come."""
+
+    peer: str
+    reason: str = ""
+
+    @classmethod
+    def parse(cls, raw: Any) -> GoneMember | None:
+        """None for a row that names no peer: there is nobody to show, so the view skips it.
+        A missing or mistyped reason reads as ``""``, as any other field would."""
+        d = as_map(raw)
+        peer = clip(d.get("peer"), NAME)
+        return cls(peer, clip(d.get("reason"))) if peer else None
+
+
+def _gone(value: Any) -> tuple[GoneMember, ...]:
+    """The ``gone`` rows that name a peer, at most ``MAX_ITEMS``."""
+    rows = (GoneMember.parse(r) for r in as_list(value)[:MAX_ITEMS])
+    return tuple(row for row in rows if row is not None)
+
+
+@dataclass(frozen=True)
 class Job:
     job_id: str
     name: str = ""
@@ -256,6 +280,7 @@ class Job:
     spec: Mapping[str, Any] | None = None
     work: tuple[MemberWork, ...] = ()  # each member's work in the last committed round
     kind: str = ""  # "inference" for a batch inference job (answers for rounds, no ledger)
+    gone: tuple[GoneMember, ...] = ()  # members whose job failed there, with their reasons
 
     @classmethod
     def parse(cls, raw: Any) -> Job:
@@ -272,7 +297,7 @@ class Job:
             waiting=clip(d.get("waiting")), stalled=clip(d.get("stalled")), error=clip(d.get("error")),
             model_hash=clip(d.get("model_hash"), NAME), spec=spec if isinstance(spec, Mapping) else None,
             work=tuple(MemberWork.parse(w) for w in as_list(d.get("work"))[:MAX_ITEMS]),
-            kind=clip(d.get("kind"), WORD))
+            kind=clip(d.get("kind"), WORD), gone=_gone(d.get("gone")))
 
     @property
     def label(self) -> str:

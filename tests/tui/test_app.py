@@ -9,6 +9,7 @@ from textual.pilot import Pilot
 from tests.tui.capture import screen_text
 from tests.tui.conftest import drive, loaded, make_app, until
 from tests.tui.fake_source import JOB_ID, FakeSource, peer_id
+from tui import format as fmt
 from tui.app import DashboardApp
 from tui.screens.help import HelpScreen
 from tui.screens.jobs import JobsScreen
@@ -175,6 +176,25 @@ def test_jobs_screen_says_why_a_round_stalls() -> None:
         await pilot.press("3")
         await until(pilot, lambda: "behind NAT" in screen_text(app), what="the stall line")
         assert "⚠ only 1 of min_nodes=2" in screen_text(app)
+
+    drive(make_app(source), scenario, size=(160, 48))
+
+
+def test_jobs_screen_names_the_members_whose_job_failed_there() -> None:
+    source = FakeSource()
+    why = "[Errno 2] No such file or directory: '<path>'"
+    source.job_list[0]["gone"] = [{"peer": peer_id(n), "reason": why} for n in range(1, 6)]
+
+    async def scenario(app: DashboardApp, pilot: Pilot[None]) -> None:
+        await pilot.press("3")
+        await until(pilot, lambda: "round 6      coordinator" in screen_text(app), what="the round's details")
+        shown = screen_text(app)
+        for n in range(1, 4):
+            assert f"✗ gone {fmt.short_id(peer_id(n))}: the job failed there ({why})" in shown
+        assert fmt.short_id(peer_id(4)) not in shown and "✗ 2 more gone: gpuflex job status lists them" in shown
+        assert "contributors ChVi…o1Gf×300" in shown, "the round's details still show below them"
+        await pilot.press("down")  # the other job has no member gone
+        await until(pilot, lambda: "✗" not in screen_text(app), what="the other job's pane")
 
     drive(make_app(source), scenario, size=(160, 48))
 

@@ -29,6 +29,7 @@ def hostile_source() -> FakeSource:
     source = FakeSource()
     source.job_list[0]["name"] = EVIL
     source.job_list[0]["waiting"] = f"waiting for {EVIL}"
+    source.job_list[0]["gone"] = [{"peer": f"12D3KooW{EVIL}", "reason": f"gone for {EVIL}"}]
     info = source.peer_list[0]["info"]
     info["os"] = EVIL
     info["torch"] = "[link=file:///etc/passwd]t[/link]"
@@ -53,6 +54,7 @@ def test_hostile_names_are_drawn_as_text_on_every_screen() -> None:
         await until(pilot, lambda: "ledger of" in screen_text(app), what="the jobs screen")
         jobs = screen_text(app)
         assert "[/evil][bold red]" in jobs and "waiting for [/evil]" in jobs
+        assert f"the job failed there (gone for {SHOWN})" in jobs
         for shown in (overview, peers, jobs):
             assert "\x1b" not in shown and "\r" not in shown and "\x07" not in shown
 

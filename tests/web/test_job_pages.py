@@ -10,8 +10,13 @@ import zipfile
 from pathlib import Path
 
 import trio
+from markupsafe import escape
 
+from gpuflex_web.model import short
 from gpuflex_web.views import LEDGER_PAGE
+from tests.tui.fake_source import JOB_ID as OTHER_JOB
+from tests.tui.fake_source import peer_id
+from tests.unit.node.chain import JOB
 from tests.web.conftest import Served, start
 from tests.web.fake_api import LLM_JOB, LONG_JOB
 from tests.web.test_pages import job_page_with_spec
@@ -38,6 +43,22 @@ async def test_a_language_model_job_offers_its_adapter_not_a_missing_model_pt(se
     loss = html[html.index('class="chart loss"'):]
     ticks = [float(t) for t in re.findall(r'text-anchor="end">([\d.]+)</text>', loss[:loss.index("</svg>")])]
     assert len(ticks) >= 3 and ticks[0] >= 2.0, ticks
+
+
+async def test_the_job_page_names_the_members_whose_job_failed_there(served: Served) -> None:
+    why = "[Errno 2] No such file or directory: '<path>'"
+    served.api.job_list[0]["gone"] = [
+        {"peer": peer_id(2), "reason": why},
+        {"peer": peer_id(3), "reason": "<script>alert(1)</script>"},
+        {"reason": "a row that names no peer"}, "junk",
+    ]
+    html = (await served.client.get(f"/jobs/{JOB}")).text
+    gone = html.split("<h2>Gone</h2>")[1].split("</ul>")[0]
+    assert gone.count("<li>") == 2
+    assert f'<code title="{peer_id(2)}">{short(peer_id(2), 12)}</code>' in gone and str(escape(why)) in gone
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in gone and "<script>" not in gone
+    assert "a row that names no peer" not in html
+    assert "<h2>Gone</h2>" not in (await served.client.get(f"/jobs/{OTHER_JOB}")).text
 
 
 async def test_a_finished_classic_job_calls_its_model_final(served: Served) -> None:

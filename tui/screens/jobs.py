@@ -41,6 +41,8 @@ LEDGER_COLUMNS = (
     ("sent", "sent"),
     ("result", "result hash"),
 )
+#: Gone members the detail pane names one per line; past these, one line says how many more.
+GONE_SHOWN = 3
 
 
 def job_cells(job: Job) -> list[Cell]:
@@ -92,6 +94,22 @@ def round_details(entry: LedgerRound) -> Table:
         fmt.literal(", ".join(f"{fmt.short_id(c.peer)}×{c.samples}" for c in entry.contributors) or fmt.DASH),
     )
     return grid
+
+
+def gone_lines(job: Job) -> list[Text]:
+    """One line per member whose job failed there, with the reason it gave (a peer's words,
+    so literal, and cut at the pane's edge): plans leave it out, and the pane says so instead of
+    leaving a round to look as if it waits for it. A few, then how many more ``job status``
+    lists, so a job with many gone members still shows its round."""
+    lines = []
+    for gone in job.gone[:GONE_SHOWN]:
+        line = fmt.literal(f"✗ gone {fmt.short_id(gone.peer)}: the job failed there ({gone.reason or fmt.DASH})",
+                           style="yellow")
+        line.no_wrap, line.overflow = True, "ellipsis"
+        lines.append(line)
+    if len(job.gone) > GONE_SHOWN:
+        lines.append(Text(f"✗ {len(job.gone) - GONE_SHOWN} more gone: gpuflex job status lists them", style="yellow"))
+    return lines
 
 
 class JobsScreen(DashboardScreen):
@@ -179,8 +197,9 @@ class JobsScreen(DashboardScreen):
         rounds = self.ledgers.get(job.job_id, (0, ()))[1] if job else ()
         entry = next((r for r in rounds if job is not None and round_key(job.job_id, r.round) == key), None)
         shown: Any = Text("no committed round selected", style="dim") if entry is None else round_details(entry)
-        if job is not None and job.stall:  # why the round in flight does not commit, first
-            shown = Group(fmt.literal(f"⚠ {job.stall}", style="bold yellow"), shown)
+        if job is not None:  # why the round in flight does not commit, and who is gone, first
+            stall = [fmt.literal(f"⚠ {job.stall}", style="bold yellow")] if job.stall else []
+            shown = Group(*stall, *gone_lines(job), shown)
         detail.update(shown)
 
     @on(DataTable.RowHighlighted, "#job-table")

@@ -16,6 +16,7 @@ from gpuflex.client.model import (
     NAME,
     WORD,
     Event,
+    GoneMember,
     Job,
     LedgerRound,
     Peer,
@@ -30,7 +31,8 @@ JSON = st.recursive(
 )
 KEYS = ["peer_id", "state", "rtt_ms", "info", "node_info", "reachability", "connection", "job_id", "name", "round",
         "rounds", "phase", "metrics", "members", "contributors", "samples", "peer", "accelerators", "mesh", "addrs",
-        "legacy", "seq", "ts", "type", "message", "job", "waiting", "stalled", "work", "steps", "ram_bytes"]
+        "legacy", "seq", "ts", "type", "message", "job", "waiting", "stalled", "work", "steps", "ram_bytes", "gone",
+        "reason"]
 RECORDS = st.dictionaries(st.sampled_from(KEYS), JSON, max_size=12) | JSON
 
 
@@ -64,6 +66,27 @@ def test_one_clipping_rule_by_kind_of_text() -> None:
     assert clip("short", NAME) == "short" and clip(None) == "" and clip(12) == ""
     job = Job.parse({"job_id": "j" * 200, "state": "s" * 200, "waiting": "w" * 1000})
     assert (len(job.job_id), len(job.state), len(job.waiting)) == (NAME, WORD, LINE)
+
+
+def test_gone_members_keep_the_rows_that_name_a_peer_each_clipped() -> None:
+    """A node older than ``gone`` sends none; a hostile or broken one sends rows of any shape:
+    those that name no peer are skipped, the rest read by the one clipping rule (escaping is
+    each view's own)."""
+    assert Job.parse({"job_id": "j"}).gone == ()
+    assert Job.parse({"job_id": "j", "gone": "everyone"}).gone == ()
+    job = Job.parse({"job_id": "j", "gone": [
+        {"peer": "12D3KooWgone", "reason": "[Errno 2] No such file or directory: '<path>'"},
+        None, "12D3KooWbare", ["12D3KooWlist"], {"reason": "no peer"}, {"peer": 7, "reason": "not an id"},
+        {"peer": "", "reason": "empty id"},
+        {"peer": "p" * 500, "reason": "<script>alert(1)</script>\x1b[2J" + "r" * 1000},
+        {"peer": "12D3KooWquiet", "reason": {"nested": True}},
+    ]})
+    assert [g.peer[:12] for g in job.gone] == ["12D3KooWgone", "p" * 12, "12D3KooWquie"]
+    first, hostile, quiet = job.gone
+    assert first == GoneMember("12D3KooWgone", "[Errno 2] No such file or directory: '<path>'")
+    assert len(hostile.peer) == NAME and hostile.peer.endswith("…")
+    assert len(hostile.reason) == LINE and hostile.reason.startswith("<script>alert(1)</script>\x1b[2J")
+    assert quiet.reason == ""
 
 
 def test_numbers_that_are_not_finite_count_as_absent() -> None:
