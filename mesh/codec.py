@@ -20,6 +20,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import msgpack
@@ -102,12 +103,16 @@ class Envelope:
     raw: bytes
     signed: bytes  # the header bytes the signature covers (after SIGNING_DOMAIN)
 
-    @property
+    # Both hashes are kept once computed (the dataclass is frozen, its bytes never change): a
+    # plan's digest is what every update for it signs, and checking a result's evidence
+    # compared each of its updates with it, hashing a plan that lists every member once per
+    # update, members² bytes a result; a ledger's chain check hashes every result again.
+    @cached_property
     def msg_id(self) -> bytes:
         """Gossip de-duplication id: BLAKE2b-128 of the signed bytes."""
         return hashlib.blake2b(SIGNING_DOMAIN + self.signed, digest_size=16).digest()
 
-    @property
+    @cached_property
     def digest(self) -> str:
         """Hex BLAKE2b-256 of the signed bytes (``SIGNING_DOMAIN + header``): what hash chains,
         job ids and references point at. Nothing outside the signature enters it."""

@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from contextlib import suppress
+from contextlib import AbstractContextManager, suppress
 from typing import Any, Protocol
 
 import trio
@@ -72,6 +72,8 @@ class ServingNode(Protocol):
 
     def rejected(self, peer: str, reason: str, message: str) -> None: ...
 
+    def in_use(self, peer: str) -> AbstractContextManager[None]: ...
+
 
 class InboundStreams:
     """The node's stream handlers (``/gpuflex/msg``, ``/gpuflex/gossip``, ``/gpuflex/blob``)."""
@@ -103,7 +105,8 @@ class InboundStreams:
                 await reset(stream)
                 return
             try:
-                await handler(stream, remote)
+                with self.node.in_use(remote):  # a connection carrying a stream is not idle
+                    await handler(stream, remote)
             except WireError as exc:
                 self.reject(remote, exc, stream.get_protocol() if hasattr(stream, "get_protocol") else "")
                 await reset(stream)

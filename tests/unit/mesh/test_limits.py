@@ -3,6 +3,8 @@ gossip token buckets, and a stream handler guarded by its quota."""
 
 from __future__ import annotations
 
+import contextlib
+
 from typing import Any
 
 import pytest
@@ -79,6 +81,9 @@ class _Peers:
 class _Node:
     limits = PeerLimits(relay_streams_per_peer=2)
     peers = _Peers()
+
+    def in_use(self, peer: str) -> contextlib.AbstractContextManager[None]:
+        return contextlib.nullcontext()
 
 
 async def test_a_guarded_handler_is_refused_past_its_peer_quota_and_frees_its_slot() -> None:
