@@ -94,6 +94,7 @@ def main(argv: list[str] | None = None) -> int:
             f"idle {idle['msgs']:.1f} msgs/s, {idle['bytes'] / 1e3:.1f} kB/s per node; "
             f"{report['connections_per_node']['mean']:.0f} connections per node; "
             f"CPU s by phase {report['cpu_s_by_phase']}")
+        log(f"  idle stream writes per node per second, by protocol: {report['idle_writes_by_protocol']}")
         job = report.get("job_per_node_s")
         if job:
             log(f"  during the job: {job['msgs']:.1f} msgs/s, {job['bytes'] / 1e3:.1f} kB/s per node")

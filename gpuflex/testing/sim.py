@@ -281,6 +281,7 @@ class Simulation:
         # CPU seconds of this process at each phase's end (start, settle, idle, gossip, rounds,
         # drain): where a simulation's cost goes, as the mesh grows.
         self.cpu: dict[str, float] = {}
+        self.idle_writes: dict[str, float] = {}  # per protocol, per live node per modelled second
         self._cpu_at = time.process_time()
         self.job_span: tuple[float, float] | None = None
 
@@ -468,8 +469,12 @@ class Simulation:
                 await trio.sleep(cfg.settle_s)
                 self._cpu_mark("settle")
                 idle_from = trio.current_time()
+                writes_from = dict(self.net.writes_by_protocol)
                 await trio.sleep(min(10.0, cfg.settle_s))
                 idle_to = trio.current_time()
+                span = max(idle_to - idle_from, 1e-9) * max(1, len(self.live()))
+                self.idle_writes = {p: round((n - writes_from.get(p, 0)) / span, 2)
+                                    for p, n in self.net.writes_by_protocol.most_common()}
                 self._cpu_mark("idle")
                 idle = self._rates(idle_from, idle_to)
                 conns = self.samples[-1]["connections"] if self.samples else [0]
@@ -518,6 +523,8 @@ class Simulation:
         return {
             "nodes": self.cfg.nodes, "rounds_wanted": self.cfg.rounds, "rounds_committed": len(self.rounds),
             "idle_per_node_s": self._rates(idle_from, idle_to),
+            # Which protocols the idle upkeep is: stream writes per live node per modelled second.
+            "idle_writes_by_protocol": self.idle_writes,
             # The same while the job ran (submission to the last round): what being in a job costs.
             "job_per_node_s": self._rates(*self.job_span) if self.job_span else None,
             "connections_per_node": {"mean": sum(last["connections"]) / max(1, len(last["connections"])),

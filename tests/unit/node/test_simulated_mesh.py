@@ -70,6 +70,10 @@ def test_idle_upkeep_per_node_is_bounded(run: tuple[Simulation, dict[str, Any]])
     _, report = run
     idle = report["idle_per_node_s"]
     assert 0 < idle["msgs"] <= IDLE_MSGS_PER_NODE_S, idle
+    # What it is made of: liveness probes (libp2p ping) and requests, every write counted once.
+    writes = report["idle_writes_by_protocol"]
+    assert writes.get("/ipfs/ping/1.0.0", 0) > 0 and writes.get("/gpuflex/msg/1.0.0", 0) > 0, writes
+    assert sum(writes.values()) <= IDLE_MSGS_PER_NODE_S, writes
 
 
 def test_the_crashed_node_is_down_everywhere(run: tuple[Simulation, dict[str, Any]]) -> None:
