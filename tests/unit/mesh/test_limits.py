@@ -4,7 +4,6 @@ gossip token buckets, and a stream handler guarded by its quota."""
 from __future__ import annotations
 
 import contextlib
-
 from typing import Any
 
 import pytest

@@ -52,7 +52,7 @@ def test_a_connection_with_a_stream_open_is_never_idle_however_long_the_stream_l
 
 
 class _Stream:
-    class muxed_conn:  # noqa: N801 - py-libp2p's attribute name
+    class muxed_conn:
         peer_id = STRANGER
 
     async def close(self) -> None:
