@@ -190,7 +190,7 @@ class MeshNode:
         self._pinned: dict[str, float] = {}  # peer -> trio time until which it is watched
         self._overlay: tuple[Any, list[str]] = ((None, -math.inf), [])  # ((version, when), neighbours)
         self._bootstrap_ids: set[str] = set()
-        self._used: dict[str, float] = {}  # peer -> trio time a stream with it last began or ended
+        self._used: dict[str, float] = {}  # peer -> trio time this node last opened a stream to it, or one ended
         self._in_flight: dict[str, int] = {}  # peer -> streams with it open now, either side's
         self._book_save_failed = False
         self._on_event = on_event or (lambda *a, **k: None)
@@ -511,11 +511,10 @@ class MeshNode:
         so a leader closed the connection of a member it knew only by hearsay while the
         member's update was arriving on it; the update went to the next ancestor and the
         leader waited for it until its deadline (round 1 of a 300-node mesh took 42 s, not 4)."""
-        self._used[peer] = trio.current_time()
         self._in_flight[peer] = self._in_flight.get(peer, 0) + 1
         try:
             yield
-        finally:
+        finally:  # in flight it is kept by ``_in_flight``; from its end, by ``_used``
             left = self._in_flight.pop(peer, 1) - 1
             if left > 0:
                 self._in_flight[peer] = left
