@@ -141,7 +141,13 @@ class HostilePeer:
 
     def call(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> Any:
         """Run ``fn(*args)`` on the hostile peer's loop, from the test's thread."""
+        self.check_running()
         return trio.from_thread.run(fn, *args, trio_token=self._token)
+
+    def check_running(self) -> None:
+        """Raise what ended the peer's loop, if it has ended."""
+        if not self._thread.is_alive():
+            raise RuntimeError(f"the hostile peer's loop has ended: {self._error!r}")
 
     def close(self) -> None:
         if self._token is not None and self._thread.is_alive():
@@ -178,8 +184,13 @@ class HostilePeer:
         return {"jobs": [], "heights": heights, "weights": dict(self.sync_weights)}
 
     async def _send_update(self, plan: Plan, samples: int) -> None:
-        """A member's update of zeros for ``plan``, claiming ``samples``, to its parent."""
-        size = self.delta_size(plan.job)
+        """A member's update of zeros for ``plan``, claiming ``samples``, to its parent; none
+        while no result has told it the model's size. A plan can name it before it hears one (on
+        a loaded machine its presence counts before round 1 is planned), and an error here would
+        end its whole loop: every later attack then found a peer that had stopped."""
+        size = self.known_delta_size(plan.job)
+        if size is None:
+            return
         payload = np.zeros(size, dtype="<f4").tobytes()
         frame = seal(self.identity, UPDATE, {
             "job": plan.job, "round": plan.round, "peer": self.peer_id, "base_hash": plan.base_hash,
@@ -192,12 +203,19 @@ class HostilePeer:
 
     # -- what it says ----------------------------------------------------------------------------
 
-    def delta_size(self, job: str) -> int:
-        """The model's parameter count, read from an honest update in a gossiped result."""
+    def known_delta_size(self, job: str) -> int | None:
+        """The model's parameter count, read from an honest update in a gossiped result; None
+        before it has heard one."""
         for res in reversed(self.results):
             if res.job == job and res.updates:
                 return int(open_envelope(res.updates[0]).body["delta_size"])
-        raise AssertionError(f"no result of job {job} seen yet")
+        return None
+
+    def delta_size(self, job: str) -> int:
+        size = self.known_delta_size(job)
+        if size is None:
+            raise AssertionError(f"no result of job {job} seen yet")
+        return size
 
     def zero_model(self, job: str) -> str:
         """An all-zero model, served from this peer's blob store; its hash."""

@@ -36,7 +36,11 @@ class Arena:
         self.mesh, self.job, self.hostile, self.ids = mesh, job, hostile, ids
 
     def wait(self, predicate: Any, what: str, timeout: float = 60.0) -> None:
-        self.mesh.wait_until(predicate, timeout * load_factor(), interval=0.2, what=what)
+        def holds() -> bool:
+            self.hostile.check_running()  # a wait on a peer that has stopped would only time out
+            return bool(predicate())
+
+        self.mesh.wait_until(holds, timeout * load_factor(), interval=0.2, what=what)
 
     def committed(self, i: int = 0) -> int:
         return int(self.mesh.job(i, self.job)["round"])
