@@ -25,6 +25,8 @@ import trio
 log = logging.getLogger("mesh.lan")
 SERVICE_TAG = "gpuflex"  # -> _p2p-gpuflex._udp.local.
 POLL_S = 0.5
+#: How long a stopping node waits for zeroconf to close (its goodbye packets, its threads).
+MDNS_STOP_S = 2.0
 
 
 def worth_announcing(listen: Sequence[str]) -> bool:
@@ -70,8 +72,16 @@ class LanDiscovery:
         try:
             await self._watch()
         finally:
-            with trio.CancelScope(shield=True):
-                await trio.to_thread.run_sync(self._stop)
+            # py-libp2p's ``stop`` also cancels the cleanup loop it spawned as a trio system
+            # task; from the worker thread that runs ``stop``, that cancel never woke the task,
+            # and the node's process outlived its stop until it was killed. Cancelled here, on
+            # trio's thread, the loop ends; zeroconf's own close (goodbye packets, threads)
+            # gets a bounded wait.
+            scope = getattr(self._mdns, "_cleanup_cancel_scope", None)
+            if scope is not None:
+                scope.cancel()
+            with trio.CancelScope(shield=True), trio.move_on_after(MDNS_STOP_S):
+                await trio.to_thread.run_sync(self._stop, abandon_on_cancel=True)  # type: ignore[call-arg]
 
     def _stop(self) -> None:
         try:

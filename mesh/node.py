@@ -117,6 +117,8 @@ OVERLAY_EVERY_S = 2.0
 #: The cached overlay is also recomputed this often: an ignored peer's time runs out by the
 #: clock, not by a change to the table.
 IGNORE_RECHECK_S = 5.0
+#: Frames already going out when the node stops get this long to finish (``finishing``).
+STOP_GRACE_S = 1.0
 
 
 class MeshEvent(StrEnum):
@@ -196,6 +198,7 @@ class MeshNode:
         self._on_event = on_event or (lambda *a, **k: None)
         self._nursery: trio.Nursery | None = None
         self._stopped = trio.Event()
+        self._finishing: set[trio.CancelScope] = set()  # scopes of frames going out (``finishing``)
         self._info_frame: bytes | None = None
         # Kinds every peer is sent directly by its origin and that are never relayed.
         self.direct_only: set[str] = set()
@@ -241,7 +244,29 @@ class MeshNode:
                 node.stop()
 
     def stop(self) -> None:
+        """Stop serving. What is still going out (``finishing``) gets ``STOP_GRACE_S`` more."""
         self._stopped.set()
+        if self._finishing:
+            until = trio.current_time() + STOP_GRACE_S
+            for scope in self._finishing:
+                scope.deadline = min(scope.deadline, until)
+
+    @contextmanager
+    def finishing(self) -> Iterator[trio.CancelScope]:
+        """Shielded from its caller's cancellation, not from the node's stop. A frame must still
+        go out when applying it here ended the job that sent it (the root's last result), but a
+        node told to stop waited for such sends until they timed out: 5 s for an offer to a peer
+        that was stopping too. Once the node stops they have ``STOP_GRACE_S`` left; check
+        ``cancelled_caught`` for whether they finished."""
+        scope = trio.CancelScope(shield=True)
+        if self._stopped.is_set():
+            scope.deadline = trio.current_time() + STOP_GRACE_S
+        self._finishing.add(scope)
+        try:
+            with scope:
+                yield scope
+        finally:
+            self._finishing.discard(scope)
 
     async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         """Serve until ``stop()``; reports started once listening and bootstrapped."""
@@ -677,8 +702,9 @@ class MeshNode:
     async def send_direct(self, frame: bytes, peers: list[str]) -> int:
         """Send a signed frame of a ``direct_only`` kind to ``peers`` alone, not relayed and not
         delivered here: what a job's members tell each other (presence)."""
-        with trio.CancelScope(shield=True):
+        with self.finishing():
             return await self.gossip.push_to(frame, peers)
+        return 0  # the node stopped first
 
     @asynccontextmanager
     async def request_stream(self, peer: str, frame: bytes, *, open_timeout: float = 10.0,
@@ -701,7 +727,7 @@ class MeshNode:
                 yield read_items(stream, peer, item_timeout)
             self.peers.reached(peer)
         finally:
-            with trio.CancelScope(shield=True):
+            with self.finishing():
                 await reset(stream)
 
     async def broadcast(self, frame: bytes) -> int:
@@ -714,9 +740,10 @@ class MeshNode:
         except Rejected as exc:
             log.info("own %s was not applied locally: %s", env.kind, exc)
         # Applying our own frame can end the job and cancel the caller (the root's last result);
-        # it must still go out. Each push is bounded by its own timeout.
-        with trio.CancelScope(shield=True):
+        # it must still go out. Each push is bounded by its own timeout, and by the node's stop.
+        with self.finishing():
             return await self.gossip.forward(frame, env.msg_id, set(), everyone=env.kind in self.direct_only)
+        return 0  # the node stopped first
 
     # -- blobs -------------------------------------------------------------------------------
 
