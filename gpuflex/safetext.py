@@ -55,6 +55,12 @@ _LOCAL_PATH = re.compile(
     rf"|(?<![\w/\\])[A-Za-z]:[/\\]+(?:{_PART}(?:[/\\]+{_PART})*[/\\]*)?"
     rf"|(?<![\w/\\])\\{{2,}}{_PART}(?:\\+{_PART})+\\*"
 )
+#: A quoted absolute path, spaces and all, up to its closing quote: how Python's errors quote a
+#: file name (``No such file or directory: '/home/alice/My Files/x.npz'``).
+_QUOTED_PATH = re.compile(
+    r"""(?P<q>['"])(?:file://)?"""
+    r"""(?:/[^'"\n/]+/|~[\w.-]*[/\\]|[A-Za-z]:[/\\]|\\{2,}[^'"\n\\]+\\)[^'"\n]*(?P=q)"""
+)
 #: What :func:`without_paths` puts where a path was.
 PATH_MARK = "<path>"
 
@@ -68,9 +74,11 @@ def without_paths(text: str) -> str:
     whole, its file name too: the last component can be the user name itself
     (``/home/alice``, ``C:\\Users\\alice``) or a file the operator named, and the operator reads
     the full message in ``job status`` on this node, which keeps it. Peers need only the kind of
-    failure. Relative paths stay (they say nothing about the machine), and a path is cut at a
-    space: in ``/home/alice/My Files/x`` the part ``Files/x`` stays, after ``<path>``.
+    failure. Relative paths stay (they say nothing about the machine). A quoted path goes up to
+    its closing quote, spaces and all; an unquoted one is cut at a space: in
+    ``/home/alice/My Files/x`` the part ``Files/x`` stays, after ``<path>``.
     """
+    text = _QUOTED_PATH.sub(lambda m: f"{m['q']}{PATH_MARK}{m['q']}", text)
     return _LOCAL_PATH.sub(PATH_MARK, text)
 
 

@@ -46,6 +46,19 @@ def test_no_user_name_survives_in_a_path_however_it_is_quoted(
         assert user not in shown and PATH_MARK in shown, (message, shown)
 
 
+#: Directory and file names with spaces in them ("My Files"), in capitals: none may show.
+SPACED = st.lists(st.from_regex(r"[A-Z][A-Z0-9 ._-]{0,11}", fullmatch=True), min_size=1, max_size=3)
+
+
+@settings(max_examples=300, deadline=None)
+@given(USERS, STYLES, SPACED, PROSE, st.sampled_from(["'", '"']), PROSE)
+def test_a_quoted_path_goes_whole_spaces_and_all(user: str, style: str, parts: list[str], head: str, quote: str,
+                                                 tail: str) -> None:
+    """How Python's errors quote a file name: the whole path, up to its closing quote."""
+    shown = without_paths(f"{head} {quote}{home(user, style, parts)}{quote} {tail}")
+    assert shown == without_paths(f"{head} {quote}{PATH_MARK}{quote} {tail}"), shown
+
+
 @settings(max_examples=200, deadline=None)
 @given(PROSE)
 def test_text_with_no_path_is_left_as_it_is(text: str) -> None:
@@ -57,6 +70,9 @@ def test_text_with_no_path_is_left_as_it_is(text: str) -> None:
      "FileNotFoundError: [Errno 2] No such file or directory: '<path>'"),
     ("cannot read ~/data/x.npz: truncated", "cannot read <path>: truncated"),
     ("No such file: 'C:\\\\Users\\\\alice\\\\x.npz'", "No such file: '<path>'"),
+    ("No such file or directory: '/home/alice/My Files/x.npz'", "No such file or directory: '<path>'"),
+    ('cannot open "C:\\Users\\Alice Smith\\d.csv" (denied)', 'cannot open "<path>" (denied)'),
+    ("an unquoted /home/alice/My Files/x is cut at the space", "an unquoted <path> Files/x is cut at the space"),
     ("in /srv/jobs/a/model.py:12, (/var/tmp/x)", "in <path>:12, (<path>)"),
     # Not local paths: said as they are.
     ("data/x.npz not found", "data/x.npz not found"),
