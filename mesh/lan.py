@@ -27,6 +27,8 @@ SERVICE_TAG = "gpuflex"  # -> _p2p-gpuflex._udp.local.
 POLL_S = 0.5
 #: How long a stopping node waits for zeroconf to close (its goodbye packets, its threads).
 MDNS_STOP_S = 2.0
+#: Services not heard from for twice their TTL are dropped this often (py-libp2p's period).
+CLEANUP_S = 60.0
 
 
 def worth_announcing(listen: Sequence[str]) -> bool:
@@ -62,7 +64,12 @@ class LanDiscovery:
             self._mdns = await trio.to_thread.run_sync(lambda: create_mdns_discovery(
                 self.host.get_network(), port=port, listen_addrs=addrs,
                 private_network_fingerprint=SERVICE_TAG, host=self.host))
-            self._mdns.start()
+            # What py-libp2p's ``start()`` does, but off trio's thread: registering the service
+            # waits for zeroconf's name probes (1.7 s, measured in a namespace), during which
+            # the node ran nothing else. Its stale-entry cleanup runs in ``_watch``, not as the
+            # trio system task ``start()`` spawns: that task was cancelled from the thread that
+            # runs ``stop()``, never woke, and kept every node with mDNS on from exiting.
+            await trio.to_thread.run_sync(self._mdns.broadcaster.register)
         except Exception as exc:  # no multicast on this machine, say
             log.warning("LAN discovery (mDNS) is off: %s", exc)
             task_status.started(False)
@@ -71,15 +78,7 @@ class LanDiscovery:
         task_status.started(True)
         try:
             await self._watch()
-        finally:
-            # py-libp2p's ``stop`` also cancels the cleanup loop it spawned as a trio system
-            # task; from the worker thread that runs ``stop``, that cancel never woke the task,
-            # and the node's process outlived its stop until it was killed. Cancelled here, on
-            # trio's thread, the loop ends; zeroconf's own close (goodbye packets, threads)
-            # gets a bounded wait.
-            scope = getattr(self._mdns, "_cleanup_cancel_scope", None)
-            if scope is not None:
-                scope.cancel()
+        finally:  # zeroconf's close (goodbye packets, its threads) gets a bounded wait
             with trio.CancelScope(shield=True), trio.move_on_after(MDNS_STOP_S):
                 await trio.to_thread.run_sync(self._stop, abandon_on_cancel=True)  # type: ignore[call-arg]
 
@@ -92,7 +91,11 @@ class LanDiscovery:
     async def _watch(self) -> None:
         me = self.host.get_id()
         store = self.host.get_peerstore()
+        cleaned = trio.current_time()
         while True:
+            if trio.current_time() - cleaned >= CLEANUP_S:  # what py-libp2p's own loop did
+                cleaned = trio.current_time()
+                self._mdns.listener.cleanup_stale_entries(max_age=self._mdns.ttl * 2)
             # A snapshot: zeroconf's thread adds entries while we read.
             for peer_id, _ in list(self._mdns.listener.discovered_services.values()):
                 text = str(peer_id)
