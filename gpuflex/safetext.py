@@ -43,23 +43,27 @@ def printable(value: object, limit: int | None = MAX_CHARS, *, keep_newlines: bo
 # One component of a path as an error message quotes it: up to a space, a quote, a separator or
 # the punctuation that ends a quoted path (``'/a/b'``, ``(/a/b)``, ``/a/b:12``, ``/a/b, ...``).
 _PART = r"[^\s/\\'\"`,;:()\[\]{}<>|]+"
+#: How a home-directory path and a Windows drive path begin (``~/``, ``~alice\``, ``C:\``,
+#: ``d:/``): the same in a quoted path and a bare one.
+_HOME = r"~[\w.-]*[/\\]"
+_DRIVE = r"[A-Za-z]:[/\\]"
 _LOCAL_PATH = re.compile(
     # A POSIX path of two or more components (or a file:// address of one), at the start of a
     # word: not after a letter, digit, slash or backslash, so that a relative path data/x.npz
     # and a ratio 3/4 are left alone, and a web address's //host/a/b too (after its colon).
     rf"(?:file://|(?<![\w/\\])(?:(?<!:)/+)?)/{_PART}(?:/+{_PART})+/*"
     # A home directory, the user's own or a named one: ~/x, ~alice/x.
-    rf"|(?<![\w/\\])~[\w.-]*[/\\]+(?:{_PART}(?:[/\\]+{_PART})*[/\\]*)?"
+    rf"|(?<![\w/\\]){_HOME}[/\\]*(?:{_PART}(?:[/\\]+{_PART})*[/\\]*)?"
     # A Windows path on a drive, with either separator (C:\Users\x, C:/Users/x), or on a share
     # (\\host\share\x); an exception's repr doubles each backslash, hence the runs of them.
-    rf"|(?<![\w/\\])[A-Za-z]:[/\\]+(?:{_PART}(?:[/\\]+{_PART})*[/\\]*)?"
+    rf"|(?<![\w/\\]){_DRIVE}[/\\]*(?:{_PART}(?:[/\\]+{_PART})*[/\\]*)?"
     rf"|(?<![\w/\\])\\{{2,}}{_PART}(?:\\+{_PART})+\\*"
 )
 #: A quoted absolute path, spaces and all, up to its closing quote: how Python's errors quote a
 #: file name (``No such file or directory: '/home/alice/My Files/x.npz'``).
 _QUOTED_PATH = re.compile(
     r"""(?P<q>['"])(?:file://)?"""
-    r"""(?:/[^'"\n/]+/|~[\w.-]*[/\\]|[A-Za-z]:[/\\]|\\{2,}[^'"\n\\]+\\)[^'"\n]*(?P=q)"""
+    rf"""(?:/[^'"\n/]+/|{_HOME}|{_DRIVE}|\\{{2,}}[^'"\n\\]+\\)[^'"\n]*(?P=q)"""
 )
 #: What :func:`without_paths` puts where a path was.
 PATH_MARK = "<path>"

@@ -6,6 +6,7 @@ standard library: no trio, no libp2p, no torch.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 from collections.abc import Iterator
@@ -42,8 +43,11 @@ class ControlClient:
         return cls(locate(home), timeout=timeout)
 
     def close(self) -> None:
+        """Close the connection; a node that has already gone (it was told to stop, and its
+        process exits at once) leaves nothing to flush, so that is no error."""
         try:
-            self._file.close()
+            with contextlib.suppress(OSError):
+                self._file.close()
         finally:
             self._sock.close()
 
@@ -54,8 +58,11 @@ class ControlClient:
         self.close()
 
     def _send(self, method: str, params: dict[str, Any] | None) -> None:
-        self._file.write(encode_request(self.endpoint.token, method, params))
-        self._file.flush()
+        try:
+            self._file.write(encode_request(self.endpoint.token, method, params))
+            self._file.flush()
+        except OSError as exc:  # reset or broken pipe: the node went away, as for a read
+            raise Unreachable(f"the node closed the connection: {exc.strerror or exc}") from None
 
     def _recv(self) -> Any:
         try:

@@ -102,3 +102,27 @@ def test_the_blocking_client_reports_a_node_that_is_not_there(tmp_path: Any) -> 
     (tmp_path / "control.token").write_text("ab" * 32)
     with pytest.raises(Unreachable, match="no node answers"):
         ControlClient.for_home(tmp_path, timeout=2.0)
+
+
+def test_the_blocking_client_reports_a_node_that_reset_the_connection(tmp_path: Any) -> None:
+    """A node told to stop exits at once: the next request on its connection meets a reset,
+    which is one ``Unreachable`` (a ControlError, as every caller expects), and closing the
+    connection afterwards raises nothing. Both were raw socket errors, and a test mesh's
+    teardown failed on them."""
+    import struct
+
+    from gpuflex.client import ControlClient
+    from gpuflex.client.core import Endpoint
+
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(1)
+        client = ControlClient(Endpoint("127.0.0.1", server.getsockname()[1], "ab" * 32, tmp_path), timeout=5.0)
+        conn, _ = server.accept()
+        conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        conn.close()  # closed with a reset, as by a process that is gone
+        with pytest.raises(Unreachable):
+            for _ in range(3):  # the first write may still be taken by the kernel
+                client.call("status")
+        client._file.write(b"left in the buffer\n")  # what close() would flush to a gone node
+        client.close()

@@ -8,10 +8,7 @@ deadline (a 300-node simulated round of 4 s took 42 s)."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import trio
-import trio.testing
 
 from mesh.identity import Identity
 from mesh.inbound import InboundStreams
@@ -28,27 +25,20 @@ def node_with_one_stranger() -> MeshNode:
     return node
 
 
-def run(main: Any) -> None:
-    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
-
-
-def test_a_connection_with_a_stream_open_is_never_idle_however_long_the_stream_lasts() -> None:
-    async def main() -> None:
-        node = node_with_one_stranger()
-        assert node.idle_connections() == [STRANGER]  # the rule itself: unused, unheard
-        with node.in_use(STRANGER):
-            await trio.sleep(10 * TRIM_IDLE_S)
-            assert node.idle_connections() == []
-            with node.in_use(STRANGER):  # a second stream ends first: the first still counts
-                pass
-            await trio.sleep(2 * TRIM_IDLE_S)
-            assert node.idle_connections() == []
-        await trio.sleep(TRIM_IDLE_S - 1)
-        assert node.idle_connections() == []  # used until just now
-        await trio.sleep(2)
-        assert node.idle_connections() == [STRANGER]
-
-    run(main)
+async def test_a_connection_with_a_stream_open_is_never_idle_however_long_the_stream_lasts(autojump_clock) -> None:
+    node = node_with_one_stranger()
+    assert node.idle_connections() == [STRANGER]  # the rule itself: unused, unheard
+    with node.in_use(STRANGER):
+        await trio.sleep(10 * TRIM_IDLE_S)
+        assert node.idle_connections() == []
+        with node.in_use(STRANGER):  # a second stream ends first: the first still counts
+            pass
+        await trio.sleep(2 * TRIM_IDLE_S)
+        assert node.idle_connections() == []
+    await trio.sleep(TRIM_IDLE_S - 1)
+    assert node.idle_connections() == []  # used until just now
+    await trio.sleep(2)
+    assert node.idle_connections() == [STRANGER]
 
 
 class _Stream:
@@ -62,17 +52,14 @@ class _Stream:
         pass
 
 
-def test_a_peer_stream_being_served_keeps_its_connection() -> None:
+async def test_a_peer_stream_being_served_keeps_its_connection(autojump_clock) -> None:
     """The inbound side: ``InboundStreams.guard`` holds the peer in use while its handler runs."""
 
-    async def main() -> None:
-        node = node_with_one_stranger()
-        guarded = InboundStreams(node).guard(lambda stream, remote: trio.sleep(3 * TRIM_IDLE_S))
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(guarded, _Stream())
-            await trio.sleep(2 * TRIM_IDLE_S)
-            assert node.idle_connections() == []
-        await trio.sleep(TRIM_IDLE_S + 1)
-        assert node.idle_connections() == [STRANGER]
-
-    run(main)
+    node = node_with_one_stranger()
+    guarded = InboundStreams(node).guard(lambda stream, remote: trio.sleep(3 * TRIM_IDLE_S))
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(guarded, _Stream())
+        await trio.sleep(2 * TRIM_IDLE_S)
+        assert node.idle_connections() == []
+    await trio.sleep(TRIM_IDLE_S + 1)
+    assert node.idle_connections() == [STRANGER]
