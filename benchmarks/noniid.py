@@ -46,6 +46,7 @@ STRATEGIES: dict[str, dict[str, Any]] = {
     "fedavgm-1.0": {"strategy": "fedavgm", "server_lr": 1.0, "server_momentum": 0.7},
     "fedavgm-1.0-0.8": {"strategy": "fedavgm", "server_lr": 1.0, "server_momentum": 0.8},
     "fedavgm-1.5": {"strategy": "fedavgm", "server_lr": 1.5, "server_momentum": 0.7},
+    "fedavgm-0.3-0.9": {"strategy": "fedavgm", "server_lr": 0.3, "server_momentum": 0.9},
     "fedprox": {"strategy": "fedavg", "server_lr": 1.0, "drift_correction": "fedprox", "prox_mu": 0.1},
     "fedavgm+fedprox": {"strategy": "fedavgm", "server_lr": 1.0, "server_momentum": 0.7,
                         "drift_correction": "fedprox", "prox_mu": 0.01},

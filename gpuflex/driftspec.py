@@ -33,6 +33,13 @@ def drift_cross_checks(values: dict[str, Any]) -> list[tuple[str, str]]:
                        "all rounds would pile up in each step"))
     if kind != "scaffold":
         return errors
+    if values.get("dp_noise_multiplier", 0.0) > 0:
+        errors.append(("drift_correction", "'scaffold' cannot be combined with dp_noise_multiplier > 0: the "
+                       "server's control variate adds every round's averaged control delta, so the noise "
+                       "of all rounds would pile up in the correction each member applies"))
+    if values.get("codec", "none") == "topk":
+        errors.append(("codec", "'topk' cannot be combined with drift_correction = 'scaffold': its control "
+                       "variates must reach the root whole, and top-k would keep only a fraction of them"))
     budget = values.get("compute_budget_s", 0.0)
     norm = values.get("normalization", "auto")
     if norm == "fednova" or (norm == "auto" and budget > 0):

@@ -29,6 +29,7 @@ import atexit
 import contextlib
 import itertools
 import json
+import math
 import os
 import shutil
 import tempfile
@@ -70,16 +71,24 @@ OTHER_DIRS = {"best": "best", "last": "last"}
 BEST_BY = {"loss": False, "perplexity": False, "accuracy": True}
 
 
-def best_round(metrics: list[dict[str, Any]], metric: str = "loss") -> dict[str, Any]:
+def best_round(metrics: list[dict[str, Any]], metric: str | None = None) -> dict[str, Any]:
     """The committed round whose held-out ``metric`` was best (lowest loss or perplexity,
-    highest accuracy); the earliest such round on a tie."""
+    highest accuracy); the later round on a tie. With no ``metric``, the node's own choice of
+    the best round (``gpuflex.node.core.selection``): by accuracy where the rounds have one,
+    else by loss, so that it names the round whose model ``state_dict("best")`` is."""
+    if metric is None:
+        metric = "accuracy" if any(_number(m.get("accuracy")) for m in metrics) else "loss"
     if metric not in BEST_BY:
         raise ValueError(f"metric must be one of {', '.join(BEST_BY)}, not {metric!r}")
-    rows = [m for m in metrics if isinstance(m.get(metric), (int, float)) and not isinstance(m[metric], bool)]
+    rows = [m for m in metrics if _number(m.get(metric))]
     if not rows:
         raise ModelUnavailable(f"no committed round has a {metric} yet")
-    sign = -1.0 if BEST_BY[metric] else 1.0
-    return dict(min(rows, key=lambda m: (sign * float(m[metric]), m["round"])))
+    sign = 1.0 if BEST_BY[metric] else -1.0
+    return dict(max(rows, key=lambda m: (sign * float(m[metric]), m["round"])))
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 # --- callables to plug-in paths ---------------------------------------------------------------
@@ -241,9 +250,10 @@ class JobHandle:
         if which == "final" and self.status()["state"] in FINISHED:
             self._state = state
         return state
-    def best_round(self, metric: str = "loss") -> dict[str, Any]:
+    def best_round(self, metric: str | None = None) -> dict[str, Any]:
         """The metrics row of the committed round with the best held-out ``metric`` ("loss",
-        "perplexity": lowest; "accuracy": highest), to compare with the last round's."""
+        "perplexity": lowest; "accuracy": highest; by default the node's own choice, the round
+        of ``state_dict("best")``), to compare with the last round's."""
         return best_round(self.metrics(), metric)
 
     def baseline(self) -> dict[str, Any]:

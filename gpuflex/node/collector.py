@@ -3,7 +3,9 @@
 It folds each verified update or child partial into a running weighted sum the moment it
 arrives, so reduction overlaps with stragglers still training, and it finishes as soon as
 every direct child has reported or its deadline passes. Updates that arrive by failover from
-deeper in the tree (their own leader died) are accepted as well, so their work is not lost.
+deeper in the tree (their own leader died, or could not be reached) are accepted as well, so
+their work is not lost; the nodes they went past are told (``Taken``), so that they stop
+waiting for them.
 """
 
 from __future__ import annotations
@@ -106,6 +108,19 @@ class Collector:
         self.expected |= set(children(self.plan.parent, child))
         if self.expected <= self.reported:
             self.done.set()
+
+    def taken_above(self, peers: set[str]) -> set[str]:
+        """An ancestor folded ``peers``' work itself (it went past this node): stop waiting for
+        them, and refuse them from now on, so this node's partial does not overlap what the
+        ancestor holds. Returns those of them already folded here: their work reached both."""
+        both = peers & self.covered
+        gone = peers - self.covered - {self.me}
+        self.allowed -= gone
+        self.reported |= gone & self.expected
+        if gone and self.expected <= self.reported and not self.done.is_set():
+            self.done.set()
+            self.on_done()
+        return both
 
     @property
     def progress(self) -> float:

@@ -29,6 +29,7 @@ from gpuflex.node.core.messages import (
     PLAN,
     RESULT,
     SECAGG_RECOVER,
+    TAKEN,
     UPDATE,
     MessageKind,
     Plan,
@@ -87,10 +88,10 @@ class JobDriver:
         self._handlers: dict[str, Callable[[Inbound], Awaitable[Any]]] = {
             PLAN: self.on_plan, UPDATE: self.leader.on_update, PARTIAL: self.leader.on_partial,
             RESULT: self.applier.on_result, ABORT: self.applier.on_abort,
-            SECAGG_RECOVER: self.member.on_secagg_recover}
+            SECAGG_RECOVER: self.member.on_secagg_recover, TAKEN: self.leader.on_taken}
 
     #: The message kinds a job handles (the job manager routes them here by the body's job id).
-    HANDLED: tuple[MessageKind, ...] = (PLAN, UPDATE, PARTIAL, RESULT, ABORT, SECAGG_RECOVER)
+    HANDLED: tuple[MessageKind, ...] = (PLAN, UPDATE, PARTIAL, RESULT, ABORT, SECAGG_RECOVER, TAKEN)
     #: The kinds that carry a payload (a delta), as large as the job's model allows.
     WITH_PAYLOAD: tuple[MessageKind, ...] = (UPDATE, PARTIAL)
 

@@ -67,6 +67,7 @@ class EventKind(StrEnum):
     PARTIAL_VERIFIED = "partial_verified"
     RESEND = "resend"
     LEADER_DOWN = "leader_down"
+    WORK_TAKEN_ABOVE = "work_taken_above"
     REDUCE_EMPTY = "reduce_empty"
     SECAGG_RECOVERED = "secagg_recovered"
     SECAGG_RECOVERY_FAILED = "secagg_recovery_failed"

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any
 
+from gpuflex.node.core.fields import read_count, read_field, read_finite, read_frames, read_strs
 from gpuflex.node.core.workfields import claimed_steps, plan_budget, planned_steps, update_device
 from mesh.blobhash import valid_hash
 from mesh.codec import Envelope, WireError, WireReason, open_envelope, register_kind, seal
@@ -32,6 +33,7 @@ class MessageKind(StrEnum):
     SYNC = "sync_req"
     SECAGG_RECOVER = "secagg_recover"
     SECAGG_SHARES = "secagg_shares"
+    TAKEN = "taken"
 
 
 JOB, PRESENCE, PLAN, UPDATE, PARTIAL, RESULT, ABORT, SYNC = list(MessageKind)[:8]  # in the order above
@@ -49,6 +51,10 @@ register_kind(SYNC, 8 * 1024)
 SECAGG_RECOVER, SECAGG_SHARES = MessageKind.SECAGG_RECOVER, MessageKind.SECAGG_SHARES
 register_kind(SECAGG_RECOVER, 2 * 1024 * 1024)
 register_kind(SECAGG_SHARES, 2 * 1024 * 1024)
+# An ancestor's word that it folded work that went past a node (``Taken``): one peer id per
+# contribution, about 55 bytes each, so a whole 4,000-member subtree fits.
+TAKEN = MessageKind.TAKEN
+register_kind(TAKEN, 256 * 1024)
 #: A Shamir share is one element of GF(2^521 - 1): 66 bytes, big-endian.
 SHARE_BYTES = 66
 #: Rounds and attempts are counts a signer writes: bounded, so no one wins anything with a
@@ -58,43 +64,6 @@ MAX_ROUND = MAX_ATTEMPT = 2**31 - 1
 #: A sample count above this is refused outright (floats stay exact below 2^53); below it the
 #: plan's sample cap decides how much a claim weighs (``capped``).
 MAX_SAMPLES = 2**53
-
-
-def _get(body: Any, name: str, kind: type | tuple[type, ...], what: str) -> Any:
-    if not isinstance(body, dict) or name not in body:
-        raise WireError(WireReason.GARBLED, f"{what} lacks field {name!r}")
-    value = body[name]
-    if not isinstance(value, kind) or (isinstance(value, bool) and kind in (int, float, (int, float))):
-        raise WireError(WireReason.GARBLED, f"{what} field {name!r} has the wrong type")
-    return value
-
-
-def _str_list(body: Any, name: str, what: str) -> tuple[str, ...]:
-    items = _get(body, name, list, what)
-    if not all(isinstance(x, str) for x in items):
-        raise WireError(WireReason.GARBLED, f"{what} field {name!r} must be a list of strings")
-    return tuple(items)
-
-
-def _count(body: Any, name: str, what: str, low: int, high: int) -> int:
-    value = _get(body, name, int, what)
-    if not low <= value <= high:
-        raise WireError(WireReason.GARBLED, f"{what} field {name!r} is {value}, outside [{low}, {high}]")
-    return int(value)
-
-
-def _finite(body: Any, name: str, what: str) -> float:
-    value = float(_get(body, name, (int, float), what))
-    if not math.isfinite(value):
-        raise WireError(WireReason.GARBLED, f"{what} field {name!r} is not a finite number")
-    return value
-
-
-def _bytes_list(body: Any, name: str, what: str) -> list[bytes]:
-    items = _get(body, name, list, what)
-    if not all(isinstance(x, bytes) for x in items):
-        raise WireError(WireReason.GARBLED, f"{what} field {name!r} must be a list of frames")
-    return list(items)
 
 
 @dataclass(frozen=True)
@@ -140,18 +109,18 @@ def make_plan(identity: Identity, **body: Any) -> bytes:
 
 def parse_plan(env: Envelope) -> Plan:
     b, what = env.body, "plan"
-    members = _str_list(b, "members", what)
-    parent = _get(b, "parent", dict, what)
+    members = read_strs(b, "members", what)
+    parent = read_field(b, "parent", dict, what)
     if set(parent) != set(members) or not all(v is None or v in parent for v in parent.values()):
         raise WireError(WireReason.GARBLED, "plan tree does not match its members")
-    private = _str_list(b, "private", what) if isinstance(b, dict) and "private" in b else ()
+    private = read_strs(b, "private", what) if isinstance(b, dict) and "private" in b else ()
     plan = Plan(
-        job=_get(b, "job", str, what), round=_count(b, "round", what, 1, MAX_ROUND),
-        attempt=_count(b, "attempt", what, 0, MAX_ATTEMPT),
-        coordinator=_get(b, "coordinator", str, what), base_hash=_get(b, "base_hash", str, what),
-        prev_result=_get(b, "prev_result", str, what), members=members, parent=parent,
-        train_deadline=_finite(b, "train_deadline", what), reduce_slack_s=_finite(b, "reduce_slack_s", what),
-        env=env, sample_cap=_count(b, "sample_cap", what, 0, MAX_SAMPLES) if "sample_cap" in b else 0,
+        job=read_field(b, "job", str, what), round=read_count(b, "round", what, 1, MAX_ROUND),
+        attempt=read_count(b, "attempt", what, 0, MAX_ATTEMPT),
+        coordinator=read_field(b, "coordinator", str, what), base_hash=read_field(b, "base_hash", str, what),
+        prev_result=read_field(b, "prev_result", str, what), members=members, parent=parent,
+        train_deadline=read_finite(b, "train_deadline", what), reduce_slack_s=read_finite(b, "reduce_slack_s", what),
+        env=env, sample_cap=read_count(b, "sample_cap", what, 0, MAX_SAMPLES) if "sample_cap" in b else 0,
         private=private, budget_s=plan_budget(b), steps=planned_steps(b, parent),
     )
     if plan.coordinator != env.sender or parent.get(plan.coordinator, "x") is not None:
@@ -190,10 +159,11 @@ class Update:
 def parse_update(env: Envelope) -> Update:
     b, what = env.body, "update"
     up = Update(
-        job=_get(b, "job", str, what), round=_count(b, "round", what, 1, MAX_ROUND), peer=_get(b, "peer", str, what),
-        base_hash=_get(b, "base_hash", str, what), samples=_count(b, "samples", what, 1, MAX_SAMPLES),
-        delta_hash=_get(b, "delta_hash", str, what), delta_size=_count(b, "delta_size", what, 1, MAX_SAMPLES),
-        metrics=_get(b, "metrics", dict, what), env=env, plan=_get(b, "plan", str, what),
+        job=read_field(b, "job", str, what), round=read_count(b, "round", what, 1, MAX_ROUND),
+        peer=read_field(b, "peer", str, what),
+        base_hash=read_field(b, "base_hash", str, what), samples=read_count(b, "samples", what, 1, MAX_SAMPLES),
+        delta_hash=read_field(b, "delta_hash", str, what), delta_size=read_count(b, "delta_size", what, 1, MAX_SAMPLES),
+        metrics=read_field(b, "metrics", dict, what), env=env, plan=read_field(b, "plan", str, what),
         device=update_device(b),
     )
     if up.peer != env.sender:
@@ -240,11 +210,11 @@ class Partial:
 def parse_partial(env: Envelope) -> Partial:
     b, what = env.body, "partial"
     part = Partial(
-        job=_get(b, "job", str, what), round=_count(b, "round", what, 1, MAX_ROUND),
-        attempt=_count(b, "attempt", what, 0, MAX_ATTEMPT),
-        leader=_get(b, "leader", str, what), samples=_get(b, "samples", int, what),
-        delta_hash=_get(b, "delta_hash", str, what), updates=_bytes_list(b, "updates", what),
-        partials=_bytes_list(b, "partials", what), env=env,
+        job=read_field(b, "job", str, what), round=read_count(b, "round", what, 1, MAX_ROUND),
+        attempt=read_count(b, "attempt", what, 0, MAX_ATTEMPT),
+        leader=read_field(b, "leader", str, what), samples=read_field(b, "samples", int, what),
+        delta_hash=read_field(b, "delta_hash", str, what), updates=read_frames(b, "updates", what),
+        partials=read_frames(b, "partials", what), env=env,
         secagg=parse_secagg_reports(b.get("secagg", []) if isinstance(b, dict) else [], what),
     )
     if part.leader != env.sender or part.samples <= 0:
@@ -286,15 +256,15 @@ class Result:
 def parse_result(env: Envelope) -> Result:
     b, what = env.body, "result"
     res = Result(
-        job=_get(b, "job", str, what), round=_count(b, "round", what, 1, MAX_ROUND),
-        attempt=_count(b, "attempt", what, 0, MAX_ATTEMPT),
-        coordinator=_get(b, "coordinator", str, what), prev_result=_get(b, "prev_result", str, what),
-        base_hash=_get(b, "base_hash", str, what), model_hash=_get(b, "model_hash", str, what),
-        plan_frame=_get(b, "plan", bytes, what), updates=_bytes_list(b, "updates", what),
-        partials=_bytes_list(b, "partials", what), contributors=_get(b, "contributors", list, what),
-        absent=_str_list(b, "absent", what), metrics=_get(b, "metrics", dict, what),
-        strategy=_get(b, "strategy", str, what), env=env,
-        step_hash=_get(b, "step_hash", str, what) if "step_hash" in b else None,
+        job=read_field(b, "job", str, what), round=read_count(b, "round", what, 1, MAX_ROUND),
+        attempt=read_count(b, "attempt", what, 0, MAX_ATTEMPT),
+        coordinator=read_field(b, "coordinator", str, what), prev_result=read_field(b, "prev_result", str, what),
+        base_hash=read_field(b, "base_hash", str, what), model_hash=read_field(b, "model_hash", str, what),
+        plan_frame=read_field(b, "plan", bytes, what), updates=read_frames(b, "updates", what),
+        partials=read_frames(b, "partials", what), contributors=read_field(b, "contributors", list, what),
+        absent=read_strs(b, "absent", what), metrics=read_field(b, "metrics", dict, what),
+        strategy=read_field(b, "strategy", str, what), env=env,
+        step_hash=read_field(b, "step_hash", str, what) if "step_hash" in b else None,
     )
     if res.coordinator != env.sender:
         raise WireError(WireReason.GARBLED, "result must be signed by its coordinator")
@@ -349,10 +319,10 @@ def parse_secagg_reports(value: Any, what: str) -> tuple[dict[str, Any], ...]:
     for item in value:
         if not isinstance(item, dict):
             raise WireError(WireReason.GARBLED, f"{what} has a secure-aggregation report that is not a map")
-        report = {name: _get(item, name, kind, f"{what} secure-aggregation report")
+        report = {name: read_field(item, name, kind, f"{what} secure-aggregation report")
                   for name, kind in _REPORT_FIELDS.items()}
         for name in ("survivors", "dropped"):
-            report[name] = list(_str_list(item, name, f"{what} secure-aggregation report"))
+            report[name] = list(read_strs(item, name, f"{what} secure-aggregation report"))
         out.append(report)
     return tuple(out)
 
@@ -372,7 +342,7 @@ class RecoveryRequest:
 
 
 def _triples(body: Any, what: str) -> list[tuple[str, str, bytes]]:
-    items = _get(body, "shares", list, what)
+    items = read_field(body, "shares", list, what)
     if not all(isinstance(t, list) and len(t) == 3 and isinstance(t[0], str) and isinstance(t[1], str)
                and isinstance(t[2], bytes) for t in items):
         raise WireError(WireReason.GARBLED, f"{what} field 'shares' must hold [owner, dropped, bytes] triples")
@@ -382,9 +352,10 @@ def _triples(body: Any, what: str) -> list[tuple[str, str, bytes]]:
 def parse_recovery_request(env: Envelope) -> RecoveryRequest:
     b, what = env.body, "recovery request"
     req = RecoveryRequest(
-        job=_get(b, "job", str, what), round=_get(b, "round", int, what), attempt=_get(b, "attempt", int, what),
-        leader=_get(b, "leader", str, what), survivors=_str_list(b, "survivors", what),
-        dropped=_str_list(b, "dropped", what), shares=_triples(b, what), env=env,
+        job=read_field(b, "job", str, what), round=read_field(b, "round", int, what),
+        attempt=read_field(b, "attempt", int, what),
+        leader=read_field(b, "leader", str, what), survivors=read_strs(b, "survivors", what),
+        dropped=read_strs(b, "dropped", what), shares=_triples(b, what), env=env,
     )
     if req.leader != env.sender:
         raise WireError(WireReason.GARBLED, "recovery request must be signed by its leader")
@@ -410,8 +381,9 @@ def parse_recovery_answer(env: Envelope) -> RecoveryAnswer:
     if any(len(y) != SHARE_BYTES for _, _, y in triples):
         raise WireError(WireReason.GARBLED, f"{what} has a share that is not {SHARE_BYTES} bytes")
     ans = RecoveryAnswer(
-        job=_get(b, "job", str, what), round=_get(b, "round", int, what), attempt=_get(b, "attempt", int, what),
-        holder=_get(b, "holder", str, what), request=_get(b, "request", str, what),
+        job=read_field(b, "job", str, what), round=read_field(b, "round", int, what),
+        attempt=read_field(b, "attempt", int, what),
+        holder=read_field(b, "holder", str, what), request=read_field(b, "request", str, what),
         shares=[(o, d, int.from_bytes(y, "big")) for o, d, y in triples], env=env,
     )
     if ans.holder != env.sender:

@@ -15,10 +15,11 @@ from typing import Any
 import numpy as np
 
 from aggregation.secagg import SecAggError
-from gpuflex.node.collector import Collector, Reduced, subtree_height
+from gpuflex.node.collector import Collector, Reduced, ancestors, descendants, subtree_height
 from gpuflex.node.core.kinds import EventKind
 from gpuflex.node.core.messages import (
     PARTIAL,
+    TAKEN,
     Plan,
     TrainedUpdate,
     parse_partial,
@@ -27,6 +28,7 @@ from gpuflex.node.core.messages import (
 )
 from gpuflex.node.core.pipeline import decode_update, make_reducer, pack_partial, unpack_partial
 from gpuflex.node.core.secure import SecAggReducer
+from gpuflex.node.core.taken import parse_taken
 from gpuflex.node.core.workfields import WireValue
 from gpuflex.node.core.workplan import fold_vector
 from gpuflex.node.policy import IncidentPolicy
@@ -37,7 +39,7 @@ from gpuflex.node.uplink import Work, send_up
 from mesh.blob import blob_hash
 from mesh.codec import WireError, WireReason, seal
 from mesh.health import PeerState
-from mesh.messaging import Inbound, Rejected
+from mesh.messaging import Inbound, Rejected, SendError
 
 log = logging.getLogger("gpuflex.leader")
 #: An update may reach its leader before the plan does: it waits this long for the plan.
@@ -46,6 +48,8 @@ EARLY_MESSAGE_WAIT_S = 5.0
 RECOVERY_TIMEOUT_MIN_S = 2.0
 #: The whole recovery round trip gets this much beyond one survivor's timeout.
 RECOVERY_MARGIN_S = 1.0
+#: A ``Taken`` notice to a node that work went past gets this long (or one reduce slack).
+TAKEN_TIMEOUT_MIN_S = 2.0
 
 
 class Leader:
@@ -106,6 +110,7 @@ class Leader:
         col.add_update(up, fold_vector(spec, col.plan, up, decode_update(spec, msg.payload, up.delta_size)))
         self.port.emit(EventKind.UPDATE_RECEIVED, up.round, up.peer,
                        message=f"round {up.round}: update from {up.peer[-8:]}")
+        self._tell_passed(col.plan, up.peer, {up.peer})
 
     async def on_partial(self, msg: Inbound) -> None:
         part = parse_partial(msg.envelope)
@@ -122,6 +127,53 @@ class Leader:
                                              ups[0].delta_size if ups else len(msg.payload) // 4), ups)
         self.port.emit(EventKind.PARTIAL_VERIFIED, part.round, part.leader, message=(
             f"round {part.round}: partial from {part.leader[-8:]} verified ({len(ups)} updates)"))
+        self._tell_passed(col.plan, part.leader, covers | {part.leader})
+
+    # -- work that went past a node ----------------------------------------------------------------
+
+    def _tell_passed(self, plan: Plan, sender: str, covers: set[str]) -> None:
+        """``sender``'s work reached this node past its own parent (and any node between): tell
+        each such node that is not down, so it stops waiting for that work. Without the word a
+        leader whose member could not reach it (a relayed link re-established mid-send) waited
+        for the member until its own deadline, and the root for the leader."""
+        passed: list[str] = []
+        for node in ancestors(plan.parent, sender):
+            if node == self.book.me:
+                break
+            passed.append(node)
+        passed = [p for p in passed if self.port.health(p) != PeerState.DOWN]
+        if not passed:
+            return
+        frame = seal(self.port.identity, TAKEN, {
+            "job": self.book.job_id, "round": plan.round, "attempt": plan.attempt, "plan": plan.digest,
+            "by": self.book.me, "peers": sorted(covers)})
+        for node in passed:
+            self.book.tasks.start_soon(self._tell, plan, node, frame)
+
+    async def _tell(self, plan: Plan, node: str, frame: bytes) -> None:
+        try:
+            await self.port.request(node, frame, timeout=max(TAKEN_TIMEOUT_MIN_S, plan.reduce_slack_s))
+        except SendError as exc:  # it waits until its deadline, as it did before notices
+            log.info("round %d: could not tell %s what went past it: %s", plan.round, node[-8:], exc)
+
+    async def on_taken(self, msg: Inbound) -> None:
+        """An ancestor folded work that went past this node: stop waiting for it."""
+        taken = parse_taken(msg.envelope)
+        rs = self.book.current
+        col = rs.collectors.get(taken.attempt) if taken.job == self.book.job_id and rs.round == taken.round else None
+        if col is None or col.plan.digest != taken.plan:
+            raise Rejected(f"no collector for round {taken.round} attempt {taken.attempt} here")
+        if taken.by not in ancestors(col.plan.parent, self.book.me):
+            raise WireError(WireReason.ROUND, f"{taken.by[-8:]} is not above this node in the plan's tree")
+        peers = set(taken.peers)
+        if not peers <= descendants(col.plan.parent, self.book.me):
+            raise WireError(WireReason.ROUND, f"{taken.by[-8:]} names peers outside this node's subtree")
+        both = col.taken_above(peers)
+        self.port.emit(EventKind.WORK_TAKEN_ABOVE, taken.round, taken.by, message=(
+            f"round {taken.round}: {taken.by[-8:]} took {len(peers)} contribution(s) that went past this node"))
+        if both:
+            log.warning("round %d: %d contribution(s) reached both this node and %s; its partial will "
+                        "overlap theirs", taken.round, len(both), taken.by[-8:])
 
     # -- reduce ----------------------------------------------------------------------------------
 

@@ -115,11 +115,21 @@ def test_a_scaffold_member_sends_model_then_control_and_fedprox_sends_the_model_
     ({"model": "gpt2", "data": "text"}, "language-model jobs"),
     ({"compute_budget_s": 5.0}, "fednova"),
     ({"normalization": "fednova"}, "fednova"),
+    ({"dp_clip": 1.0, "dp_noise_multiplier": 0.5}, "noise of all rounds"),
+    ({"codec": "topk"}, "'topk' cannot be combined"),
+    ({"codec": "sparse"}, "'sparse' cannot be combined"),
 ])
 def test_the_job_file_refuses_scaffold_where_it_cannot_work(extra: dict, message: str) -> None:
     values = {"model": "digits-cnn", "data": "sklearn-digits", "drift_correction": "scaffold", **extra}
     with pytest.raises(JobSpecError, match=message):
         JobSpec.from_dict(values)
+
+
+def test_scaffold_takes_the_codecs_and_bounds_that_keep_its_control_variates_whole() -> None:
+    job = {"model": "digits-cnn", "data": "sklearn-digits", "drift_correction": "scaffold"}
+    for codec in ("none", "fp16", "int8"):
+        assert JobSpec.from_dict({**job, "codec": codec}).codec == codec
+    assert JobSpec.from_dict({**job, "norm_bound": 1.0}).norm_bound == 1.0  # a bound on the whole update
 
 
 def test_the_job_file_refuses_feddyn_with_dp_noise_or_a_server_optimizer() -> None:

@@ -316,6 +316,9 @@ class FakeNet:
         self.stale_claims: set[str] = set()  # nodes that know no other node's reachability
         self.presence_cut: set[frozenset[str]] = set()  # pairs of nodes whose presence never arrives
         self.pair_cuts: set[frozenset[str]] = set()  # pairs of nodes cut from each other alone
+        #: (sender, receiver) pairs whose requests fail although each sees the other up: a
+        #: stream that breaks while a relayed link is re-established.
+        self.lost_sends: set[tuple[str, str]] = set()
         #: Blob fetches: only from the providers named, as the mesh does (else from anyone).
         self.providers_only = False
         self.served: list[tuple[str, str, str]] = []  # (digest, server, fetcher) of every blob fetched
@@ -428,6 +431,8 @@ class FakeNet:
         await trio.sleep(self.delay(src, dst))
         if not self.reachable(src, dst) or dst.nursery is None or dst.driver is None:
             raise SendError(f"peer {peer[-8:]}: connection refused")
+        if (src.peer_id, peer) in self.lost_sends:
+            raise SendError(f"peer {peer[-8:]}: stream reset")
         try:
             env = open_envelope(frame, replay=dst.replay)
         except WireError as exc:

@@ -9,6 +9,9 @@ import trio
 
 from gpuflex.node.core.kinds import EventKind
 from gpuflex.node.core.ledger import verify_chain
+from gpuflex.node.core.messages import TAKEN
+from mesh.codec import seal
+from mesh.messaging import SendError
 from tests.unit.node.fakenet import FakeNet, fast_spec
 
 pytestmark = pytest.mark.timeout(10)
@@ -293,3 +296,64 @@ async def test_a_member_its_leader_cannot_reach_fails_over_to_a_root_that_waits_
     assert res.attempt == 0, net.dump()
     assert contributors(res) == set(net.order)
     assert not any(EventKind.ROUND_ABORTED in n.kinds() for n in net.nodes.values()), net.dump()
+
+
+async def test_a_leader_told_that_its_member_went_past_it_stops_waiting_for_that_member(
+        autojump_clock, tmp_path) -> None:
+    """A member's sends to its leader fail while each still sees the other up (a stream reset
+    while a relayed link is re-established), so the member sends to the root instead. The root
+    tells the leader (``Taken``), and the leader sends its partial at once: before, it waited
+    for that member until its reduce deadline (here 60 s of training; 120 s in a real first
+    round), and the root for the leader. The round commits with every member, and the leader's
+    partial does not overlap the root's."""
+    net = FakeNet(tmp_path, 5, fast_spec(rounds=1, min_nodes=5, group_size=2, train_timeout_s=60.0))
+    tree = net.first_tree()
+    root = next(p for p, up in tree.items() if up is None)
+    leader = next(p for p in tree if tree[p] == root and p in tree.values())
+    member = next(p for p, up in tree.items() if up == leader)
+    net.lost_sends = {(member, leader)}
+    async with trio.open_nursery() as nursery:
+        await net.start(nursery)
+        await net.wait_rounds(1)
+        committed_at = trio.current_time()
+        (res,) = one_ledger(net, 1)
+        nursery.cancel_scope.cancel()
+    assert res.attempt == 0, net.dump()
+    assert contributors(res) == set(net.order)
+    assert (1, 0, member, root) in net.acks, net.dump()
+    assert committed_at < 20.0, f"the round committed only at {committed_at:.1f} s\n{net.dump()}"
+    told = [e for e in net.nodes[leader].events if e.kind == EventKind.WORK_TAKEN_ABOVE]
+    assert [e.peer for e in told] == [root], net.dump()
+
+
+async def test_a_taken_notice_from_a_node_not_above_the_receiver_is_refused_and_penalised(
+        autojump_clock, tmp_path) -> None:
+    """Only an ancestor in the plan's tree may say it took a node's children's work: a notice
+    from anyone else, or naming peers outside the receiver's subtree, is refused and counted
+    against its sender, and the leader still waits for its member."""
+    net = FakeNet(tmp_path, 5, fast_spec(rounds=1, min_nodes=5, group_size=2, train_timeout_s=60.0))
+    tree = net.first_tree()
+    root = next(p for p, up in tree.items() if up is None)
+    leader = next(p for p in tree if tree[p] == root and p in tree.values())
+    member = next(p for p, up in tree.items() if up == leader)
+    stranger = next(p for p in tree if p not in (root, leader, member) and tree[p] != leader)
+    net.nodes[member].train_s = 30.0  # the leader is still waiting for it when the notices come
+    async with trio.open_nursery() as nursery:
+        await net.start(nursery)
+        await net.wait_until(lambda: plan_of(net.nodes[leader]) is not None
+                             and net.nodes[leader].driver.book.current.collectors)
+        plan = plan_of(net.nodes[leader])
+        body = {"job": net.info.job_id, "round": 1, "attempt": plan.attempt, "plan": plan.digest}
+        forged = seal(net.nodes[stranger].identity, TAKEN, {**body, "by": stranger, "peers": [member]})
+        with pytest.raises(SendError, match="not above this node"):
+            await net.deliver(net.nodes[stranger], leader, forged, None)
+        outside = seal(net.nodes[root].identity, TAKEN, {**body, "by": root, "peers": [stranger]})
+        with pytest.raises(SendError, match="outside this node's subtree"):
+            await net.deliver(net.nodes[root], leader, outside, None)
+        col = net.nodes[leader].driver.book.current.collectors[plan.attempt]
+        assert member in col.expected - col.reported and member in col.allowed
+        await net.wait_rounds(1)
+        (res,) = one_ledger(net, 1)
+        nursery.cancel_scope.cancel()
+    assert net.nodes[leader].penalties == {stranger: 1, root: 1}
+    assert member in contributors(res)

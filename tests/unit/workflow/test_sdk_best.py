@@ -16,7 +16,16 @@ ROWS = [{"round": 1, "loss": 0.9, "accuracy": 0.70}, {"round": 2, "loss": 0.4, "
 
 def test_best_round_by_each_metric() -> None:
     assert sdk.best_round(ROWS, "loss")["round"] == 2
-    assert sdk.best_round(ROWS, "accuracy")["round"] == 2  # the earliest on a tie
+    assert sdk.best_round(ROWS, "accuracy")["round"] == 3  # the later on a tie, as the node picks
+    assert sdk.best_round([{**r, "loss": float("nan")} for r in ROWS], "accuracy")["round"] == 3
+
+
+def test_best_round_by_default_names_the_round_the_node_picks_for_its_best_model() -> None:
+    from gpuflex.node.core.selection import score
+
+    assert sdk.best_round(ROWS)["round"] == max(ROWS, key=lambda r: (score(r), r["round"]))["round"] == 3
+    no_accuracy = [{"round": r["round"], "loss": r["loss"]} for r in ROWS]
+    assert sdk.best_round(no_accuracy)["round"] == 2
     with pytest.raises(sdk.ModelUnavailable, match="no committed round has a perplexity"):
         sdk.best_round(ROWS, "perplexity")
     with pytest.raises(ValueError, match="metric must be one of"):

@@ -1,0 +1,41 @@
+"""The ``taken`` notice: work that went past a tree node, folded higher up.
+
+A member whose send to its leader fails sends to the next ancestor (``gpuflex.node.uplink``);
+the node that folds it tells each node the work went past, so they stop waiting for it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gpuflex.node.core.fields import read_count, read_field, read_strs
+from gpuflex.node.core.messages import MAX_ATTEMPT, MAX_ROUND
+from mesh.codec import Envelope, WireError, WireReason
+
+
+@dataclass(frozen=True)
+class Taken:
+    """A tree node's word to a node below it in the plan's tree: it folded these peers' work
+    itself, because it went past the node (a member's send to its leader failed, so the member
+    sent to the next ancestor). The node stops waiting for them and refuses them from then on;
+    without the word it waited for them until its reduce deadline (120 s in a first round)."""
+
+    job: str
+    round: int
+    attempt: int
+    plan: str  # the digest of the plan the work was done for
+    by: str  # the ancestor that folded it (the signer)
+    peers: tuple[str, ...]
+    env: Envelope
+
+
+def parse_taken(env: Envelope) -> Taken:
+    b, what = env.body, "taken notice"
+    taken = Taken(
+        job=read_field(b, "job", str, what), round=read_count(b, "round", what, 1, MAX_ROUND),
+        attempt=read_count(b, "attempt", what, 0, MAX_ATTEMPT), plan=read_field(b, "plan", str, what),
+        by=read_field(b, "by", str, what), peers=read_strs(b, "peers", what), env=env,
+    )
+    if taken.by != env.sender or not taken.peers:
+        raise WireError(WireReason.GARBLED, "taken notice must be signed by its sender and name peers")
+    return taken
