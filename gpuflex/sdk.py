@@ -379,9 +379,10 @@ class LocalCluster:
     def start(self, timeout: float = 60.0) -> LocalCluster:
         """Start every node and wait until each sees all the others as up."""
         # Pay torch's first-optimizer-step imports here, at normal priority, before any node
-        # starts: each node warms torch up on a worker thread, which in one process holds the
-        # import lock and the GIL while every node's event loop and training stall behind it.
-        from gpuflex.node.runtime import warm_up_torch
+        # starts: each node warms torch up on a worker thread as it prepares a job, which in one
+        # process holds the import lock and the GIL while every node's event loop and training
+        # stall behind it.
+        from gpuflex.ml.warmup import warm_up_torch
 
         warm_up_torch()
         self._thread = threading.Thread(target=self._thread_main, args=(timeout,),

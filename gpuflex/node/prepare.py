@@ -41,11 +41,15 @@ CATCH_UP_FIRST_AFTER_S, CATCH_UP_FIRST_S = 10.0, 8.0
 def load_trainer(spec: Any, index: int, parts: int, home: Path, data_hook: Callable[..., Any] | None,
                  config: Any = None) -> Trainer:
     """The real workload (torch), imported only when a job starts: a language model's or the
-    classic one, behind the same flat-vector surface. ``config``: the node's NodeConfig for
-    this run (its data locations), read from ``home`` when None."""
+    classic one, behind the same flat-vector surface, with torch's first optimizer step paid
+    (``warm_up_torch``). ``config``: the node's NodeConfig for this run (its data locations),
+    read from ``home`` when None."""
+    from gpuflex.ml.warmup import warm_up_torch
     from gpuflex.ml.workload import open_workload
 
-    return open_workload(spec, index, parts, home, data_hook=data_hook, config=config)
+    workload = open_workload(spec, index, parts, home, data_hook=data_hook, config=config)
+    warm_up_torch()  # before the node is ready: not inside the first round's deadline
+    return workload
 
 
 class Preparation:

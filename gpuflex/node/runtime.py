@@ -7,7 +7,6 @@ import logging
 import os
 import time
 from dataclasses import dataclass, field
-from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -81,17 +80,6 @@ def running_pid(home: Path) -> int | None:
     except PermissionError:
         return pid
     return pid if pid != os.getpid() else None
-
-
-def warm_up_torch() -> None:
-    """The first optimizer step in a process imports torch's compiler stack (seconds of CPU);
-    pay it while the node idles rather than inside the first round's deadline."""
-    import torch
-
-    param = torch.zeros(4, requires_grad=True)
-    opt = torch.optim.SGD([param], lr=0.1, momentum=0.9)
-    param.sum().backward()
-    opt.step()
 
 
 class NodeRuntime:
@@ -171,10 +159,8 @@ class NodeRuntime:
                                 port=self.options.control_port)
         async with trio.open_nursery() as nursery:
             await nursery.start(self.mesh.run)
-            # The mesh logs its "listening on" line (peer id included) when it starts.
-            # Abandoned on stop: a node stopped while torch still imports must not wait for it.
-            nursery.start_soon(partial(trio.to_thread.run_sync, warm_up_torch,  # type: ignore[call-arg]
-                                       abandon_on_cancel=True))  # (mypy misreads trio's TypeVarTuple signature)
+            # The mesh logs its "listening on" line (peer id included) when it starts. Torch is
+            # warmed up when a job is prepared (``load_trainer``), not here: an idle node never pays it.
             await nursery.start(self.jobs.run)
             await nursery.start(self.serving.service.run)
             port = await nursery.start(control.run)
