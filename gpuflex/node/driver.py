@@ -169,8 +169,12 @@ class JobDriver:
         that cannot progress costs no CPU and the node keeps serving."""
         book, status, clock = self.book, self.book.status, self.port.clock
         rs.begin_attempt(rs.plan.attempt if rs.plan is not None else 0)
-        if self.coordinator.turns.passes_own_turns():
-            self.port.announce_soon()  # peers skip this node's turns on its word, not a plan timeout
+        if self.coordinator.turns.passes_own_turns() or book.committed > 0:
+            # Peers skip this node's turns on its word, not a plan timeout; and a new round's
+            # coordinators (presence goes to them, ``presence.recipients``) hear this node now,
+            # not at its next period: in a large mesh a coordinator had not heard some of the
+            # last round's contributors yet when it planned, and left them out.
+            self.port.announce_soon()
         while not book.round_over(rs):
             began = clock.now()
             status.set_phase(Phase.PLAN)

@@ -253,12 +253,19 @@ class Coordinator:
 
     def _unheard(self) -> list[str]:
         """The members a plan would include if hearsay counted (up by another peer's word, never
-        heard by this node nor contributors of the last round; ``plannable``)."""
+        heard by this node nor contributors of the last round; ``plannable``), and the last
+        round's contributors this node knows nothing of yet. In a large mesh a node keeps no
+        record of most peers (``MeshNode.keep_set``): a new coordinator has often not heard
+        from some of the last round's contributors when it plans, though each proved itself a
+        live member one round ago, and their presence to it is on its way."""
         book, port = self.book, self.port
         heard = set(plannable(port, book))
         known = set(book.presence) | set(book.info.initial_members) | set(book.eligible())
         up = [p for p in known if p not in heard and p != book.me and port.health(p) == PeerState.UP]
-        return [p for p in book.live_members(up) if p != book.me]
+        results = book.ledger.results
+        recent = {str(c.get("peer")) for c in results[-1].contributors} if results else set()
+        unknown = {p for p in recent - heard if p != book.me and p not in book.left and port.health(p) is None}
+        return sorted({p for p in book.live_members(up) if p != book.me} | unknown)
 
     async def _reach_unheard(self) -> None:
         """Give the members this node knows only by hearsay ``SPEAK_WAIT_S`` to speak (a new

@@ -242,7 +242,7 @@ class FakePort:
     def health(self, peer: str) -> PeerState | None:
         """Never-started nodes are unknown; a killed one is up until ``detect_s`` has passed."""
         other = self.net.nodes.get(peer)
-        if other is None or other.driver is None:
+        if other is None or other.driver is None or peer in self.net.unknown.get(self.node.peer_id, ()):
             return None
         return PeerState.DOWN if other.down or self.net.cut(self.node, other) else PeerState.UP
 
@@ -319,6 +319,10 @@ class FakeNet:
         #: (sender, receiver) pairs whose requests fail although each sees the other up: a
         #: stream that breaks while a relayed link is re-established.
         self.lost_sends: set[tuple[str, str]] = set()
+        #: Per node, the peers it keeps no record of (health None, as a large mesh's node for
+        #: most peers), until their presence reaches it.
+        self.unknown: dict[str, set[str]] = {}
+        self.presence_every_s = PRESENCE_EVERY_S  # the presence period (announce_soon sends sooner)
         #: Blob fetches: only from the providers named, as the mesh does (else from anyone).
         self.providers_only = False
         self.served: list[tuple[str, str, str]] = []  # (digest, server, fetcher) of every blob fetched
@@ -433,6 +437,7 @@ class FakeNet:
             raise SendError(f"peer {peer[-8:]}: connection refused")
         if (src.peer_id, peer) in self.lost_sends:
             raise SendError(f"peer {peer[-8:]}: stream reset")
+        self.unknown.get(peer, set()).discard(src.peer_id)  # it heard the sender over its connection
         try:
             env = open_envelope(frame, replay=dst.replay)
         except WireError as exc:
@@ -512,12 +517,13 @@ class FakeNet:
                     if dst is src or not self.reachable(src, dst) or dst.driver is None or dst.nursery is None \
                             or frozenset((src.peer_id, dst.peer_id)) in self.presence_cut:
                         continue
+                    self.unknown.get(dst.peer_id, set()).discard(src.peer_id)
                     seen = JobPresence.from_wire(src.driver.committed, src.driver.head(), src.driver.throughput(),
                                                  src.driver.weight, preparing=src.driver.preparing,
                                                  passes=src.driver.passes_round)
                     if dst.driver.saw_presence(src.peer_id, seen, failed=src.driver.failure):
                         dst.nursery.start_soon(self.sync, dst, [src.peer_id])
-            with trio.move_on_after(PRESENCE_EVERY_S):  # or sooner, when a node asks (announce_soon)
+            with trio.move_on_after(self.presence_every_s):  # or sooner, when a node asks (announce_soon)
                 await self._presence_due.wait()
                 await trio.sleep(PRESENCE_SOON_S)
             self._presence_due = trio.Event()
