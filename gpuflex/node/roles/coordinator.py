@@ -38,6 +38,7 @@ from gpuflex.node.core.workplan import (
     valid_rate,
 )
 from gpuflex.node.port import JobPort
+from gpuflex.node.presence import PRESENCE_COORDINATORS  # the candidates presence goes to
 from gpuflex.node.roles.turns import Turns
 from gpuflex.node.state import PRESENCE_FRESH_S, JobBook, RoundDeadlines, RoundState
 from mesh.codec import WireError, WireReason
@@ -91,6 +92,7 @@ class Coordinator:
         def settled() -> bool:
             return rs.has_plan() or book.round_over(rs) or self._activate_held(rs)
 
+        await self._hear_candidates(rs, settled)
         # At most one pass per candidate: a turn skipped while a later attempt's plan is held
         # goes on to the next turn here, not after the driver's pause between attempts.
         for _ in range(max(1, len(book.eligible()))):
@@ -123,6 +125,22 @@ class Coordinator:
                 break
             rs.begin_attempt(turn + 1)  # its candidate passes: on to the held plan's attempt
         return rs.plan if rs.has_plan() else None
+
+    async def _hear_candidates(self, rs: RoundState, settled: Callable[[], bool]) -> None:
+        """Give the round's first candidates this node has no record of ``SPEAK_WAIT_S`` to be
+        heard before their turns are judged (``Turns.skipped`` skips an unknown one). In a large
+        mesh a node keeps no record of most peers; judged before a candidate's presence came, a
+        later candidate skipped an earlier one that was planning, and two plans split the round."""
+        book, port = self.book, self.port
+        results = book.ledger.results
+        recent = {str(c.get("peer")) for c in results[-1].contributors} if results else set()
+
+        def unknown() -> list[str]:
+            cands = (book.expected_coordinator(a) for a in range(rs.attempt, rs.attempt + PRESENCE_COORDINATORS))
+            return [c for c in cands if c is not None and c != book.me and c in recent and port.health(c) is None]
+
+        if unknown():
+            await book.changed.wait_for(lambda: not unknown() or settled(), port.clock.now() + SPEAK_WAIT_S)
 
     async def _await_turn(self, cand: str, settled: Callable[[], bool], rs: RoundState, turn: int) -> None:
         """Wait one plan timeout for ``cand``'s plan, or until it is settled, ``cand`` is

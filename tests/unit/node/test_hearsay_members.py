@@ -108,3 +108,32 @@ def test_a_coordinator_waits_for_hearsay_members_pings_the_silent_and_plans_thos
         assert port.asked == [[ghost]]
 
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
+def test_a_coordinator_waits_for_last_round_contributors_it_has_no_record_of(tmp_path: Path) -> None:
+    """A contributor of the last committed round that this node has no record of at all
+    (health unknown: a large mesh's node keeps none of most peers) is given the same moment to
+    speak as a member known by hearsay, then pinged; before, it was simply left out."""
+    me, honest, contributor = (Identity(bytes([i]) * 32).peer_id for i in (1, 2, 3))
+    spec = fast_spec(min_nodes=2)
+    owner = Identity(bytes([1]) * 32)
+    frame = seal(owner, JOB, {"spec": spec.to_dict(), "members": [me, honest], "created": 0})
+    info = JobInfo(job_id=open_envelope(frame).digest[:16], spec=spec, initial_members=(me, honest),
+                   frame=frame, submitted_by=me)
+    port = ReachPort(heard={honest}, up={honest}, answering={contributor})
+
+    async def main() -> None:
+        book = JobBook(info, me, tmp_path / "job")
+        last = SimpleNamespace(contributors=[{"peer": p} for p in (me, honest, contributor)])
+        book.ledger = cast(Any, SimpleNamespace(results=[last]))  # what _unheard reads of a ledger
+        book.eligible = lambda: [me, honest, contributor]  # type: ignore[method-assign]
+        coordinator = Coordinator(cast(Any, port), book)
+        assert coordinator._unheard() == [contributor]
+        began = trio.current_time()
+        await coordinator._reach_unheard()
+        assert trio.current_time() - began >= SPEAK_WAIT_S
+        assert port.asked == [[contributor]] and contributor in port.heard_peers()
+        port.up.add(contributor)  # it answered: up, and heard first-hand
+        assert coordinator._unheard() == []
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
