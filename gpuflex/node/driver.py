@@ -23,17 +23,7 @@ from aggregation.tree import children
 from gpuflex.node.collector import Collector
 from gpuflex.node.core.kinds import EventKind, JobState, Phase, Role
 from gpuflex.node.core.ledger import HEAD_CHARS, ChainCheck, LedgerClaim
-from gpuflex.node.core.messages import (
-    ABORT,
-    PARTIAL,
-    PLAN,
-    RESULT,
-    SECAGG_RECOVER,
-    TAKEN,
-    UPDATE,
-    MessageKind,
-    Plan,
-)
+from gpuflex.node.core.messages import ABORT, PARTIAL, PLAN, RESULT, SECAGG_RECOVER, TAKEN, UPDATE, MessageKind, Plan
 from gpuflex.node.core.pipeline import RESIDUAL_FILE, DeltaEncoder
 from gpuflex.node.export import JobExport, job_export
 from gpuflex.node.faults import NO_FAULTS, Faults
@@ -170,10 +160,8 @@ class JobDriver:
         book, status, clock = self.book, self.book.status, self.port.clock
         rs.begin_attempt(rs.plan.attempt if rs.plan is not None else 0)
         if self.coordinator.turns.passes_own_turns() or book.committed > 0:
-            # Peers skip this node's turns on its word, not a plan timeout; and a new round's
-            # coordinators (presence goes to them, ``presence.recipients``) hear this node now,
-            # not at its next period: in a large mesh a coordinator had not heard some of the
-            # last round's contributors yet when it planned, and left them out.
+            # Peers skip its turns on its word; a new round's coordinators hear it now, not at its
+            # next period (``Coordinator._unheard``: in a large mesh they may know nothing of it).
             self.port.announce_soon()
         while not book.round_over(rs):
             began = clock.now()
