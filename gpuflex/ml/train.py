@@ -51,13 +51,28 @@ def pick_device() -> torch.device:
     return torch.device("cpu")
 
 
+#: The heavy-ball coefficient of ``optimizer = "momentum"``.
+SGD_MOMENTUM = 0.9
+
+
+def sgd_settings(spec: JobSpec) -> tuple[float, float] | None:
+    """(lr, momentum) of the SGD that :func:`make_optimizer` builds for ``spec``; None for
+    Adam and AdamW. SCAFFOLD reads its control variates off the SGD's steps with them
+    (``gpuflex.ml.drift``)."""
+    if spec.optimizer == "sgd":
+        return spec.lr, 0.0
+    if spec.optimizer == "momentum":
+        return spec.lr, SGD_MOMENTUM
+    return None
+
+
 def make_optimizer(model: nn.Module, spec: JobSpec) -> torch.optim.Optimizer:
     """A fresh inner optimizer every round: its state is local and never averaged (FedAvg)."""
     params = model.parameters()
-    if spec.optimizer == "sgd":
-        return torch.optim.SGD(params, lr=spec.lr, weight_decay=spec.weight_decay)
-    if spec.optimizer == "momentum":
-        return torch.optim.SGD(params, lr=spec.lr, momentum=0.9, weight_decay=spec.weight_decay)
+    sgd = sgd_settings(spec)
+    if sgd is not None:
+        lr, momentum = sgd
+        return torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=spec.weight_decay)
     if spec.optimizer == "adam":
         return torch.optim.Adam(params, lr=spec.lr, weight_decay=spec.weight_decay)
     if spec.optimizer == "adamw":

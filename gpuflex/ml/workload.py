@@ -121,8 +121,7 @@ class Workload:
         # here, at join time, rather than inside round 1's training deadline.
         make_optimizer(self._model, spec)
         self._trained_rounds = 0
-        self._drift = DriftCorrection(spec.drift_correction, spec.prox_mu) \
-            if spec.drift_correction != "none" else None
+        self._drift = DriftCorrection.for_job(spec)
         self.set_part(part_index, num_parts)
 
     def set_part(self, part_index: int, num_parts: int) -> None:
