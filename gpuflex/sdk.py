@@ -29,7 +29,6 @@ import atexit
 import contextlib
 import itertools
 import json
-import math
 import os
 import shutil
 import tempfile
@@ -74,21 +73,24 @@ BEST_BY = {"loss": False, "perplexity": False, "accuracy": True}
 def best_round(metrics: list[dict[str, Any]], metric: str | None = None) -> dict[str, Any]:
     """The committed round whose held-out ``metric`` was best (lowest loss or perplexity,
     highest accuracy); the later round on a tie. With no ``metric``, the node's own choice of
-    the best round (``gpuflex.node.core.selection``): by accuracy where the rounds have one,
-    else by loss, so that it names the round whose model ``state_dict("best")`` is."""
-    if metric is None:
-        metric = "accuracy" if any(_number(m.get("accuracy")) for m in metrics) else "loss"
-    if metric not in BEST_BY:
+    the best round (``gpuflex.node.core.selection.score``: by accuracy where the rounds have
+    one, else by loss), so that it names the round whose model ``state_dict("best")`` is."""
+    from gpuflex.client.model import number
+    from gpuflex.node.core.selection import score
+
+    if metric is not None and metric not in BEST_BY:
         raise ValueError(f"metric must be one of {', '.join(BEST_BY)}, not {metric!r}")
-    rows = [m for m in metrics if _number(m.get(metric))]
+
+    def rank(m: dict[str, Any]) -> float | None:  # higher is better
+        if metric is None:
+            return score(m)
+        value = number(m.get(metric))
+        return None if value is None else (value if BEST_BY[metric] else -value)
+
+    rows = [(r, m) for m in metrics if (r := rank(m)) is not None]
     if not rows:
-        raise ModelUnavailable(f"no committed round has a {metric} yet")
-    sign = 1.0 if BEST_BY[metric] else -1.0
-    return dict(max(rows, key=lambda m: (sign * float(m[metric]), m["round"])))
-
-
-def _number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+        raise ModelUnavailable(f"no committed round has a {metric or 'score'} yet")
+    return dict(max(rows, key=lambda rm: (rm[0], rm[1]["round"]))[1])
 
 
 # --- callables to plug-in paths ---------------------------------------------------------------

@@ -70,9 +70,13 @@ def plannable(port: JobPort, book: JobBook) -> list[str]:
     Each of those signed an update for a plan of this job's ledger, which only a member that a
     coordinator heard gets, and a member a round old has often not yet spoken to the next
     coordinator. A key up by hearsay alone is neither: presence it signs proves nothing."""
+    return sorted(set(port.heard_peers()) | {p for p in last_contributors(book) if port.health(p) == PeerState.UP})
+
+
+def last_contributors(book: JobBook) -> set[str]:
+    """The peers of the last committed round's result (none before the first)."""
     results = book.ledger.results
-    recent = {str(c.get("peer")) for c in results[-1].contributors} if results else set()
-    return sorted(set(port.heard_peers()) | {p for p in recent if port.health(p) == PeerState.UP})
+    return {str(c.get("peer")) for c in results[-1].contributors} if results else set()
 
 
 class Coordinator:
@@ -132,12 +136,13 @@ class Coordinator:
         mesh a node keeps no record of most peers; judged before a candidate's presence came, a
         later candidate skipped an earlier one that was planning, and two plans split the round."""
         book, port = self.book, self.port
-        results = book.ledger.results
-        recent = {str(c.get("peer")) for c in results[-1].contributors} if results else set()
+        recent = last_contributors(book) - {book.me}
+        # Ranked once (a ranking hashes every eligible member; the wait wakes on each presence).
+        ranked = (book.expected_coordinator(a) for a in range(rs.attempt, rs.attempt + PRESENCE_COORDINATORS))
+        cands = [c for c in ranked if c is not None and c in recent]
 
         def unknown() -> list[str]:
-            cands = (book.expected_coordinator(a) for a in range(rs.attempt, rs.attempt + PRESENCE_COORDINATORS))
-            return [c for c in cands if c is not None and c != book.me and c in recent and port.health(c) is None]
+            return [c for c in cands if port.health(c) is None]
 
         if unknown():
             await book.changed.wait_for(lambda: not unknown() or settled(), port.clock.now() + SPEAK_WAIT_S)
@@ -272,17 +277,14 @@ class Coordinator:
     def _unheard(self) -> list[str]:
         """The members a plan would include if hearsay counted (up by another peer's word, never
         heard by this node nor contributors of the last round; ``plannable``), and the last
-        round's contributors this node knows nothing of yet. In a large mesh a node keeps no
-        record of most peers (``MeshNode.keep_set``): a new coordinator has often not heard
-        from some of the last round's contributors when it plans, though each proved itself a
-        live member one round ago, and their presence to it is on its way."""
+        round's contributors it has no record of yet (a large mesh's node keeps none of most
+        peers, ``MeshNode.keep_set``): each proved itself live a round ago, and its presence to
+        a new coordinator is on its way."""
         book, port = self.book, self.port
         heard = set(plannable(port, book))
         known = set(book.presence) | set(book.info.initial_members) | set(book.eligible())
         up = [p for p in known if p not in heard and p != book.me and port.health(p) == PeerState.UP]
-        results = book.ledger.results
-        recent = {str(c.get("peer")) for c in results[-1].contributors} if results else set()
-        unknown = {p for p in recent - heard if p != book.me and p not in book.left and port.health(p) is None}
+        unknown = {p for p in last_contributors(book) - heard - {book.me} - set(book.left) if port.health(p) is None}
         return sorted({p for p in book.live_members(up) if p != book.me} | unknown)
 
     async def _reach_unheard(self) -> None:

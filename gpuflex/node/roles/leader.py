@@ -10,6 +10,7 @@ aggregation asks the survivors for the seed shares that unmask the sum after a d
 from __future__ import annotations
 
 import logging
+from itertools import takewhile
 from typing import Any
 
 import numpy as np
@@ -136,12 +137,10 @@ class Leader:
         each such node that is not down, so it stops waiting for that work. Without the word a
         leader whose member could not reach it (a relayed link re-established mid-send) waited
         for the member until its own deadline, and the root for the leader."""
-        passed: list[str] = []
-        for node in ancestors(plan.parent, sender):
-            if node == self.book.me:
-                break
-            passed.append(node)
-        passed = [p for p in passed if self.port.health(p) != PeerState.DOWN]
+        if plan.parent.get(sender) == self.book.me:  # from a child: nothing went past anyone
+            return
+        chain = list(takewhile(lambda node: node != self.book.me, ancestors(plan.parent, sender)))
+        passed = [p for p in chain if self.port.health(p) != PeerState.DOWN]
         if not passed:
             return
         frame = seal(self.port.identity, TAKEN, {
