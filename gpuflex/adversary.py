@@ -17,11 +17,19 @@ literature, use the honest updates' statistics are approximated from the attacke
   while pushing every coordinate the wrong way.
 - ``label-flip``: trains honestly on labels y -> C - 1 - y; the delta goes out untouched.
   It needs the data hook (``data_hook``) to be passed to the node's Workload.
+
+A serving node can lie too, for the redundancy check's tests (``gpuflex.serve.check``): with
+``GPUFLEX_TEST_SERVE_ADVERSARY=wrong-tokens`` in *its own* environment, and only when it listens
+on loopback, it negates its models' logits before picking each token, so it answers with the
+least likely tokens (made-up text, signed as its answer) while speaking the protocol correctly.
+Nothing a peer sends can turn this on: it is read from the process's environment when a model
+is loaded, never from the wire or from a file a peer names.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -97,3 +105,26 @@ def make_adversary(kind: str) -> Adversary:
 
 def loopback_only(listen: list[str]) -> bool:
     return all(a.startswith("/ip4/127.") or a.startswith("/ip6/::1/") for a in listen)
+
+
+#: The environment variable a test node's operator sets to make it serve wrong answers.
+SERVE_ENV = "GPUFLEX_TEST_SERVE_ADVERSARY"
+SERVE_KINDS = ("wrong-tokens",)
+
+
+def serve_tamper(listen: Sequence[str], environ: Mapping[str, str] = os.environ) -> Callable[[Any], Any] | None:
+    """The logits tamper of a lying test server, or None (every real node). ValueError, with
+    the reason, for an unknown kind or a node that listens beyond loopback."""
+    kind = environ.get(SERVE_ENV, "").strip()
+    if not kind:
+        return None
+    if kind not in SERVE_KINDS:
+        raise ValueError(f"{SERVE_ENV}={kind[:40]!r}: unknown; choose from {', '.join(SERVE_KINDS)}")
+    if not listen or not loopback_only(list(listen)):
+        raise ValueError(f"{SERVE_ENV} is only allowed on loopback test meshes (listen on 127.0.0.1)")
+    return negate_logits
+
+
+def negate_logits(logits: Any) -> Any:
+    """The least likely token becomes the most likely (a torch tensor in, one out)."""
+    return -logits

@@ -153,8 +153,14 @@ def contributions_view(snap: Snapshot, params: Params) -> dict[str, Any]:
         devices[snap.status.peer_id] = snap.status.node_info.device
     bars = [(f"…{row.peer[-8:]}", row.share, f"{row.share * 100:.1f}%") for row in top(credit)]
     labels = {j.job_id: j.label for j in snap.jobs}
+    # Serving credit, from the shared serving view (gpuflex.serve.view): tokens each peer made
+    # for this node's callers, and what the redundancy checks found against it.
+    served = snap.serving.credit
+    total = sum(c.tokens for c in served)
     return {"credit": credit, "devices": devices, "labels": labels,
-            "chart": bar_chart(bars, title="Share of compute per peer")}
+            "chart": bar_chart(bars, title="Share of compute per peer"),
+            "served": [(c, c.tokens / total if total else 0.0) for c in served],
+            "self_id": snap.status.peer_id if snap.status else ""}
 
 
 def join_view(snap: Snapshot, params: Params) -> dict[str, Any]:

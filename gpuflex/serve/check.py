@@ -22,7 +22,7 @@ a request that is not checked; slightly wrong sampled tokens after the first div
 from __future__ import annotations
 
 import logging
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
@@ -34,6 +34,8 @@ log = logging.getLogger("gpuflex.serve")
 TOLERANCE = 0.01
 
 Answer = list[tuple[int, float]]
+#: The verdicts ``gpuflex status`` keeps (newest last), each one line.
+REPORTS = 16
 
 
 def compare(a: Answer, b: Answer, greedy: bool) -> str | None:
@@ -69,6 +71,7 @@ class Checker:
         self.checked = 0
         self.mismatches: Counter[str] = Counter()  # peer -> mismatches it was part of
         self.penalised: Counter[str] = Counter()
+        self.reports: deque[str] = deque(maxlen=REPORTS)  # the latest mismatches, for status
 
     async def _answer(self, req: GenRequest, model_hash: str, exclude: set[str]) -> tuple[str, Answer] | None:
         chosen: list[str] = []
@@ -98,7 +101,8 @@ class Checker:
         referee = await self._answer(req, model_hash, set(peers))
         verdict = f"servers {first[-8:]} and {second[0][-8:]} disagree on {req.model!r}: {why}"
         if referee is None:
-            log.warning("%s; no third server to tell which is wrong", verdict)
+            self.reports.append(f"{verdict}; no third server to tell which is wrong")
+            log.warning("%s", self.reports[-1])
             return verdict
         for peer, theirs in ((first, answer), (second[0], second[1])):
             if compare(theirs, referee[1], req.greedy) is not None:
@@ -106,7 +110,9 @@ class Checker:
                 self.penalise(peer)
                 verdict += f"; {peer[-8:]} disagrees with a third server too and is penalised"
         log.warning("%s", verdict)
+        self.reports.append(verdict)
         return verdict
 
     def row(self) -> dict[str, Any]:
-        return {"checked": self.checked, "mismatches": dict(self.mismatches), "penalised": dict(self.penalised)}
+        return {"checked": self.checked, "mismatches": dict(self.mismatches), "penalised": dict(self.penalised),
+                "reports": list(self.reports)}

@@ -8,7 +8,10 @@ others to arrive, so that requests arriving together share their prefill.
 
 Memory: a sequence reserves room for its prompt and its ``max_tokens`` in the KV cache, at
 the batch's widest row (left padding), and is admitted only while the reservations fit the
-node's ``memory_mb``; one that could never fit is refused at once with the reason.
+KV budget (``memory_mb``, or less where the device has less free: ``gpuflex.serve.fit``); one
+that could never fit is refused at once with the reason. Should the device still run out of
+memory (another process took it since the fitting probe), the batch's requests fail with the
+reason and the batch limit is halved, as training backs off its micro-batch.
 """
 
 from __future__ import annotations
@@ -23,8 +26,9 @@ from typing import Any
 
 import trio
 
+from gpuflex.ml.fit import free_memory, is_oom
 from gpuflex.serve import BadRequest, Overloaded, ServeError
-from gpuflex.serve.engine import BatchEngine, Seq, kv_bytes_per_token, max_positions
+from gpuflex.serve.engine import BatchEngine, Seq, Tamper, kv_bytes_per_token, max_positions
 from gpuflex.serve.request import GenRequest
 from gpuflex.serve.stats import ServeStats
 from gpuflex.serve.textstream import Finish, TextStream
@@ -50,14 +54,15 @@ class Ticket:
 class Scheduler:
     def __init__(self, name: str, model: Any, tokenizer: Any, eos_id: int | None, *, max_batch: int,
                  memory_bytes: int, max_prompt_tokens: int, max_new_tokens: int, queue: int,
-                 stats: ServeStats | None = None) -> None:
+                 stats: ServeStats | None = None, tamper: Tamper | None = None) -> None:
         self.name = name
-        self.engine = BatchEngine(model, eos_id)
+        self.engine = BatchEngine(model, eos_id, tamper)
         self.tokenizer = tokenizer
         self.eos_id = eos_id
         self.max_batch, self.memory_bytes, self.queue_limit = max_batch, memory_bytes, queue
         self.max_prompt_tokens, self.max_new_tokens = max_prompt_tokens, max_new_tokens
-        self.per_token = kv_bytes_per_token(model.config)
+        first = next(iter(model.parameters()), None)
+        self.per_token = kv_bytes_per_token(model.config, first.element_size() if first is not None else 4)
         self.positions = max_positions(model.config)
         self.waiting: deque[Ticket] = deque()
         self.active: dict[int, Ticket] = {}
@@ -146,8 +151,11 @@ class Scheduler:
                     self._wake = trio.Event()
                     await self._wake.wait()
             except Exception as exc:  # the model failed: every request in the batch gets the reason
-                log.exception("serving %s failed", self.name)
-                self._fail_all(ServeError(f"the model failed: {exc.__class__.__name__}: {exc}"))
+                if is_oom(exc):
+                    self._out_of_memory()
+                else:
+                    log.exception("serving %s failed", self.name)
+                    self._fail_all(ServeError(f"the model failed: {exc.__class__.__name__}: {exc}"))
             await trio.lowlevel.checkpoint()
 
     def _deliver(self, made: list[tuple[Seq, int]]) -> None:
@@ -192,6 +200,17 @@ class Scheduler:
 
     def _retire_cancelled(self) -> None:
         self._drop({rid for rid, t in self.active.items() if t.cancelled})
+
+    def _out_of_memory(self) -> None:
+        """The device ran out of memory mid-batch: the batch's requests fail (their cache is
+        lost), the device gets its cached blocks back and the batch limit is halved."""
+        rows = max(1, len(self.active))
+        self.max_batch = max(1, min(self.max_batch, rows) // 2)
+        log.warning("serving %s ran out of memory on %s with %d sequences; now at most %d at once",
+                    self.name, self.engine.device, rows, self.max_batch)
+        self._fail_all(ServeError(f"the server ran out of device memory with {rows} requests in its batch; "
+                                  "try again", 503))
+        free_memory(self.engine.device)
 
     def _fail_all(self, exc: ServeError) -> None:
         for t in list(self.active.values()):

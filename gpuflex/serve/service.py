@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from gpuflex.adversary import serve_tamper
 from gpuflex.serve import BadRequest, ServeError, UnknownModel
 from gpuflex.serve.batchrun import RUNS_DIR, BatchRun, InferenceSpec, request_digest
 from gpuflex.serve.check import Answer, Checker
@@ -32,6 +33,8 @@ from mesh.node import MeshNode
 from mesh.streaming import Send
 
 if TYPE_CHECKING:
+    from gpuflex.serve.engine import Tamper
+    from gpuflex.serve.fit import ServeFit
     from gpuflex.serve.scheduler import Scheduler
 
 log = logging.getLogger("gpuflex.serve")
@@ -48,6 +51,13 @@ class Served:
     loaded: LoadedModel
     scheduler: Scheduler
     stats: ServeStats
+    fit: ServeFit
+
+    def row(self) -> dict[str, Any]:
+        """The model's status row: what it is, how busy, and how it is fitted to the device."""
+        return {"name": self.loaded.name, "hash": self.loaded.model_hash, "source": self.loaded.source,
+                "load": self.scheduler.load, "capacity": self.scheduler.max_batch, "fit": self.fit.row(),
+                **self.stats.row()}
 
 
 class ServeService:
@@ -95,7 +105,13 @@ class ServeService:
         """Load ``entry`` and start serving it (replacing a model of the same name)."""
         if entry.name not in self.served and len(self.served) >= 8:
             raise ServeError("this node serves 8 models already", 400)
+        from gpuflex.serve.fit import fit_model  # torch: only once a model is served
+        from gpuflex.serve.scheduler import Scheduler
+
+        s = self.settings
+        claimed = sum(v.fit.memory_bytes for n, v in self.served.items() if n != entry.name)
         try:
+            tamper = self._tamper()
             if entry.kind is SourceKind.JOB:
                 out = self.home / SERVE_DIR / entry.job
                 model_hash = await self.export_job(entry.job, out)
@@ -103,27 +119,45 @@ class ServeService:
             else:
                 assert entry.path is not None
                 loaded = await trio.to_thread.run_sync(load_directory, entry.name, entry.path, str(entry.path))
+            loaded.model, fit = await trio.to_thread.run_sync(lambda: fit_model(
+                loaded.model, loaded.eos_id, max_batch=s.max_batch, memory_bytes=s.memory_mb << 20,
+                max_prompt_tokens=s.max_prompt_tokens, max_new_tokens=s.max_new_tokens, claimed=claimed))
         except ServeError as exc:
             self.failed[entry.name] = str(exc)
             raise
-        from gpuflex.serve.scheduler import Scheduler  # torch: only once a model is served
-
-        s = self.settings
-        stats = ServeStats()
-        scheduler = Scheduler(entry.name, loaded.model, loaded.tokenizer, loaded.eos_id, max_batch=s.max_batch,
-                              memory_bytes=s.memory_mb << 20, max_prompt_tokens=s.max_prompt_tokens,
-                              max_new_tokens=s.max_new_tokens, queue=s.queue, stats=stats)
+        scheduler = Scheduler(entry.name, loaded.model, loaded.tokenizer, loaded.eos_id,
+                              max_batch=fit.max_batch, memory_bytes=fit.memory_bytes,
+                              max_prompt_tokens=s.max_prompt_tokens, max_new_tokens=s.max_new_tokens,
+                              queue=s.queue, stats=(stats := ServeStats()), tamper=tamper)
         assert self._nursery is not None
         self._nursery.start_soon(scheduler.run)
-        self.served[entry.name] = Served(loaded, scheduler, stats)
+        self.served[entry.name] = Served(loaded, scheduler, stats, fit)
         self.failed.pop(entry.name, None)
         self._announce_now()
-        log.info("serving %s (%s, hash %s…)", entry.name, describe(entry), loaded.model_hash[:16])
-        return {"name": entry.name, "hash": loaded.model_hash, "source": loaded.source}
+        log.info("serving %s (%s, hash %s…) on %s in %s, batch %d, KV cache %.0f MiB", entry.name, describe(entry),
+                 loaded.model_hash[:16], fit.device, fit.dtype, fit.max_batch,
+                 fit.memory_bytes / (1 << 20))
+        return {"name": entry.name, "hash": loaded.model_hash, "source": loaded.source, "fit": fit.row()}
+
+    def _tamper(self) -> Tamper | None:
+        """A test mesh's lying server (``gpuflex.adversary.serve_tamper``: the node's own
+        environment, loopback meshes only); None on every real node."""
+        try:
+            tamper = serve_tamper(self.mesh.config.listen)
+        except ValueError as exc:
+            raise ServeError(str(exc)) from None
+        if tamper is not None:
+            log.warning("TEST ADVERSARY: this node's served answers are corrupted on purpose")
+        return tamper
+
+    def capacity(self) -> int:
+        """Sequences this node decodes at once: its models' fitted batches (what the device
+        holds, ``gpuflex.serve.fit``), or the configured ``max_batch`` before any is loaded."""
+        return sum(s.scheduler.max_batch for s in self.served.values()) or self.settings.max_batch
 
     def _announcement(self) -> dict[str, Any]:
         return {"models": {n: s.loaded.model_hash for n, s in self.served.items()},
-                "capacity": self.settings.max_batch, "load": sum(s.scheduler.load for s in self.served.values()),
+                "capacity": self.capacity(), "load": sum(s.scheduler.load for s in self.served.values()),
                 "stats": node_row([s.stats.row() for s in self.served.values()])}
 
     def _announce_now(self) -> None:
@@ -318,9 +352,7 @@ class ServeService:
     def status(self) -> dict[str, Any]:
         return {
             "http": self.http_url,
-            "models": [{"name": n, "hash": s.loaded.model_hash, "source": s.loaded.source,
-                        "load": s.scheduler.load, "capacity": self.settings.max_batch, **s.stats.row()}
-                       for n, s in sorted(self.served.items())],
+            "models": [s.row() for _, s in sorted(self.served.items())],
             "failed": dict(self.failed),
             "mesh_models": self.directory.models(),
             "servers": self.directory.server_rows(self.rtts()),

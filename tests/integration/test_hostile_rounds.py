@@ -3,7 +3,8 @@
 The peer is a bare ``MeshNode`` of our own library with its own key (``hostile_peer``). One
 mesh is shared by every attack, in order; the honest job runs through all of them, and its
 ledgers are checked at the end: one ledger on every node, every round with its evidence, no
-round of the hostile peer's, the model it ended with unchanged by what came after.
+round of the hostile peer's. A second, short honest job submitted beside it has finished by
+then: its final ledger and model are attacked last, and must not change.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from tests.integration.hostile_peer import HostilePeer, ground, old_digest, re_e
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 ROUNDS = 24  # rounds of 0.5 s (idle) to 5 s (loaded): the job runs through every attack on it
+SHORT_ROUNDS = 3  # the job that has finished when the last attack comes
 TIMING = {"local_epochs": 1, "plan_timeout_s": 2.0, "train_timeout_s": 10.0, "reduce_timeout_s": 2.0}
 HUGE = 10**12
 
@@ -32,8 +34,8 @@ HUGE = 10**12
 class Arena:
     """Three honest nodes training one job, and the hostile peer beside them."""
 
-    def __init__(self, mesh: LocalMesh, job: str, hostile: HostilePeer, ids: dict[int, str]) -> None:
-        self.mesh, self.job, self.hostile, self.ids = mesh, job, hostile, ids
+    def __init__(self, mesh: LocalMesh, job: str, hostile: HostilePeer, ids: dict[int, str], short: str) -> None:
+        self.mesh, self.job, self.hostile, self.ids, self.short = mesh, job, hostile, ids, short
 
     def wait(self, predicate: Any, what: str, timeout: float = 60.0) -> None:
         def holds() -> bool:
@@ -53,9 +55,9 @@ class Arena:
         ledger.load()
         return ledger.frames
 
-    def head(self) -> tuple[int, Any]:
+    def head(self, job: str | None = None) -> tuple[int, Any]:
         """(round, result) at the head of node 0's ledger."""
-        frames = self.frames(0)
+        frames = self.frames(0, job)
         return len(frames), parse_result(open_envelope(frames[-1], expect_kind=RESULT))
 
     def log(self, i: int) -> str:
@@ -64,9 +66,9 @@ class Arena:
     def logged(self, pattern: str, nodes: range | list[int] = range(3)) -> bool:
         return all(re.search(pattern, self.log(i)) for i in nodes)
 
-    def no_hostile_round(self) -> None:
+    def no_hostile_round(self, job: str | None = None) -> None:
         for i in range(3):
-            assert all(open_envelope(f).sender != self.hostile.peer_id for f in self.frames(i)), \
+            assert all(open_envelope(f).sender != self.hostile.peer_id for f in self.frames(i, job)), \
                 f"node {i} committed a round signed by the hostile peer"
 
 
@@ -79,9 +81,10 @@ def arena(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Arena]:
         mesh.start(timeout=120)
         mesh.wait_connected(60 * load_factor())
         job = mesh.submit(digits_spec(rounds=ROUNDS, min_nodes=2, **TIMING))
+        short = mesh.submit(digits_spec(rounds=SHORT_ROUNDS, min_nodes=2, **TIMING), node=1)
         hostile = HostilePeer(base / "hostile", mesh.call(0, "status")["addrs"][0]).start()
         ids = {i: mesh.call(i, "status")["peer_id"] for i in range(3)}
-        arena = Arena(mesh, job, hostile, ids)
+        arena = Arena(mesh, job, hostile, ids, short)
         arena.wait(lambda: set(ids.values()) <= set(hostile.node.peers.alive()), "the hostile peer meets everyone")
         # It takes part in the job from now on: present, and sending updates of zeros that
         # claim 10^12 samples whenever a plan names it.
@@ -322,13 +325,18 @@ def test_a_coordinator_cannot_choose_secure_aggregation_groups_nor_mask_a_group_
 
 
 def test_a_finished_jobs_ledger_is_final_and_every_node_holds_the_same_one(arena: Arena) -> None:
-    h, job, mesh = arena.hostile, arena.job, arena.mesh
-    arena.wait(lambda: all(mesh.job(i, job)["state"] == "done" for i in range(3)), "the job finishes",
-               timeout=240)
-    before = [arena.frames(i) for i in range(3)]
+    """The short job, finished long before, is attacked with a rival last round and a forged
+    heavier chain: nothing changes. The long job, which ran through every attack above, holds
+    one ledger on every node, each round with its evidence and none of the hostile peer's."""
+    from gpuflex.jobspec import JobSpec
+    from gpuflex.node.core.evidence import ChainRules
+
+    h, job, mesh = arena.hostile, arena.short, arena.mesh
+    arena.wait(lambda: all(mesh.job(i, job)["state"] == "done" for i in range(3)), "the short job finishes")
+    before = [arena.frames(i, job) for i in range(3)]
     status = mesh.job(0, job)
-    n, head = arena.head()
-    zero = h.zero_model(job)
+    n, head = arena.head(job)
+    zero = h.zero_model(arena.job)  # the same model as the long job's; the short one may have ended unheard
     rival = ground(lambda: h.forged_result(job=job, round_=n, attempt=0, prev=head.prev_result, base=head.base_hash,
                                            model=zero, members=list(arena.ids.values())),
                    min(head.digest, old_digest(head.env.raw)))
@@ -339,17 +347,23 @@ def test_a_finished_jobs_ledger_is_final_and_every_node_holds_the_same_one(arena
     h.call(h.push_raw, list(arena.ids.values()), rival)
     h.call(h.presence, {job: 99})
     time.sleep(5.0 * load_factor())
-    after = [arena.frames(i) for i in range(3)]
-    assert after == before and len(after[0]) == ROUNDS
+    after = [arena.frames(i, job) for i in range(3)]
+    assert after == before and len(after[0]) == SHORT_ROUNDS
     assert all(f == after[0] for f in after), "nodes ended on different ledgers"
     again = mesh.job(0, job)
     assert again["model_hash"] == status["model_hash"] and again["metrics"] == status["metrics"]
-    from gpuflex.jobspec import JobSpec
-    from gpuflex.node.core.evidence import ChainRules
-
     results = verify_chain(after[0], job)
-    rules = ChainRules.for_job(job, JobSpec.from_dict(digits_spec(rounds=ROUNDS, min_nodes=2, **TIMING)),
-                               results[0].plan.members, owner=arena.ids[0])  # node 0 submitted it
+    rules = ChainRules.for_job(job, JobSpec.from_dict(digits_spec(rounds=SHORT_ROUNDS, min_nodes=2, **TIMING)),
+                               results[0].plan.members, owner=arena.ids[1])  # node 1 submitted it
     verify_chain(after[0], job, rules)  # every round with its evidence, as the nodes check it
+    arena.no_hostile_round(job)
+    assert results[-1].metrics["accuracy"] > 0.3  # three rounds in: far above chance and the all-zero model's 0.1
+
+    frames = [arena.frames(i) for i in range(3)]  # the long job, still training
+    shortest = min(len(f) for f in frames)
+    assert shortest >= 3 and all(f[:shortest] == frames[0][:shortest] for f in frames), "nodes hold different ledgers"
+    results = verify_chain(frames[0], arena.job)
+    rules = ChainRules.for_job(arena.job, JobSpec.from_dict(digits_spec(rounds=ROUNDS, min_nodes=2, **TIMING)),
+                               results[0].plan.members, owner=arena.ids[0])  # node 0 submitted it
+    verify_chain(frames[0], arena.job, rules)
     arena.no_hostile_round()
-    assert results[-1].metrics["accuracy"] > 0.6

@@ -10,9 +10,10 @@ import sys
 
 import pytest
 
+from gpuflex.node.core.ledger import verify_chain
 from gpuflex.testing.netns import NetnsPair
 from tests.integration.conftest import light_spec
-from tests.integration.test_faults import FAST, assert_one_ledger, peer_ids, wait_round
+from tests.integration.test_faults import FAST, ledger_frames, peer_ids, wait_round
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
 
@@ -51,12 +52,19 @@ def test_partition_minority_waits_and_says_so_then_all_agree(netns_pair: NetnsPa
     healed_at = mesh.job(0, job)["round"]
 
     netns_pair.heal()
-    mesh.wait_job(job, list(range(6)), timeout=240)
-    rows = assert_one_ledger(mesh, list(range(6)), job, PARTITION_ROUNDS)
+    # All agree: once the minority is past the round the majority was at when the cut healed,
+    # every node holds the same chain up to there, each round with its evidence. The job goes
+    # on; what it commits later is every round's business, checked by the other fault tests.
+    caught_up = healed_at + 1
+    mesh.wait_until(lambda: all(mesh.job(i, job)["round"] >= caught_up for i in range(6)), 240, interval=0.5,
+                    what=f"every node past round {healed_at}")
+    frames = [ledger_frames(mesh, i, job)[:caught_up] for i in range(6)]
+    assert all(f == frames[0] for f in frames), "ledgers differ between nodes"
+    assert [r.round for r in verify_chain(frames[0], job)] == list(range(1, caught_up + 1))
+    rows = mesh.call(0, "ledger", {"job": job})
     side_a = {p for p, i in ids.items() if i in majority}
     # Rounds after last + 1 were planned on ledgers the minority did not have.
     assert healed_at >= last + 2
     for row in rows[last + 1 : healed_at]:
         assert {c["peer"] for c in row["contributors"]} <= side_a
-    assert len({mesh.job(i, job)["model_hash"] for i in range(6)}) == 1
-    assert all(not mesh.job(i, job)["waiting"] for i in range(6))
+    assert all("of min_nodes=4" not in mesh.job(i, job)["waiting"] for i in minority)

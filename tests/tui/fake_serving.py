@@ -9,6 +9,9 @@ from typing import Any
 from tests.tui.fake_source import SELF, peer_id
 
 RUN_ID = "5e1f" * 4
+#: A redundancy check's verdict, as the node reports it (peer 2 lied and a third server agreed).
+VERDICT = "servers 00000002 and 00000001 disagree on 'bard': greedy tokens differ from position 0; " \
+          "00000002 disagrees with a third server too and is penalised"
 FAILED_WHY = "[bold red]no safetensors[/] <b>here</b>"  # text from the node is shown, not read as markup
 
 
@@ -18,7 +21,10 @@ def figures(rps: float, tps: float, ttft: float | None, latency: float | None) -
 
 def serve_block() -> dict[str, Any]:
     bard = {"name": "bard", "hash": "ab" * 32, "source": "job 0123abcd", "load": 3, "capacity": 8,
-            "requests": 120, "tokens": 7_680, "errors": 2, **figures(1.5, 96.0, 41.0, 820.0)}
+            "requests": 120, "tokens": 7_680, "errors": 2, **figures(1.5, 96.0, 41.0, 820.0),
+            "fit": {"device": "cuda:0", "device_name": "NVIDIA H200", "dtype": "bfloat16", "batch": 8,
+                    "asked_batch": 16, "memory_mb": 512.0, "asked_memory_mb": 512.0, "free_mb": 120_000.0,
+                    "probe_ms": 420.0}}
     servers = [
         {"peer": SELF, "self": True, "models": ["bard"], "load": 3, "capacity": 8, "rtt_ms": None,
          **figures(1.5, 96.0, 41.0, 820.0)},
@@ -38,5 +44,6 @@ def serve_block() -> dict[str, Any]:
         "served_tokens": {SELF: 1200, peer_id(1): 800},
         "runs": [{"run_id": RUN_ID, "name": "summaries", "kind": "inference", "model": "bard", "done": 12,
                   "total": 24, "state": "running", "error": ""}],
-        "redundancy": {"level": 1, "checked": 0, "mismatches": {}, "penalised": {}},
+        "redundancy": {"level": 2, "checked": 9, "mismatches": {peer_id(1): 1, peer_id(2): 1},
+                       "penalised": {peer_id(2): 1}, "reports": [VERDICT]},
     }

@@ -69,4 +69,4 @@ def test_peers_show_their_work_in_the_followed_jobs_last_round() -> None:
     keys = [c.key for c in COLUMNS]
     assert str(peer_cells(Peer.parse({"peer_id": "C"}), 0.0, None)[keys.index("share")]) == fmt.DASH  # not in the round
     steps = COLUMN_BY_KEY["steps"].sort_key
-    assert steps(Peer.parse({"peer_id": "A"}), work["A"]) > steps(Peer.parse({"peer_id": "C"}), None)
+    assert steps(Peer.parse({"peer_id": "A"}), work["A"], None) > steps(Peer.parse({"peer_id": "C"}), None, None)

@@ -9,9 +9,10 @@ from textual.pilot import Pilot
 from gpuflex.serve.view import Serving
 from tests.tui.capture import screen_text
 from tests.tui.conftest import drive, loaded, make_app, until
-from tests.tui.fake_serving import FAILED_WHY, RUN_ID, serve_block
-from tests.tui.fake_source import FakeSource, peer_id
+from tests.tui.fake_serving import FAILED_WHY, RUN_ID, VERDICT, serve_block
+from tests.tui.fake_source import SELF, FakeSource, peer_id
 from tui.app import DashboardApp
+from tui.screens.peers import COLUMNS
 from tui.screens.serving import ServingScreen
 from tui.widgets.keyed_table import KeyedTable
 
@@ -36,11 +37,13 @@ def test_the_serving_screen_shows_each_server_its_figures_the_local_models_and_i
         me = [r for r in servers.values() if "(me)" in r[0]]
         assert len(me) == 1 and me[0][2:7] == ["3/8", "1.50", "96.0", "41ms", "820ms"] and me[0][7] == "local"
         assert servers[peer_id(2)][3:7] == ["0.00", "0.0", "–", "–"]  # idle: no medians yet
-        assert rows(app, "#served-table")["bard"][3:6] == ["120", "7680", "2"]
+        fitted = "cuda:0 bfloat16, batch 8 of 16, KV 512 MiB"  # how the model is fitted to the device
+        assert rows(app, "#served-table")["bard"][3:7] == ["120", "7680", "2", fitted]
         assert rows(app, "#run-table")[RUN_ID][1:5] == ["summaries", "bard", "running", "12/24"]
         text = screen_text(app)
         assert "http://127.0.0.1:8000/v1" in text
         assert FAILED_WHY[:20] in text  # the node's words as they are, markup and all
+        assert "check: servers 00000002 and 00000001 disagree" in text  # the redundancy check's report
         # The figures follow the node: a new poll with more load shows at once.
         source.serve["servers"][2]["load"] = 4
         await until(pilot, lambda: rows(app, "#server-table")[peer_id(2)][2] == "4/4", what="new load")
@@ -67,3 +70,37 @@ def test_figures_of_the_wrong_type_show_as_dashes_not_errors() -> None:
     assert serving.servers[0].load == 0 and serving.servers[0].models == ()
     assert serving.runs[0].run_id == "?"
     assert Serving.from_status({"serve": "nope"}).empty and Serving.from_status(None).empty
+
+
+def test_the_peers_credit_view_shows_the_tokens_each_peer_served_and_flags_a_penalised_liar() -> None:
+    source = FakeSource()
+    source.serve = serve_block()
+
+    async def scenario(app: DashboardApp, pilot: Pilot[None]) -> None:
+        await until(pilot, lambda: loaded(app))
+        await pilot.press("2")
+        served = [c.key for c in COLUMNS].index("served")
+        await until(pilot, lambda: rows(app, "#peer-table").get(peer_id(1), [""] * 20)[served] == "800",
+                    what="served tokens")
+        table = rows(app, "#peer-table")
+        assert table[peer_id(2)][served] == "0!"  # served nothing here, penalised by a redundancy check
+        assert table[peer_id(3)][served] == "–"  # never served this node
+        # Sorting by tokens served ("v") puts the biggest server first.
+        await pilot.press("v", "v")
+        ordered = list(rows(app, "#peer-table"))
+        assert ordered[0] == peer_id(1), ordered
+
+    drive(make_app(source), scenario, size=(160, 48))
+
+
+def test_the_shared_view_reads_serving_credit_and_the_fit_leniently() -> None:
+    serving = Serving.from_status({"serve": serve_block()})
+    assert [(c.peer, c.tokens, c.mismatches, c.penalised) for c in serving.credit] == [
+        (SELF, 1200, 0, 0), (peer_id(1), 800, 1, 0), (peer_id(2), 0, 1, 1)]
+    assert serving.credit_of(peer_id(2)) is not None and serving.credit_of("nobody") is None
+    assert serving.reports == (VERDICT,)
+    assert serving.models[0].fit.text == "cuda:0 bfloat16, batch 8 of 16, KV 512 MiB"
+    hostile = Serving.from_status({"serve": {"served_tokens": {"x": "many", "y": -3, "z": 5}, "redundancy": [1],
+                                             "models": [{"name": "m", "fit": "gpu"}]}})
+    assert [(c.peer, c.tokens) for c in hostile.credit] == [("z", 5), ("x", 0), ("y", 0)]
+    assert hostile.models[0].fit.text == "" and hostile.reports == ()

@@ -161,3 +161,26 @@ async def test_a_batch_inference_job_is_listed_with_the_jobs_and_its_page_offers
     assert "Audit the ledger" not in page and "ledger.msgpack" not in page  # it has no ledger of rounds
     training = (await served.client.get(f"/jobs/{served.api.job_list[0]['job_id']}")).text
     assert "Audit the ledger" in training and "<dt>Round</dt>" in training
+
+
+def served_row(html: str, peer: str) -> str:
+    start = html.index(f'<tr data-served="{peer}">')
+    return html[start: html.index("</tr>", start)]
+
+
+async def test_the_contributions_page_shows_the_tokens_each_peer_served_beside_training_credit(
+        served: Served) -> None:
+    html = (await served.client.get("/contributions")).text
+    assert "Served tokens" not in html  # a node that took in no request has no serving credit
+    served.api.serve = serve_block()
+    served.portal.hub._last_poll = -1e9  # the next request polls at once
+    html = (await served.client.get("/contributions")).text
+    assert "share of samples processed" in html  # the training credit is still there, above
+    mine, theirs, liar = served_row(html, SELF), served_row(html, peer_id(1)), served_row(html, peer_id(2))
+    assert "(this node)" in mine and ">1200<" in mine and ">60.0%<" in mine
+    assert ">800<" in theirs and ">40.0%<" in theirs and ">1<" in theirs and "(this node)" not in theirs
+    assert ">0<" in liar and '<span class="verdict bad">1</span>' in liar  # penalised by a redundancy check
+    assert html.index('data-served="' + SELF) < html.index('data-served="' + peer_id(1))  # most tokens first
+    serving = (await served.client.get("/serving")).text
+    assert "cuda:0 bfloat16, batch 8 of 16, KV 512 MiB" in serving  # how the model is fitted to the device
+    assert "Redundancy check: servers 00000002 and 00000001 disagree" in serving

@@ -20,8 +20,8 @@ KEYS = (
     ("/", "filter (enter keeps it, esc clears it)"),
     ("enter", "copy the full peer id"),
     ("s / S", "next sort column / reverse order"),
-    ("i t h l e d g c x r a p", "sort by id, state, reach, rtt, seen, device, legacy, rounds, steps, samples/s, "
-                                "compute share (last round), penalty"),
+    ("i t h l e d g c x r a p v", "sort by id, state, reach, rtt, seen, device, legacy, rounds, steps, samples/s, "
+                                  "compute share (last round), penalty, tokens served"),
     ("", ""),
     ("jobs", ""),
     ("enter", "open the job's ledger"),

@@ -1,5 +1,8 @@
 """Every peer this node knows, sortable and filterable, with the full record of the one
-under the cursor. This is where "which box is dragging the round?" gets answered."""
+under the cursor. This is where "which box is dragging the round?" gets answered, and the
+dashboard's credit view: each peer's share of the followed job's compute, the rounds it
+contributed, and the tokens it served for this node's callers (``srvd``, from the shared
+serving view, ``gpuflex.serve.view``)."""
 
 from __future__ import annotations
 
@@ -15,6 +18,7 @@ from textual.binding import Binding
 from textual.containers import Vertical
 from textual.widgets import DataTable, Input
 
+from gpuflex.serve.view import PeerServing
 from tui import format as fmt
 from tui.feed import Snapshot
 from tui.model import MemberWork, NodeInfo, Peer, current_job
@@ -30,7 +34,7 @@ class Column:
     key: str
     label: str
     hotkey: str
-    sort_key: Callable[[Peer, MemberWork | None], Any]
+    sort_key: Callable[[Peer, MemberWork | None, PeerServing | None], Any]
 
 
 def device_cell(info: NodeInfo | None) -> str:
@@ -51,19 +55,20 @@ def _work_key(value: float | None) -> float:
 # What answers "which box is dragging the round?" comes first, so that an 80-column terminal
 # shows it; the rest scrolls into view (the border says so when columns are off screen).
 COLUMNS = (
-    Column("peer", "peer", "i", lambda p, w: p.peer_id),
-    Column("state", "state", "t", lambda p, w: (STATE_ORDER.get(p.state, 3), p.peer_id)),
-    Column("device", "device", "d", lambda p, w: device_cell(p.info)),
+    Column("peer", "peer", "i", lambda p, w, s: p.peer_id),
+    Column("state", "state", "t", lambda p, w, s: (STATE_ORDER.get(p.state, 3), p.peer_id)),
+    Column("device", "device", "d", lambda p, w, s: device_cell(p.info)),
     # The followed job's last committed round: who did how much, on what.
-    Column("rate", "smp/s", "r", lambda p, w: _work_key(w.samples_per_s if w else None)),
-    Column("share", "shr", "a", lambda p, w: _work_key(w.compute_share if w else None)),
-    Column("steps", "stp", "x", lambda p, w: _work_key(w.steps if w else None)),
-    Column("penalty", "pen", "p", lambda p, w: p.penalty),
-    Column("rtt", "rtt", "l", lambda p, w: math.inf if p.rtt_ms is None else p.rtt_ms),
-    Column("rounds", "rnds", "c", lambda p, w: p.rounds_contributed),
-    Column("seen", "seen", "e", lambda p, w: -(p.last_seen or 0.0)),
-    Column("reach", "reach", "h", lambda p, w: (p.reachability, p.peer_id)),
-    Column("legacy", "lgcy", "g", lambda p, w: bool(p.info and p.info.legacy)),
+    Column("rate", "smp/s", "r", lambda p, w, s: _work_key(w.samples_per_s if w else None)),
+    Column("share", "shr", "a", lambda p, w, s: _work_key(w.compute_share if w else None)),
+    Column("steps", "stp", "x", lambda p, w, s: _work_key(w.steps if w else None)),
+    Column("penalty", "pen", "p", lambda p, w, s: p.penalty),
+    Column("rtt", "rtt", "l", lambda p, w, s: math.inf if p.rtt_ms is None else p.rtt_ms),
+    Column("rounds", "rnds", "c", lambda p, w, s: p.rounds_contributed),
+    Column("served", "srvd", "v", lambda p, w, s: s.tokens if s else -1),
+    Column("seen", "seen", "e", lambda p, w, s: -(p.last_seen or 0.0)),
+    Column("reach", "reach", "h", lambda p, w, s: (p.reachability, p.peer_id)),
+    Column("legacy", "lgcy", "g", lambda p, w, s: bool(p.info and p.info.legacy)),
 )
 DEVICE_CHARS = 14
 COLUMN_BY_KEY = {c.key: c for c in COLUMNS}
@@ -75,11 +80,24 @@ def work_by_peer(snap: Snapshot) -> dict[str, MemberWork]:
     return {w.peer: w for w in job.work} if job else {}
 
 
+def served_by_peer(snap: Snapshot) -> dict[str, PeerServing]:
+    """Each peer's serving credit: the tokens it made for this node's callers, its mismatches."""
+    return {c.peer: c for c in snap.serving.credit}
+
+
+def served_cell(served: PeerServing | None) -> Text:
+    """Tokens served, red with a ``!`` when a redundancy check penalised the peer."""
+    if served is None:
+        return Text(fmt.DASH, justify="right")
+    flag = "!" if served.penalised else ""
+    return Text(f"{served.tokens}{flag}", style="red" if served.penalised else "", justify="right")
+
+
 def _figure(value: float | None, text: str) -> Text:
     return Text(fmt.DASH if value is None else text, justify="right")
 
 
-def peer_cells(peer: Peer, now: float, work: MemberWork | None = None) -> list[Cell]:
+def peer_cells(peer: Peer, now: float, work: MemberWork | None = None, served: PeerServing | None = None) -> list[Cell]:
     legacy = Text("yes", style="yellow") if peer.info and peer.info.legacy else Text("")
     penalty = Text(f"{peer.penalty:.2f}", style="red" if peer.penalty > 0 else "dim")
     device = device_cell(peer.info) or fmt.DASH
@@ -95,6 +113,7 @@ def peer_cells(peer: Peer, now: float, work: MemberWork | None = None) -> list[C
         penalty,
         Text(fmt.rtt(peer.rtt_ms), justify="right"),
         Text(str(peer.rounds_contributed), justify="right"),
+        served_cell(served),
         Text(fmt.ago(peer.last_seen, now), justify="right"),
         fmt.literal(peer.reachability + ("·r" if peer.connection == "relayed" else ""),
                     style=fmt.REACH_STYLES.get(peer.reachability, "")),
@@ -155,14 +174,16 @@ class PeersScreen(DashboardScreen):
     def visible_peers(self, snap: Snapshot) -> list[Peer]:
         column = COLUMN_BY_KEY[self.sort_column]
         shown = [p for p in snap.peers if matches(p, self.filter_text)]
-        work = work_by_peer(snap)
-        return sorted(shown, key=lambda p: column.sort_key(p, work.get(p.peer_id)), reverse=self.sort_reverse)
+        work, served = work_by_peer(snap), served_by_peer(snap)
+        return sorted(shown, key=lambda p: column.sort_key(p, work.get(p.peer_id), served.get(p.peer_id)),
+                      reverse=self.sort_reverse)
 
     def show_body(self, snap: Snapshot) -> None:
         now = self.dashboard.clock()
         table = self.query_one(KeyedTable)
-        work = work_by_peer(snap)
-        table.set_rows([(p.peer_id, peer_cells(p, now, work.get(p.peer_id))) for p in self.visible_peers(snap)])
+        work, served = work_by_peer(snap), served_by_peer(snap)
+        table.set_rows([(p.peer_id, peer_cells(p, now, work.get(p.peer_id), served.get(p.peer_id)))
+                        for p in self.visible_peers(snap)])
         count = f"{table.row_count}/{len(snap.peers)}" if self.filter_text else str(table.row_count)
         table.border_title = fmt.literal(
             f"peers {count}" + (f" · filter '{self.filter_text}'" if self.filter_text else "")

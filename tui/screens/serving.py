@@ -1,6 +1,7 @@
 """Serving at a glance: every node of the mesh that serves a model, with its load, requests
-and tokens per second and latency; the models this node serves itself; and its batch
-inference jobs. It answers "is my model up, where, and how fast does it answer?"."""
+and tokens per second and latency; the models this node serves itself, with the device, dtype,
+batch and KV-cache budget each is fitted to; its batch inference jobs; and the redundancy
+checks' latest mismatches. It answers "is my model up, where, and how fast does it answer?"."""
 
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ MODEL_COLUMNS = (
     ("requests", "requests"),
     ("tokens", "tokens"),
     ("errors", "errors"),
+    ("fit", "fitted to"),
 )
 RUN_COLUMNS = (("run", "inference job"), ("name", "name"), ("model", "model"), ("state", "state"),
                ("done", "answers"))
@@ -62,7 +64,8 @@ def server_cells(s: Server) -> list[Cell]:
 def model_cells(m: ServedModel) -> list[Cell]:
     return [m.name, m.source if len(m.source) <= 40 else "…" + m.source[-39:], fmt.short_hash(m.model_hash, 12),
             _right(str(m.requests)), _right(str(m.tokens)),
-            Text(str(m.errors), style="red" if m.errors else "dim", justify="right")]
+            Text(str(m.errors), style="red" if m.errors else "dim", justify="right"),
+            fmt.literal(m.fit.text or fmt.DASH)]
 
 
 def run_cells(r: InferenceRun) -> list[Cell]:
@@ -82,6 +85,8 @@ def summary(serving: Serving) -> Text:
         line.append(f"   taken in: {t.rps:.2f} req/s")
     for name, why in serving.failed:
         line.append(f"\n{name}: not loaded: {why[:200]}", style="red")
+    for verdict in serving.reports[-3:]:
+        line.append(f"\ncheck: {verdict[:200]}", style="yellow")
     return line
 
 

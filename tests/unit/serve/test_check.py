@@ -7,6 +7,8 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any
 
+import pytest
+
 from gpuflex.serve import UnknownModel
 from gpuflex.serve.check import TOLERANCE, Checker, compare
 from gpuflex.serve.request import GenRequest
@@ -50,6 +52,7 @@ async def test_a_mismatch_is_penalised_against_the_server_a_third_one_disagrees_
     assert verdict is not None and "a-liar"[-8:] in verdict and penalised == ["a-liar"]
     assert checker.mismatches == {"a-liar": 1, "b-honest": 1} and checker.checked == 1
     assert await checker.check(req, "h", "a-honest", HONEST) is None
+    assert checker.row()["reports"] == [verdict] and "is penalised" in verdict  # what status shows
 
 
 async def test_with_two_servers_a_mismatch_is_recorded_and_nobody_is_penalised() -> None:
@@ -58,3 +61,20 @@ async def test_with_two_servers_a_mismatch_is_recorded_and_nobody_is_penalised()
     verdict = await checker.check(GenRequest("m", "p", 3, 0.0), "h", "a", [(1, -1.0)] * 3)
     assert verdict is not None and "no third" not in verdict and penalised == []
     assert checker.mismatches == {"a": 1, "b": 1}
+    assert checker.row()["reports"] == [f"{verdict}; no third server to tell which is wrong"]
+
+
+def test_a_lying_test_server_is_only_its_own_operators_choice_and_only_on_loopback() -> None:
+    import torch
+
+    from gpuflex.adversary import SERVE_ENV, negate_logits, serve_tamper
+
+    loopback = ["/ip4/127.0.0.1/tcp/0"]
+    assert serve_tamper(loopback, {}) is None  # every real node
+    assert serve_tamper(loopback, {SERVE_ENV: "wrong-tokens"}) is negate_logits
+    with pytest.raises(ValueError, match="only allowed on loopback"):
+        serve_tamper(["/ip4/0.0.0.0/tcp/4001"], {SERVE_ENV: "wrong-tokens"})
+    with pytest.raises(ValueError, match="unknown"):
+        serve_tamper(loopback, {SERVE_ENV: "something"})
+    logits = torch.tensor([[0.1, 3.0, -2.0]])
+    assert int(torch.argmax(negate_logits(logits))) == 2  # the least likely token wins: made-up text
