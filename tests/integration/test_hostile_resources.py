@@ -34,7 +34,7 @@ from mesh.identity import Identity
 from mesh.limits import PeerLimits
 from mesh.messaging import GOSSIP_PROTOCOL, MSG_PROTOCOL
 from mesh.node import MeshConfig, MeshNode
-from tests.integration.conftest import HONEST_PACE, digits_spec, load_factor
+from tests.integration.conftest import HONEST_PACE, digits_spec, light_spec, load_factor
 from tests.integration.hostile_peer import send_raw
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
@@ -93,7 +93,7 @@ def honest(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Honest]:
         mesh.start(timeout=120, count=2)
         mesh.wait_connected(60)
         honest = Honest(mesh, [mesh.call(i, "status")["peer_id"] for i in range(2)])
-        honest.job = mesh.submit(digits_spec(rounds=HONEST_ROUNDS, min_nodes=2, **FAST, **HONEST_PACE))
+        honest.job = mesh.submit(light_spec(rounds=HONEST_ROUNDS, min_nodes=2, **FAST, **HONEST_PACE))
         honest.keeps_training(0)
         yield honest
     finally:

@@ -26,7 +26,7 @@ from gpuflex.node.core.ranking import coordinator_ranking
 from gpuflex.node.core.secure import mask_group
 from mesh.codec import open_envelope, seal
 from mesh.identity import Identity
-from tests.integration.conftest import HONEST_PACE, digits_spec, load_factor
+from tests.integration.conftest import HONEST_PACE, digits_spec, light_spec, load_factor
 from tests.integration.honest_job import assert_one_ledger
 from tests.integration.hostile_peer import HostilePeer
 
@@ -70,7 +70,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalMesh,
     try:
         mesh.start(timeout=120)
         mesh.wait_connected(60 * load_factor())
-        honest_job = mesh.submit(digits_spec(rounds=1000, min_nodes=2, **TIMING, **HONEST_PACE))
+        honest_job = mesh.submit(light_spec(rounds=1000, min_nodes=2, **TIMING, **HONEST_PACE))
         hostile = HostilePeer(base / "hostile", mesh.call(0, "status")["addrs"][0]).start()
         ids = {i: mesh.call(i, "status")["peer_id"] for i in range(3)}
         mesh.wait_until(lambda: set(ids.values()) <= set(hostile.node.peers.alive()), 60 * load_factor(),
