@@ -49,7 +49,7 @@ from tests.integration.test_hostile_resources import assert_one_ledger, rss_mib
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 #: Node 0's caps: small, so a flood from this process fills them at once.
-MAX_PEERS, BOOK_SIZE, MODEL_BUDGET = 64, 16, 20_000_000
+MAX_PEERS, BOOK_SIZE, MODEL_BUDGET = 32, 16, 20_000_000
 #: What an attack may add to node 0's resident memory.
 RSS_BUDGET_MIB = 64
 FAST = {"local_epochs": 1, "plan_timeout_s": 3.0, "train_timeout_s": 12.0, "reduce_timeout_s": 2.0}
