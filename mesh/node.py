@@ -160,6 +160,9 @@ class MeshConfig:
     address_book: Path | None = None
     address_book_size: int = 256
     rejoin_backoff_max_s: float = 60.0
+    # How often a settled node asks two peers for the peers they know (mesh.pex); a new node
+    # asks every 2 s at first. Each ask is a stream to two peers and their answers.
+    pex_every_s: float = 20.0
     # NAT traversal (mesh.nat): relay limits and use, LAN discovery, and a forced verdict
     # ("public", "private") that skips the dial-back checks, for tests and operators who know.
     relay: RelayLimitsConfig = field(default_factory=RelayLimitsConfig)
@@ -210,7 +213,7 @@ class MeshNode:
         self.bytes_received = 0
         self.bulk_bytes_received = 0
         self.nat = NatService(self)
-        self.pex = PeerExchange(self, self._learn_info)
+        self.pex = PeerExchange(self, self._learn_info, every_s=config.pex_every_s)
         self.inbound = InboundStreams(self)
         self.liveness = Liveness(self, config.health)
         self.discovery = Discovery(self)

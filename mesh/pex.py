@@ -32,6 +32,7 @@ MAX_PEERS = 64
 YOUNG_S = 30.0  # ask often while this node is new
 FAST_S = 2.0
 SLOW_S = 20.0
+MIN_EVERY_S, MAX_EVERY_S = 1.0, 3600.0  # the periods an operator may choose (``MeshConfig.pex_every_s``)
 QUIET_ASKS = 3  # asks in a row that teach nothing before a young node slows down
 
 
@@ -60,9 +61,13 @@ class PexHost(Protocol):
 
 
 class PeerExchange:
-    def __init__(self, node: PexHost, on_info: Callable[[str, dict[str, Any]], None]) -> None:
+    def __init__(self, node: PexHost, on_info: Callable[[str, dict[str, Any]], None], *,
+                 every_s: float = SLOW_S) -> None:
+        if not MIN_EVERY_S <= every_s <= MAX_EVERY_S:
+            raise ValueError(f"the peer-exchange period must be {MIN_EVERY_S:g}-{MAX_EVERY_S:g} s, not {every_s!r}")
         self.node = node
         self.on_info = on_info
+        self.every_s = every_s  # a settled node's period (SLOW_S unless its operator chose)
         self.frames: dict[str, bytes] = {}  # peer -> its latest signed NodeInfo
         # The same records, by their bytes: an answer's records already held are skipped
         # without building a set of the whole table at every answer (N per answer, N² a mesh).
@@ -139,7 +144,7 @@ class PeerExchange:
                 quiet = 0 if learnt > 0 or self.node.peers.version != seen else quiet + 1
             seen = self.node.peers.version
             young = trio.current_time() - started < YOUNG_S
-            await trio.sleep(young_gap(quiet) if young else SLOW_S)
+            await trio.sleep(min(young_gap(quiet), self.every_s) if young else self.every_s)
 
     def _sources(self) -> list[str]:
         """Two up peers this node has talked to, public ones first (they meet the most

@@ -103,6 +103,8 @@ def start(
     address_book_size: int = typer.Option(256, min=8, help="Peers kept across restarts in the address book "
                                                              "(those this node verified itself go first)."),
     gossip_burst: float = typer.Option(100.0, min=1.0, help="... and how many one origin may send at once."),
+    pex_interval: float = typer.Option(20.0, min=1.0, max=3600.0, help="Seconds between a settled node's asks to "
+                                                                       "two peers for the peers they know."),
 ) -> None:
     """Start a node; it joins the mesh through --bootstrap and the peers it met before (its address
     book), or starts a new mesh when it knows none."""
@@ -159,6 +161,7 @@ def start(
                                           adversary=adversary, metrics=metrics, relay=relay, mdns=mdns,
                                           reachability=None if reachability == "auto" else reachability,
                                           config=config, address_book_size=address_book_size,
+                                          pex_every_s=pex_interval,
                                           limits=PeerLimits(read_timeout_s=read_timeout, gossip_origin_rate=gossip_rate,
                                                             gossip_origin_burst=gossip_burst)))
         code = trio.run(serve_until_signalled, runtime)

@@ -56,6 +56,7 @@ class NodeOptions:
     config: NodeConfig | None = None  # node.toml with the start flags on top; None: read <home>/node.toml
     limits: PeerLimits = field(default_factory=PeerLimits)  # what one peer may cost this node
     address_book_size: int = 256  # peers kept across restarts (mesh.addressbook)
+    pex_every_s: float = 20.0  # a settled node's peer-exchange period (mesh.pex)
 
 
 def load_identity(home: Path) -> tuple[Identity, bool]:
@@ -112,6 +113,7 @@ class NodeRuntime:
                 data_dir=self.home,
                 address_book=self.home / PEERS_FILE,
                 address_book_size=options.address_book_size,
+                pex_every_s=options.pex_every_s,
                 health=options.health,
                 node_info=self._hardware(),
                 relay=options.relay,

@@ -50,6 +50,9 @@ from tests.integration.test_hostile_resources import assert_one_ledger, rss_mib
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 #: Node 0's caps: small, so a flood from this process fills them at once.
 MAX_PEERS, BOOK_SIZE, MODEL_BUDGET = 32, 16, 20_000_000
+#: Node 0 asks its peers for theirs this often once settled (20 s by default), so the tests
+#: that pass it made-up peers meet its next ask in seconds.
+PEX_S = 4
 #: What an attack may add to node 0's resident memory.
 RSS_BUDGET_MIB = 64
 FAST = {"local_epochs": 1, "plan_timeout_s": 3.0, "train_timeout_s": 12.0, "reduce_timeout_s": 2.0}
@@ -86,7 +89,7 @@ class Scene:
 def scene(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scene]:
     base = tmp_path_factory.mktemp("claims")
     (base / "plays.txt").write_text(PLAY)
-    victim = ["--max-peers", str(MAX_PEERS), "--address-book-size", str(BOOK_SIZE),
+    victim = ["--max-peers", str(MAX_PEERS), "--address-book-size", str(BOOK_SIZE), "--pex-interval", str(PEX_S),
               "--max-model-params", str(MODEL_BUDGET), "--data", f"shakespeare={base / 'plays.txt'}"]
     mesh = LocalMesh(base, 3, extra_args=["--no-mdns"], node_args=lambda i: victim if i == 0 else [])
     try:
@@ -247,7 +250,7 @@ async def test_fresh_signers_get_no_peer_entry_and_passed_on_peers_stay_within_t
         async with trio.open_nursery() as nursery:
             for first in range(8):
                 nursery.start_soon(gossip, first)
-        # Node 0 asks its peers for theirs every 20 s once it is past its first half minute.
+        # Node 0 asks its peers for theirs every PEX_S seconds once it is past its first half minute.
         await trio.to_thread.run_sync(wait, scene, lambda: hostile.pex_asks.get(target, 0) >= 1, 40,
                                       "node 0 asking for peers")
         await trio.sleep(3)  # what it learnt settles: probes of the made-up peers fail

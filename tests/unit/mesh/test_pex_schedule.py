@@ -8,6 +8,7 @@ from itertools import pairwise
 from types import SimpleNamespace
 from typing import Any
 
+import pytest
 import trio
 import trio.testing
 
@@ -44,10 +45,10 @@ def test_the_young_gap_stays_fast_for_a_few_quiet_asks_then_doubles_to_the_slow_
     assert young_gap(0) == FAST_S
 
 
-def run_for(node: Host, seconds: float, during: Any = None) -> None:
+def run_for(node: Host, seconds: float, during: Any = None, every_s: float = SLOW_S) -> None:
     async def main() -> None:
         node.peers.reached(node.peers.add(SOURCE.peer_id).peer_id)
-        pex = PeerExchange(node, lambda peer, info: node.peers.add(peer).__setattr__("info", info))
+        pex = PeerExchange(node, lambda peer, info: node.peers.add(peer).__setattr__("info", info), every_s=every_s)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(pex.run)
             if during is not None:
@@ -67,6 +68,23 @@ def test_a_settled_young_node_backs_off_then_asks_at_the_slow_period() -> None:
     after = [t for t in node.asks if t >= YOUNG_S]
     assert after[0] == 34.0 and [b - a for a, b in pairwise(after)] == [SLOW_S] * (len(after) - 1), node.asks
     assert len(young) <= YOUNG_S / FAST_S / 2  # was one ask every FAST_S: 15
+
+
+def test_the_operator_s_period_paces_a_settled_node_and_caps_a_young_one_s_back_off() -> None:
+    node = host()
+    run_for(node, YOUNG_S + 20.0 + 1, every_s=5.0)
+    young = [t for t in node.asks if t < YOUNG_S]
+    # Three quiet asks at FAST_S, then 4, then the back-off stops at the chosen 5 s.
+    assert young[:6] == [0.0, 2.0, 4.0, 6.0, 10.0, 15.0], node.asks
+    assert all(b - a <= 5.0 for a, b in pairwise(node.asks)), node.asks
+    after = [t for t in node.asks if t >= YOUNG_S]
+    assert len(after) >= 4 and [b - a for a, b in pairwise(after)] == [5.0] * (len(after) - 1), node.asks
+
+
+def test_a_period_outside_its_bounds_is_refused() -> None:
+    for bad in (0.0, 0.5, 7200.0, float("nan")):
+        with pytest.raises(ValueError, match="peer-exchange period"):
+            PeerExchange(host(), lambda peer, info: None, every_s=bad)
 
 
 def test_an_ask_that_teaches_a_peer_keeps_the_pace_fast() -> None:
