@@ -5,7 +5,7 @@ scheduler beside CTranslate2 on the same model, and a serving node killed under 
 
 1. **Scale-out.** Four serving node processes and one front node on loopback. Each serving
    node is put in a cgroup of its own holding it to the same CPU share (``--quota`` of one
-   core, ``gpuflex.cpuquota``) once its models are loaded. The same weights are served under
+   core, 0.2 by default, ``gpuflex.cpuquota``) once its models are loaded. The same weights are served under
    three names: ``s1`` by node 0 only, ``s2`` by nodes 0-1, ``s4`` by nodes 0-3, so one set of
    processes, quotas and clients measures 1, 2 and 4 servers side by side (in the order
    1, 2, 4, 4, 2, 1, so a drift in the machine's load weighs on both ends alike). ``--clients``
@@ -17,7 +17,8 @@ scheduler beside CTranslate2 on the same model, and a serving node killed under 
    12 of its requests in flight at one server) asks again. The four quotas together must stay
    well under the machine's cores, or the servers contend for the machine, not their quotas.
    Throughput is completion tokens per second of wall time; each process's CPU time per run
-   (the clients' own process included) shows where the cores went.
+   (the clients' own process included) shows where the cores went, and the routing node's view
+   of each server (its round trip and announced load) how the router chose.
 2. **Relay.** The NAT topology of the tests (network namespaces, root only): a model served in
    one home, asked for from a node in another home whose only path to it is the public node's
    relay. Time to first byte of a streamed completion (the API sends its headers with the first
@@ -181,6 +182,16 @@ def scale_out(quota: float, clients: int, requests: int, tokens: int, batch: int
             q.add(mesh.procs[i].pid)
         for n in (1, 2, 4):  # warm each path once (first requests pay for lazy set-up)
             load(url, f"s{n}", 1, 1, 4)
+        ids = {mesh.call(i, "status")["peer_id"]: i for i in range(4)}
+
+        def seen_by_router() -> dict[str, Any]:
+            """The routing node's view of each server: its round trip (ms), which weighs in the
+            router's choice, and its announced load."""
+            rows = mesh.call(4, "status")["serve"]["servers"]
+            return {str(ids.get(r["peer"], "?")): {"rtt_ms": None if r["rtt_ms"] is None else round(r["rtt_ms"], 1),
+                                                    "load": r["load"]} for r in rows}
+
+        router_view = [seen_by_router()]
         runs = []
         for n in ORDER:
             log(f"scale-out: {clients} clients, {n} server(s)")
@@ -192,51 +203,64 @@ def scale_out(quota: float, clients: int, requests: int, tokens: int, batch: int
             row["servers_cpu_share"] = [round(u / row["wall_s"], 3) for u in used[:4]]
             row["clients_cpu_share"] = round((time.process_time() - own) / row["wall_s"], 3)
             row["load_avg_1m"] = round(os.getloadavg()[0], 2)
+            row["router_view"] = seen_by_router()
             runs.append(row)
         throttled = [q.throttled() for q in quotas]
     best = {n: statistics.mean(r["tok_s"] for r in runs if r["servers"] == n) for n in (1, 2, 4)}
     return {"quota_cores": quota, "clients": clients, "requests_per_client": requests, "tokens": tokens,
             "max_batch": batch, "runs": runs, "mean_tok_s": {str(n): round(v, 2) for n, v in best.items()},
             "speedup_2": round(best[2] / best[1], 2), "speedup_4": round(best[4] / best[1], 2),
-            "throttled_periods": throttled}
+            "throttled_periods": throttled, "router_view_before": router_view[0]}
 
 
 # -- failover --------------------------------------------------------------------------------------
 
 def stream_one(http: Any, url: str, body: dict[str, Any], rec: dict[str, Any] | None = None,
-               clock: Any = time.perf_counter) -> dict[str, Any]:
+               clock: Any = time.perf_counter, busy_s: float = 60.0) -> dict[str, Any]:
     """One streamed completion through ``url``, recorded in ``rec`` as it goes (another thread
     may watch it): when it was sent, when each piece of text came, and how it ended: ``whole``
     (a finish reason and ``[DONE]``) or ``error`` (an error event, a refusal, or a broken
-    stream) with the message; ``done`` once it has ended."""
+    stream) with the message; ``done`` once it has ended. A 429 (busy: try again shortly) is
+    asked again, as clients do, for ``busy_s`` at most; ``busy`` counts them."""
     rec = {} if rec is None else rec
-    rec.update({"sent": clock(), "times": [], "status": None, "end": None, "error": None, "finish": None})
-    try:
-        with http.stream("POST", f"{url}/v1/completions", json={**body, "stream": True}) as resp:
-            rec["status"] = resp.status_code
-            if resp.status_code != 200:
-                resp.read()
-                rec["error"] = f"{resp.status_code} {resp.text[:300]}"
-                return rec
-            for line in resp.iter_lines():
-                if not line.startswith("data: "):
-                    continue
-                data = line[6:]
-                if data == "[DONE]":
-                    rec["end"] = "whole" if rec["finish"] else "error"
-                    if not rec["finish"]:
-                        rec["error"] = "[DONE] without a finish reason"
-                    return rec
-                obj = json.loads(data)
-                if "error" in obj:
-                    rec["error"] = str(obj["error"].get("message"))[:300]
-                    return rec
-                choice = obj["choices"][0]
-                if choice.get("text"):
-                    rec["times"].append(clock())
-                if choice.get("finish_reason"):
-                    rec["finish"] = choice["finish_reason"]
+    rec.update({"sent": clock(), "times": [], "status": None, "end": None, "error": None, "finish": None,
+                "busy": 0})
+
+    def read(resp: Any) -> None:
+        for line in resp.iter_lines():
+            if not line.startswith("data: "):
+                continue
+            data = line[6:]
+            if data == "[DONE]":
+                if rec["finish"]:
+                    rec["end"] = "whole"
+                else:
+                    rec["error"] = "[DONE] without a finish reason"
+                return
+            obj = json.loads(data)
+            if "error" in obj:
+                rec["error"] = str(obj["error"].get("message"))[:300]
+                return
+            choice = obj["choices"][0]
+            if choice.get("text"):
+                rec["times"].append(clock())
+            if choice.get("finish_reason"):
+                rec["finish"] = choice["finish_reason"]
         rec["error"] = "the stream ended without [DONE]"
+
+    try:
+        while True:
+            with http.stream("POST", f"{url}/v1/completions", json={**body, "stream": True}) as resp:
+                rec["status"] = resp.status_code
+                if resp.status_code == 200:
+                    read(resp)
+                    break
+                resp.read()
+                if resp.status_code != 429 or clock() - rec["sent"] >= busy_s:
+                    rec["error"] = f"{resp.status_code} {resp.text[:300]}"
+                    break
+                rec["busy"] += 1
+            time.sleep(0.2)
     except Exception as exc:  # a broken connection or a timeout: the request failed
         rec["error"] = f"{exc.__class__.__name__}: {exc}"[:300]
     finally:
@@ -259,7 +283,8 @@ def failover_outcome(records: list[dict[str, Any]], killed_at: float | None) -> 
                            "failed_before_first": len(before_first),
                            "errors_after_first": sorted({r["error"] for r in after_first})[:3],
                            "errors_before_first": sorted({r["error"] for r in before_first})[:3],
-                           "tokens": sum(len(r["times"]) for r in records)}
+                           "text_pieces": sum(len(r["times"]) for r in records),
+                           "busy_retries": sum(r.get("busy", 0) for r in records)}
     if killed_at is not None:
         streaming = [r for r in records if r["times"] and r["times"][0] <= killed_at < r["done"]]
         waiting = [r for r in records if r["sent"] <= killed_at and not (r["times"] and r["times"][0] <= killed_at)
@@ -480,7 +505,7 @@ def render(result: dict[str, Any]) -> str:
             ("servers", "servers", "d"), ("clients", "clients", "d"), ("sent", "sent", "d"),
             ("streaming_at_kill", "streaming at kill", "d"), ("waiting_at_kill", "waiting at kill", "d"),
             ("whole", "answered whole", "d"), ("error_after_first", "error after 1st token", "d"),
-            ("failed_before_first", "failed before 1st token", "d"),
+            ("failed_before_first", "failed before 1st token", "d"), ("busy_retries", "429s asked again", "d"),
             ("kill_to_next_token_ms", "kill to next token ms", ".1f"),
             ("kill_to_waiting_first_token_ms_max", "kill to waiting's 1st token ms (max)", ".1f")]))
         for err in f["errors_after_first"] + f["errors_before_first"]:
@@ -501,7 +526,7 @@ def render(result: dict[str, Any]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", choices=["scale", "relay", "ct2", "failover"], default=None)
-    parser.add_argument("--quota", type=float, default=0.1, help="CPU share of each serving node, in cores")
+    parser.add_argument("--quota", type=float, default=0.2, help="CPU share of each serving node, in cores")
     parser.add_argument("--clients", type=int, default=24)
     parser.add_argument("--requests", type=int, default=4)
     parser.add_argument("--tokens", type=int, default=16)

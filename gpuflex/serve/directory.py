@@ -26,6 +26,12 @@ FRESH_S = 3.5
 FAILED_S = 10.0
 MAX_ANNOUNCED = 8
 _HASH_RE = re.compile(r"^[0-9a-f]{16,128}$")
+#: A server's round-trip time counts as its share of a full batch per this many ms, and never as
+#: more than one full batch: a request queued behind a full batch waits at least one whole
+#: generation (seconds), longer than any round trip on earth, and a throttled or loaded server's
+#: pings (hundreds of ms on loopback, measured only as often as the mesh probes it) would
+#: otherwise keep it idle while its neighbours queue (a 4-server run left one server at 326 ms
+#: nearly idle).
 RTT_WEIGHT_MS = 100.0
 #: Requests this node keeps in flight to one peer: below the mesh's streams per peer (16), so
 #: a burst here is queued or refused as busy, never reset by the server's stream limit.
@@ -146,7 +152,7 @@ class Directory:
             if model_hash is not None and info.models[model] != model_hash:
                 continue
             rtt = 0.0 if peer == self.own_id else (rtt_ms.get(peer) or RTT_WEIGHT_MS / 2)
-            scored.append((max(info.load, info.sent) / info.capacity + rtt / RTT_WEIGHT_MS, peer))
+            scored.append((max(info.load, info.sent) / info.capacity + min(1.0, rtt / RTT_WEIGHT_MS), peer))
         return [peer for _, peer in sorted(scored)]
 
     def serves(self, model: str) -> bool:

@@ -3,9 +3,12 @@
 A request goes to the best server the directory names (this node itself, or a peer over a
 streamed mesh request on the connections rounds use, relayed ones included). If that server
 fails before it sends any text, the request is tried on the next (at most ``MAX_TRIES``
-servers): no text reached the caller, so nothing is lost or repeated. Once text has gone
-out, a failure ends the request with an error naming the server, since a second server
-would not continue the same sampled text.
+servers): no text reached the caller, so nothing is lost or repeated. When every other
+server of the model is only full (it has as many of this node's requests as it takes), the
+request waits for room there (``FAILOVER_WAIT_S`` at most) rather than being lost: the
+requests queued on a server that dies must land on the survivors. Once text has gone out, a
+failure ends the request with an error naming the server, since a second server would not
+continue the same sampled text.
 """
 
 from __future__ import annotations
@@ -14,8 +17,10 @@ import logging
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Any, Protocol
 
+import trio
+
 from gpuflex.serve import BadRequest, Overloaded, ServeError, UnknownModel
-from gpuflex.serve.directory import Directory
+from gpuflex.serve.directory import FAILED_S, Directory
 from gpuflex.serve.request import GenRequest
 from mesh.messaging import SendError
 
@@ -24,6 +29,9 @@ MAX_TRIES = 3
 #: Opening a stream to a server, and the longest silence between two of its items (a full
 #: batch's prefill on a slow CPU fits well inside it).
 OPEN_S, ITEM_S = 10.0, 120.0
+#: A request whose server failed before answering waits this long, at most, for room at a
+#: server of the model that is only full; then it is refused as busy (429).
+FAILOVER_WAIT_S, ROOM_POLL_S = 30.0, 0.05
 
 Local = Callable[[GenRequest], AsyncGenerator[dict[str, Any], None]]
 
@@ -65,8 +73,12 @@ class Router:
         tried: set[str] = set(exclude)
         reasons: list[str] = []
         busy = 0  # servers that refused only because their queue was full
+        full = False  # a server failed, and the others stayed full for FAILOVER_WAIT_S
         for _ in range(MAX_TRIES):
             choice = self.directory.choose(req.model, self.servers.rtts(), tried, model_hash)
+            if not choice and reasons and self._full_elsewhere(req.model, tried, model_hash):
+                choice = await self._wait_for_room(req, tried, model_hash)
+                full = not choice and self._full_elsewhere(req.model, tried, model_hash)
             if not choice:
                 break
             peer = choice[0]
@@ -107,4 +119,25 @@ class Router:
             raise UnknownModel(f"no node serves model {req.model!r} (served now: {known})")
         if busy == len(reasons):
             raise Overloaded(f"every server of {req.model!r} is busy; try again shortly")
+        if full:
+            raise Overloaded(f"a server of {req.model!r} failed before answering and every other stayed busy; "
+                             f"try again shortly ({'; '.join(reasons)})")
         raise ServeError(f"every server of {req.model!r} failed before answering: {'; '.join(reasons)}", 503)
+
+    def _full_elsewhere(self, model: str, tried: set[str], model_hash: str | None) -> bool:
+        """Whether a fresh server of ``model`` not tried yet and not failed lately is left out
+        of the choice only because it has as many of this node's requests as it takes."""
+        now = trio.current_time()
+        return any(peer not in tried and model in info.models and now - info.failed_at >= FAILED_S
+                   and (model_hash is None or info.models[model] == model_hash)
+                   for peer, info in self.directory.fresh().items())
+
+    async def _wait_for_room(self, req: GenRequest, tried: set[str], model_hash: str | None) -> list[str]:
+        """The servers to try once one of them has room (``FAILOVER_WAIT_S`` at most), or []."""
+        deadline = trio.current_time() + FAILOVER_WAIT_S
+        while trio.current_time() < deadline and self._full_elsewhere(req.model, tried, model_hash):
+            await trio.sleep(ROOM_POLL_S)
+            choice = self.directory.choose(req.model, self.servers.rtts(), tried, model_hash)
+            if choice:
+                return choice
+        return []

@@ -72,3 +72,17 @@ async def test_the_least_loaded_nearby_server_is_chosen_and_a_failed_one_is_skip
     assert d.choose("other", {}) == []
     with pytest.raises(ValueError):
         parse_announcement({"models": {"m": "not-a-hash"}, "capacity": 1, "load": 0})
+
+
+async def test_a_slow_pinging_server_is_chosen_once_its_neighbours_hold_a_full_batch_more() -> None:
+    """Latency weighs at most one full batch: a server whose pings take 326 ms (a throttled
+    one) is passed over while idle neighbours have room, and chosen once they are a batch ahead."""
+    d = Directory("me")
+    d.update("slow", {"m": "ab" * 16}, 4, 0)
+    d.update("a", {"m": "ab" * 16}, 4, 2)
+    d.update("b", {"m": "ab" * 16}, 4, 3)
+    rtt = {"slow": 326.0, "a": 1.0, "b": 1.0}
+    assert d.choose("m", rtt) == ["a", "b", "slow"]
+    d.update("a", {"m": "ab" * 16}, 4, 5)
+    d.update("b", {"m": "ab" * 16}, 4, 6)
+    assert d.choose("m", rtt)[0] == "slow"  # a and b a full batch and more ahead: 1.25+ against 1.0
