@@ -22,13 +22,23 @@ def rows(app: DashboardApp, selector: str) -> dict[str, list[str]]:
     return {str(r.key.value): [str(c) for c in table.get_row(r.key)] for r in table.ordered_rows}
 
 
-def test_the_serving_screen_shows_each_server_its_figures_the_local_models_and_inference_jobs() -> None:
+def serving_source() -> FakeSource:
+    """The fake node with the serving figures of ``fake_serving``."""
     source = FakeSource()
     source.serve = serve_block()
+    return source
+
+
+async def open_screen(app: DashboardApp, pilot: Pilot[None], key: str) -> None:
+    await until(pilot, lambda: loaded(app))
+    await pilot.press(key)
+
+
+def test_the_serving_screen_shows_each_server_its_figures_the_local_models_and_inference_jobs() -> None:
+    source = serving_source()
 
     async def scenario(app: DashboardApp, pilot: Pilot[None]) -> None:
-        await until(pilot, lambda: loaded(app))
-        await pilot.press("4")
+        await open_screen(app, pilot, "4")
         assert app.current_mode == "serving" and isinstance(app.screen, ServingScreen)
         await until(pilot, lambda: len(rows(app, "#server-table")) == 3, what="server rows")
         servers = rows(app, "#server-table")
@@ -53,8 +63,7 @@ def test_the_serving_screen_shows_each_server_its_figures_the_local_models_and_i
 
 def test_a_node_that_serves_nothing_says_how_to_start() -> None:
     async def scenario(app: DashboardApp, pilot: Pilot[None]) -> None:
-        await until(pilot, lambda: loaded(app))
-        await pilot.press("4")
+        await open_screen(app, pilot, "4")
         await until(pilot, lambda: "gpuflex serve" in screen_text(app), what="hint")
         assert rows(app, "#server-table") == {}
 
@@ -73,12 +82,10 @@ def test_figures_of_the_wrong_type_show_as_dashes_not_errors() -> None:
 
 
 def test_the_peers_credit_view_shows_the_tokens_each_peer_served_and_flags_a_penalised_liar() -> None:
-    source = FakeSource()
-    source.serve = serve_block()
+    source = serving_source()
 
     async def scenario(app: DashboardApp, pilot: Pilot[None]) -> None:
-        await until(pilot, lambda: loaded(app))
-        await pilot.press("2")
+        await open_screen(app, pilot, "2")
         served = [c.key for c in COLUMNS].index("served")
         await until(pilot, lambda: rows(app, "#peer-table").get(peer_id(1), [""] * 20)[served] == "800",
                     what="served tokens")
