@@ -43,7 +43,11 @@ def test_partition_minority_waits_and_says_so_then_all_agree(netns_pair: NetnsPa
     last = max(stuck)
     assert last + 2 <= PARTITION_ROUNDS, f"the cut took effect only at round {last}"
     wait_round(mesh, 0, job, last + 2, timeout=120)  # the majority commits on
-    assert [mesh.job(i, job)["round"] for i in minority] == stuck, "the minority committed while cut off"
+    # A minority node may still take, from the other, a round committed before the cut (one run
+    # read [2, 1], then [2, 2]); no round past those is committed on its side.
+    held = [mesh.job(i, job)["round"] for i in minority]
+    assert all(s <= h <= last for s, h in zip(stuck, held, strict=True)), \
+        f"the minority committed while cut off: {held}"
     for i in minority:
         assert "waiting, only" in mesh.log_path(i).read_text(errors="replace")
     shown = subprocess.run([*sides[4].placement().prefix, sys.executable, "-m", "gpuflex", "job", "status", job,
