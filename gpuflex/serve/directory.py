@@ -139,17 +139,25 @@ class Directory:
                  **{k: info.stats.get(k) for k in STAT_KEYS}}
                 for peer, info in sorted(self.fresh().items()) if info.models]
 
+    def candidates(self, model: str, exclude: set[str] = frozenset(),  # type: ignore[assignment]
+                   model_hash: str | None = None) -> dict[str, ServerInfo]:
+        """Fresh servers of ``model`` (and ``model_hash``, if given) not in ``exclude`` and not
+        failed lately, full or not."""
+        now = trio.current_time()
+        return {peer: info for peer, info in self.fresh().items()
+                if peer not in exclude and model in info.models and now - info.failed_at >= FAILED_S
+                and (model_hash is None or info.models[model] == model_hash)}
+
+    def has_room(self, peer: str, info: ServerInfo) -> bool:
+        """Whether this node may send ``peer`` one more request (its own node always)."""
+        return peer == self.own_id or info.sent < IN_FLIGHT_PER_PEER
+
     def choose(self, model: str, rtt_ms: dict[str, float | None], exclude: set[str] = frozenset(),  # type: ignore[assignment]
                model_hash: str | None = None) -> list[str]:
-        """Servers of ``model`` (and ``model_hash``, if given), best first."""
-        now = trio.current_time()
+        """Servers of ``model`` (and ``model_hash``, if given) with room, best first."""
         scored = []
-        for peer, info in self.fresh().items():
-            if peer in exclude or model not in info.models or now - info.failed_at < FAILED_S:
-                continue
-            if peer != self.own_id and info.sent >= IN_FLIGHT_PER_PEER:
-                continue
-            if model_hash is not None and info.models[model] != model_hash:
+        for peer, info in self.candidates(model, exclude, model_hash).items():
+            if not self.has_room(peer, info):
                 continue
             rtt = 0.0 if peer == self.own_id else (rtt_ms.get(peer) or RTT_WEIGHT_MS / 2)
             scored.append((max(info.load, info.sent) / info.capacity + min(1.0, rtt / RTT_WEIGHT_MS), peer))

@@ -89,6 +89,9 @@ class BatchEngine:
         self.eos_id = eos_id
         self.tamper = tamper
         self.device = model_device(model)
+        first = next(iter(model.parameters()), None)
+        #: Cache bytes a token of one sequence holds, at the dtype the weights are in.
+        self.per_token = kv_bytes_per_token(model.config, first.element_size() if first is not None else 4)
         self._cache_cls = DynamicCache
         params = inspect.signature(model.forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"

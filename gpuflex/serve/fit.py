@@ -37,7 +37,7 @@ import torch
 
 from gpuflex.ml.fit import choose_precision, describe_device, find_micro_batch, free_memory, is_oom
 from gpuflex.serve import ServeError
-from gpuflex.serve.engine import BatchEngine, kv_bytes_per_token, max_positions
+from gpuflex.serve.engine import BatchEngine, max_positions
 
 log = logging.getLogger("gpuflex.serve")
 #: The share of the device's free memory (after loading) the KV cache may take: the rest is
@@ -157,9 +157,9 @@ def fit_model(model: Any, eos_id: int | None, *, max_batch: int, memory_bytes: i
         raise ServeError(f"the model does not fit in {device}'s memory ({dtype}): {str(exc).splitlines()[0]}") from None
     free = device_free_bytes(device)
     budget = kv_budget(memory_bytes, free, claimed)
-    per_token = kv_bytes_per_token(model.config, torch.finfo(dtype).bits // 8)
-    widest = min(max_prompt_tokens + max_new_tokens, max_positions(model.config))
     engine = BatchEngine(model, eos_id)
+    per_token = engine.per_token  # at the dtype the weights were just cast to
+    widest = min(max_prompt_tokens + max_new_tokens, max_positions(model.config))
     short = device.type == "cpu"
 
     def run(rows: int, width: int) -> None:

@@ -20,7 +20,7 @@ from typing import Any, Protocol
 import trio
 
 from gpuflex.serve import BadRequest, Overloaded, ServeError, UnknownModel
-from gpuflex.serve.directory import FAILED_S, Directory
+from gpuflex.serve.directory import Directory
 from gpuflex.serve.request import GenRequest
 from mesh.messaging import SendError
 
@@ -125,12 +125,10 @@ class Router:
         raise ServeError(f"every server of {req.model!r} failed before answering: {'; '.join(reasons)}", 503)
 
     def _full_elsewhere(self, model: str, tried: set[str], model_hash: str | None) -> bool:
-        """Whether a fresh server of ``model`` not tried yet and not failed lately is left out
-        of the choice only because it has as many of this node's requests as it takes."""
-        now = trio.current_time()
-        return any(peer not in tried and model in info.models and now - info.failed_at >= FAILED_S
-                   and (model_hash is None or info.models[model] == model_hash)
-                   for peer, info in self.directory.fresh().items())
+        """Whether a server of ``model`` not tried yet and not failed lately is left out of the
+        choice only because it has as many of this node's requests as it takes."""
+        return any(not self.directory.has_room(peer, info)
+                   for peer, info in self.directory.candidates(model, tried, model_hash).items())
 
     async def _wait_for_room(self, req: GenRequest, tried: set[str], model_hash: str | None) -> list[str]:
         """The servers to try once one of them has room (``FAILOVER_WAIT_S`` at most), or []."""

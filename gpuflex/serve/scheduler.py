@@ -28,7 +28,7 @@ import trio
 
 from gpuflex.ml.fit import free_memory, is_oom
 from gpuflex.serve import BadRequest, Overloaded, ServeError
-from gpuflex.serve.engine import BatchEngine, Seq, Tamper, kv_bytes_per_token, max_positions
+from gpuflex.serve.engine import BatchEngine, Seq, Tamper, max_positions
 from gpuflex.serve.request import GenRequest
 from gpuflex.serve.stats import ServeStats
 from gpuflex.serve.textstream import Finish, TextStream
@@ -61,8 +61,7 @@ class Scheduler:
         self.eos_id = eos_id
         self.max_batch, self.memory_bytes, self.queue_limit = max_batch, memory_bytes, queue
         self.max_prompt_tokens, self.max_new_tokens = max_prompt_tokens, max_new_tokens
-        first = next(iter(model.parameters()), None)
-        self.per_token = kv_bytes_per_token(model.config, first.element_size() if first is not None else 4)
+        self.per_token = self.engine.per_token
         self.positions = max_positions(model.config)
         self.waiting: deque[Ticket] = deque()
         self.active: dict[int, Ticket] = {}
