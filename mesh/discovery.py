@@ -28,6 +28,8 @@ import trio
 
 from mesh.health import UP, PeerRecord, PeerTable
 from mesh.names import peer_text
+from mesh.reachability import Reachability
+from mesh.reachability import parse as parse_reachability
 from mesh.records import nodeinfo_key
 
 log = logging.getLogger("mesh.discovery")
@@ -41,9 +43,13 @@ PUBLISH_AFTER_S, PUBLISH_MAX_S, REPUBLISH_AFTER_CHANGE_S = (1.0, 4.0, 15.0, 60.0
 QUIET_WALKS = 3
 #: NodeInfo lookups started per period, whatever the size of the mesh.
 INFO_LOOKUPS_PER_PERIOD = 4
-#: Watched peers' NodeInfo is refreshed this often (every 5 s while they still check their
-#: reachability); other up peers' only when it is missing.
-INFO_REFRESH_S, INFO_CHECKING_S = 30.0, 5.0
+#: Watched peers' NodeInfo is refreshed every 5 s while they still check their reachability,
+#: every 30 s while they are private (a relay reservation, and with it an address others can
+#: reach, may come at any time), and every 2 min once public or relayed: their record is
+#: resealed at most once a minute (``INFO_RESEAL_S``), their coordinate also comes with their
+#: presence, and at 30 s these lookups were the largest part of a settled node's upkeep, growing
+#: with its neighbours up to the overlay's degree. Other up peers' only when it is missing.
+INFO_SETTLED_S, INFO_REFRESH_S, INFO_CHECKING_S = 120.0, 30.0, 5.0
 #: A peer that is not up and whose NodeInfo could not be had is looked up less and less often,
 #: doubling from ``info_retry_s`` to this: each try may be a DHT walk, and a mesh that has
 #: seen churn holds many peers that are gone for good.
@@ -177,7 +183,8 @@ class Discovery:
 
     def info_due(self, rec: PeerRecord, now: float, watched: set[str]) -> bool:
         """Missing: at once, the first time. Up and watched: every 5 s while it still checks its
-        reachability, then every half minute. Up and not watched: never again. Not up, or
+        reachability, every half minute while private, then every 2 min. Up and not watched:
+        never again. Not up, or
         missing after a lookup that found nothing: every ``info_retry_s``, doubling after each
         lookup that found nothing (to ``INFO_RETRY_MAX_S``)."""
         age = now - self._info_tried.get(rec.peer_id, -1e9)
@@ -189,8 +196,9 @@ class Discovery:
             return misses == 0 or age > retry
         if rec.peer_id not in watched:
             return False
-        checking = rec.info.get("reachability", "unknown") == "unknown"
-        return age > (INFO_CHECKING_S if checking else INFO_REFRESH_S)
+        reach = parse_reachability(rec.info.get("reachability"))
+        return age > (INFO_CHECKING_S if reach == Reachability.UNKNOWN
+                      else INFO_REFRESH_S if reach == Reachability.PRIVATE else INFO_SETTLED_S)
 
     def look_up_infos(self, nursery: trio.Nursery) -> None:
         """Start this period's NodeInfo lookups (at most ``INFO_LOOKUPS_PER_PERIOD``), among the

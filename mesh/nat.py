@@ -51,7 +51,12 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("mesh.nat")
 FAST_CHECK_S = 3.0
+#: How often a node behind NAT checks again (and keeps its relay reservations up).
 SLOW_CHECK_S = 60.0
+#: How often a public node checks again: each check has two peers dial it afresh (a TCP
+#: connection, a Noise handshake and identify, at both ends), and at every half minute these
+#: were a settled mesh's largest idle cost; a public verdict changes only with the network.
+PUBLIC_CHECK_S = 300.0
 SERVERS_PER_CHECK = 2
 
 
@@ -181,7 +186,8 @@ class NatService:
         self.node.peers.reached(peer)
 
     async def _check_loop(self) -> None:
-        """Dial-back checks often while the verdict is unknown and rarely after; but a private
+        """Dial-back checks often while the verdict is unknown, every half minute behind NAT
+        (which also keeps the relay reservations up) and every 5 min when public; but a private
         node with no relay slot looks for a relay every few seconds, because the public peers'
         NodeInfo (which names the relays) often arrives just after its own first verdict."""
         next_check = 0.0
@@ -189,8 +195,11 @@ class NatService:
             if trio.current_time() >= next_check:
                 if self.state.forced is None:
                     await self.check_once()
-                unknown = self.reachability() == Reachability.UNKNOWN
-                next_check = trio.current_time() + (FAST_CHECK_S if unknown else min(SLOW_CHECK_S, RESERVE_RETRY_S * 3))
+                verdict = self.reachability()
+                next_check = trio.current_time() + (
+                    FAST_CHECK_S if verdict == Reachability.UNKNOWN
+                    else PUBLIC_CHECK_S if verdict == Reachability.PUBLIC
+                    else min(SLOW_CHECK_S, RESERVE_RETRY_S * 3))
             await self._apply()
             seeking = self.reachability() == Reachability.PRIVATE and bool(self.node.config.relay.reservations)
             await trio.sleep(FAST_CHECK_S if seeking else max(FAST_CHECK_S, next_check - trio.current_time()))
