@@ -93,6 +93,11 @@ class NodePort:
             out.add(self._mesh.peer_id)
         return out
 
+    def behind_nat(self, peer: str) -> bool:
+        if peer == self._mesh.peer_id:
+            return self._mesh.nat.reachability() in BEHIND_NAT
+        return self._mesh.peers.get(peer) is not None and self._mesh.claimed_reachability(peer) in BEHIND_NAT
+
     def punched_peers(self) -> set[str]:
         out = {rec.peer_id for rec in self._mesh.peers.all()
                if self._mesh.claimed_reachability(rec.peer_id) == Reachability.RELAYED}

@@ -109,6 +109,11 @@ class JobPort(Protocol):
         never lead a group or root a round while others can."""
         ...
 
+    def behind_nat(self, peer: str) -> bool:
+        """Whether ``peer`` is one of ``private_peers``: whose-turn checks ask it of one peer
+        at every presence, where building the whole set walked the peer table each time."""
+        ...
+
     def punched_peers(self) -> set[str]:
         """Of ``private_peers``, those that say they are reached through a relay and a hole
         punch (``relayed``): they lead groups before any group grows past ``group_size``."""

@@ -42,14 +42,13 @@ class Turns:
             up = port.health(peer) not in (None, PeerState.DOWN) and peer not in book.left
         if not up:
             return True
-        private = port.private_peers()
         slow = self.slow_by_ledger()
         passing = book.passing_now()
-        if peer not in private and peer not in slow and peer not in passing:
-            return False
+        if not port.behind_nat(peer) and peer not in slow and peer not in passing:
+            return False  # the common case, asked at every presence: no walk of the peer table
         # A private candidate is skipped for any reachable one; a slow one for any reachable one
         # that is not slow; one that passes its turns for any reachable one that does not.
-        shunned = set(private)
+        shunned = port.private_peers()
         if peer in slow:
             shunned |= slow
         if peer in passing:

@@ -246,6 +246,9 @@ class FakePort:
             return None
         return PeerState.DOWN if other.down or self.net.cut(self.node, other) else PeerState.UP
 
+    def behind_nat(self, peer: str) -> bool:
+        return peer in self.private_peers()
+
     def private_peers(self) -> set[str]:
         """The nodes the test put behind NAT (``FakeNet.private``), as this node knows them: a
         node in ``FakeNet.stale_claims`` knows only of itself (the others' NodeInfo it holds

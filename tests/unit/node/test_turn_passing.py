@@ -39,6 +39,9 @@ class TurnPort:
     def private_peers(self) -> set[str]:
         return set(self.private)
 
+    def behind_nat(self, peer: str) -> bool:
+        return peer in self.private
+
 
 def book_of(tmp_path: Path, me: str, members: list[str]) -> JobBook:
     owner = Identity(bytes([9]) * 32)
