@@ -23,11 +23,19 @@ Run (the base part needs about 4 x 3 GB of free memory; check ``free -g`` first)
     python -m benchmarks.llm --quick             # tiny sizes: a smoke test, not figures
     python -m benchmarks.llm                     # both parts, as in BENCHMARKS.md
     python -m benchmarks.llm --part compare      # one part
+    python -m benchmarks.llm --part base --adapters none --codec sparse --nodes 2 --base-rounds 3 --base-steps 1
+                                                 # the full fine-tune's bytes with codec = "sparse"
+
+``--codec`` sets the base part's codec (``sparse`` with its outer step, plain SGD at lr 1);
+beside each run's bytes the table gives them against fp32 FedAvg's on the same nodes (each
+member's float32 update up and the float32 model down), and the bytes each node moved
+between the rounds node 0 reported in turn.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import statistics
 import tempfile
@@ -115,8 +123,19 @@ def mesh_job(base: Path, nodes: int, spec: dict[str, Any], text: Path, models: d
         with Stopwatch() as run, guard:
             submitted = time.time()
             job = mesh.submit(spec)
+            # Each node's byte counters when node 0 first reports a new round. A round's step
+            # reaches the members after node 0 reports it, so an interval holds one round's
+            # updates and the step of the round before.
+            marks: dict[int, list[tuple[int, int]]] = {}
+
+            def mark(state: dict[str, Any]) -> None:
+                at = int(state.get("round") or 0)
+                if at not in marks:
+                    counters = [mesh.call(i, "status") for i in range(nodes)]
+                    marks[at] = [(c["bytes_sent"], c["bytes_received"]) for c in counters]
+
             try:
-                mesh.wait_job(job, list(range(nodes)), timeout=timeout)
+                mesh.wait_job(job, list(range(nodes)), timeout=timeout, on_tick=mark)
             except Exception:
                 if guard.tripped:
                     raise RuntimeError(guard.tripped) from None
@@ -147,31 +166,38 @@ def mesh_job(base: Path, nodes: int, spec: dict[str, Any], text: Path, models: d
                           "loss": row["metrics"]["loss"], "perplexity": row["metrics"].get("perplexity")})
     return {"rows": per_round, "job_s": run.seconds, "params": params.copy(), "model_blob_bytes": len(blob),
             "state_keys": sorted(state), "sent_per_round": sent, "received_per_round": received,
+            "round_marks": {r: marks[r] for r in sorted(marks)},
             "idle_rss_mb": idle, "rss_mb": [m[0] for m in memory], "peak_rss_mb": [m[1] for m in memory]}
 
 
 # -- part 1: the base size, full fine-tune against LoRA ------------------------------------------
 
 
-def base_spec(adapter: str, size: str, rounds: int, steps: int, batch: int, seq_len: int, nodes: int) -> dict:
+def base_spec(adapter: str, size: str, rounds: int, steps: int, batch: int, seq_len: int, nodes: int,
+              codec: str = "int8") -> dict:
+    # The sparse codec's outer step is plain SGD at lr 1 (README, "Home uplinks"): its residual
+    # takes the place of outer momentum, and momentum on top of it diverged in our runs.
+    outer = {"server_lr": 1.0, "server_momentum": 0.0} if codec == "sparse" else {}
     return {"name": f"bench-{size}-{adapter}", "model": "llama", "data": "shakespeare", "partition": "groups",
             "rounds": rounds, "local_epochs": 0, "local_steps": steps, "batch_size": batch, "optimizer": "adamw",
             "lr": 1e-3 if adapter == "lora" else 1e-4, "strategy": "diloco", "server_lr": 0.7,
-            "server_momentum": 0.9, "codec": "int8", "min_nodes": nodes, "test_fraction": 0.05,
+            "server_momentum": 0.9, "codec": codec, "min_nodes": nodes, "test_fraction": 0.05,
             # Each node builds the 100M model when the job arrives (tens of seconds on a busy
             # machine): backups wait that long before planning in place of a slow coordinator.
             "plan_timeout_s": 60.0, "train_timeout_s": 600.0, "reduce_timeout_s": 30.0,
-            "llm": {"size": size, "adapter": adapter, "lora_rank": 8, "seq_len": seq_len, "eval_sequences": 8}}
+            "llm": {"size": size, "adapter": adapter, "lora_rank": 8, "seq_len": seq_len, "eval_sequences": 8},
+            **outer}
 
 
 def run_base(args: argparse.Namespace, text: Path) -> dict[str, Any]:
     out: dict[str, Any] = {"size": args.base_size, "nodes": args.nodes, "rounds": args.base_rounds,
                            "local_steps": args.base_steps, "batch_size": args.base_batch, "seq_len": args.seq_len,
                            "runs": []}
-    for adapter in ("lora", "none"):
+    out["codec"] = args.codec
+    for adapter in args.adapters.split(","):
         spec = base_spec(adapter, args.base_size, args.base_rounds, args.base_steps, args.base_batch, args.seq_len,
-                         args.nodes)
-        log(f"base: {args.nodes} nodes, {args.base_size}, adapter={adapter}: starting")
+                         args.nodes, args.codec)
+        log(f"base: {args.nodes} nodes, {args.base_size}, adapter={adapter}, codec={args.codec}: starting")
         try:
             with tempfile.TemporaryDirectory(prefix=f"gpuflex-bench-llm-{adapter}-") as tmp:
                 res = mesh_job(Path(tmp), args.nodes, spec, text, None, timeout=3000.0)
@@ -195,6 +221,13 @@ def run_base(args: argparse.Namespace, text: Path) -> dict[str, Any]:
             "loss_first": rows[0]["loss"], "loss_last": rows[-1]["loss"], "per_round": rows, "job_s": res["job_s"],
         }
         run["traffic_mb_per_node_round"] = run["sent_mb_per_node_round"] + run["received_mb_per_node_round"]
+        # Between two rounds node 0 reported in turn: each node's sent + received MB.
+        marks = res["round_marks"]
+        keys = sorted(marks)
+        run["round_traffic_mb"] = {
+            f"{a}->{b}": [round((s1 - s0 + r1 - r0) / MB, 2)
+                          for (s0, r0), (s1, r1) in zip(marks[a], marks[b], strict=True)]
+            for a, b in itertools.pairwise(keys)}
         log(f"base: adapter={adapter}: round {run['round_s']:.1f}s (compute {run['compute_s']:.1f}s), "
             f"{run['traffic_mb_per_node_round']:.1f} MB/node/round, peak RSS {run['peak_rss_mb']:.0f} MB")
         out["runs"].append(run)
@@ -206,6 +239,13 @@ def run_base(args: argparse.Namespace, text: Path) -> dict[str, Any]:
     out["base_params"] = runs["none"]["trainable_params"] if "none" in runs else estimate_params(
         model_config(settings), 257, "llama")
     out["fp32_model_mb"] = out["base_params"] * 4 / MB
+    # fp32 FedAvg by construction, on the same nodes: each of the n - 1 members sends the root
+    # its float32 update and receives the float32 model, one model size each way; counted as
+    # sent + received per node, the mean over the n nodes is 4 (n - 1) / n model sizes.
+    n = args.nodes
+    out["fp32_fedavg_mb_per_node_round"] = 4 * (n - 1) / n * out["fp32_model_mb"]
+    for run in runs.values():
+        run["traffic_vs_fp32_fedavg"] = ratio(run["traffic_mb_per_node_round"], out["fp32_fedavg_mb_per_node_round"])
     for run in runs.values():
         run["peak_vs_fp32"] = ratio(run["peak_rss_mb"], out["fp32_model_mb"])
         run["peak_above_idle_vs_fp32"] = ratio(run["peak_rss_mb"] - run["idle_rss_mb"], out["fp32_model_mb"])
@@ -308,7 +348,8 @@ def render(result: dict[str, Any]) -> str:
         lines += [
             f"\n`{b['size']}` llama-like model, {b['base_params'] / 1e6:.1f}M parameters "
             f"({b['fp32_model_mb']:.0f} MB in "
-            f"fp32); {b['nodes']} node processes; DiLoCo + int8; {b['rounds']} rounds x {b['local_steps']} steps of "
+            f"fp32); {b['nodes']} node processes; DiLoCo + {b.get('codec', 'int8')}; {b['rounds']} rounds x "
+            f"{b['local_steps']} steps of "
             f"{b['batch_size']} x {b['seq_len']} tokens; round times are medians over rounds 2 and later "
             "(commit to commit)",
             format_table([r for r in b["runs"] if "error" not in r], [
@@ -321,9 +362,13 @@ def render(result: dict[str, Any]) -> str:
                 ("peak_vs_fp32", "peak / fp32 model", ".1f"),
                 ("peak_above_idle_vs_fp32", "(peak - idle) / fp32", ".1f"),
                 ("loss_first", "loss r1", ".3f"), ("loss_last", "loss last", ".3f")]),
+            *(f"{r['adapter']}: traffic / fp32 FedAvg's ({b['fp32_fedavg_mb_per_node_round']:.0f} MB/node/round) = "
+              f"{100 * r['traffic_vs_fp32_fedavg']:.2f}% (goal <= 2%)" for r in b["runs"] if "error" not in r),
             *([f"LoRA traffic / full fine-tune traffic = {b['lora_traffic_vs_full']:.4f} "
                f"({100 * b['lora_traffic_vs_full']:.2f}%, goal < 2%); trainable parameters "
                f"{100 * b['lora_params_vs_full']:.2f}% of the model."] if "lora_traffic_vs_full" in b else []),
+            *(f"{r['adapter']}: sent + received MB per node between rounds node 0 reported: {r['round_traffic_mb']}"
+              for r in b["runs"] if "error" not in r),
             "Peak RSS per node: " + "; ".join(f"{r['adapter']} {r['peak_rss_mb_nodes']}" for r in b["runs"]
                                               if "error" not in r),
             *(f"adapter={r['adapter']}: FAILED: {r['error']}" for r in b["runs"] if "error" in r),
@@ -357,6 +402,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--base-steps", type=int, default=2)
     p.add_argument("--base-batch", type=int, default=2)
     p.add_argument("--seq-len", type=int, default=128)
+    p.add_argument("--codec", choices=("int8", "sparse", "none"), default="int8", help="the base part's codec")
+    p.add_argument("--adapters", default="lora,none", help="the base part's runs: lora, none (full), or both")
     p.add_argument("--compare-size", default="small")
     p.add_argument("--compare-nodes", type=int, default=3)
     p.add_argument("--compare-rounds", type=int, default=3)

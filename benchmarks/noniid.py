@@ -9,13 +9,23 @@ central training on the union of the same data with the same compute (``rounds �
 local_epochs`` epochs, ``gpuflex.ml.baseline``) for the same seeds.
 
 The strategies are job-file settings laid over the task's job; ``default`` is the job with
-nothing changed, so the table shows what a user who changes nothing gets.
+nothing changed, so the table shows what a user who changes nothing gets. ``--set KEY=VALUE``
+lays further settings over every strategy (probes), and ``--partition iid`` splits the same data
+without skew, which separates what skew costs from what splitting the steps across members
+costs.
+
+Where the job counts steps (Shakespeare), each member takes ``rounds × local_steps`` steps, so
+the members' steps added up are ``nodes`` times the one-member budget of ``central``;
+``--central-lrs`` adds central training with that total at each learning rate given (the best
+is the tuned central run with the same total steps), and ``--central-only`` runs only those.
 
 Run:
 
     python -m benchmarks.noniid [--task digits] [--alphas 1.0 0.5 0.1] [--nodes 4 10]
                                 [--seeds 0 1 2] [--strategies default fedavgm-0.7 ...] [--quick] [--json]
     python -m benchmarks.noniid --bytes [--nodes 4]   # bytes per round of each drift correction
+    python -m benchmarks.noniid --task shakespeare --shakespeare PATH --nodes 3 6 [--partition iid]
+                                [--set rounds=20 local_steps=10] [--central-lrs 0.002 0.005 [--central-only]]
 """
 
 from __future__ import annotations
@@ -78,26 +88,90 @@ def bytes_per_round(task: str, nodes: int, data: dict[str, str]) -> list[dict[st
 
 
 _CENTRAL: dict[tuple[str, int], dict[str, Any]] = {}
+#: Central runs on the union at a given learning rate, scored at several step counts:
+#: (task, seed, lr) -> {steps: accuracy}.
+_CENTRAL_STEPS: dict[tuple[str, int, float], dict[int, float]] = {}
 
 
-def run_one(task: str, alpha: float, nodes: int, strategy: str, seed: int, data: dict[str, str]) -> dict[str, Any]:
-    """One federated run and its central baseline, on one seed."""
+def central_at_steps(spec: Any, steps: list[int], config: Any) -> dict[int, float]:
+    """Central training on the union with the job's optimizer and learning rate, one
+    sequential run to the largest of ``steps``, scored on the test split at each of them. The
+    learning rate is constant, so the score at ``k`` steps is that of a ``k``-step run."""
+    import dataclasses
+
+    import torch
+    from torch.utils.data import DataLoader
+
+    from gpuflex.ml.models import build_model
+    from gpuflex.ml.train import evaluate, local_train, pick_device
+    from gpuflex.ml.workload import load_bundle, resolve_data_path
+
+    bundle = load_bundle(spec, resolve_data_path(spec, config))
+    device = pick_device()
+    model = build_model(spec, bundle)
+    scores: dict[int, float] = {}
+    done = 0
+
+    def checkpoint() -> None:  # called before each optimizer step, with ``done`` steps taken
+        nonlocal done
+        if done in steps:
+            with torch.random.fork_rng(devices=[]):  # scoring must not move the shuffles that follow
+                scores[done] = evaluate(model, bundle.test, device)["accuracy"]
+            model.train()
+        done += 1
+
+    budget = dataclasses.replace(spec, local_epochs=0, local_steps=max(steps))
+    local_train(model, DataLoader(bundle.train, batch_size=spec.batch_size, shuffle=True), budget, device,
+                before_step=checkpoint)
+    scores[max(steps)] = evaluate(model, bundle.test, device)["accuracy"]
+    return scores
+
+
+def job_of(task: str, alpha: float, strategy: str, seed: int, overrides: dict[str, Any]) -> Any:
+    from gpuflex.jobspec import JobSpec
+
+    job = {**TASKS[task], **STRATEGIES[strategy], "seed": seed, **overrides}
+    if job["partition"] == "dirichlet":
+        job["alpha"] = alpha
+    return JobSpec.from_dict(job)
+
+
+def run_one(task: str, alpha: float, nodes: int, strategy: str, seed: int, data: dict[str, str],
+            overrides: dict[str, Any] | None = None, central_lrs: list[float] | None = None,
+            all_nodes: list[int] | None = None) -> dict[str, Any]:
+    """One federated run and its central baseline, on one seed.
+
+    ``overrides`` are job settings laid over the task and strategy. With ``central_lrs`` (tasks
+    that count steps), central training on the union also runs with the members' steps added up
+    (``nodes × rounds × local_steps``) at each of those learning rates, and ``central_total``
+    is the best of them: the tuned central run with the same total steps.
+    """
+    import dataclasses
+
     import torch
 
-    from gpuflex.jobspec import JobSpec
     from gpuflex.ml.baseline import central_baseline
     from gpuflex.nodeconfig import NodeConfig
     from gpuflex.simulate import simulate
 
     torch.manual_seed(seed)
-    job = {**TASKS[task], **STRATEGIES[strategy], "seed": seed}
-    if job["partition"] == "dirichlet":
-        job["alpha"] = alpha
-    spec = JobSpec.from_dict(job)
+    spec = job_of(task, alpha, strategy, seed, overrides or {})
     config = NodeConfig(data={k: Path(v) for k, v in data.items()}) if data else NodeConfig()
     start = time.perf_counter()
     history = simulate(spec, nodes, config=config)
     accs = [r["accuracy"] for r in history]
+    totals: dict[float, float] = {}
+    if central_lrs and spec.uses_steps:
+        # central training sees the union: the split, strategy and server settings do not matter
+        member = spec.rounds * spec.local_steps
+        steps = sorted({member} | {n * member for n in (all_nodes or [nodes])})
+        for lr in central_lrs:
+            if (task, seed, lr) not in _CENTRAL_STEPS:
+                torch.manual_seed(seed)
+                _CENTRAL_STEPS[(task, seed, lr)] = central_at_steps(dataclasses.replace(spec, lr=lr), steps, config)
+            totals[lr] = _CENTRAL_STEPS[(task, seed, lr)][nodes * member]
+        if spec.lr in central_lrs:  # the one-member budget at the job's own learning rate
+            _CENTRAL.setdefault((task, seed), {"accuracy": _CENTRAL_STEPS[(task, seed, spec.lr)][member]})
     key = (task, seed)  # central training sees the union: the split and strategy do not matter
     if key not in _CENTRAL:
         _CENTRAL[key] = central_baseline(spec, config=config)
@@ -106,7 +180,10 @@ def run_one(task: str, alpha: float, nodes: int, strategy: str, seed: int, data:
     # model.pt is the round the job's final_model selects: with "best" that round was chosen on
     # the same held-out split it is scored on here, so its figure flatters; "final" does not.
     user = max(accs) if spec.final_model == "best" else accs[-1]
+    best_lr = max(totals, key=lambda lr: totals[lr]) if totals else None
     return {"final": accs[-1], "best": max(accs), "user": user, "central": central["accuracy"],
+            "central_total": totals[best_lr] if best_lr is not None else None, "central_total_lr": best_lr,
+            "central_by_lr": totals, "history": accs,
             "upload_per_member": up, "seconds": time.perf_counter() - start}
 
 
@@ -117,11 +194,61 @@ def summarise(task: str, alpha: float, nodes: int, strategy: str, runs: list[dic
     def spread(key: str) -> float:
         return statistics.pstdev(r[key] for r in runs) if len(runs) > 1 else 0.0
 
-    return {"task": task, "alpha": alpha if TASKS[task]["partition"] == "dirichlet" else None, "nodes": nodes,
-            "strategy": strategy, "seeds": len(runs), "final": mean("final"), "final_sd": spread("final"),
-            "best": mean("best"), "best_sd": spread("best"), "user": mean("user"), "central": mean("central"),
-            "gap_final": mean("final") - mean("central"), "gap_best": mean("best") - mean("central"),
-            "upload_kb": mean("upload_per_member") / 1024}
+    row = {"task": task, "alpha": alpha if TASKS[task]["partition"] == "dirichlet" else None, "nodes": nodes,
+           "strategy": strategy, "seeds": len(runs), "final": mean("final"), "final_sd": spread("final"),
+           "best": mean("best"), "best_sd": spread("best"), "user": mean("user"), "central": mean("central"),
+           "gap_final": mean("final") - mean("central"), "gap_best": mean("best") - mean("central"),
+           "upload_kb": mean("upload_per_member") / 1024, "runs": runs}
+    if all(r.get("central_total") is not None for r in runs):
+        row.update(central_total=mean("central_total"), central_total_sd=spread("central_total"),
+                   gap_total=mean("final") - mean("central_total"))
+    return row
+
+
+def central_table(task: str, node_counts: list[int], seeds: list[int], lrs: list[float], data: dict[str, str],
+                  overrides: dict[str, Any], as_json: bool) -> None:
+    """Central training on the union at each learning rate, scored at one member's steps and at
+    the members' steps added up for each node count: mean and spread over the seeds."""
+    import dataclasses
+
+    import torch
+
+    from gpuflex.nodeconfig import NodeConfig
+
+    config = NodeConfig(data={k: Path(v) for k, v in data.items()}) if data else NodeConfig()
+    rows: list[dict[str, Any]] = []
+    for lr in lrs:
+        per_seed: list[dict[int, float]] = []
+        for seed in seeds:
+            spec = job_of(task, 0.0, "default", seed, overrides)
+            member = spec.rounds * spec.local_steps
+            steps = sorted({member} | {n * member for n in node_counts})
+            torch.manual_seed(seed)
+            per_seed.append(central_at_steps(dataclasses.replace(spec, lr=lr), steps, config))
+            log(f"central lr={lr} seed {seed}: {per_seed[-1]}")
+        for k in sorted(per_seed[0]):
+            accs = [p[k] for p in per_seed]
+            rows.append({"lr": lr, "steps": k, "accuracy": statistics.fmean(accs),
+                         "sd": statistics.pstdev(accs) if len(accs) > 1 else 0.0, "per_seed": accs})
+    emit({"task": task, "seeds": seeds, "central_only": True, "rows": rows}, as_json,
+         lambda r: format_table(r["rows"], [("lr", "lr", "g"), ("steps", "steps", "d"),
+                                            ("accuracy", "central", ".3f"), ("sd", "± sd", ".3f")]))
+
+
+def parse_settings(pairs: list[str]) -> dict[str, Any]:
+    """``KEY=VALUE`` job settings; a value is read as JSON where it parses, else as a string."""
+    import json
+
+    settings: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep:
+            raise SystemExit(f"--set wants KEY=VALUE, got {pair!r}")
+        try:
+            settings[key] = json.loads(value)
+        except ValueError:
+            settings[key] = value
+    return settings
 
 
 def main() -> None:
@@ -133,12 +260,24 @@ def main() -> None:
     parser.add_argument("--strategies", nargs="+", choices=sorted(STRATEGIES),
                         default=["default", "fedavg", "fedavgm-0.7", "fedavgm-1.0", "fedprox", "scaffold"])
     parser.add_argument("--shakespeare", default="", help="path of the Shakespeare text (task shakespeare)")
+    parser.add_argument("--partition", default="",
+                        help="split the task's data this way instead (iid: the same data without skew)")
+    parser.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE",
+                        help="job settings laid over the task and strategy (probes)")
+    parser.add_argument("--central-lrs", type=float, nargs="+", default=[],
+                        help="tasks counting steps: also train central with the members' steps added up, at each "
+                             "of these learning rates; the best is the tuned central run")
+    parser.add_argument("--central-only", action="store_true",
+                        help="with --central-lrs: only the central runs, scored at one member's steps and at "
+                             "each node count's total")
     parser.add_argument("--quick", action="store_true", help="α = 0.1, 4 nodes, one seed, two strategies")
     parser.add_argument("--bytes", action="store_true",
                         help="only the bytes per member per round of FedAvg and each drift correction")
     add_json_flag(parser)
     args = parser.parse_args()
     stop_on_sigterm()
+    from gpuflex.jobspec import JobSpec
+
     data = {"shakespeare": args.shakespeare} if args.shakespeare else {}
     if args.bytes:
         rows = bytes_per_round(args.task, args.nodes[0], data)
@@ -149,12 +288,27 @@ def main() -> None:
         return
     if args.quick:
         args.alphas, args.nodes, args.seeds, args.strategies = [0.1], [4], [0], ["default", "fedavg"]
-    alphas = args.alphas if TASKS[args.task]["partition"] == "dirichlet" else [0.0]
+    overrides = parse_settings(args.set)
+    if args.partition:
+        overrides["partition"] = args.partition
+    if args.central_only:
+        if not args.central_lrs or not JobSpec.from_dict(TASKS[args.task]).uses_steps:
+            raise SystemExit("--central-only needs --central-lrs and a task that counts steps")
+        central_table(args.task, args.nodes, args.seeds, args.central_lrs, data, overrides, args.json)
+        return
+    partition = overrides.get("partition", TASKS[args.task]["partition"])
+    alphas = args.alphas if partition == "dirichlet" else [0.0]
     rows = []
     for alpha in alphas:
         for nodes in args.nodes:
             for strategy in args.strategies:
-                runs = [run_one(args.task, alpha, nodes, strategy, seed, data) for seed in args.seeds]
+                runs = []
+                for seed in args.seeds:
+                    runs.append(run_one(args.task, alpha, nodes, strategy, seed, data, overrides,
+                                        args.central_lrs, args.nodes))
+                    x = runs[-1]
+                    log(f"  seed {seed}: final {x['final']:.4f} best {x['best']:.4f} central {x['central']:.4f}"
+                        + (f" central same total steps {x['central_by_lr']}" if x["central_by_lr"] else ""))
                 rows.append(summarise(args.task, alpha, nodes, strategy, runs))
                 r = rows[-1]
                 log(f"{args.task} α={alpha} n={nodes} {strategy}: final {r['final']:.3f} best {r['best']:.3f} "
@@ -164,7 +318,10 @@ def main() -> None:
             ("best_sd", "± sd", ".3f"), ("user", "model.pt", ".3f"), ("central", "central", ".3f"),
             ("gap_final", "final − central", "+.3f"),
             ("gap_best", "best − central", "+.3f"), ("upload_kb", "KB up / member / round", ".0f")]
-    emit({"task": args.task, "seeds": args.seeds, "simulated": True, "rows": rows}, args.json,
+    if rows and all("central_total" in r for r in rows):
+        cols += [("central_total", "central, same total steps", ".3f"), ("central_total_sd", "± sd", ".3f"),
+                 ("gap_total", "final − same total", "+.3f")]
+    emit({"task": args.task, "seeds": args.seeds, "simulated": True, "settings": overrides, "rows": rows}, args.json,
          lambda r: format_table(r["rows"], cols))
 
 

@@ -35,6 +35,8 @@ UPLINK_MBIT = 20.0
 HIDDEN = 3600
 ROOT = Path(__file__).resolve().parents[1]
 PLUGIN = "benchmarks.overlap:big_mlp"
+#: A pause between two jobs: the nodes finish with one job before the next one's first round.
+SETTLE_S = 20.0
 
 
 def big_mlp(num_classes: int, input_shape: tuple[int, ...]) -> Any:
@@ -97,12 +99,13 @@ def run_job(mesh: Any, rounds: int, steps: int, overlap: float, seed: int) -> di
             "loss": rows[-1]["metrics"].get("loss")}
 
 
-def run(rounds: int, steps: int, pairs: int) -> list[dict[str, Any]]:
+def run(rounds: int, steps: int, pairs: int, keep: Path | None = None) -> list[dict[str, Any]]:
     from gpuflex.localmesh import LocalMesh
     from gpuflex.testing.nat import NatTopology
 
     results = []
-    with NatTopology((1, 1, 1, 1), uplink_mbit=UPLINK_MBIT) as topo, tempfile.TemporaryDirectory() as tmp:
+    with NatTopology((1, 1, 1, 1), uplink_mbit=UPLINK_MBIT) as topo, tempfile.TemporaryDirectory() as scratch:
+        tmp = str(keep) if keep is not None else scratch  # ``--keep``: the nodes' homes and logs stay there
         hosts = topo.hosts()[:5]
         mesh = LocalMesh(Path(tmp), len(hosts), placement=lambda i: hosts[i].placement(),
                          env={"PYTHONPATH": str(ROOT)}, extra_args=["--allow-plugin", PLUGIN])
@@ -113,6 +116,7 @@ def run(rounds: int, steps: int, pairs: int) -> list[dict[str, Any]]:
                 for overlap in (0.0, 0.5):
                     results.append(run_job(mesh, rounds, steps, overlap, seed=pair))
                     print(_describe(results[-1]), flush=True)
+                    time.sleep(SETTLE_S)
         finally:
             mesh.close()
     return results
@@ -130,6 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=40, help="local steps a round")
     parser.add_argument("--pairs", type=int, default=1, help="times each setting runs, interleaved")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--keep", type=Path, help="an empty directory for the nodes' homes and logs, kept afterwards")
     args = parser.parse_args(argv)
     sys.path.insert(0, str(ROOT))
     load = Path("/proc/loadavg").read_text().split()[:3]
@@ -140,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{UPLINK_MBIT:g} Mbit, {args.steps} local steps a round, load average at start {' '.join(load)}",
           flush=True)
     try:
-        results = run(args.rounds, args.steps, args.pairs)
+        results = run(args.rounds, args.steps, args.pairs, args.keep)
     except NetnsUnavailable as exc:
         print(f"overlap: skipped, the NAT topology cannot be built here ({exc}); run it as root")
         return 0
