@@ -3,10 +3,10 @@
 Each serving node gossips a small signed ``serve_load`` every second to the peers it is
 connected to (one hop, as presence): its models (name and hash), its batch capacity and its
 current load. Its NodeInfo in the DHT carries the models and capacity too, for nodes that
-look it up. A request goes to the server with the fewest requests per batch place, counting at
-least the requests this node itself has in flight there; the measured round-trip time only
-breaks ties (it weighs at most half a request); this node itself, if it serves the model,
-has no round trip.
+look it up. A request goes to the server with the lowest score, load over capacity plus
+the measured round-trip time (100 ms weighs as much as a full batch), counting at least the
+requests this node itself has in flight there; this node itself, if it serves the
+model, has no round trip.
 """
 
 from __future__ import annotations
@@ -26,17 +26,13 @@ FRESH_S = 3.5
 FAILED_S = 10.0
 MAX_ANNOUNCED = 8
 _HASH_RE = re.compile(r"^[0-9a-f]{16,128}$")
-#: A round trip of this many ms or more weighs as much as RTT_MAX_REQUESTS queued requests; a
-#: shorter one in proportion.
+#: A server's round-trip time counts as its share of a full batch per this many ms, and never as
+#: more than one full batch: a request queued behind a full batch waits at least one whole
+#: generation (seconds), longer than any round trip on earth, and a throttled or loaded server's
+#: pings (hundreds of ms on loopback, measured only as often as the mesh probes it) would
+#: otherwise keep it idle while its neighbours queue (a 4-server run left one server at 326 ms
+#: nearly idle).
 RTT_WEIGHT_MS = 100.0
-#: Latency only breaks ties between servers equally loaded: it never outweighs one request. A
-#: request that joins a busier batch slows every token of it, and one queued behind a full batch
-#: waits a whole generation (seconds), both longer than any round trip on earth; and the mesh's
-#: round trip to a throttled or loaded server (hundreds of ms on loopback, measured only as often
-#: as the mesh probes it, and stale while the server talks) kept it idle while its neighbours
-#: queued: weighed as one full batch, a 4-server run with 12 clients reached 2.57x one server's
-#: throughput instead of 3x.
-RTT_MAX_REQUESTS = 0.5
 #: Requests this node keeps in flight to one peer: below the mesh's streams per peer (16), so
 #: a burst here is queued or refused as busy, never reset by the server's stream limit.
 IN_FLIGHT_PER_PEER = 12
@@ -164,8 +160,7 @@ class Directory:
             if not self.has_room(peer, info):
                 continue
             rtt = 0.0 if peer == self.own_id else (rtt_ms.get(peer) or RTT_WEIGHT_MS / 2)
-            latency = RTT_MAX_REQUESTS * min(1.0, rtt / RTT_WEIGHT_MS)
-            scored.append(((max(info.load, info.sent) + latency) / info.capacity, peer))
+            scored.append((max(info.load, info.sent) / info.capacity + min(1.0, rtt / RTT_WEIGHT_MS), peer))
         return [peer for _, peer in sorted(scored)]
 
     def serves(self, model: str) -> bool:

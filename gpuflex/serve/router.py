@@ -83,11 +83,11 @@ class Router:
                 break
             peer = choice[0]
             tried.add(peer)
+            if on_server is not None:
+                await on_server(peer)
             got = 0
-            self.directory.routed(peer)  # before any await: requests arriving together see each other
+            self.directory.routed(peer)
             try:
-                if on_server is not None:
-                    await on_server(peer)
                 async for item in self._source(peer, req):
                     if "error" in item:
                         raise error_of(item)

@@ -61,33 +61,28 @@ def test_serve_settings_name_the_bad_key(tmp_path) -> None:  # type: ignore[no-u
             parse_serve(raw, tmp_path)
 
 
-async def test_the_least_loaded_server_is_chosen_latency_breaks_ties_and_a_failed_one_is_skipped() -> None:
+async def test_the_least_loaded_nearby_server_is_chosen_and_a_failed_one_is_skipped() -> None:
     d = Directory("me")
-    d.update("far", {"m": "ab" * 16}, 4, 1)
+    d.update("far", {"m": "ab" * 16}, 4, 0)
     d.update("busy", {"m": "ab" * 16}, 4, 4)
     d.update("near", {"m": "ab" * 16}, 4, 1)
-    d.update("idle", {"m": "ab" * 16}, 4, 0)
-    rtt = {"far": 90.0, "busy": 1.0, "near": 1.0, "idle": 400.0}
-    assert d.choose("m", rtt) == ["idle", "near", "far", "busy"]
-    d.failed("idle")
-    assert d.choose("m", rtt)[0] == "near"
+    assert d.choose("m", {"far": 90.0, "busy": 1.0, "near": 1.0}) == ["near", "far", "busy"]
+    d.failed("near")
+    assert d.choose("m", {"far": 90.0, "busy": 1.0, "near": 1.0})[0] == "far"
     assert d.choose("other", {}) == []
     with pytest.raises(ValueError):
         parse_announcement({"models": {"m": "not-a-hash"}, "capacity": 1, "load": 0})
 
 
-async def test_a_slow_pinging_idle_server_is_chosen_before_a_neighbour_with_one_request_more() -> None:
-    """Latency weighs at most half a request: a server whose pings take 326 ms (a throttled
-    one) is still chosen while it has fewer requests than its neighbours, and passed over only
-    among equally loaded ones."""
+async def test_a_slow_pinging_server_is_chosen_once_its_neighbours_hold_a_full_batch_more() -> None:
+    """Latency weighs at most one full batch: a server whose pings take 326 ms (a throttled
+    one) is passed over while idle neighbours have room, and chosen once they are a batch ahead."""
     d = Directory("me")
     d.update("slow", {"m": "ab" * 16}, 4, 0)
-    d.update("a", {"m": "ab" * 16}, 4, 1)
-    d.update("b", {"m": "ab" * 16}, 4, 0)
-    rtt = {"slow": 326.0, "a": 1.0, "b": 1.0}
-    assert d.choose("m", rtt) == ["b", "slow", "a"]
-    d.update("slow", {"m": "ab" * 16}, 4, 1)
-    assert d.choose("m", rtt) == ["b", "a", "slow"]
     d.update("a", {"m": "ab" * 16}, 4, 2)
-    d.update("b", {"m": "ab" * 16}, 4, 2)
-    assert d.choose("m", rtt)[0] == "slow"  # one request fewer outweighs any round trip
+    d.update("b", {"m": "ab" * 16}, 4, 3)
+    rtt = {"slow": 326.0, "a": 1.0, "b": 1.0}
+    assert d.choose("m", rtt) == ["a", "b", "slow"]
+    d.update("a", {"m": "ab" * 16}, 4, 5)
+    d.update("b", {"m": "ab" * 16}, 4, 6)
+    assert d.choose("m", rtt)[0] == "slow"  # a and b a full batch and more ahead: 1.25+ against 1.0
