@@ -169,6 +169,7 @@ class Discovery:
             self.learn(pid)
         for pid in connected:
             self.learn(pid)
+        # The version again: what was just learnt moved it, and must not look like a change.
         self._learnt, self._learnt_at = (len(table), len(connected), self.node.peers.version), now
 
     def learn(self, pid: Any) -> None:
@@ -200,9 +201,9 @@ class Discovery:
     def info_due(self, rec: PeerRecord, now: float, watched: set[str]) -> bool:
         """Missing: at once, the first time. Up and watched: every 5 s while it still checks its
         reachability, every half minute while private, then every 2 min. Up and not watched:
-        never again. Not up, or
-        missing after a lookup that found nothing: every ``info_retry_s``, doubling after each
-        lookup that found nothing (to ``INFO_RETRY_MAX_S``)."""
+        never again. Not up, or missing after a lookup that found nothing: every
+        ``info_retry_s``, doubling after each lookup that found nothing (to
+        ``INFO_RETRY_MAX_S``)."""
         age = now - self._info_tried.get(rec.peer_id, -1e9)
         misses = self._info_misses.get(rec.peer_id, 0)
         retry = min(INFO_RETRY_MAX_S, self.node.config.info_retry_s * 2 ** min(misses, 16))

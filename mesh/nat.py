@@ -51,8 +51,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("mesh.nat")
 FAST_CHECK_S = 3.0
-#: How often a node behind NAT checks again (and keeps its relay reservations up).
-SLOW_CHECK_S = 60.0
+#: How often a node behind NAT checks again (and keeps its relay reservations up): three
+#: reservation retries' worth.
+NAT_CHECK_S = RESERVE_RETRY_S * 3
 #: How often a public node checks again: each check has two peers dial it afresh (a TCP
 #: connection, a Noise handshake and identify, at both ends), and at every half minute these
 #: were a settled mesh's largest idle cost; a public verdict changes only with the network.
@@ -199,7 +200,7 @@ class NatService:
                 next_check = trio.current_time() + (
                     FAST_CHECK_S if verdict == Reachability.UNKNOWN
                     else PUBLIC_CHECK_S if verdict == Reachability.PUBLIC
-                    else min(SLOW_CHECK_S, RESERVE_RETRY_S * 3))
+                    else NAT_CHECK_S)
             await self._apply()
             seeking = self.reachability() == Reachability.PRIVATE and bool(self.node.config.relay.reservations)
             await trio.sleep(FAST_CHECK_S if seeking else max(FAST_CHECK_S, next_check - trio.current_time()))

@@ -83,6 +83,7 @@ from mesh.names import libp2p_id, multiaddr_of, peer_text
 from mesh.nat import NatService
 from mesh.overlay import neighbours, ring_int
 from mesh.pex import PEERS_REQUEST, PeerExchange
+from mesh.pex import SLOW_S as PEX_SLOW_S
 from mesh.push import PUSH_MIN, push_payload
 from mesh.reachability import BEHIND_NAT, Reachability
 from mesh.reachability import parse as parse_reachability
@@ -162,7 +163,7 @@ class MeshConfig:
     rejoin_backoff_max_s: float = 60.0
     # How often a settled node asks two peers for the peers they know (mesh.pex); a new node
     # asks every 2 s at first. Each ask is a stream to two peers and their answers.
-    pex_every_s: float = 20.0
+    pex_every_s: float = PEX_SLOW_S
     # NAT traversal (mesh.nat): relay limits and use, LAN discovery, and a forced verdict
     # ("public", "private") that skips the dial-back checks, for tests and operators who know.
     relay: RelayLimitsConfig = field(default_factory=RelayLimitsConfig)

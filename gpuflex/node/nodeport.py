@@ -87,16 +87,14 @@ class NodePort:
         return None if rec is None else rec.state
 
     def private_peers(self) -> set[str]:
-        out = {rec.peer_id for rec in self._mesh.peers.all()
-               if self._mesh.claimed_reachability(rec.peer_id) in BEHIND_NAT}
-        if self._mesh.nat.reachability() in BEHIND_NAT:
-            out.add(self._mesh.peer_id)
-        return out
+        me = self._mesh.peer_id
+        return {p for p in [me, *(rec.peer_id for rec in self._mesh.peers.all())] if self.behind_nat(p)}
 
     def behind_nat(self, peer: str) -> bool:
+        # A peer this node holds no record of claims nothing: claimed_reachability says unknown.
         if peer == self._mesh.peer_id:
             return self._mesh.nat.reachability() in BEHIND_NAT
-        return self._mesh.peers.get(peer) is not None and self._mesh.claimed_reachability(peer) in BEHIND_NAT
+        return self._mesh.claimed_reachability(peer) in BEHIND_NAT
 
     def punched_peers(self) -> set[str]:
         out = {rec.peer_id for rec in self._mesh.peers.all()

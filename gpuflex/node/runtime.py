@@ -56,7 +56,7 @@ class NodeOptions:
     config: NodeConfig | None = None  # node.toml with the start flags on top; None: read <home>/node.toml
     limits: PeerLimits = field(default_factory=PeerLimits)  # what one peer may cost this node
     address_book_size: int = 256  # peers kept across restarts (mesh.addressbook)
-    pex_every_s: float = 20.0  # a settled node's peer-exchange period (mesh.pex)
+    pex_every_s: float = MeshConfig.pex_every_s  # a settled node's peer-exchange period (mesh.pex)
 
 
 def load_identity(home: Path) -> tuple[Identity, bool]:
