@@ -37,6 +37,7 @@ from gpuflex.node.roles.apply import ResultApplier
 from gpuflex.node.roles.coordinator import Coordinator
 from gpuflex.node.roles.leader import Leader
 from gpuflex.node.roles.member import Member
+from gpuflex.node.roles.plansahead import PlanAhead, PlansAhead
 from gpuflex.node.roles.root import Root
 from gpuflex.node.state import JobBook, JobInfo, RoundDeadlines, RoundState
 from gpuflex.node.summary import ledger_rows, members_gone_note, metric_rows, summarize
@@ -75,6 +76,7 @@ class JobDriver:
                              self.models.load, self.trainer, fold_own=self.leader.fold_own)
         self.root = Root(port, book, self.models.load, self.trainer)
         self.applier = ResultApplier(port, book, self.models, incidents)
+        self.plans_ahead = PlansAhead(book, incidents, self.coordinator.accept, self._start_roles)
         self._handlers: dict[str, Callable[[Inbound], Awaitable[Any]]] = {
             PLAN: self.on_plan, UPDATE: self.leader.on_update, PARTIAL: self.leader.on_partial,
             RESULT: self.applier.on_result, ABORT: self.applier.on_abort,
@@ -242,7 +244,11 @@ class JobDriver:
         return None
 
     async def on_plan(self, msg: Inbound) -> None:
-        plan, deadlines = await self.coordinator.accept(msg)
+        try:
+            plan, deadlines = await self.coordinator.accept(msg)
+        except PlanAhead as ahead:
+            self.plans_ahead.hold(msg, ahead)
+            raise
         self._start_roles(plan, deadlines)
 
     def _start_roles(self, plan: Plan, deadlines: RoundDeadlines) -> None:

@@ -2,13 +2,18 @@
 
 Members send updates and leaders send partials the same way: to the parent, or the next live
 ancestor; then they keep watching the receiver until the round commits, and deliver again one
-level up if it goes down, so work a leader accepted is not lost with it.
+level up if it goes down, so work a leader accepted is not lost with it. When every ancestor
+failed (a stream reset while a relayed link is re-established, a parent still busy folding),
+the chain is tried again after a pause while the round is open, a bounded number of times: the
+update was trained at a cost, and the round waits for it until its deadline anyway.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+
+import trio
 
 from gpuflex.node.collector import ancestors
 from gpuflex.node.core.kinds import EventKind
@@ -26,6 +31,8 @@ SEND_TIMEOUT_MIN_S = 10.0
 #: The slowest uplink an upload's timeout allows for (2 Mbit/s), so a member on a slow home line,
 #: or two sharing one, is not cut off mid-update.
 SLOWEST_UPLINK_BPS = 250_000
+#: Passes over the chain of ancestors when each fails, and the pause between them.
+SEND_PASSES, SEND_RETRY_S = 3, 2.0
 
 
 class Work(StrEnum):
@@ -47,28 +54,39 @@ async def send_up(port: JobPort, book: JobBook, plan: Plan, deadlines: RoundDead
     Raises SendError when no ancestor took it and the round is still open."""
     chain = ancestors(plan.parent, book.me)[: 1 if masked else None]
     errors: list[str] = []
-    index = 0
     # A home uplink moves a model-sized payload in seconds to minutes, not in a fixed 10 s.
     timeout = max(SEND_TIMEOUT_MIN_S, plan.reduce_slack_s * 2, len(payload) / SLOWEST_UPLINK_BPS)
-    while index < len(chain) and book.round_open(plan):
-        target = chain[index]
-        try:
-            await port.request(target, frame, payload, timeout=timeout)
-        except SendError as exc:
-            errors.append(str(exc))
-            log.warning("round %d: %s to %s failed (%s); trying the next ancestor", plan.round, what,
-                        target[-8:], exc)
+    for attempt in range(SEND_PASSES):
+        if attempt:
+            if port.clock.now() + SEND_RETRY_S >= deadlines.end:
+                break
+            log.info("round %d: no ancestor took this node's %s; trying again in %.0f s (pass %d of %d)",
+                     plan.round, what, SEND_RETRY_S, attempt + 1, SEND_PASSES)
+            await trio.sleep(SEND_RETRY_S)
+        errors.clear()
+        index = 0
+        while index < len(chain) and book.round_open(plan):
+            target = chain[index]
             index += 1
-            continue
-        port.emit(SENT[what], plan.round, target, message=f"round {plan.round}: {what} sent to {target[-8:]}")
-        if delivered is not None:
-            delivered()
-            delivered = None
-        if not await _watch(port, book, plan, deadlines, target):
+            if attempt and port.health(target) == PeerState.DOWN:
+                continue
+            try:
+                await port.request(target, frame, payload, timeout=timeout)
+            except SendError as exc:
+                errors.append(str(exc))
+                log.warning("round %d: %s to %s failed (%s); trying the next ancestor", plan.round, what,
+                            target[-8:], exc)
+                continue
+            port.emit(SENT[what], plan.round, target, message=f"round {plan.round}: {what} sent to {target[-8:]}")
+            if delivered is not None:
+                delivered()
+                delivered = None
+            if not await _watch(port, book, plan, deadlines, target):
+                return
+            port.emit(EventKind.RESEND, plan.round, target, message=(
+                f"round {plan.round}: {target[-8:]} died holding this node's {what}; sending it higher"))
+        if not errors or not book.round_open(plan):
             return
-        port.emit(EventKind.RESEND, plan.round, target, message=(
-            f"round {plan.round}: {target[-8:]} died holding this node's {what}; sending it higher"))
-        index += 1
     if errors and book.round_open(plan):
         raise SendError("; ".join(errors))
 

@@ -1,20 +1,19 @@
 """The coordinator's side of a round: obtain the plan, and make it when this node's turn comes.
 
-Every node computes the same ranking for round r (``ranking.coordinator_ranking`` over the
-eligible members the ledger names), and each attempt belongs to exactly one peer: the ranking
-rotated by the attempt (``JobBook.expected_coordinator``). A node waits one plan timeout for
-the live peer whose attempt it is, skips at once an attempt whose peer is down (or behind NAT
-while a reachable one is up), and plans itself when the attempt is its own.
+Every node computes the same ranking for round r (``ranking.coordinator_ranking`` over the eligible members
+the ledger names), and each attempt belongs to exactly one peer: the ranking rotated by the attempt
+(``JobBook.expected_coordinator``). A node waits one plan timeout for the live peer whose attempt it is,
+skips at once an attempt whose peer is down (or behind NAT while a reachable one is up), and plans itself
+when the attempt is its own.
 
-A received plan is accepted only if it extends this node's ledger, comes from the peer its
-attempt belongs to, keeps to the job's allowlist, deadlines and sample cap, and (under secure
-aggregation) groups its members as public randomness says. A plan for a later attempt never
-displaces the plan in force: it is held until this node gives up the current attempt itself,
-so nobody pre-empts a live coordinator by naming a larger attempt. A candidate that skips its own
-turns says so in its presence (``Turns.passes_own_turns``): peers that cannot tell it is behind NAT
-then skip its turn on its signed word, and go on to the held plan without a plan timeout. With
-a later plan held, a turn whose candidate this node has not heard for ``PRESENCE_FRESH_S`` gives
-way to it at once (``Turns.passed_over``).
+A received plan is accepted only if it extends this node's ledger, comes from the peer its attempt belongs
+to, keeps to the job's allowlist, deadlines and sample cap, and (under secure aggregation) groups its
+members as public randomness says. A plan for a later attempt never displaces the plan in force: it is held
+until this node gives up the current attempt itself, so nobody pre-empts a live coordinator by naming a
+larger attempt. A candidate that skips its own turns says so in its presence (``Turns.passes_own_turns``):
+peers that cannot tell it is behind NAT then skip its turn on its signed word, and go on to the held plan
+without a plan timeout. With a later plan held, a turn whose candidate this node has not heard for
+``PRESENCE_FRESH_S`` gives way to it at once (``Turns.passed_over``).
 """
 
 from __future__ import annotations
@@ -39,6 +38,7 @@ from gpuflex.node.core.workplan import (
 )
 from gpuflex.node.port import JobPort
 from gpuflex.node.presence import PRESENCE_COORDINATORS  # the candidates presence goes to
+from gpuflex.node.roles.plansahead import PlanAhead
 from gpuflex.node.roles.turns import Turns
 from gpuflex.node.state import PRESENCE_FRESH_S, JobBook, RoundDeadlines, RoundState
 from mesh.codec import WireError, WireReason
@@ -50,8 +50,7 @@ log = logging.getLogger("gpuflex.coordinator")
 MIN_NODES_WAIT_S = 60.0
 #: A plan that arrives before this node has prepared the job waits this long for it.
 READY_WAIT_S = 30.0
-#: A plan may arrive while the previous round's result is still being applied here (a model
-#: download): it waits this long for the ledger to catch up.
+#: A plan may come while the last round's result is still applied here (a download): it waits, then is held.
 PREVIOUS_ROUND_WAIT_S = 15.0
 #: Before it plans, a coordinator gives the members it knows only by hearsay (never heard by
 #: this node) this long to speak, then pings at most so many of those still silent, for at most
@@ -373,8 +372,9 @@ class Coordinator:
         # The previous round's result may still be being applied here (model download).
         await book.changed.wait_for(lambda: book.committed >= plan.round - 1,
                                     self.port.clock.now() + PREVIOUS_ROUND_WAIT_S)
-        rs = book.current
-        r = rs.round
+        rs, r = book.current, book.current.round
+        if plan.round == r + 1:  # still applying round r's result here: held, not refused
+            raise PlanAhead(plan, self._deadlines(plan).train)
         if plan.round != r or plan.prev_result != book.ledger.head or plan.base_hash != book.head_model:
             raise Rejected(f"plan for round {plan.round} does not extend this node's ledger at round {r - 1}")
         self._check(plan)

@@ -385,3 +385,45 @@ async def test_nodes_that_keep_no_record_of_the_last_rounds_contributors_wait_fo
     assert contributors(results[1]) == set(net.order), net.dump()
     assert results[1].attempt == 0, net.dump()
     assert not any(EventKind.ROUND_RETRIED in n.kinds() for n in net.nodes.values()), net.dump()
+
+
+async def test_a_plan_that_arrives_while_the_last_round_is_still_being_applied_is_taken_once_it_is(
+        autojump_clock, tmp_path) -> None:
+    net = FakeNet(tmp_path, 4, fast_spec(rounds=2, min_nodes=2, train_timeout_s=90.0))
+    victim = next(n for n in reversed(net.ranking(round_=2)) if n is not net.ranking()[0])
+    async with trio.open_nursery() as nursery:
+        await net.start(nursery)
+        models = victim.driver.models
+        hold = models.hold_committed
+
+        async def slow_hold(res) -> None:  # a model download that outlasts PREVIOUS_ROUND_WAIT_S
+            if res.round == 1:
+                await trio.sleep(40.0)
+            await hold(res)
+
+        models.hold_committed = slow_hold
+        await net.wait_rounds(1, nodes=[n for n in net.nodes.values() if n is not victim])
+        committed_at = trio.current_time()
+        await net.wait_rounds(2)
+        took = trio.current_time() - committed_at
+        results = one_ledger(net, 2)
+        nursery.cancel_scope.cancel()
+    assert victim.peer_id in contributors(results[1]), net.dump()
+    assert took < 80.0, f"round 2 took {took:.0f} mock s: it waited for its training deadline"
+
+
+async def test_an_update_no_ancestor_took_is_sent_again_while_the_round_is_open(autojump_clock, tmp_path) -> None:
+    net = FakeNet(tmp_path, 3, fast_spec(rounds=1, min_nodes=2, group_size=4))
+    root = net.ranking()[0]
+    member = net.ranking()[-1]
+    net.lost_sends.add((member.peer_id, root.peer_id))  # its one ancestor: every stream resets
+    async with trio.open_nursery() as nursery:
+        await net.start(nursery)
+        await net.wait_until(lambda: member.driver.summary()["phase"] == "reduce")
+        await trio.sleep(0.5)
+        net.lost_sends.clear()  # the link is back before the member's next pass
+        await net.wait_rounds(1)
+        (res,) = one_ledger(net, 1)
+        nursery.cancel_scope.cancel()
+    assert member.peer_id in contributors(res), net.dump()
+    assert EventKind.UPDATE_FAILED not in member.kinds()
