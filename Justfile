@@ -31,15 +31,16 @@ setup:
 demo *ARGS: setup
     .venv/bin/gpuflex demo {{ARGS}}
 
-# Run the whole test suite. Three workers, a test file each at a time, the longest files first
-# (tests/conftest.py): the real-process tests spend much of their time waiting on deadlines and
-# the network, but four of them at once on two cores left load averages of 10 to 19 and waits
-# running out.
+# Run the whole test suite. Four workers, a test file each at a time, the longest files first
+# (tests/conftest.py): the real-process tests spend more than half their time waiting on
+# deadlines and the network. Four were once too many for two cores (load averages of 10 to 19
+# and waits running out, when the suite took 750-1,100 CPU seconds); at about 400 CPU seconds
+# they keep the load near 5 and the run under five minutes (BENCHMARKS.md, "The suite").
 # Bytecode is cached even where the environment sets PYTHONDONTWRITEBYTECODE: every worker and
 # every node or CLI process the tests start would otherwise compile the project again (and
 # pytest rewrite every test module's asserts again), about 15 CPU seconds per worker.
 test *ARGS: setup
-    PYTHONDONTWRITEBYTECODE= .venv/bin/python -m pytest -q -rs -n 3 --dist loadfile --no-loadscope-reorder {{ARGS}}
+    PYTHONDONTWRITEBYTECODE= .venv/bin/python -m pytest -q -rs -n 4 --dist loadfile --no-loadscope-reorder {{ARGS}}
 
 # Lint: ruff, the import contracts (pyproject.toml [tool.importlinter]) and mypy on mesh/, aggregation/, gpuflex/
 # and the benchmarks' Flower app.

@@ -1,6 +1,6 @@
 """The order in which the suite's files reach the workers.
 
-`just test` runs three workers, a file each at a time (``--dist loadfile``). A file that takes
+`just test` runs four workers, a file each at a time (``--dist loadfile``). A file that takes
 two minutes and starts last keeps the run going two minutes after the others are done, so the
 files measured longest (their wall seconds in a whole run on a two-core machine, `--durations`)
 go first, in this order; every other file keeps its place after them. Every worker computes the same order,

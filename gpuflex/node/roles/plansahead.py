@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable
 
+from gpuflex.errors import GpuflexError
 from gpuflex.node.core.messages import Plan
 from gpuflex.node.policy import IncidentPolicy
 from gpuflex.node.state import JobBook, RoundDeadlines
@@ -25,8 +26,9 @@ log = logging.getLogger("gpuflex.rounds")
 MAX_PLANS_AHEAD = 4
 
 
-class PlanAhead(Rejected):
-    """A plan for the round after the one this node is still applying (not refused: held)."""
+class PlanAhead(Rejected, GpuflexError):
+    """A plan for the round after the one this node is still applying (not refused: held). A
+    ``Rejected`` to the mesh, which then logs it without a penalty."""
 
     def __init__(self, plan: Plan, until: float) -> None:
         super().__init__(f"plan for round {plan.round} held: round {plan.round - 1} is still being applied here")
