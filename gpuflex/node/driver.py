@@ -32,7 +32,7 @@ from gpuflex.node.policy import IncidentPolicy
 from gpuflex.node.port import JobPort, Trainer, TrainerFactory
 from gpuflex.node.prepare import Preparation, load_trainer
 from gpuflex.node.presence import FAILED_REASON_CHARS, JobPresence
-from gpuflex.node.quorum import quorum_note
+from gpuflex.node.quorum import QuorumWatch
 from gpuflex.node.roles.apply import ResultApplier
 from gpuflex.node.roles.coordinator import Coordinator
 from gpuflex.node.roles.leader import Leader
@@ -77,6 +77,7 @@ class JobDriver:
         self.root = Root(port, book, self.models.load, self.trainer)
         self.applier = ResultApplier(port, book, self.models, incidents)
         self.plans_ahead = PlansAhead(book, incidents, self.coordinator.accept, self._start_roles)
+        self.quorum = QuorumWatch(book, port)
         self._handlers: dict[str, Callable[[Inbound], Awaitable[Any]]] = {
             PLAN: self.on_plan, UPDATE: self.leader.on_update, PARTIAL: self.leader.on_partial,
             RESULT: self.applier.on_result, ABORT: self.applier.on_abort,
@@ -383,24 +384,7 @@ class JobDriver:
         return book.payload_limit() if book.may_send_work(sender) else 0
 
     def check_quorum(self) -> None:
-        """Say so while fewer than min_nodes members (or, in an open job, than most of the recent
-        contributors) are reachable: this side of a partition will not commit until more
-        return, and must not look merely slow."""
-        book, status = self.book, self.book.status
-        if status.state != JobState.RUNNING:
-            status.set_waiting("")
-            return
-        if self._members_gone:
-            return  # the round loop said so, and wakes when a member is back
-        note, reachable = quorum_note(book, self.port)
-        if not status.set_waiting(note):
-            return
-        r = book.current.round
-        if note:
-            self.port.emit(EventKind.ROUND_WAITING, r, message=f"job {self.job_id} round {r}: waiting, {note}")
-        else:
-            self.port.emit(EventKind.QUORUM_RESTORED, r, message=(
-                f"job {self.job_id} round {r}: {reachable} members reachable again (min_nodes={self.spec.min_nodes})"))
+        self.quorum.check(self._members_gone)
 
     def recent_blobs(self) -> set[str]:
         return self.models.recent()

@@ -8,12 +8,51 @@ slow. Counted over the peers a plan may count (``plannable``): a key up by hears
 
 from __future__ import annotations
 
+import math
+
+from gpuflex.node.core.kinds import EventKind, JobState
 from gpuflex.node.port import JobPort
 from gpuflex.node.roles.coordinator import plannable
 from gpuflex.node.state import JobBook
 
 #: Members named in the note, at most.
 NAMED = 8
+#: A check walks the job's members, and every node checks each of its jobs: one of n members
+#: is checked at most every ``n / MEMBERS_PER_S`` seconds (each second at first, and in any job
+#: of up to that many), so a thousand-member job's checks do not cost a node more than the
+#: rounds themselves (a quarter of a simulated 1,000-node mesh's CPU at once a second).
+MEMBERS_PER_S = 100
+
+
+class QuorumWatch:
+    """Says when this side of the mesh cannot commit a job, and when it can again."""
+
+    def __init__(self, book: JobBook, port: JobPort) -> None:
+        self.book, self.port = book, port
+        self._due = -math.inf
+
+    def check(self, members_gone: bool) -> None:
+        """Say so while fewer than min_nodes members (or, in an open job, than most of the
+        recent contributors) are reachable: this side of a partition will not commit until
+        more return, and must not look merely slow. ``members_gone``: the round loop said so
+        already, and wakes when a member is back."""
+        book, status = self.book, self.book.status
+        if status.state != JobState.RUNNING:
+            status.set_waiting("")
+            return
+        now = self.port.clock.now()
+        if members_gone or now < self._due:
+            return
+        note, reachable = quorum_note(book, self.port)
+        self._due = now + reachable / MEMBERS_PER_S
+        if not status.set_waiting(note):
+            return
+        r, job = book.current.round, book.job_id
+        if note:
+            self.port.emit(EventKind.ROUND_WAITING, r, message=f"job {job} round {r}: waiting, {note}")
+        else:
+            self.port.emit(EventKind.QUORUM_RESTORED, r, message=(
+                f"job {job} round {r}: {reachable} members reachable again (min_nodes={book.spec.min_nodes})"))
 
 
 def quorum_note(book: JobBook, port: JobPort) -> tuple[str, int]:
