@@ -39,7 +39,7 @@ from gpuflex.node.core.workplan import (
 from gpuflex.node.port import JobPort
 from gpuflex.node.presence import PRESENCE_COORDINATORS  # the candidates presence goes to
 from gpuflex.node.roles.plansahead import PlanAhead
-from gpuflex.node.roles.turns import Turns
+from gpuflex.node.roles.turns import Turns, heard_lately, last_contributors
 from gpuflex.node.state import PRESENCE_FRESH_S, JobBook, RoundDeadlines, RoundState
 from mesh.codec import WireError, WireReason
 from mesh.health import PeerState
@@ -64,18 +64,14 @@ StartRoles = Callable[[Plan, RoundDeadlines], None]
 
 
 def plannable(port: JobPort, book: JobBook) -> list[str]:
-    """The peers a plan made here may count: those this node heard itself
-    (``JobPort.heard_peers``), and the contributors of the last committed round that are up.
-    Each of those signed an update for a plan of this job's ledger, which only a member that a
-    coordinator heard gets, and a member a round old has often not yet spoken to the next
-    coordinator. A key up by hearsay alone is neither: presence it signs proves nothing."""
-    return sorted(set(port.heard_peers()) | {p for p in last_contributors(book) if port.health(p) == PeerState.UP})
-
-
-def last_contributors(book: JobBook) -> set[str]:
-    """The peers of the last committed round's result (none before the first)."""
-    results = book.ledger.results
-    return {str(c.get("peer")) for c in results[-1].contributors} if results else set()
+    """The peers a plan made here may count: those this node heard itself (``JobPort.heard_peers``),
+    the last committed round's contributors that are up (each signed an update for a plan of this
+    ledger, and a member a round old has often not yet spoken to the next coordinator), and the
+    job's members whose presence came lately though this node keeps no record of them. A key up
+    by hearsay alone is none of these: presence it signs and others forward proves nothing."""
+    known = last_contributors(book)
+    return sorted(set(port.heard_peers()) | {p for p in known if port.health(p) == PeerState.UP}
+                  | {p for p in known | set(book.eligible()) if port.health(p) is None and heard_lately(book, p)})
 
 
 class Coordinator:
@@ -130,18 +126,19 @@ class Coordinator:
         return rs.plan if rs.has_plan() else None
 
     async def _hear_candidates(self, rs: RoundState, settled: Callable[[], bool]) -> None:
-        """Give the round's first candidates this node has no record of ``SPEAK_WAIT_S`` to be
-        heard before their turns are judged (``Turns.skipped`` skips an unknown one). In a large
-        mesh a node keeps no record of most peers; judged before a candidate's presence came, a
-        later candidate skipped an earlier one that was planning, and two plans split the round."""
+        """Give the round's first candidates (round 1: of the job's named members; later: of the last round's
+        contributors) this node has no record of ``SPEAK_WAIT_S`` to be heard before their turns are judged
+        (``Turns.skipped`` skips an unknown one). In a large mesh a node keeps no record of most peers;
+        judged before a candidate's presence came, a later candidate skipped an earlier one that was
+        planning, and two plans split the round."""
         book, port = self.book, self.port
-        recent = last_contributors(book) - {book.me}
+        recent = (last_contributors(book) if book.ledger.results else set(book.info.initial_members)) - {book.me}
         # Ranked once (a ranking hashes every eligible member; the wait wakes on each presence).
         ranked = (book.expected_coordinator(a) for a in range(rs.attempt, rs.attempt + PRESENCE_COORDINATORS))
         cands = [c for c in ranked if c is not None and c in recent]
 
-        def unknown() -> list[str]:
-            return [c for c in cands if port.health(c) is None]
+        def unknown() -> list[str]:  # no record here, and no presence lately (``heard_lately``)
+            return [c for c in cands if port.health(c) is None and not heard_lately(book, c)]
 
         if unknown():
             await book.changed.wait_for(lambda: not unknown() or settled(), port.clock.now() + SPEAK_WAIT_S)
@@ -274,11 +271,10 @@ class Coordinator:
         return rs.plan
 
     def _unheard(self) -> list[str]:
-        """The members a plan would include if hearsay counted (up by another peer's word, never
-        heard by this node nor contributors of the last round; ``plannable``), and the last
-        round's contributors it has no record of yet (a large mesh's node keeps none of most
-        peers, ``MeshNode.keep_set``): each proved itself live a round ago, and its presence to
-        a new coordinator is on its way."""
+        """The members a plan would include if hearsay counted (up by another peer's word, never heard by this
+        node nor contributors of the last round; ``plannable``), and the last round's contributors it has no
+        record of yet (a large mesh's node keeps none of most peers, ``MeshNode.keep_set``): each proved
+        itself live a round ago, and its presence to a new coordinator is on its way."""
         book, port = self.book, self.port
         heard = set(plannable(port, book))
         known = set(book.presence) | set(book.info.initial_members) | set(book.eligible())
@@ -287,11 +283,10 @@ class Coordinator:
         return sorted({p for p in book.live_members(up) if p != book.me} | unknown)
 
     async def _reach_unheard(self) -> None:
-        """Give the members this node knows only by hearsay ``SPEAK_WAIT_S`` to speak (a new
-        job's members send their first presence within a moment), then ping those still silent,
-        at most ``REACH_AT_ONCE``: those that answer are planned like any member. A member whose
-        first word is on its way is not left out of the plan for that; a key nothing answers
-        for costs the plan at most these two waits."""
+        """Give the members this node knows only by hearsay ``SPEAK_WAIT_S`` to speak (a new job's members send
+        their first presence within a moment), then ping those still silent, at most ``REACH_AT_ONCE``:
+        those that answer are planned like any member. A member whose first word is on its way is not left
+        out of the plan for that; a key nothing answers for costs the plan at most these two waits."""
         book, port = self.book, self.port
         if not self._unheard():
             return

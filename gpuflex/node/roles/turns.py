@@ -12,10 +12,25 @@ from __future__ import annotations
 
 import math
 
+import trio
+
 from gpuflex.node.core.workplan import recorded_rates, slow_members
 from gpuflex.node.port import JobPort
 from gpuflex.node.state import PRESENCE_FRESH_S, JobBook, RoundState
 from mesh.health import PeerState
+
+
+def last_contributors(book: JobBook) -> set[str]:
+    """The peers of the last committed round's result (none before the first)."""
+    results = book.ledger.results
+    return {str(c.get("peer")) for c in results[-1].contributors} if results else set()
+
+
+def heard_lately(book: JobBook, peer: str) -> bool:
+    """Whether ``peer``'s presence reached this node within ``PRESENCE_FRESH_S``. Presence only
+    ever comes straight from its signer (a direct-only kind), so this is first-hand, even for
+    a peer this node keeps no record of (a large mesh's peer table holds a bounded few)."""
+    return trio.current_time() - book.presence.get(peer, -math.inf) <= PRESENCE_FRESH_S
 
 
 class Turns:
@@ -39,7 +54,11 @@ class Turns:
         if peer == book.me:
             up = book.participates()
         else:  # a peer whose job failed plans nothing, whatever its health
-            up = port.health(peer) not in (None, PeerState.DOWN) and peer not in book.left
+            health = port.health(peer)
+            # One this node keeps no record of (a large mesh's peer table holds a bounded few)
+            # is up while its presence is fresh here: skipped, its turn was planned twice.
+            up = (health not in (None, PeerState.DOWN) or (health is None and heard_lately(self.book, peer))) \
+                and peer not in book.left
         if not up:
             return True
         slow = self.slow_by_ledger()

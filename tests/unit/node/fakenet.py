@@ -242,7 +242,9 @@ class FakePort:
     def health(self, peer: str) -> PeerState | None:
         """Never-started nodes are unknown; a killed one is up until ``detect_s`` has passed."""
         other = self.net.nodes.get(peer)
-        if other is None or other.driver is None or peer in self.net.unknown.get(self.node.peer_id, ()):
+        me = self.node.peer_id
+        if other is None or other.driver is None or peer in self.net.unknown.get(me, ()) \
+                or peer in self.net.unrecorded.get(me, ()):
             return None
         return PeerState.DOWN if other.down or self.net.cut(self.node, other) else PeerState.UP
 
@@ -325,6 +327,9 @@ class FakeNet:
         #: Per node, the peers it keeps no record of (health None, as a large mesh's node for
         #: most peers), until their presence reaches it.
         self.unknown: dict[str, set[str]] = {}
+        #: Per node, the peers it keeps no record of even once they speak to it (health None
+        #: for good): a large mesh's node whose peer table is full of others.
+        self.unrecorded: dict[str, set[str]] = {}
         self.presence_every_s = PRESENCE_EVERY_S  # the presence period (announce_soon sends sooner)
         #: Blob fetches: only from the providers named, as the mesh does (else from anyone).
         self.providers_only = False

@@ -427,3 +427,22 @@ async def test_an_update_no_ancestor_took_is_sent_again_while_the_round_is_open(
         nursery.cancel_scope.cancel()
     assert member.peer_id in contributors(res), net.dump()
     assert EventKind.UPDATE_FAILED not in member.kinds()
+
+
+async def test_a_candidate_a_node_keeps_no_record_of_but_hears_from_keeps_its_turn(autojump_clock, tmp_path) -> None:
+    """At 1,000 simulated nodes, round 4 split in two: the second candidate kept no record of
+    the first (its peer table full of others), skipped its turn as if it were gone although
+    the first candidate's presence reached it every period, and planned a second attempt
+    beside the first's plan. Presence heard within ``PRESENCE_FRESH_S`` keeps a candidate's
+    turn, whatever the peer table holds."""
+    net = FakeNet(tmp_path, 5, fast_spec(rounds=2, min_nodes=2))
+    first = net.ranking()[0]
+    # Every node but the first candidate itself keeps no record of it.
+    net.unrecorded = {p: {first.peer_id} for p in net.order if p != first.peer_id}
+    async with trio.open_nursery() as nursery:
+        await net.start(nursery)
+        await net.wait_rounds(2)
+        results = one_ledger(net, 2)
+        nursery.cancel_scope.cancel()
+    assert results[0].attempt == 0 and results[0].coordinator == first.peer_id, net.dump()
+    assert all(contributors(r) == set(net.order) for r in results), net.dump()
