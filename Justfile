@@ -39,8 +39,14 @@ demo *ARGS: setup
 # Bytecode is cached even where the environment sets PYTHONDONTWRITEBYTECODE: every worker and
 # every node or CLI process the tests start would otherwise compile the project again (and
 # pytest rewrite every test module's asserts again), about 15 CPU seconds per worker.
+# The 200-node simulation (tests/scale, about a minute of CPU) is left out: `just test-scale`.
 test *ARGS: setup
-    PYTHONDONTWRITEBYTECODE= .venv/bin/python -m pytest -q -rs -n 4 --dist loadfile --no-loadscope-reorder {{ARGS}}
+    PYTHONDONTWRITEBYTECODE= .venv/bin/python -m pytest -q -rs -n 4 --dist loadfile --no-loadscope-reorder -m "not scale" {{ARGS}}
+
+# The simulated mesh at 200 nodes: every round commits through a churn trace, no accepted
+# update is lost, upkeep per node stays bounded. CI runs it after `just test`.
+test-scale *ARGS: setup
+    PYTHONDONTWRITEBYTECODE= .venv/bin/python -m pytest -q -rs -m scale tests/scale {{ARGS}}
 
 # Lint: ruff, the import contracts (pyproject.toml [tool.importlinter]) and mypy on mesh/, aggregation/, gpuflex/
 # and the benchmarks' Flower app.

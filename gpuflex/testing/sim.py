@@ -33,6 +33,7 @@ import numpy as np
 import trio
 
 from gpuflex.jobspec import JobSpec
+from gpuflex.node.core.kinds import EventKind
 from gpuflex.node.core.messages import JOB
 from gpuflex.node.events import EventLog
 from gpuflex.node.jobs import JobManager, job_id_of
@@ -50,6 +51,8 @@ SIM_PROBE = "sim_probe"
 register_kind(SIM_PROBE, 4096)
 #: Bytes of the probe's body: about a plan's or a result's frame.
 PROBE_BYTES = 2048
+#: A round not committed for this many modelled seconds is reported: where the nodes are.
+STALL_REPORT_S = 15.0
 #: Modelled compute seconds owed by stand-in trainers that ran inline, slept by ``inline_threads``.
 _owed: list[float] = [0.0]
 
@@ -98,6 +101,22 @@ def inline_threads() -> Iterator[None]:
 def modelled_wall_time(epoch: float) -> float:
     """Wall-clock seconds in modelled time: ``epoch`` (when the network was made) plus trio's."""
     return epoch + trio.current_time()
+
+
+class SimEvents(EventLog):
+    """A node's event log that also tells the simulation which rounds' updates a parent took
+    from this node (``update_sent``: a leader or root accepted it): an accepted update of a
+    node that stays up must reach its round's result, whatever else the churn takes."""
+
+    def __init__(self, on_sent: Callable[[int, str], None]) -> None:
+        super().__init__(history=32)
+        self._on_sent = on_sent
+
+    def emit(self, type_: Any, *, job: str | None = None, round: int | None = None,
+             peer: str | None = None, message: str = "", **extra: Any) -> dict[str, Any]:
+        if type_ == EventKind.UPDATE_SENT and round is not None and peer is not None:
+            self._on_sent(round, peer)
+        return super().emit(type_, job=job, round=round, peer=peer, message=message, **extra)
 
 
 def emit_event(events: EventLog, kind: Any, **fields: Any) -> None:
@@ -154,6 +173,9 @@ class ChurnKind(str, Enum):
     JOIN = "join"  # a node not started at the outset starts
     LEAVE = "leave"  # a node stops or is killed: its connections close at once (the kernel resets them)
     CRASH = "crash"  # a node goes silent (power, network): peers learn only from their own timeouts
+    #: The first leader (not the round's root) seen taking a member's update at or after the
+    #: event's time goes silent, holding that update: ``node`` is ignored.
+    CRASH_LEADER = "crash_leader"
 
 
 @dataclass(frozen=True)
@@ -213,8 +235,9 @@ class SimNode:
     def peer_id(self) -> str:
         return self.identity.peer_id
 
-    async def run(self, net: SimNetwork, bootstrap: list[str], cfg: SimConfig) -> None:
-        events = EventLog(history=32)
+    async def run(self, net: SimNetwork, bootstrap: list[str], cfg: SimConfig,
+                  on_sent: Callable[[int, int, str], None] = lambda index, round_, to: None) -> None:
+        events = SimEvents(partial(on_sent, self.index))
         mesh = self.mesh = MeshNode(self.identity, MeshConfig(
             listen=["/ip4/0.0.0.0/tcp/4001"], bootstrap=bootstrap, data_dir=self.home,
             bulk_channel=False, mdns=False, health=HealthConfig(),
@@ -275,6 +298,9 @@ class Simulation:
         self.rounds: list[RoundFigure] = []
         self.job_id: str | None = None
         self.accepted: dict[int, list[str]] = {}  # round -> contributors of the committed result
+        self.sent: dict[int, set[int]] = {}  # round -> nodes whose update a parent took
+        self.takers: dict[int, dict[str, set[int]]] = {}  # round -> parent -> nodes whose update it took
+        self._taken = trio.Event()  # set at each update taken (``CRASH_LEADER`` waits for one)
         self.crashed: dict[int, float] = {}  # node -> modelled time of its crash
         self.detected: dict[int, float] = {}  # node -> when every live node had it down
         self.gossip: dict[str, Any] = {}
@@ -289,6 +315,49 @@ class Simulation:
         if self._tmp is not None:
             shutil.rmtree(self._tmp, ignore_errors=True)
 
+    def _update_sent(self, index: int, round_: int, to: str) -> None:
+        self.sent.setdefault(round_, set()).add(index)
+        self.takers.setdefault(round_, {}).setdefault(to, set()).add(index)
+        self._taken.set()
+
+    async def _leader_holding_an_update(self) -> SimNode | None:
+        """The first node that takes an update from now on while it is not its round's root."""
+        by_peer = {n.peer_id: n for n in self.nodes}
+        seen = {(r, p) for r, takers in self.takers.items() for p in takers}
+        with trio.move_on_after(self.cfg.time_limit_s):
+            while True:
+                self._taken = trio.Event()
+                await self._taken.wait()
+                for r, takers in self.takers.items():
+                    for peer in takers:
+                        node = by_peer.get(peer)
+                        driver = self._driver(node) if node is not None else None
+                        plan = driver.book.current.plan if driver is not None else None
+                        if (r, peer) not in seen and plan is not None and plan.round == r and plan.coordinator != peer:
+                            return node
+                        seen.add((r, peer))
+        return None
+
+    def lost_updates(self) -> dict[int, list[int]]:
+        """Per committed round, the nodes still up whose update a parent took but whose
+        contribution is not in the round's result (on the first live node that holds it)."""
+        up = {n.index for n in self.live()}
+        by_peer = {n.peer_id: n.index for n in self.nodes}
+        lost: dict[int, list[int]] = {}
+        for round_, senders in sorted(self.sent.items()):
+            if round_ > len(self.rounds):
+                continue
+            holder = next((d for n in self.live()
+                           if (d := self._driver(n)) is not None and d.committed >= round_), None)
+            if holder is None:
+                continue
+            res = holder.book.ledger.results[round_ - 1]
+            counted = {by_peer.get(str(c.get("peer"))) for c in res.contributors}
+            missing = sorted((senders & up) - counted)
+            if missing:
+                lost[round_] = missing
+        return lost
+
     def _addr(self, node: SimNode) -> str:
         host = self.net.build_host(node.identity, [], [])
         return f"/ip4/{host.ip}/tcp/4001/p2p/{node.peer_id}"
@@ -300,7 +369,7 @@ class Simulation:
         seeds = [n for n in self.nodes[: max(1, round(self.cfg.nodes * self.cfg.public_fraction))]
                  if n is not node and n.started.is_set()]
         boot = [self._addr(n) for n in self.rng.sample(seeds, min(3, len(seeds)))]
-        nursery.start_soon(node.run, self.net, boot, self.cfg)
+        nursery.start_soon(node.run, self.net, boot, self.cfg, self._update_sent)
         await node.started.wait()
 
     async def _sample(self) -> None:
@@ -321,6 +390,11 @@ class Simulation:
         for ev in sorted(self.cfg.churn, key=lambda e: e.at_s):
             await trio.sleep_until(t0 + ev.at_s)
             node = self.nodes[ev.node]
+            if ev.kind == ChurnKind.CRASH_LEADER:
+                leader = await self._leader_holding_an_update()
+                if leader is None or leader.scope is None:
+                    continue
+                node, ev = leader, ChurnEvent(ev.at_s, ChurnKind.CRASH, leader.index)
             if ev.kind == ChurnKind.JOIN:
                 await self._start(nursery, node)
             elif node.scope is not None:
@@ -392,9 +466,13 @@ class Simulation:
         last_t, last_bytes = t0, self._bytes_now()
         done = 0
         plans: dict[int, Any] = {}
+        quiet_since = trio.current_time()
         while done < self.cfg.rounds:
             await trio.sleep(0.1)
             live = self.live()
+            if trio.current_time() - quiet_since >= STALL_REPORT_S:  # a round taking long: where it is
+                quiet_since = trio.current_time()
+                say(f"t={quiet_since:.1f}s: round {done + 1} not committed yet; {self._where(live)}")
             for n in live[:8]:
                 d = self._driver(n)
                 plan = d.book.current.plan if d is not None else None
@@ -411,7 +489,21 @@ class Simulation:
                     self._describe_plan(fig, plans[done])
                 self.rounds.append(fig)
                 say(f"round {done} committed at t={now:.1f}s: {fig.seconds} s, {fig.contributors} contributors")
-                last_t, last_bytes = now, now_bytes
+                last_t, last_bytes, quiet_since = now, now_bytes, now
+
+    def _where(self, live: list[SimNode]) -> str:
+        """Live nodes by (committed rounds, phase, attempt of the plan in force), most first."""
+        counts: dict[str, int] = {}
+        for n in live:
+            d = self._driver(n)
+            if d is None:
+                key = "no job"
+            else:
+                rs, plan = d.book.current, d.book.current.plan
+                key = (f"r{d.committed} {d.book.status.phase} a{rs.attempt}"
+                       f"{'' if plan is None else f' plan a{plan.attempt} by {plan.coordinator[-6:]}'}")
+            counts[key] = counts.get(key, 0) + 1
+        return "; ".join(f"{v} {k}" for k, v in sorted(counts.items(), key=lambda kv: -kv[1])[:6])
 
     def _describe_plan(self, fig: RoundFigure, plan: Any) -> None:
         """The plan's tree: size, depth, widest fan-in, and its members' mean modelled RTT to
@@ -517,6 +609,11 @@ class Simulation:
         return {"msgs": sum(msgs) / len(both), "bytes": sum(byts) / len(both),
                 "max_msgs": max(msgs), "max_bytes": max(byts)}
 
+    def _connections_at(self, t: float) -> dict[str, float]:
+        sample = min(self.samples, key=lambda x: abs(x["t"] - t)) if self.samples else {"connections": [0]}
+        conns = sample["connections"] or [0]
+        return {"mean": sum(conns) / len(conns), "max": max(conns)}
+
     def report(self, idle_from: float, idle_to: float) -> dict[str, Any]:
         last = self.samples[-1] if self.samples else {"connections": [0]}
         alive_view = [len(n.mesh.peers.alive()) for n in self.live() if n.mesh is not None] or [0]
@@ -529,10 +626,16 @@ class Simulation:
             "job_per_node_s": self._rates(*self.job_span) if self.job_span else None,
             "connections_per_node": {"mean": sum(last["connections"]) / max(1, len(last["connections"])),
                                      "max": max(last["connections"] or [0])},
+            # The same while idle (before the job): a round's coordinators are reached by every
+            # member's presence, so during a job they hold far more for a while.
+            "idle_connections_per_node": self._connections_at(idle_to),
             "alive_view_mean": sum(alive_view) / len(alive_view),
             "rounds": [r.__dict__ for r in self.rounds],
             "detection_s": {str(k): round(v, 2) for k, v in self.detected.items()},
             "crashed_undetected": [k for k in self.crashed if k not in self.detected],
+            # Accepted updates of nodes still up that no committed result counts (none, if
+            # every update a parent took survives the churn).
+            "lost_updates": {str(r): nodes for r, nodes in self.lost_updates().items()},
             "gossip": self.gossip,
             "cpu_s_by_phase": dict(self.cpu),
         }
