@@ -641,6 +641,24 @@ class Simulation:
         }
 
 
+def run_simulation(cfg: SimConfig) -> tuple[Simulation, dict[str, Any]]:
+    """Run ``cfg`` to its report in modelled time (``MockClock``, the cycle collector quiet),
+    and return the simulation, closed (its homes deleted), for checks its report leaves out."""
+    import trio.testing
+
+    sim = Simulation(cfg)
+
+    async def main() -> dict[str, Any]:
+        return await sim.run()
+
+    try:
+        with quiet_gc():
+            report = trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    finally:
+        sim.close()
+    return sim, report
+
+
 @asynccontextmanager
 async def simulation(cfg: SimConfig) -> AsyncIterator[Simulation]:
     sim = Simulation(cfg)

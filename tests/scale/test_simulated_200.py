@@ -15,10 +15,8 @@ import logging
 from typing import Any
 
 import pytest
-import trio
-import trio.testing
 
-from gpuflex.testing.sim import ChurnEvent, ChurnKind, SimConfig, Simulation, quiet_gc
+from gpuflex.testing.sim import ChurnEvent, ChurnKind, SimConfig, Simulation, run_simulation
 
 pytestmark = [pytest.mark.scale, pytest.mark.timeout(900)]
 
@@ -49,17 +47,7 @@ def run() -> tuple[Simulation, dict[str, Any]]:
              ChurnEvent(16.0, ChurnKind.CRASH, CRASHED)]
     cfg = SimConfig(nodes=NODES, rounds=ROUNDS, public_fraction=0.5, group_size=8, compute_s=2.0,
                     settle_s=20.0, churn=churn, seed=11)
-    sim = Simulation(cfg)
-
-    async def main() -> dict[str, Any]:
-        return await sim.run()
-
-    try:
-        with quiet_gc():
-            report = trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
-    finally:
-        sim.close()
-    return sim, report
+    return run_simulation(cfg)
 
 
 def test_every_round_commits_with_nearly_every_member(run: tuple[Simulation, dict[str, Any]]) -> None:

@@ -12,10 +12,8 @@ import logging
 from typing import Any
 
 import pytest
-import trio
-import trio.testing
 
-from gpuflex.testing.sim import ChurnEvent, ChurnKind, SimConfig, Simulation, quiet_gc
+from gpuflex.testing.sim import ChurnEvent, ChurnKind, SimConfig, Simulation, run_simulation
 
 NODES = 24
 ROUNDS = 4
@@ -31,17 +29,7 @@ def run() -> tuple[Simulation, dict[str, Any]]:
     logging.getLogger("mesh").setLevel(logging.ERROR)
     cfg = SimConfig(nodes=NODES, rounds=ROUNDS, public_fraction=0.5, group_size=4, compute_s=2.0,
                     settle_s=25.0, churn=[ChurnEvent(4.0, ChurnKind.CRASH, CRASHED)], seed=7)
-    sim = Simulation(cfg)
-
-    async def main() -> dict[str, Any]:
-        return await sim.run()
-
-    try:
-        with quiet_gc():
-            report = trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
-    finally:
-        sim.close()
-    return sim, report
+    return run_simulation(cfg)
 
 
 def test_every_round_commits_despite_a_crash(run: tuple[Simulation, dict[str, Any]]) -> None:
