@@ -3,10 +3,11 @@
 Each serving node gossips a small signed ``serve_load`` every second to the peers it is
 connected to (one hop, as presence): its models (name and hash), its batch capacity and its
 current load. Its NodeInfo in the DHT carries the models and capacity too, for nodes that
-look it up. A request goes to the server with the lowest score, load over capacity plus
-the measured round-trip time (100 ms weighs as much as a full batch), counting at least the
-requests this node itself has in flight there; this node itself, if it serves the
-model, has no round trip.
+look it up. A request goes to the server with the fewest requests per place in the model's
+batch: this node's own requests there, counted live, plus other nodes' by the server's last
+announcement (``ServerInfo.requests``), over that model's own batch (``ServerInfo.batch``).
+The measured round-trip time only breaks ties (it weighs at most half a request); this node
+itself, if it serves the model, has no round trip.
 """
 
 from __future__ import annotations
@@ -26,13 +27,17 @@ FRESH_S = 3.5
 FAILED_S = 10.0
 MAX_ANNOUNCED = 8
 _HASH_RE = re.compile(r"^[0-9a-f]{16,128}$")
-#: A server's round-trip time counts as its share of a full batch per this many ms, and never as
-#: more than one full batch: a request queued behind a full batch waits at least one whole
-#: generation (seconds), longer than any round trip on earth, and a throttled or loaded server's
-#: pings (hundreds of ms on loopback, measured only as often as the mesh probes it) would
-#: otherwise keep it idle while its neighbours queue (a 4-server run left one server at 326 ms
-#: nearly idle).
+#: A round trip of this many ms or more weighs as much as RTT_MAX_REQUESTS queued requests; a
+#: shorter one in proportion.
 RTT_WEIGHT_MS = 100.0
+#: Latency only breaks ties between servers equally loaded: it never outweighs one request. A
+#: request that joins a busier batch slows every token of it, and one queued behind a full batch
+#: waits a whole generation (seconds), both longer than any round trip on earth; and the mesh's
+#: round trip to a throttled or loaded server (hundreds of ms on loopback, measured only as often
+#: as the mesh probes it, and stale while the server talks) kept it idle while its neighbours
+#: queued: weighed as one full batch, a 4-server run with 12 clients reached 2.57x one server's
+#: throughput instead of 3x.
+RTT_MAX_REQUESTS = 0.5
 #: Requests this node keeps in flight to one peer: below the mesh's streams per peer (16), so
 #: a burst here is queued or refused as busy, never reset by the server's stream limit.
 IN_FLIGHT_PER_PEER = 12
@@ -45,8 +50,26 @@ class ServerInfo:
     load: int
     at: float  # trio time of the announcement
     sent: int = 0  # requests this node routed there and still waits on
+    sent_then: int = 0  # ``sent`` when the announcement arrived (its ``load`` counts those too)
     failed_at: float = -math.inf
     stats: dict[str, float | None] = field(default_factory=dict)  # its figures (STAT_KEYS), for status
+    batches: dict[str, int] = field(default_factory=dict)  # model -> its fitted batch (newer nodes say)
+
+    def batch(self, model: str) -> int:
+        """The sequences the server decodes at once for ``model``: that model's own batch. Its
+        capacity is the sum over all its models, and a node serving three names of one model
+        drew 60 % of a two-server model's requests, its other server's batch short most of the
+        time (the scale-out benchmark, 12 clients); an older node that does not say counts its
+        capacity."""
+        return self.batches.get(model) or self.capacity
+
+    def requests(self) -> int:
+        """The requests the server holds now, as well as this node can tell: this node's own
+        (live) plus the others' (its announced load less this node's requests when the
+        announcement arrived). The announced load alone is up to a second old: a server that
+        has just finished this node's requests would look busy until it speaks again, and one
+        that has just been sent a burst would look idle."""
+        return self.sent + max(0, self.load - self.sent_then)
 
 
 def parse_announcement(body: Any) -> tuple[dict[str, str], int, int]:
@@ -90,16 +113,32 @@ def parse_stats(body: Any) -> dict[str, float | None]:
     return out
 
 
+def parse_batches(body: Any, models: dict[str, str]) -> dict[str, int]:
+    """The optional ``batches`` of a ``serve_load`` body: each announced model's fitted batch,
+    a small positive integer; an older node sends none. ValueError when malformed."""
+    raw = body.get("batches") if isinstance(body, dict) else None
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict) or not set(raw) <= set(models):
+        raise ValueError("batches must map announced models to their batch")
+    for value in raw.values():
+        if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= 1_000_000:
+            raise ValueError("a model's batch must be a small positive integer")
+    return dict(raw)
+
+
 @dataclass
 class Directory:
     own_id: str
     servers: dict[str, ServerInfo] = field(default_factory=dict)
 
     def update(self, peer: str, models: dict[str, str], capacity: int, load: int,
-               stats: dict[str, float | None] | None = None) -> None:
+               stats: dict[str, float | None] | None = None, batches: dict[str, int] | None = None) -> None:
         old = self.servers.get(peer)
-        self.servers[peer] = ServerInfo(models, capacity, load, trio.current_time(), sent=old.sent if old else 0,
-                                        failed_at=old.failed_at if old else -math.inf, stats=stats or {})
+        sent = old.sent if old else 0
+        self.servers[peer] = ServerInfo(models, capacity, load, trio.current_time(), sent=sent, sent_then=sent,
+                                        failed_at=old.failed_at if old else -math.inf, stats=stats or {},
+                                        batches=batches or {})
 
     def heard(self, peer: str) -> None:
         """``peer`` just streamed part of an answer: it is alive and serving, however late its
@@ -133,9 +172,11 @@ class Directory:
         return out
 
     def server_rows(self, rtt_ms: dict[str, float | None]) -> list[dict[str, Any]]:
-        """Each fresh server as status shows it: its models, load and announced figures."""
+        """Each fresh server as status shows it: its models, load and announced figures, and
+        this node's own requests in flight there (``in_flight``: what the router counts live)."""
         return [{"peer": peer, "self": peer == self.own_id, "models": sorted(info.models), "load": info.load,
-                 "capacity": info.capacity, "rtt_ms": None if peer == self.own_id else rtt_ms.get(peer),
+                 "capacity": info.capacity, "in_flight": info.sent,
+                 "rtt_ms": None if peer == self.own_id else rtt_ms.get(peer),
                  **{k: info.stats.get(k) for k in STAT_KEYS}}
                 for peer, info in sorted(self.fresh().items()) if info.models]
 
@@ -160,7 +201,8 @@ class Directory:
             if not self.has_room(peer, info):
                 continue
             rtt = 0.0 if peer == self.own_id else (rtt_ms.get(peer) or RTT_WEIGHT_MS / 2)
-            scored.append((max(info.load, info.sent) / info.capacity + min(1.0, rtt / RTT_WEIGHT_MS), peer))
+            latency = RTT_MAX_REQUESTS * min(1.0, rtt / RTT_WEIGHT_MS)
+            scored.append(((info.requests() + latency) / info.batch(model), peer))
         return [peer for _, peer in sorted(scored)]
 
     def serves(self, model: str) -> bool:

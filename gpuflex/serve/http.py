@@ -46,10 +46,17 @@ class Service(Protocol):
     def model_list(self) -> list[dict[str, Any]]: ...
 
 
+#: What a 429 tells the caller to wait before asking again (seconds): a batch on a busy server
+#: frees a place within about that, and clients (``openai``'s among them) honour it.
+RETRY_AFTER_S = 1
+
+
 def error(status: int, message: str, kind: str | None = None) -> JSONResponse:
     kind = kind or {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
                     413: "invalid_request_error", 429: "rate_limit_error"}.get(status, "server_error")
-    return JSONResponse({"error": {"message": message, "type": kind, "code": status}}, status_code=status)
+    headers = {"Retry-After": str(RETRY_AFTER_S)} if status == 429 else None
+    return JSONResponse({"error": {"message": message, "type": kind, "code": status}}, status_code=status,
+                        headers=headers)
 
 
 def chat_prompt(messages: Any) -> str:

@@ -9,6 +9,18 @@ request waits for room there (``FAILOVER_WAIT_S`` at most) rather than being los
 requests queued on a server that dies must land on the survivors. Once text has gone out, a
 failure ends the request with an error naming the server, since a second server would not
 continue the same sampled text.
+
+A server that could not take the request is either busy or failed, and the two are answered
+differently: a busy one is tried again by later requests and, when every server tried was
+busy, the caller is told 429 (ask again shortly); a failed one is left out for a while
+(``directory.FAILED_S``) and, when every server failed, the caller is told 503. Busy is a
+server's own refusal (its queue is full), or a stream to it that could not be opened or was
+reset before its first item *while the evidence says it is alive and loaded* (``_only_busy``):
+the connection to it is still open, it is heard from after the failure (an announcement, or a
+piece of another answer), and it holds at least the model's full batch. A peer at its stream
+limit resets new streams, and a loaded, CPU-starved one takes them late; a dead one's
+connection closes and it falls silent, so it stays a failure and the request waits for room at
+the survivors.
 """
 
 from __future__ import annotations
@@ -32,6 +44,10 @@ OPEN_S, ITEM_S = 10.0, 120.0
 #: A request whose server failed before answering waits this long, at most, for room at a
 #: server of the model that is only full; then it is refused as busy (429).
 FAILOVER_WAIT_S, ROOM_POLL_S = 30.0, 0.05
+#: A server whose stream failed before its first item must show it is alive within PROOF_S
+#: (its announcements come every second), SETTLE_S after the failure, for the failure to count
+#: as busy rather than as its death.
+SETTLE_S, PROOF_S = 0.05, 1.5
 
 Local = Callable[[GenRequest], AsyncGenerator[dict[str, Any], None]]
 
@@ -44,6 +60,10 @@ class RemoteServers(Protocol):
     def rtts(self) -> dict[str, float | None]: ...
 
     def penalise(self, peer: str) -> None: ...
+
+    def connected(self, peer: str) -> bool:
+        """Whether this node holds an open connection to ``peer`` now."""
+        ...
 
 
 def error_of(item: dict[str, Any]) -> ServeError:
@@ -72,22 +92,25 @@ class Router:
         """The request's items from the best server; fails over before its first item."""
         tried: set[str] = set(exclude)
         reasons: list[str] = []
-        busy = 0  # servers that refused only because their queue was full
+        busy = 0  # servers that were only busy (their queue full, or streams refused under load)
         full = False  # a server failed, and the others stayed full for FAILOVER_WAIT_S
         for _ in range(MAX_TRIES):
             choice = self.directory.choose(req.model, self.servers.rtts(), tried, model_hash)
-            if not choice and reasons and self._full_elsewhere(req.model, tried, model_hash):
+            # Waiting for room is for the requests of a server that failed (they must land on the
+            # survivors); a request every server it tried refused as busy is refused at once, so
+            # a flood gets its 429s rather than a hidden queue of up to FAILOVER_WAIT_S.
+            if not choice and busy < len(reasons) and self._full_elsewhere(req.model, tried, model_hash):
                 choice = await self._wait_for_room(req, tried, model_hash)
                 full = not choice and self._full_elsewhere(req.model, tried, model_hash)
             if not choice:
                 break
             peer = choice[0]
             tried.add(peer)
-            if on_server is not None:
-                await on_server(peer)
             got = 0
-            self.directory.routed(peer)
+            self.directory.routed(peer)  # before any await: requests arriving together see each other
             try:
+                if on_server is not None:
+                    await on_server(peer)
                 async for item in self._source(peer, req):
                     if "error" in item:
                         raise error_of(item)
@@ -99,11 +122,12 @@ class Router:
                 if got:
                     raise ServeError(f"the server {peer[-8:]} stopped after {got} pieces of the answer: {exc}",
                                      502) from None
-                log.info("server %s failed before answering (%s); trying another", peer[-8:], exc)
                 reasons.append(f"{peer[-8:]}: {exc}")
-                if isinstance(exc, Overloaded):
+                if isinstance(exc, Overloaded) or (peer != self.own_id and await self._only_busy(peer, req.model)):
+                    log.info("server %s is busy (%s); trying another", peer[-8:], exc)
                     busy += 1
                 else:
+                    log.info("server %s failed before answering (%s); trying another", peer[-8:], exc)
                     self.directory.failed(peer)
             except ServeError as exc:
                 if got or exc.status in (400, 404) or peer == self.own_id:
@@ -119,10 +143,30 @@ class Router:
             raise UnknownModel(f"no node serves model {req.model!r} (served now: {known})")
         if busy == len(reasons):
             raise Overloaded(f"every server of {req.model!r} is busy; try again shortly")
-        if full:
+        if full or busy:  # a server of the model is alive, only busy: asking again will find room
             raise Overloaded(f"a server of {req.model!r} failed before answering and every other stayed busy; "
                              f"try again shortly ({'; '.join(reasons)})")
         raise ServeError(f"every server of {req.model!r} failed before answering: {'; '.join(reasons)}", 503)
+
+    async def _only_busy(self, peer: str, model: str) -> bool:
+        """Whether ``peer``, whose stream failed before its first item, is alive and only busy:
+        after ``SETTLE_S`` (a dead peer's connection is closed by then, and what it sent before
+        dying has been read), its connection is still open, it is heard from anew (an
+        announcement or a piece of another answer, within ``PROOF_S``), and it holds at least
+        ``model``'s full batch (by its announcement and this node's own requests there)."""
+        await trio.sleep(SETTLE_S)
+        since = trio.current_time()
+        deadline = since + PROOF_S
+        while self.servers.connected(peer):
+            info = self.directory.servers.get(peer)
+            if info is None:
+                return False
+            if info.at > since:
+                return info.requests() >= info.batch(model)
+            if trio.current_time() >= deadline:
+                return False
+            await trio.sleep(ROOM_POLL_S)
+        return False
 
     def _full_elsewhere(self, model: str, tried: set[str], model_hash: str | None) -> bool:
         """Whether a server of ``model`` not tried yet and not failed lately is left out of the

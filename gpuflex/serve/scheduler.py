@@ -45,6 +45,7 @@ class Ticket:
     seq: Seq
     text: TextStream
     send: trio.MemorySendChannel[dict[str, Any]]
+    recv: trio.MemoryReceiveChannel[dict[str, Any]]
     reserved: int  # cache positions reserved
     started: float = field(default_factory=time.monotonic)
     first_at: float | None = None
@@ -65,6 +66,11 @@ class Scheduler:
         self.positions = max_positions(model.config)
         self.waiting: deque[Ticket] = deque()
         self.active: dict[int, Ticket] = {}
+        #: Requests past the queue check whose prompt is still being encoded: they hold their
+        #: place in the queue, or a burst arriving together all passes the check before any is
+        #: queued and the queue limit does not hold (five arriving together at a queue of 2 were
+        #: all queued).
+        self.arriving = 0
         self.stats = stats or ServeStats()
         self._ids = itertools.count(1)
         self._wake = trio.Event()
@@ -73,7 +79,7 @@ class Scheduler:
 
     @property
     def load(self) -> int:
-        return len(self.active) + len(self.waiting)
+        return len(self.active) + len(self.waiting) + self.arriving
 
     def _decode(self, ids: Sequence[int]) -> str:
         return str(self.tokenizer.decode(ids, skip_special_tokens=True))
@@ -84,8 +90,26 @@ class Scheduler:
 
     async def generate(self, req: GenRequest) -> AsyncGenerator[dict[str, Any], None]:
         """Items ``{"text": piece}`` as the completion grows, then ``{"finish", "usage"}``."""
-        if len(self.waiting) >= self.queue_limit:
-            raise Overloaded(f"model {self.name!r} has {len(self.waiting)} requests waiting; try again shortly")
+        queued = len(self.waiting) + self.arriving
+        if queued >= self.queue_limit:
+            raise Overloaded(f"model {self.name!r} has {queued} requests waiting; try again shortly")
+        self.arriving += 1
+        try:
+            ticket = await self._ticket(req)
+        finally:
+            self.arriving -= 1
+        self.waiting.append(ticket)
+        self._wake.set()
+        try:
+            async with ticket.recv:
+                async for item in ticket.recv:
+                    yield item
+        finally:
+            ticket.cancelled = True  # the caller left (or is done): free its place at the next step
+            self._wake.set()
+
+    async def _ticket(self, req: GenRequest) -> Ticket:
+        """``req`` encoded and checked against this server's limits; BadRequest if it cannot fit."""
         ids = await trio.to_thread.run_sync(self._encode, req.prompt)
         if len(ids) > self.max_prompt_tokens:
             raise BadRequest(f"the prompt is {len(ids)} tokens; this server takes at most {self.max_prompt_tokens}")
@@ -100,16 +124,7 @@ class Scheduler:
                              f"{self.memory_bytes >> 10} KiB")
         send, recv = trio.open_memory_channel[dict[str, Any]](max_new + 4)
         seq = Seq(next(self._ids), ids, max_new, req.temperature, req.top_p, req.seed, req.logprobs)
-        ticket = Ticket(seq, TextStream(self._decode, req.stop), send, reserved)
-        self.waiting.append(ticket)
-        self._wake.set()
-        try:
-            async with recv:
-                async for item in recv:
-                    yield item
-        finally:
-            ticket.cancelled = True  # the caller left (or is done): free its place at the next step
-            self._wake.set()
+        return Ticket(seq, TextStream(self._decode, req.stop), send, recv, reserved)
 
     # -- the batch loop --------------------------------------------------------------------------
 

@@ -20,7 +20,7 @@ from gpuflex.adversary import serve_tamper
 from gpuflex.serve import BadRequest, ServeError, UnknownModel
 from gpuflex.serve.batchrun import RUNS_DIR, BatchRun, InferenceSpec, request_digest
 from gpuflex.serve.check import Answer, Checker
-from gpuflex.serve.directory import Directory, parse_announcement, parse_stats
+from gpuflex.serve.directory import Directory, parse_announcement, parse_batches, parse_stats
 from gpuflex.serve.loader import LoadedModel, describe, load_directory, load_exported
 from gpuflex.serve.request import GenRequest, parse_request
 from gpuflex.serve.router import ITEM_S, OPEN_S, Router
@@ -158,11 +158,13 @@ class ServeService:
     def _announcement(self) -> dict[str, Any]:
         return {"models": {n: s.loaded.model_hash for n, s in self.served.items()},
                 "capacity": self.capacity(), "load": sum(s.scheduler.load for s in self.served.values()),
+                "batches": {n: s.scheduler.max_batch for n, s in self.served.items()},
                 "stats": node_row([s.stats.row() for s in self.served.values()])}
 
     def _announce_now(self) -> None:
         body = self._announcement()
-        self.directory.update(self.mesh.peer_id, body["models"], body["capacity"], body["load"], body["stats"])
+        self.directory.update(self.mesh.peer_id, body["models"], body["capacity"], body["load"], body["stats"],
+                              body["batches"])
         # The DHT-published NodeInfo names the models too (republished by the mesh).
         self.mesh.config.node_info["serve"] = {"models": body["models"], "capacity": body["capacity"]}
 
@@ -185,10 +187,11 @@ class ServeService:
         try:
             models, capacity, load = parse_announcement(msg.envelope.body)
             stats = parse_stats(msg.envelope.body)
+            batches = parse_batches(msg.envelope.body, models)
         except ValueError as exc:
             self.mesh.peers.penalise(peer, 1.0)
             raise Rejected(f"malformed serve_load from {peer[-8:]}: {exc}") from None
-        self.directory.update(peer, models, capacity, load, stats)
+        self.directory.update(peer, models, capacity, load, stats, batches)
 
     # -- generation ------------------------------------------------------------------------------
 
@@ -224,6 +227,9 @@ class ServeService:
     def penalise(self, peer: str) -> None:
         if peer != self.mesh.peer_id:
             self.mesh.peers.penalise(peer, 1.0)
+
+    def connected(self, peer: str) -> bool:
+        return peer in self.mesh.connected_ids()
 
     async def _serve_peer(self, msg: Inbound, send: Send) -> None:
         """A peer's streamed request for one of this node's models."""

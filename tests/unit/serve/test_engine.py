@@ -106,3 +106,28 @@ async def test_limits_refuse_what_cannot_fit_and_a_full_queue_says_so() -> None:
     s.waiting.append(object())  # type: ignore[arg-type]  # a full queue, without a running batch
     with pytest.raises(Overloaded):
         await collect(s, GenRequest("t", "x", 2, 0.0))
+
+
+async def test_a_burst_arriving_together_is_held_to_the_queue_limit() -> None:
+    """Requests past the queue check hold their place while their prompt is encoded (in a
+    thread): five arriving together at a queue of 2 leave 2 queued and 3 refused, not 5 queued."""
+    model, tok = tiny("gpt2"), tokenizer()
+    s = scheduler(model, tok, queue=2)  # its batch loop is not running: nothing leaves the queue
+    refused: list[str] = []
+
+    async def one() -> None:
+        try:
+            async for _ in s.generate(GenRequest("t", "x", 2, 0.0)):
+                pass
+        except Overloaded as exc:
+            refused.append(str(exc))
+
+    async with trio.open_nursery() as nursery:
+        for _ in range(5):
+            nursery.start_soon(one)
+        with trio.fail_after(20):
+            while len(refused) + len(s.waiting) < 5:
+                await trio.sleep(0.01)
+        assert len(s.waiting) == 2 and len(refused) == 3 and s.load == 2
+        assert "2 requests waiting" in refused[0]
+        nursery.cancel_scope.cancel()

@@ -52,6 +52,8 @@ async def test_status_rows_show_each_fresh_server_with_its_figures() -> None:
     assert rows["me"]["self"] and rows["me"]["rtt_ms"] is None and rows["me"]["rps"] == 1.0
     assert rows["peer"]["models"] == ["m", "n"] and rows["peer"]["rtt_ms"] == 12.5
     assert rows["peer"]["load"] == 1 and rows["peer"]["capacity"] == 4 and rows["peer"]["tokens_per_s"] is None
+    d.routed("peer")
+    assert d.server_rows({})[1]["in_flight"] == 1  # this node's requests there, live
 
 
 def test_a_nodes_figures_add_its_models_rates_and_weigh_their_medians_by_requests() -> None:

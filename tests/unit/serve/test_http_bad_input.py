@@ -98,6 +98,7 @@ async def test_a_flood_past_the_in_flight_limit_is_answered_429_at_once_and_the_
                     await trio.sleep(0.01)
             over = await http.post("/v1/chat/completions", json=chat([{"role": "user", "content": "one more"}]))
             assert over.status_code == 429 and "in flight" in over.json()["error"]["message"]
+            assert over.headers["retry-after"] == "1"  # when to ask again
             model.hold.set()
         assert codes == [200] * MAX_IN_FLIGHT
         after = await http.post("/v1/chat/completions", json=chat([{"role": "user", "content": "after"}]))
