@@ -31,7 +31,7 @@ setup:
 demo *ARGS: setup
     .venv/bin/gpuflex demo {{ARGS}}
 
-# Run the whole test suite. Four workers, a test file each at a time, the longest files first
+# The test suite: four workers, a test file each at a time, the longest files first
 # (tests/conftest.py): the real-process tests spend more than half their time waiting on
 # deadlines and the network. Four were once too many for two cores (load averages of 10 to 19
 # and waits running out, when the suite took 750-1,100 CPU seconds); at about 400 CPU seconds
@@ -39,17 +39,18 @@ demo *ARGS: setup
 # Bytecode is cached even where the environment sets PYTHONDONTWRITEBYTECODE: every worker and
 # every node or CLI process the tests start would otherwise compile the project again (and
 # pytest rewrite every test module's asserts again), about 15 CPU seconds per worker.
-# The 200-node simulation (tests/scale, about a minute of CPU) is left out: `just test-scale`.
+# The 200-node simulation (tests/scale, 3-4 CPU-minutes) is left out: `just test-scale` runs it.
+# Run the whole test suite but the 200-node simulation.
 test *ARGS: setup
     PYTHONDONTWRITEBYTECODE= .venv/bin/python -m pytest -q -rs -n 4 --dist loadfile --no-loadscope-reorder -m "not scale" {{ARGS}}
 
 # The simulated mesh at 200 nodes: every round commits through a churn trace, no accepted
-# update is lost, upkeep per node stays bounded. CI runs it after `just test`.
+# update is lost, upkeep per node stays bounded.
+# Run the 200-node simulated mesh test (CI runs it after `just test`).
 test-scale *ARGS: setup
     PYTHONDONTWRITEBYTECODE= .venv/bin/python -m pytest -q -rs -m scale tests/scale {{ARGS}}
 
-# Lint: ruff, the import contracts (pyproject.toml [tool.importlinter]) and mypy on mesh/, aggregation/, gpuflex/
-# and the benchmarks' Flower app.
+# Lint: ruff, the import contracts (pyproject.toml [tool.importlinter]), mypy (pyproject.toml [tool.mypy]).
 lint: setup
     .venv/bin/ruff check .
     .venv/bin/lint-imports --no-cache

@@ -5,8 +5,8 @@ trainer are stand-ins, and trio's MockClock runs modelled time. Half of the node
 NAT (half of those hole-punchable). A churn trace crashes the first leader seen holding a
 member's update, then kills one node and crashes another during the rounds.
 
-It costs about a minute of CPU, more than the five-minute suite can give on two cores, so it is
-marked ``scale``: ``just test`` leaves it out, ``just test-scale`` runs it, and CI runs both.
+It costs three to four CPU-minutes, more than the five-minute suite can give on two cores, so
+it is marked ``scale``: ``just test`` leaves it out, ``just test-scale`` runs it, and CI runs both.
 """
 
 from __future__ import annotations
