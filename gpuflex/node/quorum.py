@@ -12,7 +12,7 @@ import math
 
 from gpuflex.node.core.kinds import EventKind, JobState
 from gpuflex.node.port import JobPort
-from gpuflex.node.roles.coordinator import plannable
+from gpuflex.node.roles.turns import plannable
 from gpuflex.node.state import JobBook
 
 #: Members named in the note, at most.

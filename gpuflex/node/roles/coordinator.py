@@ -1,19 +1,20 @@
 """The coordinator's side of a round: obtain the plan, and make it when this node's turn comes.
 
-Every node computes the same ranking for round r (``ranking.coordinator_ranking`` over the eligible members
-the ledger names), and each attempt belongs to exactly one peer: the ranking rotated by the attempt
-(``JobBook.expected_coordinator``). A node waits one plan timeout for the live peer whose attempt it is,
-skips at once an attempt whose peer is down (or behind NAT while a reachable one is up), and plans itself
-when the attempt is its own.
+Every node computes the same ranking for round r (``ranking.coordinator_ranking`` over the
+eligible members the ledger names), and each attempt belongs to exactly one peer: the ranking
+rotated by the attempt (``JobBook.expected_coordinator``). A node waits one plan timeout for
+the live peer whose attempt it is, skips at once an attempt whose peer is down (or behind NAT
+while a reachable one is up), and plans itself when the attempt is its own.
 
-A received plan is accepted only if it extends this node's ledger, comes from the peer its attempt belongs
-to, keeps to the job's allowlist, deadlines and sample cap, and (under secure aggregation) groups its
-members as public randomness says. A plan for a later attempt never displaces the plan in force: it is held
-until this node gives up the current attempt itself, so nobody pre-empts a live coordinator by naming a
-larger attempt. A candidate that skips its own turns says so in its presence (``Turns.passes_own_turns``):
-peers that cannot tell it is behind NAT then skip its turn on its signed word, and go on to the held plan
-without a plan timeout. With a later plan held, a turn whose candidate this node has not heard for
-``PRESENCE_FRESH_S`` gives way to it at once (``Turns.passed_over``).
+A received plan is accepted only if it extends this node's ledger, comes from the peer its
+attempt belongs to, keeps to the job's allowlist, deadlines and sample cap, and (under secure
+aggregation) groups its members as public randomness says. A plan for a later attempt never
+displaces the plan in force: it is held until this node gives up the current attempt itself,
+so nobody pre-empts a live coordinator by naming a larger attempt. A candidate that skips its own
+turns says so in its presence (``Turns.passes_own_turns``): peers that cannot tell it is behind NAT
+then skip its turn on its signed word, and go on to the held plan without a plan timeout. With
+a later plan held, a turn whose candidate this node has not heard for ``PRESENCE_FRESH_S`` gives
+way to it at once (``Turns.passed_over``).
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from gpuflex.node.core.workplan import (
 from gpuflex.node.port import JobPort
 from gpuflex.node.presence import PRESENCE_COORDINATORS  # the candidates presence goes to
 from gpuflex.node.roles.plansahead import PlanAhead
-from gpuflex.node.roles.turns import Turns, heard_lately, last_contributors
+from gpuflex.node.roles.turns import Turns, heard_lately, last_contributors, plannable
 from gpuflex.node.state import PRESENCE_FRESH_S, JobBook, RoundDeadlines, RoundState
 from mesh.codec import WireError, WireReason
 from mesh.health import PeerState
@@ -50,7 +51,8 @@ log = logging.getLogger("gpuflex.coordinator")
 MIN_NODES_WAIT_S = 60.0
 #: A plan that arrives before this node has prepared the job waits this long for it.
 READY_WAIT_S = 30.0
-#: A plan may come while the last round's result is still applied here (a download): it waits, then is held.
+#: A plan may arrive while the previous round's result is still being applied here (a model
+#: download): it waits this long for the ledger to catch up, then is held (``plansahead``).
 PREVIOUS_ROUND_WAIT_S = 15.0
 #: Before it plans, a coordinator gives the members it knows only by hearsay (never heard by
 #: this node) this long to speak, then pings at most so many of those still silent, for at most
@@ -61,17 +63,6 @@ MAX_TREE_DEPTH = 12
 
 #: Starts this node's roles in a plan now in force (the driver's ``_start_roles``).
 StartRoles = Callable[[Plan, RoundDeadlines], None]
-
-
-def plannable(port: JobPort, book: JobBook) -> list[str]:
-    """The peers a plan made here may count: those this node heard itself (``JobPort.heard_peers``),
-    the last committed round's contributors that are up (each signed an update for a plan of this
-    ledger, and a member a round old has often not yet spoken to the next coordinator), and the
-    job's members whose presence came lately though this node keeps no record of them. A key up
-    by hearsay alone is none of these: presence it signs and others forward proves nothing."""
-    known = last_contributors(book)
-    return sorted(set(port.heard_peers()) | {p for p in known if port.health(p) == PeerState.UP}
-                  | {p for p in known | set(book.eligible()) if port.health(p) is None and heard_lately(book, p)})
 
 
 class Coordinator:
@@ -126,11 +117,11 @@ class Coordinator:
         return rs.plan if rs.has_plan() else None
 
     async def _hear_candidates(self, rs: RoundState, settled: Callable[[], bool]) -> None:
-        """Give the round's first candidates (round 1: of the job's named members; later: of the last round's
-        contributors) this node has no record of ``SPEAK_WAIT_S`` to be heard before their turns are judged
-        (``Turns.skipped`` skips an unknown one). In a large mesh a node keeps no record of most peers;
-        judged before a candidate's presence came, a later candidate skipped an earlier one that was
-        planning, and two plans split the round."""
+        """Give the round's first candidates (round 1: of the job's named members; later: of the last
+        round's contributors) this node has no record of ``SPEAK_WAIT_S`` to be heard before their
+        turns are judged (``Turns.skipped`` skips an unknown one). In a large mesh a node keeps no
+        record of most peers; judged before a candidate's presence came, a later candidate skipped
+        an earlier one that was planning, and two plans split the round."""
         book, port = self.book, self.port
         recent = (last_contributors(book) if book.ledger.results else set(book.info.initial_members)) - {book.me}
         # Ranked once (a ranking hashes every eligible member; the wait wakes on each presence).
@@ -271,10 +262,11 @@ class Coordinator:
         return rs.plan
 
     def _unheard(self) -> list[str]:
-        """The members a plan would include if hearsay counted (up by another peer's word, never heard by this
-        node nor contributors of the last round; ``plannable``), and the last round's contributors it has no
-        record of yet (a large mesh's node keeps none of most peers, ``MeshNode.keep_set``): each proved
-        itself live a round ago, and its presence to a new coordinator is on its way."""
+        """The members a plan would include if hearsay counted (up by another peer's word, never
+        heard by this node nor contributors of the last round; ``plannable``), and the last
+        round's contributors it has no record of yet (a large mesh's node keeps none of most
+        peers, ``MeshNode.keep_set``): each proved itself live a round ago, and its presence to
+        a new coordinator is on its way."""
         book, port = self.book, self.port
         heard = set(plannable(port, book))
         known = set(book.presence) | set(book.info.initial_members) | set(book.eligible())
@@ -283,10 +275,11 @@ class Coordinator:
         return sorted({p for p in book.live_members(up) if p != book.me} | unknown)
 
     async def _reach_unheard(self) -> None:
-        """Give the members this node knows only by hearsay ``SPEAK_WAIT_S`` to speak (a new job's members send
-        their first presence within a moment), then ping those still silent, at most ``REACH_AT_ONCE``:
-        those that answer are planned like any member. A member whose first word is on its way is not left
-        out of the plan for that; a key nothing answers for costs the plan at most these two waits."""
+        """Give the members this node knows only by hearsay ``SPEAK_WAIT_S`` to speak (a new
+        job's members send their first presence within a moment), then ping those still silent,
+        at most ``REACH_AT_ONCE``: those that answer are planned like any member. A member whose
+        first word is on its way is not left out of the plan for that; a key nothing answers
+        for costs the plan at most these two waits."""
         book, port = self.book, self.port
         if not self._unheard():
             return

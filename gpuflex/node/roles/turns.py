@@ -33,6 +33,17 @@ def heard_lately(book: JobBook, peer: str) -> bool:
     return trio.current_time() - book.presence.get(peer, -math.inf) <= PRESENCE_FRESH_S
 
 
+def plannable(port: JobPort, book: JobBook) -> list[str]:
+    """The peers a plan made here may count: those this node heard itself (``JobPort.heard_peers``),
+    the last committed round's contributors that are up (each signed an update for a plan of this
+    ledger, and a member a round old has often not yet spoken to the next coordinator), and the
+    job's members whose presence came lately though this node keeps no record of them. A key up
+    by hearsay alone is none of these: presence it signs and others forward proves nothing."""
+    known = last_contributors(book)
+    return sorted(set(port.heard_peers()) | {p for p in known if port.health(p) == PeerState.UP}
+                  | {p for p in known | set(book.eligible()) if port.health(p) is None and heard_lately(book, p)})
+
+
 class Turns:
     """The whose-turn questions for one job on one node."""
 
@@ -57,8 +68,8 @@ class Turns:
             health = port.health(peer)
             # One this node keeps no record of (a large mesh's peer table holds a bounded few)
             # is up while its presence is fresh here: skipped, its turn was planned twice.
-            up = (health not in (None, PeerState.DOWN) or (health is None and heard_lately(self.book, peer))) \
-                and peer not in book.left
+            up = health != PeerState.DOWN and peer not in book.left \
+                and (health is not None or heard_lately(book, peer))
         if not up:
             return True
         slow = self.slow_by_ledger()
