@@ -313,8 +313,8 @@ class JobDriver:
     def ledger_frames(self) -> list[bytes]:
         return self.book.ledger.frames
 
-    def chain_check(self) -> ChainCheck:
-        return ChainCheck(self.book.ledger)
+    def chain_check(self, start: int = 0) -> ChainCheck:
+        return ChainCheck(self.book.ledger, start)
 
     def participates(self) -> bool:
         return self.book.participates()

@@ -81,7 +81,7 @@ class SyncedJob(Protocol):
 
     def ledger_frames(self) -> Sequence[bytes]: ...
 
-    def chain_check(self) -> ChainCheck: ...
+    def chain_check(self, start: int = 0) -> ChainCheck: ...
 
     async def offer_ledger(self, frames: list[bytes], peer: str) -> bool: ...
 
@@ -233,16 +233,38 @@ class CatchUp:
         (``ChainCheck``), and offer what verified to the job. A frame that does not verify ends
         the fetch and penalises the peer; so does the ``LEDGER_SYNC_BYTES`` budget of frames
         this node did not hold already (what verified so far is still offered: a long honest
-        ledger is taken in instalments, one sync after another)."""
-        check = job.chain_check()
-        frames: list[bytes] = []
+        ledger is taken in instalments, one sync after another).
+
+        The fetch first resumes after the rounds this node holds: a node a round behind on the
+        same branch, the common case, fetches that one round, not the whole ledger (every round's
+        result names each contributor's signed update, so at a thousand members a ledger of r
+        rounds is r MB, and nodes a round behind fetched it all every round). Only when the
+        peer's ledger does not extend ours there (a fork, or a heavier but shorter branch) is
+        it fetched from round 1."""
+        held = min(len(job.ledger_frames()), job.rounds)
+        for resume in ((held, 0) if held else (0,)):
+            frames = await self._fetch(peer, job_id, job, resume)
+            if frames is not None:  # offered only with something fetched beyond what resumed
+                return len(frames) > resume and await job.offer_ledger(frames, peer)
+        return False
+
+    async def _fetch(self, peer: str, job_id: str, job: SyncedJob, resume: int) -> list[bytes] | None:
+        """This node's first ``resume`` frames and the verified frames of ``peer``'s ledger
+        after them; None when, resuming after a round of ours, the peer's ledger has no
+        round there that extends ours."""
+        check = job.chain_check(resume)
+        frames: list[bytes] = list(job.ledger_frames()[:resume])
         for _ in range(MAX_LEDGER_PAGES):
             if len(frames) >= job.rounds or check.held >= LEDGER_SYNC_BYTES:
                 break
             reply = await self._ask(peer, {"job": job_id, "from": len(frames)})
             page = reply.get("ledger") if reply is not None else None
             if not isinstance(page, list) or not page or not all(isinstance(f, bytes) for f in page):
+                if resume and len(frames) == resume:
+                    return None
                 break
+            if resume and len(frames) == resume and not check.links(page[0]):
+                return None
             try:
                 for frame in page[: job.rounds - len(frames)]:
                     frames.append(check.extend(frame))
@@ -255,4 +277,4 @@ class CatchUp:
         if check.held >= LEDGER_SYNC_BYTES:
             log.info("sync of job %s from %s: stopped at round %d, the %d MiB budget of new ledger frames",
                      job_id, peer[-8:], len(frames), LEDGER_SYNC_BYTES >> 20)
-        return bool(frames) and await job.offer_ledger(frames, peer)
+        return frames

@@ -10,6 +10,7 @@ not record; it catches up from peers once writes succeed again.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -95,14 +96,26 @@ class ChainCheck:
     Every other frame must extend the chain so far with its evidence complete
     (``evidence.verify_round``); ``held`` counts the bytes of those, which the caller bounds."""
 
-    def __init__(self, ledger: Ledger) -> None:
+    def __init__(self, ledger: Ledger, start: int = 0) -> None:
         self.ledger = ledger
-        self.results: list[Result] = []
+        # A catch-up that resumes after this node's first ``start`` rounds takes those as read.
+        self.results: list[Result] = list(ledger.results[:start])
         self.held = 0  # bytes of frames kept that this node did not already hold
         self._same = True  # every frame so far equals ours
 
     def __len__(self) -> int:
         return len(self.results)
+
+    def links(self, frame: bytes) -> bool:
+        """Whether ``frame`` names the last round checked so far as the one before it. A peer's
+        ledger that does not extend the rounds a catch-up resumed after forked earlier: no
+        fault of the peer's, the catch-up starts again from round 1. A frame that does not
+        even open says yes here, so that ``extend`` rejects it and the peer pays."""
+        try:
+            res = parse_result(open_envelope(frame, expect_kind=RESULT))
+        except WireError:
+            return True
+        return res.prev_result == (self.results[-1].digest if self.results else GENESIS)
 
     def extend(self, frame: bytes) -> bytes:
         """The frame to keep for the next round (ours where equal); raises LedgerError."""
@@ -122,6 +135,29 @@ class ChainCheck:
         self.results.append(res)
         self.held += len(frame)
         return frame
+
+
+#: What a kept result no longer holds once verified: the signed updates and partials it carries.
+EVIDENCE_FIELDS = ("updates", "partials")
+
+
+def kept(res: Result) -> Result:
+    """``res`` as a ledger keeps it once its evidence verified: without the signed update and
+    partial headers it carries, and without its parsed copy of the signed header bytes. Those
+    are half to two thirds of a parsed result (one signed update header per contributor: a
+    megabyte a round at a thousand members, held three times over as the frame, the signed
+    header and the parsed body); the ledger's frames still hold every byte, for the file, for
+    sync and for an audit. What later rounds check against stays: the digest, the model hash,
+    the plan, the contributors (``evidence.verify_round`` reads nothing else of its history)."""
+    if not res.updates and not res.partials and not res.env.signed:
+        return res
+    digest, plan = res.digest, res.plan  # hashed and parsed while the envelope is whole
+    body = res.env.body
+    env = dataclasses.replace(res.env, signed=b"", body={k: v for k, v in body.items() if k not in EVIDENCE_FIELDS})
+    env.__dict__.update(digest=digest, msg_id=res.env.msg_id)  # cached_property's own slots
+    out = dataclasses.replace(res, updates=[], partials=[], env=env)
+    out.__dict__.update(digest=digest, plan=plan)
+    return out
 
 
 def result_key(res: Result) -> tuple[int, str]:
@@ -248,7 +284,7 @@ class Ledger:
                 continue
             try:
                 frames = read_ledger_file(candidate)
-                self.results = verify_chain(frames, self.job, self.rules)
+                self.results = [kept(r) for r in verify_chain(frames, self.job, self.rules)]
                 self.frames = frames
                 return problems
             except LedgerError as exc:
@@ -275,7 +311,7 @@ class Ledger:
 
     def _adopt(self, frames: list[bytes], results: list[Result]) -> None:
         self.save(frames)  # on StateWriteError the file on disk still holds the previous rounds
-        self.frames, self.results = frames, results
+        self.frames, self.results = frames, [kept(r) for r in results]
 
     def save(self, frames: list[bytes] | None = None) -> None:
         frames = self.frames if frames is None else frames

@@ -1,6 +1,9 @@
 from __future__ import annotations
 
+import gc
 import itertools
+import tracemalloc
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,11 +18,12 @@ from gpuflex.node.core.ledger import (
     LedgerClaim,
     LedgerError,
     chain_weight,
+    kept,
     prefer_chain,
     result_row,
     verify_chain,
 )
-from gpuflex.node.core.messages import RESULT, parse_result
+from gpuflex.node.core.messages import RESULT, Result, parse_result
 from gpuflex.node.core.workfields import DEVICE_CHARS
 from mesh.codec import SIGNING_DOMAIN, open_envelope, seal
 from tests.unit.node.chain import JOB, make_chain, private_branch, rules_for
@@ -205,3 +209,43 @@ def test_fork_choice_is_one_strict_total_order_by_weight_then_length(a: list, b:
         assert not prefer_chain(a, b)
     if prefer_chain(a, b) and prefer_chain(b, c):
         assert prefer_chain(a, c)  # transitive: every node settles on the same chain
+
+
+def retained_bytes(make: Callable[[], object]) -> tuple[object, int]:
+    """What ``make()`` returns, and the bytes it allocated that are still held."""
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.take_snapshot()
+        value = make()
+        gc.collect()
+        held = sum(d.size_diff for d in tracemalloc.take_snapshot().compare_to(before, "filename"))
+    finally:
+        tracemalloc.stop()
+    return value, held
+
+
+def test_a_kept_result_drops_its_evidence_and_less_than_half_its_memory_but_checks_the_same(tmp_path: Path) -> None:
+    frames, ids = make_chain(rounds=3, members=24)
+    def parsed(frame: bytes) -> Result:
+        res = parse_result(open_envelope(frame, expect_kind=RESULT))
+        assert res.plan and res.digest  # as a check of its evidence leaves it: plan parsed, digest taken
+        return res
+
+    full, full_bytes = retained_bytes(lambda: [parsed(f) for f in frames])
+    slim, slim_bytes = retained_bytes(lambda: [kept(parsed(f)) for f in frames])
+    assert slim_bytes < 0.5 * full_bytes
+    for a, b in zip(full, slim, strict=True):
+        assert (b.digest, b.env.digest, b.model_hash, b.plan.members, b.contributors, b.env.ts) == \
+               (a.digest, a.env.digest, a.model_hash, a.plan.members, a.contributors, a.env.ts)
+        assert b.updates == [] and b.partials == [] and "updates" not in b.env.body
+        assert kept(b) is b
+    # A round is checked against kept history exactly as against the full one.
+    ledger = Ledger(tmp_path / "l.msgpack", JOB, rules_for(ids))
+    for frame in frames[:2]:
+        ledger.append(frame, parse_result(open_envelope(frame)))
+    assert all(not r.updates for r in ledger.results)
+    ledger.append(frames[2], parse_result(open_envelope(frames[2])))
+    assert ledger.head == full[2].digest
+    reloaded = Ledger(ledger.path, JOB, rules_for(ids))
+    assert reloaded.load() == [] and reloaded.head == full[2].digest and not reloaded.results[0].updates

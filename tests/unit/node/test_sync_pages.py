@@ -129,8 +129,8 @@ class LedgerJob:
         self.offered.append(frames)
         return True
 
-    def chain_check(self) -> ChainCheck:
-        return ChainCheck(self.ledger)
+    def chain_check(self, start: int = 0) -> ChainCheck:
+        return ChainCheck(self.ledger, start)
 
 
 class Rejections:
@@ -231,3 +231,27 @@ async def test_new_ledger_bytes_are_capped_and_frames_we_hold_cost_nothing(tmp_p
     assert 4 + 2 <= len(offered) < 8 and offered == honest[: len(offered)]
     assert all(a is b for a, b in zip(offered[:4], asker.ledger.frames, strict=True))  # our own copies
     assert not wire.inbound.seen
+
+
+def ledger_asks(wire: Wire) -> list[int]:
+    """Where each ledger page the asker asked for started."""
+    return [body["from"] for body in wire.asked if "job" in body]
+
+
+async def test_a_node_rounds_behind_on_the_same_branch_fetches_only_the_rounds_it_lacks(tmp_path: Path) -> None:
+    honest, ids = make_chain(rounds=6, members=3)
+    asker = ledger_of(tmp_path, honest[:4], ids)
+    wire = Wire(ids[0], CatchUp(cast(MeshNode, None), {JOB: ledger_of(tmp_path, honest, ids)}, lambda env: None))
+    assert await CatchUp(cast(MeshNode, wire), {JOB: asker}, lambda env: None).sync_from_peer(ids[1].peer_id)
+    assert ledger_asks(wire) == [4]  # one page, from round 5: rounds 1-4 never cross the wire again
+    assert asker.offered == [honest] and not wire.inbound.seen
+
+
+async def test_a_ledger_forked_before_our_head_is_fetched_from_round_one_without_a_penalty(tmp_path: Path) -> None:
+    honest, ids = make_chain(rounds=4, members=4)
+    ours = private_branch(honest, ids, ids[2:], upto=3)  # forked after round 1, lighter and shorter
+    asker = ledger_of(tmp_path, ours, ids)
+    wire = Wire(ids[0], CatchUp(cast(MeshNode, None), {JOB: ledger_of(tmp_path, honest, ids)}, lambda env: None))
+    assert await CatchUp(cast(MeshNode, wire), {JOB: asker}, lambda env: None).sync_from_peer(ids[1].peer_id)
+    assert ledger_asks(wire) == [3, 0]  # round 4 does not extend our round 3: from round 1 again
+    assert asker.offered == [honest] and not wire.inbound.seen
