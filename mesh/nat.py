@@ -59,6 +59,13 @@ NAT_CHECK_S = RESERVE_RETRY_S * 3
 #: were a settled mesh's largest idle cost; a public verdict changes only with the network.
 PUBLIC_CHECK_S = 300.0
 SERVERS_PER_CHECK = 2
+#: A peer whose NodeInfo here says it is behind NAT with no relay is looked up afresh in the
+#: DHT at most this often before a stream to it is refused: a home node's record read before
+#: its relay reservation came says "private" for up to ``INFO_REFRESH_S``, while the plan that
+#: made it a leader was drawn from its newer word.
+RECHECK_PRIVATE_S = 10.0
+#: Peers whose last such look-up is remembered.
+RECHECK_MEMORY = 1024
 
 
 class NatSettings(Protocol):
@@ -92,6 +99,8 @@ class NatHost(Protocol):
     async def request(self, peer: str, frame: bytes, payload: bytes | memoryview | None = None,
                       timeout: float = 30.0) -> Any: ...
 
+    async def lookup_node_info(self, peer: str, timeout: float = 2.5) -> dict[str, Any] | None: ...
+
     def reachability_changed(self, old: str, new: str) -> None: ...
 
 
@@ -105,6 +114,7 @@ class NatService:
         self.relay: RelayClient | None = None
         self.lan: Any = None
         self._served: dict[str, float] = {}
+        self._rechecked: dict[str, float] = {}  # peer -> when its NodeInfo was last looked up afresh
         self._lan_nets = local_networks()
         self._verdict = Reachability.UNKNOWN
         self._dht_mode = "client" if node.config.client_mode else "server"
@@ -325,5 +335,26 @@ class NatService:
             await self.relay.connect(peer, circuits, timeout=min(timeout, 10.0))
         elif claim == Reachability.PRIVATE and not any(
                 on_my_lan(a.split("/")[2], self._lan_nets) for a in addrs if a.count("/") > 2):
+            circuits = await self._fresh_circuits(peer, timeout)
+            if circuits:
+                await self.relay.connect(peer, circuits, timeout=min(timeout, 10.0))
+                return
             # Fail now rather than after a dial timeout: nothing can reach it from here.
             raise SendError(f"peer {peer[-8:]} is {explain(info, rec.state if rec else 'down', False)}")
+
+    async def _fresh_circuits(self, peer: str, timeout: float) -> list[str]:
+        """The circuits ``peer`` announces now, by its NodeInfo looked up afresh (at most every
+        ``RECHECK_PRIVATE_S`` per peer); kept as the peer's record when it has some."""
+        now = trio.current_time()
+        if now - self._rechecked.get(peer, -1e18) < RECHECK_PRIVATE_S:
+            return []
+        self._rechecked.pop(peer, None)
+        self._rechecked[peer] = now
+        while len(self._rechecked) > RECHECK_MEMORY:
+            del self._rechecked[next(iter(self._rechecked))]
+        fresh = await self.node.lookup_node_info(peer, min(timeout / 2, 2.5))
+        circuits = [a for a in (fresh or {}).get("addrs", []) if isinstance(a, str) and "/p2p-circuit/" in a][:4]
+        rec = self.node.peers.get(peer)
+        if circuits and fresh is not None and rec is not None:
+            rec.info = fresh
+        return circuits

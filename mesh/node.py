@@ -29,6 +29,7 @@ import heapq
 import logging
 import math
 import time
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager, suppress
 from dataclasses import dataclass, field
@@ -120,6 +121,9 @@ OVERLAY_EVERY_S = 2.0
 IGNORE_RECHECK_S = 5.0
 #: Frames already going out when the node stops get this long to finish (``finishing``).
 STOP_GRACE_S = 1.0
+#: Peers whose reachability, as their presence last said it, a node remembers (the peer
+#: table's size: a few thousand members).
+SAID_REACH_PEERS = 4096
 
 
 class MeshEvent(StrEnum):
@@ -222,6 +226,8 @@ class MeshNode:
         # Where this node sits in the network (mesh.vivaldi), and where its peers say they do.
         self.coord = Coordinate()
         self.coords: dict[str, Coordinate] = {}
+        # Reachability as peers' own presence states it, most recent last, at most SAID_REACH_PEERS.
+        self.said_reach: OrderedDict[str, Reachability] = OrderedDict()
         # peer -> (addresses last put in the peerstore from its NodeInfo, when): a record that
         # names the same ones again (every reseal of it, passed on by peer exchange) is not
         # parsed into multiaddrs again until half their peerstore TTL has gone.
@@ -360,10 +366,24 @@ class MeshNode:
         return info
 
     def claimed_reachability(self, peer: str) -> Reachability:
-        """What ``peer``'s NodeInfo says of its reachability (``unknown`` without one, or for
-        a word outside the vocabulary)."""
+        """What ``peer`` says of its reachability: in its latest presence (``note_reachability``),
+        else in its NodeInfo (``unknown`` without either, or for a word outside the vocabulary).
+        Presence comes first-hand every few seconds from the members of this node's jobs; a
+        NodeInfo may be one read before the peer's own check ended, or none may be held."""
+        said = self.said_reach.get(peer)
+        if said is not None:
+            return said
         rec = self.peers.get(peer)
         return parse_reachability(((rec.info if rec else None) or {}).get("reachability"))
+
+    def note_reachability(self, peer: str, claim: Reachability | None) -> None:
+        """``peer``'s reachability as its own signed presence states it (already parsed)."""
+        if claim is None or claim == Reachability.UNKNOWN or peer == self.peer_id:
+            return
+        self.said_reach.pop(peer, None)
+        self.said_reach[peer] = claim
+        while len(self.said_reach) > SAID_REACH_PEERS:
+            self.said_reach.popitem(last=False)
 
     # What the inbound handlers (mesh.inbound) read of this node.
     @property
@@ -458,12 +478,23 @@ class MeshNode:
 
     async def fetch_node_info(self, peer: str, timeout: float = 5.0) -> dict[str, Any] | None:
         """NodeInfo of ``peer``: asked of the peer itself, else looked up in the DHT by PeerID."""
-        frame: Any = None
         try:
             frame = await self.request(peer, seal(self.identity, INFO_REQUEST, {}), timeout=timeout / 2)
         except SendError:
-            frame = await best_effort(f"DHT lookup of NodeInfo for {peer}",
-                                      lambda: self.dht.get_value(nodeinfo_key(peer)), timeout / 2)
+            return await self.lookup_node_info(peer, timeout / 2)
+        return self._open_node_info(peer, frame)
+
+    async def lookup_node_info(self, peer: str, timeout: float = 2.5) -> dict[str, Any] | None:
+        """NodeInfo of ``peer`` as the DHT holds it (what the peer last published), without
+        opening a stream to the peer: the way to learn that a peer held for unreachable has
+        since become reachable (``mesh.nat``'s routes)."""
+        frame = await best_effort(f"DHT lookup of NodeInfo for {peer}",
+                                  lambda: self.dht.get_value(nodeinfo_key(peer)), timeout)
+        return self._open_node_info(peer, frame)
+
+    def _open_node_info(self, peer: str, frame: Any) -> dict[str, Any] | None:
+        """The body of ``peer``'s signed NodeInfo ``frame``; None (the sender penalised where the
+        frame lies) when it is not one."""
         if not isinstance(frame, bytes):
             return None
         try:
