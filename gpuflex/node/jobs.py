@@ -239,7 +239,8 @@ class JobManager:
             return
         me = self.mesh.peer_id
         try:
-            own = make_presence(self.mesh.identity, self.drivers, active, failed, self.mesh.coord.wire())
+            own = make_presence(self.mesh.identity, self.drivers, active, failed, self.mesh.coord.wire(),
+                                self.mesh.nat.reachability())
             await self._on_presence(Inbound(open_envelope(own), None, me, gossip=True))
         except (WireError, ValueError, Rejected) as exc:  # a map too large for its kind's limit
             log.debug("own presence not applied: %s", exc)
@@ -256,7 +257,8 @@ class JobManager:
                 try:
                     frame = make_presence(self.mesh.identity, self.drivers,
                                           {j: active[j] for j in group if j in active},
-                                          {j: failed[j] for j in group if j in failed}, self.mesh.coord.wire())
+                                          {j: failed[j] for j in group if j in failed}, self.mesh.coord.wire(),
+                                          self.mesh.nat.reachability())
                     nursery.start_soon(self.mesh.send_direct, frame, peers)
                 except (WireError, ValueError) as exc:
                     log.debug("presence for %d job(s) not sent: %s", len(group), exc)
@@ -284,6 +286,7 @@ class JobManager:
         presence = parse_presence(msg.envelope)
         sender = presence.sender
         self.mesh.note_coord(sender, presence.coord)  # where it sits (mesh.vivaldi)
+        self.mesh.note_reachability(sender, presence.reach)  # whether it can lead (placement)
         for job, why in presence.failed.items():
             driver = self.drivers.get(job)
             if driver is not None:

@@ -21,6 +21,7 @@ from gpuflex.node.presence import (
 )
 from mesh.codec import WireError, WireReason, open_envelope, seal
 from mesh.identity import Identity
+from mesh.reachability import Reachability
 
 ME = Identity.generate()
 
@@ -66,8 +67,9 @@ scalars = (st.none() | st.booleans() | st.integers(-(2**63), 2**64 - 1) | st.flo
 wire = st.recursive(scalars,
                     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner, max_size=4),
                     max_leaves=20)
-bodies = st.dictionaries(st.sampled_from(["jobs", "heads", "weights", "rates", "passes", "preparing", "failed"]),
-                         wire | st.dictionaries(st.text("ab", min_size=1, max_size=2), wire, max_size=4), max_size=7)
+bodies = st.dictionaries(st.sampled_from(["jobs", "heads", "weights", "rates", "passes", "preparing", "failed",
+                                          "reach"]),
+                         wire | st.dictionaries(st.text("ab", min_size=1, max_size=2), wire, max_size=4), max_size=8)
 
 
 @given(body=bodies)
@@ -89,9 +91,22 @@ def test_any_presence_body_parses_to_typed_bounded_values_or_is_a_wire_error(bod
         assert seen.passes is None or (type(seen.passes) is int and seen.passes >= 1)
     assert len(got.failed) <= PRESENCE_MARKS
     assert all(isinstance(why, str) and len(why) <= FAILED_REASON_CHARS for why in got.failed.values())
+    assert got.reach is None or (isinstance(got.reach, Reachability) and got.reach != Reachability.UNKNOWN)
 
 
 @pytest.mark.parametrize("junk", [True, -1, "9", 1.5, None, [3]])
 def test_a_height_that_is_no_count_claims_nothing(junk: Any) -> None:
     claim = LedgerClaim.from_wire(junk, 10**9, "x" * HEAD_CHARS)
     assert claim.height is None and claim.weight == 10**9
+
+
+@pytest.mark.parametrize("reach", [Reachability.PUBLIC, Reachability.RELAYED, Reachability.PRIVATE])
+def test_presence_says_whether_its_sender_can_be_dialled(reach: Reachability) -> None:
+    got = parse_presence(open_envelope(make_presence(ME, {}, {}, {"j": "x"}, None, reach)))
+    assert got.reach == reach
+
+
+@pytest.mark.parametrize("said", [None, Reachability.UNKNOWN])
+def test_a_presence_that_does_not_know_its_reachability_says_nothing_of_it(said: Reachability | None) -> None:
+    frame = make_presence(ME, {}, {}, {"j": "x"}, None, said)
+    assert "reach" not in open_envelope(frame).body and parse_presence(open_envelope(frame)).reach is None
