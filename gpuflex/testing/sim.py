@@ -227,6 +227,7 @@ class SimNode:
         self.index, self.identity, self.model, self.home = index, identity, model, home
         self.mesh: MeshNode | None = None
         self.jobs: JobManager | None = None
+        self.events: SimEvents | None = None
         self.scope: trio.CancelScope | None = None
         self.started = trio.Event()
         self.probes: dict[bytes, float] = {}  # probe body id -> modelled time it arrived here
@@ -237,7 +238,7 @@ class SimNode:
 
     async def run(self, net: SimNetwork, bootstrap: list[str], cfg: SimConfig,
                   on_sent: Callable[[int, int, str], None] = lambda index, round_, to: None) -> None:
-        events = SimEvents(partial(on_sent, self.index))
+        events = self.events = SimEvents(partial(on_sent, self.index))
         mesh = self.mesh = MeshNode(self.identity, MeshConfig(
             listen=["/ip4/0.0.0.0/tcp/4001"], bootstrap=bootstrap, data_dir=self.home,
             bulk_channel=False, mdns=False, health=HealthConfig(),
@@ -473,6 +474,7 @@ class Simulation:
             if trio.current_time() - quiet_since >= STALL_REPORT_S:  # a round taking long: where it is
                 quiet_since = trio.current_time()
                 say(f"t={quiet_since:.1f}s: round {done + 1} not committed yet; {self._where(live)}")
+                say(f"  leaders still waiting: {self._waiting_on(live)}")
             for n in live[:8]:
                 d = self._driver(n)
                 plan = d.book.current.plan if d is not None else None
@@ -490,6 +492,34 @@ class Simulation:
                 self.rounds.append(fig)
                 say(f"round {done} committed at t={now:.1f}s: {fig.seconds} s, {fig.contributors} contributors")
                 last_t, last_bytes, quiet_since = now, now_bytes, now
+
+    def _waiting_on(self, live: list[SimNode], most: int = 6) -> str:
+        """The open collectors of the round in force and, for each, the children that have not
+        reported, with where each of those is (phase, committed rounds; gone when not live):
+        a round that waits for its deadline names the children it waits for."""
+        where = {n.peer_id: n for n in live}
+        waits: list[str] = []
+        for n in live:
+            d = self._driver(n)
+            if d is None:
+                continue
+            rs = d.book.current
+            for attempt, col in rs.collectors.items():
+                if col.closed or col.done.is_set():
+                    continue
+                missing = []
+                for child in sorted(col.expected - col.reported - {n.peer_id}):
+                    c = where.get(child)
+                    cd = self._driver(c) if c is not None else None
+                    state = ("gone" if c is None else "no job" if cd is None
+                             else f"r{cd.committed} {cd.book.status.phase}")
+                    told = c.events.history() if c is not None and c.events is not None else []
+                    last = [e for e in told if e.get("round") is not None][-1:]
+                    missing.append(f"{child[-6:]} ({state}{'; ' + last[0]['message'][:90] if last else ''})")
+                refused = n.mesh.inbound.refused if n.mesh is not None else 0
+                waits.append(f"{n.peer_id[-6:]} a{attempt} (refused {refused} streams so far) <- "
+                             f"{', '.join(missing) or 'nobody (short of min_nodes)'}")
+        return f"{len(waits)}: " + "; ".join(waits[:most]) if waits else "none"
 
     def _where(self, live: list[SimNode]) -> str:
         """Live nodes by (committed rounds, phase, attempt of the plan in force), most first."""
