@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import Counter
 from collections.abc import Callable
 from contextlib import AbstractContextManager, suppress
 from typing import Any, Protocol
@@ -82,6 +83,7 @@ class InboundStreams:
         self.node = node
         self.quotas = PeerQuotas(node.limits)
         self.refused = 0  # streams and requests refused at a limit (status, tests)
+        self.refused_by: Counter[str] = Counter()  # the same, by the limit that refused them
         self._busy_log = LogThrottle(log)
 
     @property
@@ -101,6 +103,7 @@ class InboundStreams:
                 counter.take(remote)
             except Busy as exc:
                 self.refused += 1
+                self.refused_by[quota] += 1
                 self._busy_log.warning(f"{quota}:{remote}", f"refused a stream from {remote[-8:]}: {exc}")
                 await reset(stream)
                 return
@@ -112,6 +115,7 @@ class InboundStreams:
                 await reset(stream)
             except Busy as exc:
                 self.refused += 1
+                self.refused_by[f"{quota} (mid-stream)"] += 1
                 self._busy_log.warning(f"{quota}:{remote}", f"dropped a stream from {remote[-8:]}: {exc}")
                 await reset(stream)
             except Rejected as exc:  # refused before its payload arrived (a job not prepared yet)
@@ -199,6 +203,7 @@ class InboundStreams:
         node, quotas = self.node, self.quotas
         if not quotas.gossip_peers.allow(remote):
             self.refused += 1
+            self.refused_by["gossip_peer_rate"] += 1
             self._busy_log.warning(f"gossip-peer:{remote}", f"gossip from {remote[-8:]} is over "
                                    f"{quotas.limits.gossip_peer_rate:g} streams/s; dropping the excess")
             return
@@ -217,6 +222,7 @@ class InboundStreams:
             # Neither delivered nor relayed, and not marked seen: a copy that comes back once
             # the origin is under its rate again is taken.
             self.refused += 1
+            self.refused_by["gossip_origin_rate"] += 1
             self._busy_log.warning(f"gossip-origin:{env.sender}", (
                 f"gossip from origin {env.sender[-8:]} (via {remote[-8:]}) is over "
                 f"{quotas.limits.gossip_origin_rate:g} messages/s; not relaying the excess"))

@@ -516,8 +516,8 @@ class Simulation:
                     told = c.events.history() if c is not None and c.events is not None else []
                     last = [e for e in told if e.get("round") is not None][-1:]
                     missing.append(f"{child[-6:]} ({state}{'; ' + last[0]['message'][:90] if last else ''})")
-                refused = n.mesh.inbound.refused if n.mesh is not None else 0
-                waits.append(f"{n.peer_id[-6:]} a{attempt} (refused {refused} streams so far) <- "
+                refused = dict(n.mesh.inbound.refused_by) if n.mesh is not None else {}
+                waits.append(f"{n.peer_id[-6:]} a{attempt} (refused so far: {refused or 'none'}) <- "
                              f"{', '.join(missing) or 'nobody (short of min_nodes)'}")
         return f"{len(waits)}: " + "; ".join(waits[:most]) if waits else "none"
 
