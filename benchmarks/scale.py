@@ -12,6 +12,7 @@ Run:
     python -m benchmarks.scale [--nodes 16 100 200 1000] [--rounds 5] [--json]
     python -m benchmarks.scale --nodes 200 --public 0.1 --update-mb 10 --up-mbit 20
     python -m benchmarks.scale --nodes 200 --crash 3 --crash-at 20   # failure detection
+    python -m benchmarks.scale --nodes 1000 --homes-in /var/tmp      # homes on disk, not in memory
 """
 
 from __future__ import annotations
@@ -76,6 +77,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--kill", type=int, default=0, help="nodes to kill (their connections close at once)")
     ap.add_argument("--crash-at", type=float, default=15.0, help="modelled seconds after the job starts")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--homes-in", default=None,
+                    help="folder for the node homes (default /dev/shm; a disk folder for 1,000 nodes of large rounds)")
     add_json_flag(ap)
     args = ap.parse_args(argv)
     results = []
@@ -85,7 +88,8 @@ def main(argv: list[str] | None = None) -> int:
                   for i in range(min(args.kill, n - 2 - args.crash))]
         cfg = SimConfig(nodes=n, rounds=args.rounds, public_fraction=args.public, up_mbit=args.up_mbit,
                         down_mbit=args.down_mbit, update_bytes=int(args.update_mb * 1e6), compute_s=args.compute_s,
-                        group_size=args.group_size, slow_fraction=args.slow, seed=args.seed, churn=churn)
+                        group_size=args.group_size, slow_fraction=args.slow, seed=args.seed, churn=churn,
+                        homes_in=args.homes_in)
         log(f"{n} nodes …")
         report = run_size(cfg)
         idle = report["idle_per_node_s"]

@@ -204,6 +204,10 @@ class SimConfig:
     late: int = 0  # nodes kept back for JOIN events (the last ``late`` indices)
     time_limit_s: float = 3600.0  # modelled seconds the job may take
     drain_s: float = 5.0  # modelled seconds run after the last round, before the report
+    #: Where the node homes go (a fresh folder inside, deleted after): in memory (/dev/shm) by
+    #: default. A thousand nodes' ledgers of megabyte rounds (each kept with its previous copy)
+    #: took 5 GB of memory there by round 4; on a disk the kernel can write them back instead.
+    homes_in: str | None = None
 
 
 @dataclass
@@ -281,7 +285,7 @@ class Simulation:
         # each written atomically with fsync, would otherwise time the disk, not the protocol.
         shm = Path("/dev/shm")
         self._tmp = None if home is not None else tempfile.mkdtemp(
-            prefix="gpuflex-sim-", dir=shm if shm.is_dir() else None)
+            prefix="gpuflex-sim-", dir=cfg.homes_in or (shm if shm.is_dir() else None))
         root = home if home is not None else Path(self._tmp or ".")
         self.nodes: list[SimNode] = []
         publics = max(1, round(cfg.nodes * cfg.public_fraction))
