@@ -521,7 +521,10 @@ class Simulation:
                     last = [e for e in told if e.get("round") is not None][-1:]
                     missing.append(f"{child[-6:]} ({state}{'; ' + last[0]['message'][:90] if last else ''})")
                 refused = dict(n.mesh.inbound.refused_by) if n.mesh is not None else {}
-                waits.append(f"{n.peer_id[-6:]} a{attempt} (refused so far: {refused or 'none'}) <- "
+                told = n.events.history() if n.events is not None else []
+                rejected = [e["message"][:120] for e in told if e.get("type") == EventKind.REJECTED][-1:]
+                waits.append(f"{n.peer_id[-6:]} a{attempt} (refused so far: {refused or 'none'}"
+                             f"{'; last rejected: ' + rejected[0] if rejected else ''}) <- "
                              f"{', '.join(missing) or 'nobody (short of min_nodes)'}")
         return f"{len(waits)}: " + "; ".join(waits[:most]) if waits else "none"
 
