@@ -303,6 +303,25 @@ class ErrorFeedback:
         self._residual = target
         return enc
 
+    def compress_span(self, vec: np.ndarray, start: int, size: int) -> EncodedDelta:
+        """``compress`` for one fragment of a model of ``size`` values, ``vec`` being its
+        values from ``start`` on: the residual stays model-sized, and only the fragment's part
+        of it joins this update and is replaced, so what each fragment held back waits for
+        that fragment's next sync (a fragment-wise outer sync, aggregation.fragments)."""
+        part = as_vector(vec, "delta")
+        if not 0 <= start <= size - part.size:
+            raise AggregationError(f"fragment [{start}, {start + part.size}) is outside a model of {size}")
+        full = self._residual
+        if full is None or full.size != size:
+            full = np.zeros(size, dtype=np.float32)
+        inner = ErrorFeedback(self.codec, self.decay)
+        inner._residual = full[start:start + part.size].copy()
+        enc = inner.compress(part)
+        full = full.copy()
+        full[start:start + part.size] = inner._residual
+        self._residual = full
+        return enc
+
 
 _CODECS: dict[str, Callable[..., Codec]] = {
     "none": NoneCodec,

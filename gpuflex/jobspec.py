@@ -32,6 +32,7 @@ except ModuleNotFoundError:  # Python 3.10
 
 from gpuflex.budgetspec import budget_cross_checks
 from gpuflex.driftspec import drift_cross_checks
+from gpuflex.fragmentspec import MAX_FRAGMENTS, fragment_cross_checks
 from gpuflex.llmspec import LLM_MODELS, llm_cross_checks
 from gpuflex.overlapspec import MAX_OVERLAP, overlap_cross_checks
 from gpuflex.plugins import is_plugin_path, plugin_path_problem
@@ -181,6 +182,10 @@ class JobSpec:
     #: Share of a round's local steps a member trains ahead, from its own trained model, while
     #: its update travels (0: off; at most MAX_OVERLAP); see gpuflex/node/ahead.py.
     overlap: float = 0.0
+    #: Rounds sync the model one fragment at a time, in turn, so each round moves about
+    #: 1/fragments of it each way (1: the whole model every round; at most MAX_FRAGMENTS);
+    #: see aggregation/fragments.py and gpuflex/node/ownmodel.py.
+    fragments: int = 1
     group_size: int = 4
     min_nodes: int = 2
     seed: int = 0
@@ -601,6 +606,7 @@ _CHECKS: dict[str, Callable[[Any], Any]] = {
     "prox_mu": _float(0.0, strict=False, maximum=100.0),
     "final_model": _choice(FINAL_MODELS),
     "overlap": _float(0.0, strict=False, maximum=MAX_OVERLAP, closed=True),
+    "fragments": _int(1, MAX_FRAGMENTS),
     "group_size": _int(2, MAX_GROUP_SIZE),
     "min_nodes": _int(1, MAX_MEMBERS),
     "seed": _int(0),
@@ -662,6 +668,7 @@ def _cross_checks(values: dict[str, Any], failed: set[str]) -> list[tuple[str, s
     errors.extend(llm_cross_checks(values, failed))
     errors.extend(drift_cross_checks(values))
     errors.extend(overlap_cross_checks(values))
+    errors.extend(fragment_cross_checks(values))
     return errors
 
 

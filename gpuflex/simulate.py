@@ -43,10 +43,14 @@ def simulate(
     slowest node's local training seconds, and the bytes on the wire: every member's encoded
     update (``upload_bytes``) and what every member downloads to hold the committed model
     (``download_bytes``): the encoded step where the job's codec lets members replay it,
-    else the model blob, optimizer state included.
+    else the model blob, optimizer state included. With ``fragments`` > 1 a round syncs one
+    fragment, and each member trains on from its own model as a node does
+    (gpuflex/node/ownmodel.py): the fragment synced last round is the committed model's.
     """
+    from aggregation.fragments import round_span, synced_since
     from gpuflex.node.core.modelblob import pack_model
-    from gpuflex.node.core.pipeline import DeltaEncoder, decode_payload, make_reducer, outer_step
+    from gpuflex.node.core.outerstep import outer_step
+    from gpuflex.node.core.pipeline import DeltaEncoder, decode_payload, make_reducer
 
     if error_feedback is not None:
         spec = dataclasses.replace(spec, error_feedback=error_feedback)
@@ -54,22 +58,31 @@ def simulate(
     encoders = [DeltaEncoder(spec) for _ in nodes]
     params = nodes[0].initial_params()
     state: dict[str, np.ndarray] = {}
+    # fragments > 1: each member's own model, synced one fragment a round (gpuflex/node/ownmodel.py)
+    own: list[np.ndarray] = [params] * num_parts
     total = rounds or spec.rounds
     history: list[dict[str, Any]] = []
     for r in range(1, total + 1):
         start = time.perf_counter()
         reducer = make_reducer(spec, is_root=True)
         losses, weights, seconds, steps, uploaded = [], [], [], [], 0
+        span = round_span(params.size, spec.fragments, r) if spec.fragments > 1 else None
         for i, (node, encoder) in enumerate(zip(nodes, encoders, strict=True)):
-            delta, metrics = node.train(params, server_state=state)
-            payload = encoder.encode(delta, node.num_samples)
+            if span is None:
+                delta, metrics = node.train(params, server_state=state)
+            else:  # from its own model, the fragment synced last round taken from the committed one
+                begin = synced_since(own[i], params, spec.fragments, r - 1, r - 1) if r > 1 else params
+                trained, metrics = node.train(begin, server_state=state)
+                own[i] = begin + trained
+                delta = own[i][span.start:span.stop] - params[span.start:span.stop]
+            payload = encoder.encode(delta, node.num_samples, span=span)
             uploaded += len(payload)
             reducer.add(decode_payload(spec, payload, delta.size), node.num_samples, f"node-{i}")
             losses.append(metrics["train_loss"])
             weights.append(node.num_samples)
             seconds.append(metrics["seconds"])
             steps.append(metrics["steps"])
-        params, state, step = outer_step(spec, params, state, reducer.result())
+        params, state, step = outer_step(spec, params, state, reducer.result(), r)
         params = np.asarray(params, dtype=np.float32)
         scores = (nodes[0].evaluate(params) if r % eval_every == 0 or r == total
                   else {"loss": float("nan"), "accuracy": float("nan")})

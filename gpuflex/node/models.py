@@ -12,7 +12,7 @@ import trio
 from gpuflex.node.core.kinds import EventKind
 from gpuflex.node.core.messages import Result
 from gpuflex.node.core.modelblob import model_blob_limit, model_parts, unpack_model
-from gpuflex.node.core.pipeline import replay_step
+from gpuflex.node.core.outerstep import replay_step
 from gpuflex.node.core.selection import best_result
 from gpuflex.node.downtree import down_chain, fetch_down
 from gpuflex.node.port import FETCH_TIMEOUT_S, JobPort
@@ -135,7 +135,7 @@ class Models:
         assert res.step_hash is not None
         params, state = unpack_model(self.port.blobs.read(res.base_hash, verify=True))
         step = self.port.blobs.read(res.step_hash, verify=True)
-        return model_parts(*replay_step(self.book.spec, params, state, step))
+        return model_parts(*replay_step(self.book.spec, params, state, step, res.round))
 
     def recent(self) -> set[str]:
         """The models (and steps) this job still needs on this node: the last few, and the

@@ -21,11 +21,9 @@ from aggregation.compression import Codec, ErrorFeedback, decode_delta, make_cod
 from aggregation.dp import add_gaussian_noise, clip_to_norm
 from aggregation.encoded import EncodedDelta
 from aggregation.errors import AggregationError
-from aggregation.feddyn import FedDyn
+from aggregation.fragments import Span
 from aggregation.robust import Rule, make_rule
-from aggregation.scaffold import Scaffold
 from aggregation.secagg import default_threshold
-from aggregation.server_opt import ServerOptimizer, make_server_optimizer
 from aggregation.sparse import SparseVector, Transform, decode_sparse, encode_nonzero
 from aggregation.weighted import WeightedAccumulator
 from gpuflex.node.core.modelblob import pack_delta, unpack_delta
@@ -253,7 +251,11 @@ class DeltaEncoder:
         clipped, self.last_clip_scale = clip_to_norm(delta, self.spec.dp_clip)
         return add_gaussian_noise(clipped, self.spec.dp_noise_multiplier, self.spec.dp_clip, self.rng)
 
-    def encode(self, delta: np.ndarray, samples: int = 1, secagg: SecAggMember | None = None) -> bytes:
+    def encode(self, delta: np.ndarray, samples: int = 1, secagg: SecAggMember | None = None,
+               span: Span | None = None) -> bytes:
+        """The update's wire bytes. ``span`` says which fragment of the model ``delta`` is
+        (``fragments`` > 1): the error-feedback residual stays model-sized, and only that
+        fragment's part of it joins this update."""
         delta = self.privatize(np.ascontiguousarray(delta, dtype=np.float32))
         if secagg is not None:
             return secagg.encode(delta, samples)
@@ -261,9 +263,11 @@ class DeltaEncoder:
             return np.ascontiguousarray(delta, dtype="<f4").tobytes()
         delta = np.ascontiguousarray(delta, dtype=np.float32)
         if self.feedback is not None:
-            if self.feedback.residual is not None and self.feedback.residual.size != delta.size:
+            size = delta.size if span is None else span.size
+            if self.feedback.residual is not None and self.feedback.residual.size != size:
                 self.feedback.reset()
-            out = self.feedback.compress(delta).to_bytes()
+            out = (self.feedback.compress(delta) if span is None
+                   else self.feedback.compress_span(delta, span.start, span.size)).to_bytes()
             if self.residual_path is not None and self.feedback.residual is not None:
                 atomic_write(self.residual_path, pack_delta(self.feedback.residual))
             return out
@@ -280,7 +284,7 @@ def job_codec(spec: JobSpec) -> Codec | None:
     return make_codec(spec.codec)
 
 
-def _job_transform(spec: JobSpec) -> Transform:
+def job_transform(spec: JobSpec) -> Transform:
     return Transform.DCT if spec.sparse_transform == "dct" else Transform.NONE
 
 
@@ -291,7 +295,7 @@ def decode_sparse_payload(spec: JobSpec, payload: bytes, size: int) -> SparseVec
         vec, transform, chunk = decode_sparse(EncodedDelta.from_bytes(payload))
     except AggregationError as exc:
         raise WireError(WireReason.GARBLED, f"sparse delta could not be decoded: {exc}") from None
-    if vec.size != size or chunk != spec.sparse_chunk or transform is not _job_transform(spec):
+    if vec.size != size or chunk != spec.sparse_chunk or transform is not job_transform(spec):
         raise WireError(WireReason.GARBLED,
                         f"sparse delta has size {vec.size}, chunk {chunk}, transform {transform.name}; "
                         f"the job needs {size}, {spec.sparse_chunk}, {spec.sparse_transform}")
@@ -302,7 +306,7 @@ def pack_partial(spec: JobSpec, avg: np.ndarray) -> bytes:
     """A group's partial for the wire: under codec = "sparse" only its nonzeros (float32,
     lossless), else every value as float32."""
     if spec.codec == "sparse":
-        return encode_nonzero(avg, 32, spec.sparse_chunk, _job_transform(spec)).to_bytes()
+        return encode_nonzero(avg, 32, spec.sparse_chunk, job_transform(spec)).to_bytes()
     return pack_delta(avg)
 
 
@@ -349,71 +353,3 @@ def decode_payload(spec: JobSpec, payload: bytes, size: int) -> np.ndarray | Spa
     if vec.size != size or not np.all(np.isfinite(vec)):
         raise WireError(WireReason.GARBLED, "decoded delta has the wrong size or non-finite values")
     return vec
-
-
-#: Codecs whose output members can replay: the averaged step travels in them instead of the model.
-STEP_CODECS = ("fp16", "int8", "sparse")
-
-
-def encode_step(spec: JobSpec, avg: np.ndarray) -> bytes | None:
-    """The committed step for the wire, or None when members download the model.
-
-    Under codec = "sparse" the average of sparse updates is itself sparse (the union of what
-    members sent): every nonzero travels, its value at ``sparse_step_bits``, so the step is
-    about members x density of the model, never the whole of it. Top-k is left out on
-    purpose: a top-k of the average with no error feedback at the root would drop most of
-    every round's progress.
-    """
-    if spec.codec == "sparse":
-        return encode_nonzero(avg, spec.sparse_step_bits, spec.sparse_chunk, _job_transform(spec)).to_bytes()
-    if spec.codec in STEP_CODECS:
-        return make_codec(spec.codec).encode(np.ascontiguousarray(avg, dtype=np.float32)).to_bytes()
-    return None
-
-
-def outer_step(spec: JobSpec, params: np.ndarray, state: dict[str, np.ndarray],
-               avg: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray], bytes | None]:
-    """The root's step: the new model, its optimizer state, and the encoded step (or None).
-
-    With a step codec the root encodes the average first and applies the decoded step, so
-    every member that holds the previous model rebuilds the new one bit for bit from about a
-    quarter (int8) of the model's bytes, optimizer state included, and checks it against the
-    model hash in the signed result. The step is defined by what the members can replay.
-    """
-    step = encode_step(spec, avg)
-    if step is not None:
-        avg = decode_delta(step)
-    new_params, new_state = server_optimizer(spec).step(params, avg, state)
-    return new_params, new_state, step
-
-
-def replay_step(spec: JobSpec, params: np.ndarray, state: dict[str, np.ndarray],
-                step: bytes) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-    """A member's side of ``outer_step``: the new model from the previous one and the step.
-
-    The step's size is checked against the model before it is decoded: a sparse step names
-    its size, and a dense vector of a size it merely claims must never be allocated."""
-    try:
-        enc = EncodedDelta.from_bytes(step)
-        if enc.size != update_size(spec, params.size):
-            raise WireError(WireReason.GARBLED, f"committed step has {enc.size} values, the model {params.size}")
-        avg = decode_delta(enc)
-    except AggregationError as exc:
-        raise WireError(WireReason.GARBLED, f"committed step could not be decoded: {exc}") from None
-    return server_optimizer(spec).step(params, avg, state)
-
-
-def update_size(spec: JobSpec, model_size: int) -> int:
-    """Values in one update or step: the model's, twice over with SCAFFOLD (model and control)."""
-    return 2 * model_size if spec.drift_correction == "scaffold" else model_size
-
-
-def server_optimizer(spec: JobSpec) -> ServerOptimizer:
-    """The root's optimizer with the job's server_lr (and server_momentum where it has one)."""
-    params: dict[str, float] = {"lr": spec.server_lr}
-    if spec.strategy in ("fedavgm", "diloco"):
-        params["momentum"] = spec.server_momentum
-    inner = make_server_optimizer(spec.strategy, **params)
-    if spec.drift_correction == "feddyn":
-        return FedDyn(inner)
-    return Scaffold(inner) if spec.drift_correction == "scaffold" else inner

@@ -30,6 +30,7 @@ from gpuflex.node.core.placement import nonce_commitment, secagg_nonce
 from gpuflex.node.core.secure import SecAggMember, answer_recovery
 from gpuflex.node.core.workplan import RATE_WEIGHT, blend, fits_plan, local_work
 from gpuflex.node.faults import Faults
+from gpuflex.node.ownmodel import OWN_MODEL_FILE, OwnModel
 from gpuflex.node.port import JobPort, ModelLoader, Trainer
 from gpuflex.node.state import JobBook, RoundDeadlines
 from gpuflex.node.uplink import Work, send_up
@@ -76,6 +77,9 @@ class Member:
         # overlap > 0: the next round's first steps are trained while this round's update travels.
         self.head_start = HeadStart(book.spec.overlap) if book.spec.overlap > 0 else None
         self._pending_ahead: tuple[int, Trainer, np.ndarray, int] | None = None  # the root's, until it commits
+        # fragments > 1: a round syncs one fragment; this member's own model carries the rest.
+        spec = book.spec
+        self.own = OwnModel(book.dir / OWN_MODEL_FILE, spec.fragments) if spec.fragments > 1 else None
 
     async def train_and_send(self, plan: Plan, deadlines: RoundDeadlines) -> None:
         """Train (or reuse this round's update), then deliver it up the tree. Failures are
@@ -157,19 +161,23 @@ class Member:
             budget = max(MIN_TRAIN_S, min(end - now, deadlines.train - now - SEND_MARGIN_S))
         round_steps = steps or book.spec.local_steps
         ahead = await self.head_start.take(r, round_steps) if self.head_start is not None else None
-        start = params
+        start = params if self.own is None else self.own.start_for(plan, book.ledger.results, params)
         if ahead is not None and ahead.delta is not None:  # carry the steps taken ahead onto the plan's base
-            start = params + ahead.delta
+            start = start + ahead.delta
             steps = round_steps - ahead.steps
             if not budget:  # a job of local_steps: the rest of them, within the round's deadline
                 budget = max(MIN_TRAIN_S, deadlines.train - self.port.clock.now() - SEND_MARGIN_S)
         train = functools.partial(trainer.train, server_state=control) if control else trainer.train
         delta, metrics = await self.port.offload(train, start, steps, budget)
         self._trained_at = self.port.clock.now()
+        end, span = start + delta, None
         if self.head_start is not None:
-            self._train_ahead(plan, trainer, start + delta, round_steps)
+            self._train_ahead(plan, trainer, end, round_steps)
         if ahead is not None and ahead.delta is not None:
             delta, metrics = delta + ahead.delta, merged_metrics(ahead, metrics)
+        if self.own is not None:  # its own model carries on; it sends "trained − base" on the synced fragment
+            self.own.keep(plan, end)
+            delta, span = self.own.update(r, params, end)
         delta = self.faults.tamper(delta)
         if metrics.get("oom_retries"):
             self.port.emit(EventKind.OUT_OF_MEMORY, r, book.me, message=(
@@ -190,7 +198,7 @@ class Member:
                    else int(metrics.get("dataset_size") or trainer.num_samples))
         # Under secure aggregation this is the clear (DP-noised) delta; it is masked per
         # attempt, because the masks depend on the attempt's group and leader.
-        payload = self.encoder.encode(delta, samples)
+        payload = self.encoder.encode(delta, samples, span=span)
         trained = seal_update(
             self.port.identity, payload, job=book.job_id, round=r, peer=book.me, base_hash=plan.base_hash,
             plan=plan.digest, samples=samples, delta_hash=blob_hash(payload), delta_size=int(np.asarray(delta).size),

@@ -18,7 +18,8 @@ from gpuflex.node.collector import Reduced
 from gpuflex.node.core.kinds import Phase
 from gpuflex.node.core.messages import ABORT, RESULT, Plan
 from gpuflex.node.core.modelblob import model_parts
-from gpuflex.node.core.pipeline import describe_rule, outer_step
+from gpuflex.node.core.outerstep import outer_step
+from gpuflex.node.core.pipeline import describe_rule
 from gpuflex.node.core.workfields import nonce_fields
 from gpuflex.node.core.workplan import effective_steps_norm, member_work
 from gpuflex.node.port import JobPort, ModelLoader, Trainer
@@ -51,7 +52,7 @@ class Root:
         if spec.uses_fednova:  # the leaders averaged per-step directions: scale back up once
             avg = avg * np.float32(effective_steps_norm(spec, plan, contributions))
         params, state = await self._load_model(plan.base_hash, [])
-        new_params, new_state, step = await port.offload(outer_step, spec, params, state, avg)
+        new_params, new_state, step = await port.offload(outer_step, spec, params, state, avg, plan.round)
         parts = model_parts(new_params, new_state)
         model_hash = port.blobs.put_parts(parts)
         step_hash = port.blobs.put(step) if step is not None else None

@@ -16,7 +16,8 @@ from gpuflex.ml.llm.pin import pin_llm_spec
 from gpuflex.ml.llm.tokenizer import byte_tokenizer, tokenizer_hash
 from gpuflex.ml.llm.workload import LLMWorkload
 from gpuflex.node.core.modelblob import pack_model, unpack_model
-from gpuflex.node.core.pipeline import DeltaEncoder, decode_payload, outer_step, replay_step
+from gpuflex.node.core.outerstep import outer_step, replay_step
+from gpuflex.node.core.pipeline import DeltaEncoder, decode_payload
 from mesh.blob import blob_hash
 
 from .conftest import make_home, tiny_spec

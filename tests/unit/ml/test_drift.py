@@ -178,7 +178,8 @@ def _federated_quadratics(kind: str, optimizer: str, rounds: int = 30, local_ste
     the distance of the global model from the optimum of the union, relative to the optimum."""
     from gpuflex.ml.steploop import run_steps
     from gpuflex.ml.train import make_optimizer, plain_fit
-    from gpuflex.node.core.pipeline import MeanReducer, outer_step
+    from gpuflex.node.core.outerstep import outer_step
+    from gpuflex.node.core.pipeline import MeanReducer
 
     rng = np.random.default_rng(0)
     dim, rows = 5, (4, 8, 16, 8)  # unequal sample counts: the mean is sample-weighted

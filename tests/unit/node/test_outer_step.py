@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 
 from gpuflex.jobspec import JobSpec, JobSpecError
 from gpuflex.node.core.modelblob import pack_model, unpack_model
-from gpuflex.node.core.pipeline import DeltaEncoder, decode_payload, outer_step, replay_step
+from gpuflex.node.core.outerstep import outer_step, replay_step
+from gpuflex.node.core.pipeline import DeltaEncoder, decode_payload
 from mesh.blob import blob_hash
 from mesh.codec import WireError
 

@@ -50,3 +50,13 @@ async def test_a_member_downloads_the_model_when_the_missed_steps_cost_more(auto
                      codec="sparse", sparse_chunk=16, sparse_density=0.5)  # 6 parameters: steps cost more
     replayed = await _miss_two_rounds_and_catch_up(tmp_path, spec)
     assert replayed == 0
+
+
+async def test_a_member_rounds_behind_replays_the_missed_fragment_steps(autojump_clock, tmp_path,
+                                                                       monkeypatch) -> None:
+    """fragments = 4: each missed round's step is one fragment's, replayed on that fragment."""
+    monkeypatch.setattr(fakenet, "DIM", 20_000)
+    spec = fast_spec(rounds=3, min_nodes=2, strategy="diloco", server_lr=0.7, server_momentum=0.9,
+                     codec="int8", fragments=4)
+    replayed = await _miss_two_rounds_and_catch_up(tmp_path, spec)
+    assert replayed == 2, "both missed fragment steps were replayed"

@@ -16,13 +16,12 @@ from aggregation.encoded import EncodedDelta
 from aggregation.sparse import SparseVector
 from gpuflex.jobspec import JobSpec, JobSpecError
 from gpuflex.node.core.modelblob import pack_model, unpack_model
+from gpuflex.node.core.outerstep import outer_step, replay_step
 from gpuflex.node.core.pipeline import (
     DeltaEncoder,
     decode_payload,
     make_reducer,
-    outer_step,
     pack_partial,
-    replay_step,
     unpack_partial,
 )
 from mesh.blob import blob_hash
