@@ -49,24 +49,35 @@ def test_six_nodes_four_rounds(mesh_factory) -> None:
         assert not any((blobs / r["model_hash"]).exists() for r in rows[:-2] if r is not best)
 
 
-def test_int8_diloco_members_rebuild_each_model_and_results_export_to_plain_torch(mesh_factory, tmp_path) -> None:
+def test_int8_diloco_fragments_members_rebuild_each_model_and_results_export_to_plain_torch(mesh_factory,
+                                                                                          tmp_path) -> None:
+    """DiLoCo with int8 and fragments = 2: each round syncs half of the model, members train on
+    from their own model, and every node rebuilds each committed model from the fragment's step."""
     import torch
 
     mesh = mesh_factory(3)
     mesh.start(timeout=120)
     mesh.wait_connected(60)
     job = mesh.submit(digits_spec(rounds=2, local_epochs=0, local_steps=10, strategy="diloco", optimizer="adamw",
-                                  lr=3e-3, server_lr=0.7, codec="int8"))
+                                  lr=3e-3, server_lr=0.7, codec="int8", fragments=2))
     mesh.wait_job(job, [0, 1, 2], timeout=180)
 
-    # Every node that did not commit a round rebuilt its model from the int8 step (a quarter
-    # of the parameters' bytes, no outer momentum) instead of downloading it, and all agree.
+    # Every node that did not commit a round rebuilt its model from the int8 step of the
+    # round's fragment (an eighth of the parameters' float32 bytes, no outer momentum) instead
+    # of downloading it, and all agree; each member's own model is on disk for the next round.
     rows = mesh.call(0, "ledger", {"job": job})
     for i in range(3):
         status = mesh.job(i, job)
         assert status["model_hash"] == rows[-1]["model_hash"]
         me = mesh.call(i, "status")["peer_id"]
         assert status["steps_replayed"] == sum(r["coordinator"] != me for r in rows)
+        assert (mesh.home(i) / "jobs" / job / "own-model.f32").is_file()
+    # The model blob holds the parameters and the outer momentum (8 bytes a parameter): an int8
+    # step of the whole model is about 1 byte a parameter, of half of it about 0.5.
+    params = (mesh.home(0) / "blobs" / rows[-1]["model_hash"]).stat().st_size / 8
+    for row in rows:
+        assert 0.4 * params < row["metrics"]["down_bytes"] < 0.6 * params
+        assert all(0.4 * params < c["update_bytes"] < 0.6 * params for c in row["contributors"])
     out = tmp_path / "results"
     files = mesh.call(1, "job_results", {"job": job, "out": str(out)}, timeout=60)["files"]
     assert {p.rsplit("/", 1)[-1] for p in files} >= {"model.pt", "metrics.csv", "metrics.json", "ledger.json"}

@@ -249,3 +249,29 @@ async def test_fragment_rounds_commit_one_fragment_each_and_every_member_replays
     # Every member trained every round after the first from its own model, the fragment synced
     # last round taken from the mesh: none fell back to the committed model.
     assert sorted(merged) == sorted((r - 1, r - 1) for r in range(2, rounds + 1) for _ in nodes)
+
+
+async def test_secure_aggregation_masks_the_fragment_a_round_syncs(autojump_clock, tmp_path, monkeypatch) -> None:
+    """Masks are drawn for the update's own size, so a masked fragment sums like a masked model."""
+    monkeypatch.setattr(fakenet, "DIM", 300)
+    rounds, fragments = 3, 3
+    spec = fast_spec(rounds=rounds, min_nodes=4, strategy="diloco", server_lr=1.0, server_momentum=0.0,
+                     fragments=fragments, secure_aggregation=True, secagg_min_group=2, local_epochs=0,
+                     local_steps=3)
+    net = FakeNet(tmp_path, 5, spec)
+    async with trio.open_nursery() as nursery:
+        await net.start(nursery)
+        await net.wait_rounds(rounds)
+        nursery.cancel_scope.cancel()
+    nodes = net.alive_nodes()
+    results = verify_chain(net.ledger(nodes[0]), net.info.job_id)
+    previous = fakenet.FakeTrainer(0).initial_params()
+    for r, res in enumerate(results, start=1):
+        groups = res.env.body["secagg"]
+        assert groups and all(g["recovered"] for g in groups), "the round's groups were masked"
+        model = net.committed_model(nodes[0], r)
+        span = round_span(model.size, fragments, r)
+        moved = np.flatnonzero(model != previous)
+        assert moved.size and span.start <= moved.min() and moved.max() < span.stop
+        previous = model
+    assert {n.driver.book.head_model for n in nodes} == {results[-1].model_hash}
