@@ -14,6 +14,12 @@ rounds with its usual local work, and the others spend the same number of steps.
   node's default for a lossy codec); the root's averaged step also travels in int8 and every
   member replays the outer step itself.
 * ``diloco-int8-no-ef``: int8 without error feedback.
+* ``fragments-int8``: ``diloco-int8`` with ``fragments = F`` (``--fragments``, 4), Streaming
+  DiLoCo's schedule (arXiv 2501.18512): rounds of H / F local steps, each syncing one fragment
+  in turn, so every fragment still syncs every H steps and each round moves 1/F of the bytes.
+  Members train on from their own model between a fragment's syncs, as nodes do.
+* ``fragments-int8-long``: the same fragments with rounds of H steps: each round moves 1/F of
+  ``diloco-int8``'s bytes, and a fragment syncs every F x H steps.
 * ``sparse``: ``codec = "sparse"`` with top-k 1/64 per chunk of 4096, 2-bit values, all of
   the residual kept (decay 1.0), the step back at 8 bits, and the outer step plain SGD at lr
   1 (SparseLoCo's: the error-feedback residual takes the place of outer momentum).
@@ -51,7 +57,8 @@ from benchmarks.common import MB, add_json_flag, emit, format_table, log, ratio,
 
 SHAKESPEARE = Path(__file__).resolve().parents[2] / "shared" / "data" / "tinyshakespeare.txt"
 REFERENCES = ("sync", "fedavg")
-ORDER = ("sync", "fedavg", "diloco", "diloco-int8", "diloco-int8-no-ef", "sparse", "sparseloco", "demo")
+ORDER = ("sync", "fedavg", "diloco", "diloco-int8", "diloco-int8-no-ef", "fragments-int8", "fragments-int8-long",
+         "sparse", "sparseloco", "demo")
 
 
 #: One step per round, then the job's own optimizer applied by the server to the mean delta
@@ -108,6 +115,9 @@ def variant_jobs(task: Task, args: argparse.Namespace) -> dict[str, tuple[dict[s
         "diloco": (diloco, False),
         "diloco-int8": ({**diloco, "codec": "int8"}, True),
         "diloco-int8-no-ef": ({**diloco, "codec": "int8"}, False),
+        "fragments-int8": ({**diloco, "codec": "int8", "fragments": args.fragments,
+                            "local_steps": max(1, diloco["local_steps"] // args.fragments)}, True),
+        "fragments-int8-long": ({**diloco, "codec": "int8", "fragments": args.fragments}, True),
         "sparse": ({**sparse, "sparse_feedback_decay": 1.0}, True),
         "sparseloco": ({**sparse, "sparse_density": 64 / 4096, "sparse_bits": 2, "sparse_feedback_decay": 0.95},
                        True),
@@ -135,7 +145,8 @@ def summarise(name: str, history: list[dict[str, Any]], seconds: float) -> dict[
     return {"strategy": name, "rounds": len(history), "steps": sum(h["steps"] for h in history),
             "final_loss": history[-1]["loss"], "best_loss": min(losses), "final_accuracy": history[-1]["accuracy"],
             "upload_bytes": up, "total_bytes": up + down, "upload_mb": up / MB, "total_mb": (up + down) / MB,
-            "round_mb": (history[-1]["upload_bytes"] + history[-1]["download_bytes"]) / MB, "seconds": seconds}
+            "round_mb": (history[-1]["upload_bytes"] + history[-1]["download_bytes"]) / MB,
+            "peak_mb": max(h["upload_bytes"] + h["download_bytes"] for h in history) / MB, "seconds": seconds}
 
 
 def reach_table(rows: list[dict[str, Any]], histories: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
@@ -190,6 +201,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             rounds, every = args.rounds or task.fedavg_rounds, 1
         elif name == "sync":
             rounds, every = round(budget), task.sync_eval_every
+        elif name == "fragments-int8":  # F rounds for each of DiLoCo's: every fragment syncs as often
+            rounds, every = args.fragments * math.ceil(budget / h), 1
         else:
             rounds, every = math.ceil(budget / overrides.get("local_steps", h)), 1
         log(f"{name}: {rounds} rounds on {args.workers} workers")
@@ -213,7 +226,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "inner_lr": jobs["diloco"][0]["lr"], "weight_decay": args.weight_decay,
             "sync_eval_every": task.sync_eval_every, "steps_budget": budget,
             "sparse_local_steps": args.sparse_local_steps or h, "sparse_outer_lr": args.sparse_outer_lr,
-            "density": args.density, "bits": args.bits, "step_bits": args.step_bits, "rows": rows, "reach": reach,
+            "fragments": args.fragments, "density": args.density, "bits": args.bits, "step_bits": args.step_bits,
+            "rows": rows, "reach": reach,
             "curves": {k: [{key: v[key] for key in ("round", "loss", "accuracy", "upload_bytes", "download_bytes")}
                            for v in hist] for k, hist in histories.items()}}
 
@@ -228,13 +242,16 @@ def render(r: dict[str, Any]) -> str:
             f"MB = 10^6 bytes, uploads plus downloads (model or int8 step) of all workers.\n"
             f"sparse, sparseloco, demo: H = {r['sparse_local_steps']}, outer SGD lr {r['sparse_outer_lr']:g}, "
             f"density {r['density']:g}, {r['bits']} bits up, {r['step_bits']} bits down (demo: its own).\n"
+            f"fragments-int8: fragments = {r['fragments']}, H / {r['fragments']} steps a round; "
+            f"fragments-int8-long: fragments = {r['fragments']}, H steps a round.\n"
             f"\"x sync\" / \"x fedavg\": that reference's bytes divided by this strategy's (higher = fewer bytes)."
             + (f"\nsync is evaluated every {every} steps, so its bytes to a target may be overstated by up to "
                f"{every - 1} steps' worth." if every > 1 else ""))
     runs = format_table(r["rows"], [
         ("strategy", "strategy", ""), ("rounds", "rounds", "d"), ("steps", "steps/worker", ".0f"),
         ("final_loss", "final loss", ".4f"), ("best_loss", "best loss", ".4f"),
-        ("final_accuracy", "final acc", ".4f"), ("round_mb", "MB/round", ".3f"), ("upload_mb", "upload MB", ".2f"),
+        ("final_accuracy", "final acc", ".4f"), ("round_mb", "MB/round", ".3f"), ("peak_mb", "peak MB/round", ".3f"),
+        ("upload_mb", "upload MB", ".2f"),
         ("total_mb", "total MB", ".2f"), ("total_x_sync", "x sync", ".1f"), ("total_x_fedavg", "x fedavg", ".2f"),
         ("upload_x_sync", "upload x sync", ".1f"), ("upload_x_fedavg", "upload x fedavg", ".2f")])
     reach = format_table(r["reach"], [
@@ -258,6 +275,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--variants", default=",".join(ORDER),
                         help=f"comma-separated strategies to run (fedavg always runs): {', '.join(ORDER)}")
+    parser.add_argument("--fragments", type=int, default=4, help="fragments-int8*: fragments of the model (2 to 64)")
     parser.add_argument("--density", type=float, default=1 / 64, help="sparse: share of each chunk sent")
     parser.add_argument("--bits", type=int, default=2, help="sparse: bits per value sent")
     parser.add_argument("--step-bits", type=int, default=8, help="sparse: bits per value of the step")
@@ -271,6 +289,8 @@ def main() -> None:
     args.variants = {v.strip() for v in args.variants.split(",") if v.strip()}
     if unknown := args.variants - set(ORDER):
         parser.exit(2, f"error: unknown --variants {', '.join(sorted(unknown))}\n")
+    if not 2 <= args.fragments <= 64:
+        parser.exit(2, "error: --fragments must be from 2 to 64\n")
     if args.task == "shakespeare" and not args.data.is_file():
         parser.exit(2, f"error: --task shakespeare needs {args.data} (--data)\n")
     emit(run(args), args.json, render)
