@@ -28,7 +28,8 @@ from aggregation.tree import build_tree
 from gpuflex.jobspec import JobSpec
 from gpuflex.node.clock import DeadlineClock
 from gpuflex.node.core.kinds import EventKind
-from gpuflex.node.core.messages import JOB, PARTIAL, UPDATE, parse_partial, parse_update
+from gpuflex.node.core.ledger import verify_chain
+from gpuflex.node.core.messages import JOB, PARTIAL, UPDATE, Result, parse_partial, parse_update
 from gpuflex.node.core.modelblob import unpack_model
 from gpuflex.node.core.ranking import coordinator_ranking
 from gpuflex.node.core.workplan import norm_of
@@ -579,6 +580,17 @@ class FakeNet:
                 if all(n.driver is not None and n.driver.committed >= rounds for n in watch):
                     return
                 await trio.sleep(0.5)
+
+    async def run_rounds(self, rounds: int) -> list[Result]:
+        """Start every node, stop once each has committed ``rounds`` rounds, and return the
+        verified results of the one ledger every live node holds."""
+        async with trio.open_nursery() as nursery:
+            await self.start(nursery)
+            await self.wait_rounds(rounds)
+            nursery.cancel_scope.cancel()
+        frames = [self.ledger(n) for n in self.alive_nodes()]
+        assert all(f == frames[0] for f in frames), "ledgers differ between nodes"
+        return verify_chain(frames[0], self.info.job_id)
 
     def expected_model(self, node: FakeNode, round_: int) -> np.ndarray:
         """Round ``round_``'s model as the flat aggregate of its contributors' deltas: their

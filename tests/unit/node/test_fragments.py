@@ -9,14 +9,12 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-import trio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from aggregation.fragments import round_span, synced_since
 from gpuflex.jobspec import JobSpec, JobSpecError
 from gpuflex.node import ownmodel
-from gpuflex.node.core.ledger import verify_chain
 from gpuflex.node.core.modelblob import pack_model, unpack_model
 from gpuflex.node.core.outerstep import outer_step, replay_step
 from gpuflex.node.core.pipeline import DeltaEncoder, decode_payload
@@ -210,6 +208,20 @@ def test_a_member_two_rounds_behind_takes_both_synced_fragments(tmp_path) -> Non
 
 # -- rounds on the fake transport --------------------------------------------------------------
 
+def moved_only_in_their_fragment(net: FakeNet, results: list, fragments: int) -> list:
+    """Each committed model differs from the one before it inside its round's fragment only;
+    the rounds' spans."""
+    node, previous, spans = net.alive_nodes()[0], fakenet.FakeTrainer(0).initial_params(), []
+    for r in range(1, len(results) + 1):
+        model = net.committed_model(node, r)
+        span = round_span(model.size, fragments, r)
+        moved = np.flatnonzero(model != previous)
+        assert moved.size and span.start <= moved.min() and moved.max() < span.stop, f"round {r} moved outside"
+        previous = model
+        spans.append(span)
+    return spans
+
+
 async def test_fragment_rounds_commit_one_fragment_each_and_every_member_replays_them(
         autojump_clock, tmp_path, monkeypatch) -> None:
     monkeypatch.setattr(fakenet, "DIM", 3_000)
@@ -224,23 +236,12 @@ async def test_fragment_rounds_commit_one_fragment_each_and_every_member_replays
 
     monkeypatch.setattr(ownmodel, "synced_since", spy)
     net = FakeNet(tmp_path, 4, spec)
-    async with trio.open_nursery() as nursery:
-        await net.start(nursery)
-        await net.wait_rounds(rounds)
-        nursery.cancel_scope.cancel()
+    results = await net.run_rounds(rounds)
     nodes = net.alive_nodes()
-    frames = [net.ledger(n) for n in nodes]
-    assert all(f == frames[0] for f in frames)
-    results = verify_chain(frames[0], net.info.job_id)
-    previous = fakenet.FakeTrainer(0).initial_params()
-    for r, res in enumerate(results, start=1):
-        model = net.committed_model(nodes[0], r)
-        span = round_span(model.size, fragments, r)
-        moved = np.flatnonzero(model != previous)
-        assert moved.size and span.start <= moved.min() and moved.max() < span.stop, f"round {r} moved outside"
-        assert 0 < res.metrics["down_bytes"] < 1.5 * span.length, "the step is about the fragment's int8 bytes"
+    for r, (res, span) in enumerate(zip(results, moved_only_in_their_fragment(net, results, fragments),
+                                        strict=True), start=1):
+        assert 0 < res.metrics["down_bytes"] < 1.5 * span.length, f"round {r}: the step is the fragment's int8"
         assert all(c["update_bytes"] < 1.5 * span.length for c in res.contributors)
-        previous = model
     for node in nodes:
         book = node.driver.book
         assert book.head_model == results[-1].model_hash
@@ -259,19 +260,9 @@ async def test_secure_aggregation_masks_the_fragment_a_round_syncs(autojump_cloc
                      fragments=fragments, secure_aggregation=True, secagg_min_group=2, local_epochs=0,
                      local_steps=3)
     net = FakeNet(tmp_path, 5, spec)
-    async with trio.open_nursery() as nursery:
-        await net.start(nursery)
-        await net.wait_rounds(rounds)
-        nursery.cancel_scope.cancel()
-    nodes = net.alive_nodes()
-    results = verify_chain(net.ledger(nodes[0]), net.info.job_id)
-    previous = fakenet.FakeTrainer(0).initial_params()
-    for r, res in enumerate(results, start=1):
+    results = await net.run_rounds(rounds)
+    moved_only_in_their_fragment(net, results, fragments)
+    for res in results:
         groups = res.env.body["secagg"]
         assert groups and all(g["recovered"] for g in groups), "the round's groups were masked"
-        model = net.committed_model(nodes[0], r)
-        span = round_span(model.size, fragments, r)
-        moved = np.flatnonzero(model != previous)
-        assert moved.size and span.start <= moved.min() and moved.max() < span.stop
-        previous = model
-    assert {n.driver.book.head_model for n in nodes} == {results[-1].model_hash}
+    assert {n.driver.book.head_model for n in net.alive_nodes()} == {results[-1].model_hash}
