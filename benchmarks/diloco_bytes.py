@@ -20,6 +20,8 @@ rounds with its usual local work, and the others spend the same number of steps.
   Members train on from their own model between a fragment's syncs, as nodes do.
 * ``fragments-int8-long``: the same fragments with rounds of H steps: each round moves 1/F of
   ``diloco-int8``'s bytes, and a fragment syncs every F x H steps.
+* ``diloco-int8-short``: ``diloco-int8`` (the whole model every round) with ``fragments-int8``'s
+  rounds of H / F steps: what the shorter rounds alone do, apart from the fragments.
 * ``sparse``: ``codec = "sparse"`` with top-k 1/64 per chunk of 4096, 2-bit values, all of
   the residual kept (decay 1.0), the step back at 8 bits, and the outer step plain SGD at lr
   1 (SparseLoCo's: the error-feedback residual takes the place of outer momentum).
@@ -57,8 +59,8 @@ from benchmarks.common import MB, add_json_flag, emit, format_table, log, ratio,
 
 SHAKESPEARE = Path(__file__).resolve().parents[2] / "shared" / "data" / "tinyshakespeare.txt"
 REFERENCES = ("sync", "fedavg")
-ORDER = ("sync", "fedavg", "diloco", "diloco-int8", "diloco-int8-no-ef", "fragments-int8", "fragments-int8-long",
-         "sparse", "sparseloco", "demo")
+ORDER = ("sync", "fedavg", "diloco", "diloco-int8", "diloco-int8-no-ef", "diloco-int8-short", "fragments-int8",
+         "fragments-int8-long", "sparse", "sparseloco", "demo")
 
 
 #: One step per round, then the job's own optimizer applied by the server to the mean delta
@@ -106,6 +108,7 @@ def variant_jobs(task: Task, args: argparse.Namespace) -> dict[str, tuple[dict[s
     diloco = {"strategy": "diloco", "optimizer": "adamw", "lr": args.inner_lr or task.inner_lr,
               "weight_decay": args.weight_decay, "local_steps": args.local_steps or task.local_steps,
               "local_epochs": 0, "server_lr": args.outer_lr, "server_momentum": args.outer_momentum}
+    short = max(1, diloco["local_steps"] // args.fragments)  # fragments-int8's rounds: H / F steps
     sparse = {**diloco, "local_steps": args.sparse_local_steps or diloco["local_steps"], "codec": "sparse",
               "server_lr": args.sparse_outer_lr, "server_momentum": 0.0,
               "sparse_density": args.density, "sparse_bits": args.bits, "sparse_step_bits": args.step_bits}
@@ -115,8 +118,8 @@ def variant_jobs(task: Task, args: argparse.Namespace) -> dict[str, tuple[dict[s
         "diloco": (diloco, False),
         "diloco-int8": ({**diloco, "codec": "int8"}, True),
         "diloco-int8-no-ef": ({**diloco, "codec": "int8"}, False),
-        "fragments-int8": ({**diloco, "codec": "int8", "fragments": args.fragments,
-                            "local_steps": max(1, diloco["local_steps"] // args.fragments)}, True),
+        "diloco-int8-short": ({**diloco, "codec": "int8", "local_steps": short}, True),
+        "fragments-int8": ({**diloco, "codec": "int8", "fragments": args.fragments, "local_steps": short}, True),
         "fragments-int8-long": ({**diloco, "codec": "int8", "fragments": args.fragments}, True),
         "sparse": ({**sparse, "sparse_feedback_decay": 1.0}, True),
         "sparseloco": ({**sparse, "sparse_density": 64 / 4096, "sparse_bits": 2, "sparse_feedback_decay": 0.95},
@@ -201,7 +204,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             rounds, every = args.rounds or task.fedavg_rounds, 1
         elif name == "sync":
             rounds, every = round(budget), task.sync_eval_every
-        elif name == "fragments-int8":  # F rounds for each of DiLoCo's: every fragment syncs as often
+        elif name in ("fragments-int8", "diloco-int8-short"):  # F rounds for each of DiLoCo's
             rounds, every = args.fragments * math.ceil(budget / h), 1
         else:
             rounds, every = math.ceil(budget / overrides.get("local_steps", h)), 1
@@ -242,7 +245,8 @@ def render(r: dict[str, Any]) -> str:
             f"MB = 10^6 bytes, uploads plus downloads (model or int8 step) of all workers.\n"
             f"sparse, sparseloco, demo: H = {r['sparse_local_steps']}, outer SGD lr {r['sparse_outer_lr']:g}, "
             f"density {r['density']:g}, {r['bits']} bits up, {r['step_bits']} bits down (demo: its own).\n"
-            f"fragments-int8: fragments = {r['fragments']}, H / {r['fragments']} steps a round; "
+            f"fragments-int8 and diloco-int8-short: H / {r['fragments']} steps a round, fragments-int8 with "
+            f"fragments = {r['fragments']}; "
             f"fragments-int8-long: fragments = {r['fragments']}, H steps a round.\n"
             f"\"x sync\" / \"x fedavg\": that reference's bytes divided by this strategy's (higher = fewer bytes)."
             + (f"\nsync is evaluated every {every} steps, so its bytes to a target may be overstated by up to "

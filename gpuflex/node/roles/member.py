@@ -78,8 +78,7 @@ class Member:
         self.head_start = HeadStart(book.spec.overlap) if book.spec.overlap > 0 else None
         self._pending_ahead: tuple[int, Trainer, np.ndarray, int] | None = None  # the root's, until it commits
         # fragments > 1: a round syncs one fragment; this member's own model carries the rest.
-        spec = book.spec
-        self.own = OwnModel(book.dir / OWN_MODEL_FILE, spec.fragments) if spec.fragments > 1 else None
+        self.own = OwnModel(book.dir / OWN_MODEL_FILE, book.spec.fragments) if book.spec.fragments > 1 else None
 
     async def train_and_send(self, plan: Plan, deadlines: RoundDeadlines) -> None:
         """Train (or reuse this round's update), then deliver it up the tree. Failures are
@@ -176,7 +175,7 @@ class Member:
         if ahead is not None and ahead.delta is not None:
             delta, metrics = delta + ahead.delta, merged_metrics(ahead, metrics)
         if self.own is not None:  # its own model carries on; it sends "trained − base" on the synced fragment
-            self.own.keep(plan, end)
+            await self.port.offload(self.own.keep, plan, end)  # a model-sized write, off the event loop
             delta, span = self.own.update(r, params, end)
         delta = self.faults.tamper(delta)
         if metrics.get("oom_retries"):
