@@ -33,9 +33,16 @@ class PeerLimits:
 
     #: A stream that delivers no byte for this long is dropped: bytes must keep arriving.
     read_timeout_s: float = 10.0
-    #: Message and gossip streams open at once, from one peer and from all peers.
+    #: Message streams (requests: updates, partials, plans, sync pages) open at once, from one
+    #: peer and from all peers ...
     streams_per_peer: int = 16
     streams_total: int = 256
+    #: ... and gossip streams (gossip and presence), apart: at a thousand simulated members
+    #: every member's presence reached a round's root as the round began, and with one budget
+    #: for both the root refused its children's partials (282 streams refused) and waited for
+    #: them until its deadline.
+    gossip_streams_per_peer: int = 16
+    gossip_streams_total: int = 256
     #: Bytes of signed frames being received at once (each frame grows as its bytes arrive).
     frame_bytes_per_peer: int = 32 * MiB
     frame_bytes_total: int = 128 * MiB
@@ -166,6 +173,7 @@ class PeerQuotas:
     def __init__(self, limits: PeerLimits) -> None:
         self.limits = limits
         self.streams = Quota(limits.streams_per_peer, limits.streams_total, "inbound streams")
+        self.gossip_streams = Quota(limits.gossip_streams_per_peer, limits.gossip_streams_total, "gossip streams")
         self.frame_bytes = Quota(limits.frame_bytes_per_peer, limits.frame_bytes_total, "frame bytes")
         self.payloads = Quota(limits.payloads_per_peer, limits.payloads_total, "inbound payloads")
         self.relay_streams = Quota(limits.relay_streams_per_peer, limits.relay_streams_total, "relay streams")

@@ -303,7 +303,7 @@ class MeshNode:
             self.dht = net.build_dht(self.host, self.config.client_mode, validator)
             inbound = self.inbound
             self.host.set_stream_handler(MSG_PROTOCOL, inbound.guard(inbound.handle_msg))
-            self.host.set_stream_handler(GOSSIP_PROTOCOL, inbound.guard(inbound.handle_gossip))
+            self.host.set_stream_handler(GOSSIP_PROTOCOL, inbound.guard(inbound.handle_gossip, "gossip_streams"))
             self.host.set_stream_handler(BLOB_PROTOCOL, inbound.guard(inbound.handle_blob, "blob_serves"))
             self.host.set_stream_handler(STREAM_PROTOCOL, inbound.guard(
                 partial(serve_stream, self, self.config.limits.read_timeout_s)))

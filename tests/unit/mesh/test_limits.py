@@ -105,3 +105,30 @@ async def test_a_guarded_handler_is_refused_past_its_peer_quota_and_frees_its_sl
         release.set()
     assert inbound.quotas.relay_streams.used == 0
     assert all(s.closed for s in served)
+
+
+async def test_gossip_streams_cannot_take_the_slots_of_work_messages() -> None:
+    """A burst of gossip (every member's presence as a round begins) fills the gossip budget;
+    a child's partial on a message stream is still served."""
+    inbound = InboundStreams(_Node())  # type: ignore[arg-type]
+    release = trio.Event()
+    served: list[str] = []
+
+    async def hold(stream: Any, remote: str) -> None:
+        served.append("gossip")
+        await release.wait()
+
+    async def work(stream: Any, remote: str) -> None:
+        served.append("work")
+
+    gossip, message = inbound.guard(hold, "gossip_streams"), inbound.guard(work)
+    per_peer = _Node.limits.gossip_streams_per_peer
+    async with trio.open_nursery() as nursery:
+        for _ in range(per_peer + 3):
+            nursery.start_soon(gossip, _Stream())
+        await trio.testing.wait_all_tasks_blocked()
+        assert served.count("gossip") == per_peer and inbound.refused_by == {"gossip_streams": 3}
+        await message(_Stream())
+        assert served.count("work") == 1
+        release.set()
+    assert inbound.quotas.gossip_streams.used == 0 and inbound.quotas.streams.used == 0
