@@ -26,7 +26,7 @@ import trio
 
 from gpuflex.localmesh import LocalMesh
 from gpuflex.node.core.ledger import Ledger
-from gpuflex.node.core.messages import ABORT, JOB, PLAN, PRESENCE, RESULT, SYNC
+from gpuflex.node.core.messages import ABORT, JOB, PLAN, PRESENCE, RESULT, SYNC, parse_result
 from gpuflex.node.core.modelblob import model_blob_limit
 from gpuflex.node.jobs import job_id_of
 from mesh.addressbook import AddressBook
@@ -445,7 +445,9 @@ async def test_a_model_server_announcing_a_huge_size_reserves_no_disk(scene: Sce
         await trio.to_thread.run_sync(wait, scene, lambda: mesh.job(2, job)["round"] >= len(ledger.frames), 90,
                                       "node 2 catching up")
         penalty = scene.peers(2).get(hostile.node.peer_id, {}).get("penalty", 0)
-    limit = model_blob_limit(int(open_envelope(ledger.results[-1].updates[0]).body["delta_size"]))
+    # The ledger keeps its results without their evidence (ledger.kept): the update is in the frame.
+    update = parse_result(open_envelope(ledger.frames[-1], expect_kind=RESULT)).updates[0]
+    limit = model_blob_limit(int(open_envelope(update).body["delta_size"]))
     print(f"node 2 reserved {biggest >> 20} MiB for a blob announced at {HUGE >> 20} MiB")
     assert asks >= 1, "node 2 never asked the hostile server for the model"
     assert biggest < limit, f"node 2 reserved {biggest} bytes for the announced blob"
