@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from gpuflex.jobspec import JobSpec
-from gpuflex.ml.workload import Workload
+from gpuflex.ml.workload import open_workload
 from gpuflex.nodeconfig import NodeConfig
 
 
@@ -54,7 +54,7 @@ def simulate(
 
     if error_feedback is not None:
         spec = dataclasses.replace(spec, error_feedback=error_feedback)
-    nodes = [Workload(spec, i, num_parts, config=config or NodeConfig()) for i in range(num_parts)]
+    nodes = [open_workload(spec, i, num_parts, config=config or NodeConfig()) for i in range(num_parts)]
     encoders = [DeltaEncoder(spec) for _ in nodes]
     params = nodes[0].initial_params()
     state: dict[str, np.ndarray] = {}
