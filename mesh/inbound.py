@@ -82,9 +82,13 @@ class InboundStreams:
     def __init__(self, node: ServingNode) -> None:
         self.node = node
         self.quotas = PeerQuotas(node.limits)
-        self.refused = 0  # streams and requests refused at a limit (status, tests)
-        self.refused_by: Counter[str] = Counter()  # the same, by the limit that refused them
+        self.refused_by: Counter[str] = Counter()  # streams and requests refused, by the limit that refused them
         self._busy_log = LogThrottle(log)
+
+    @property
+    def refused(self) -> int:
+        """Streams and requests refused at a limit, all limits together (status, tests)."""
+        return sum(self.refused_by.values())
 
     @property
     def stall_s(self) -> float:
@@ -102,7 +106,6 @@ class InboundStreams:
             try:
                 counter.take(remote)
             except Busy as exc:
-                self.refused += 1
                 self.refused_by[quota] += 1
                 self._busy_log.warning(f"{quota}:{remote}", f"refused a stream from {remote[-8:]}: {exc}")
                 await reset(stream)
@@ -114,7 +117,6 @@ class InboundStreams:
                 self.reject(remote, exc, stream.get_protocol() if hasattr(stream, "get_protocol") else "")
                 await reset(stream)
             except Busy as exc:
-                self.refused += 1
                 self.refused_by[f"{quota} (mid-stream)"] += 1
                 self._busy_log.warning(f"{quota}:{remote}", f"dropped a stream from {remote[-8:]}: {exc}")
                 await reset(stream)
@@ -202,7 +204,6 @@ class InboundStreams:
     async def handle_gossip(self, stream: Any, remote: str) -> None:
         node, quotas = self.node, self.quotas
         if not quotas.gossip_peers.allow(remote):
-            self.refused += 1
             self.refused_by["gossip_peer_rate"] += 1
             self._busy_log.warning(f"gossip-peer:{remote}", f"gossip from {remote[-8:]} is over "
                                    f"{quotas.limits.gossip_peer_rate:g} streams/s; dropping the excess")
@@ -221,7 +222,6 @@ class InboundStreams:
         if not quotas.gossip_origins.allow(env.sender):
             # Neither delivered nor relayed, and not marked seen: a copy that comes back once
             # the origin is under its rate again is taken.
-            self.refused += 1
             self.refused_by["gossip_origin_rate"] += 1
             self._busy_log.warning(f"gossip-origin:{env.sender}", (
                 f"gossip from origin {env.sender[-8:]} (via {remote[-8:]}) is over "

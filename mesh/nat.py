@@ -68,6 +68,11 @@ RECHECK_PRIVATE_S = 10.0
 RECHECK_MEMORY = 1024
 
 
+def circuits_of(info: dict[str, Any]) -> list[str]:
+    """The relay circuits a peer's NodeInfo announces (the first four)."""
+    return [a for a in info.get("addrs", []) if isinstance(a, str) and "/p2p-circuit/" in a][:4]
+
+
 class NatSettings(Protocol):
     """The settings NAT traversal reads (``mesh.node.MeshConfig`` has them)."""
 
@@ -329,7 +334,7 @@ class NatService:
         if not info:
             return
         addrs = [a for a in info.get("addrs", []) if isinstance(a, str)]
-        circuits = [a for a in addrs if "/p2p-circuit/" in a][:4]
+        circuits = circuits_of(info)
         claim = parse(info.get("reachability"))
         if circuits and claim != Reachability.PUBLIC:
             await self.relay.connect(peer, circuits, timeout=min(timeout, 10.0))
@@ -353,7 +358,7 @@ class NatService:
         while len(self._rechecked) > RECHECK_MEMORY:
             del self._rechecked[next(iter(self._rechecked))]
         fresh = await self.node.lookup_node_info(peer, min(timeout / 2, 2.5))
-        circuits = [a for a in (fresh or {}).get("addrs", []) if isinstance(a, str) and "/p2p-circuit/" in a][:4]
+        circuits = circuits_of(fresh or {})
         rec = self.node.peers.get(peer)
         if circuits and fresh is not None and rec is not None:
             rec.info = fresh
