@@ -64,7 +64,8 @@ def job_spec(nodes: int, rounds: int, batch_size: int, local_steps: int) -> dict
 
 def training_seconds(home: Path, job: str) -> dict[int, list[float]]:
     """Per round, each contributor's signed training seconds, from a node's ledger file."""
-    from gpuflex.node.core.ledger import read_ledger_file, verify_chain
+    from gpuflex.node.core.ledger import verify_chain
+    from gpuflex.node.core.ledgerfile import read_ledger_file
     from gpuflex.node.core.messages import walk_contributions
 
     paths = sorted(home.glob(f"jobs/{job}*/ledger.msgpack"))

@@ -414,7 +414,7 @@ def loopback_up() -> None:
 
 def ledger_lengths(mesh: Any, job: str) -> list[int]:
     """Rounds in each node's ledger file, read from disk so that waiting sends nothing."""
-    from gpuflex.node.core.ledger import LedgerError, read_ledger_file
+    from gpuflex.node.core.ledgerfile import LedgerError, read_ledger_file
 
     lengths = []
     for i in range(mesh.size):

@@ -13,7 +13,7 @@ owner, and its owner only calls its methods.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -310,7 +310,7 @@ class JobDriver:
     def job_frame(self) -> bytes:
         return self.book.info.frame
 
-    def ledger_frames(self) -> list[bytes]:
+    def ledger_frames(self) -> Sequence[bytes]:
         return self.book.ledger.frames
 
     def chain_check(self, start: int = 0) -> ChainCheck:

@@ -13,6 +13,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from gpuflex.llmspec import is_llm
+from gpuflex.node.core.ledgerfile import export_bytes
 from gpuflex.node.core.messages import Result
 from gpuflex.node.core.modelblob import unpack_model
 from gpuflex.node.core.selection import best_result
@@ -105,8 +106,7 @@ def export_results(job: JobExport, out: Path) -> list[Path]:
                                                indent=2))):
         atomic_write_text(out / name, text, mode=0o644)
         files.append(out / name)
-    atomic_write(out / "ledger.msgpack", job.ledger_path.read_bytes() if job.ledger_path.exists() else b"",
-                 mode=0o644)
+    atomic_write(out / "ledger.msgpack", export_bytes(job.ledger_path, job.job_id), mode=0o644)
     files.append(out / "ledger.msgpack")
     plot = plot_metrics(rows, out / "metrics.png", title=f"job {job.job_id} ({job.spec.name})")
     if plot is not None:

@@ -7,7 +7,7 @@ holds and however long their ledgers, every answer is a page well within the fra
 
 * ``{"after": ID}``: the signed JobSpec frames of the jobs whose ids sort after ``ID``, up to
   ``PAGE_BYTES`` (and ``PAGE_JOBS``), each job's ledger height, weight (its verified
-  contributions, ``ledger.chain_weight``) and head, and ``more`` (the last id sent) while
+  contributions, ``forkchoice.chain_weight``) and head, and ``more`` (the last id sent) while
   further pages remain;
 * ``{"job": ID, "from": N}``: that job's ledger frames from round ``N + 1``, up to
   ``PAGE_BYTES`` but at least one, and ``more`` while further frames remain.
@@ -108,11 +108,13 @@ def job_page(jobs: Mapping[str, SyncedJob], after: str) -> dict[str, Any]:
 
 
 def ledger_page(job: SyncedJob, start: int) -> dict[str, Any]:
-    """Ledger frames of ``job`` from index ``start``."""
+    """Ledger frames of ``job`` from index ``start``: read one at a time, only as far as the page
+    goes (the frames are on disk, ``ledger.LedgerFrames``)."""
     ledger = job.ledger_frames()
     out: list[bytes] = []
     size = 0
-    for frame in ledger[start:]:
+    for i in range(start, len(ledger)):
+        frame = ledger[i]
         if out and size + len(frame) > PAGE_BYTES:
             break
         out.append(frame)

@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 
 from gpuflex.localmesh import LocalMesh
-from gpuflex.node.core.ledger import Ledger, read_ledger_file, verify_chain
+from gpuflex.node.core.ledger import Ledger, verify_chain
+from gpuflex.node.core.ledgerfile import read_ledger_file
 from tests.integration.conftest import light_spec
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]

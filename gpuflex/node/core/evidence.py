@@ -10,7 +10,7 @@ A result counts only if
   - it counts at least ``min_nodes`` contributions, each a valid signed update made for that
     very plan (the update signs the plan's digest) by one of the plan's members, on its base;
   - its contributor list and its ``contributors`` metric say exactly that (so the list's
-    length, the round's weight in fork choice, ``ledger.round_weight``, is the verified
+    length, the round's weight in fork choice, ``forkchoice.round_weight``, is the verified
     count), each row's step count is its signed update's, and no update took more steps than a
     budgeted plan allowed;
   - in an allowlisted job, the plan's coordinator and members are all on the allowlist;

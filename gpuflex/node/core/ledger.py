@@ -1,30 +1,45 @@
 """The round ledger: a hash chain of signed Results, kept on every node.
 
 Each result names the digest of the one before it, so the file can be audited offline and a
-removed, reordered or edited round breaks the chain. The file is rewritten atomically after
-each commit, and the previous good copy is kept beside it: a torn or corrupt file is detected
-on load (the chain no longer verifies) and the node falls back to that copy. A write that fails
-(a full disk) changes nothing, in memory or on disk, so the node never acts on a round it could
-not record; it catches up from peers once writes succeed again.
+removed, reordered or edited round breaks the chain. The file is append-only: a header, then
+each committed round's signed frame, written and fsynced before the round counts. A round
+costs its own bytes on disk, not a rewrite of every round before it (at a thousand members a
+round's frame is a megabyte, and a whole-file rewrite each round grew as the square of the
+rounds). A torn or corrupt tail is found on load (the chain stops verifying there): the
+verified rounds before it stand, the tail is cut off, and the node fetches the rest from peers.
+A write that fails (a full disk) is cut off again and changes nothing in memory, so the node
+never acts on a round it could not record; it catches up from peers once writes succeed.
+
+In memory a ledger holds each round's parsed result without its evidence (``kept``) and reads
+the frames back from the file when a peer asks for them (``LedgerFrames``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeGuard
+from typing import Any, BinaryIO, TypeGuard
 
-import msgpack
-
-from gpuflex.errors import GpuflexError
 from gpuflex.node.core.evidence import ChainRules, EvidenceError, verify_round
+from gpuflex.node.core.forkchoice import chain_weight
+from gpuflex.node.core.ledgerfile import (
+    FORMAT,
+    FileScan,
+    LedgerError,
+    LedgerFrames,
+    Span,
+    append_frames,
+    cut,
+    pack,
+)
 from gpuflex.node.core.messages import RESULT, Result, parse_result
 from gpuflex.node.core.workfields import WireValue, contributor_work
 from mesh.codec import WireError, open_envelope
-from mesh.fsutil import atomic_write
+from mesh.fsutil import StateWriteError, atomic_write
 
 log = logging.getLogger("gpuflex.ledger")
 GENESIS = ""
@@ -46,10 +61,6 @@ class LedgerClaim:
     def from_wire(cls, height: WireValue, weight: WireValue = None, head: WireValue = None) -> LedgerClaim:
         return cls(height if _count(height) else None, weight if _count(weight) else None,
                    head if isinstance(head, str) and len(head) == HEAD_CHARS else None)
-
-
-class LedgerError(GpuflexError, ValueError):
-    """The ledger does not verify; the message names the round and the reason."""
 
 
 def verify_chain(frames: list[bytes], job: str | None = None, rules: ChainRules | None = None) -> list[Result]:
@@ -160,59 +171,6 @@ def kept(res: Result) -> Result:
     return out
 
 
-def result_key(res: Result) -> tuple[int, str]:
-    """The last tie-break of fork choice: of two results for the same round, the earlier
-    attempt wins, then the smaller digest. Neither can be climbed: each attempt names its own
-    coordinator, and a digest covers exactly the signed bytes."""
-    return (res.attempt, res.digest)
-
-
-def round_weight(res: Result) -> int:
-    """What one verified round weighs in fork choice: its counted contributions. A round that
-    passed ``evidence.verify_round`` lists exactly its verified signed updates, one per
-    distinct member of its plan, so the length of its contributor list is that count."""
-    return len(res.contributors)
-
-
-def chain_weight(chain: Sequence[Result]) -> int:
-    """A verified chain's weight: the verified contributions summed over its rounds."""
-    return sum(round_weight(r) for r in chain)
-
-
-def prefer_chain(ours: Sequence[Result], theirs: Sequence[Result]) -> bool:
-    """Whether a verified chain ``theirs`` should replace ``ours``.
-
-    1. The heavier chain wins: more verified contributions summed over its rounds. Length
-       alone would let a party holding ``min_nodes`` keys of a committed plan take an attempt
-       it owns, commit rounds that count only its own updates, grow that branch privately
-       faster than the mesh trains, and win. By weight, its branch must count more signed
-       updates since the fork than the honest contributors did.
-    2. At equal weight, the longer chain wins.
-    3. Then the chain whose result wins where they first differ (``result_key``).
-
-    Weight and length are properties of one chain and rule 3 is a lexicographic order, so this
-    is one strict total order on verified chains: every node settles on the same ledger.
-
-    A node behind on the same branch holds a prefix, lighter by every round it lacks (each
-    counts at least ``min_nodes`` >= 1 contributions): it never pulls the mesh back. A root
-    that commits a round and dies before its result goes out comes back with a branch nobody
-    else holds; by then the mesh has retried that round and gone on. Judged at the fork alone,
-    its earlier attempt would win, and, as no one can fetch its model while it restarts, the
-    mesh would stall or stay split. By weight, the mesh's chain wins as soon as its rounds
-    since the fork count more contributions than the root's one round (usually one round
-    later); until then the root's branch is heavier and every node adopts it once the root
-    serves its model. Either way all settle on one ledger."""
-    weight_ours, weight_theirs = chain_weight(ours), chain_weight(theirs)
-    if weight_theirs != weight_ours:
-        return weight_theirs > weight_ours
-    if len(theirs) != len(ours):
-        return len(theirs) > len(ours)
-    for a, b in zip(ours, theirs, strict=False):
-        if a.digest != b.digest:
-            return result_key(b) < result_key(a)
-    return False
-
-
 def result_row(res: Result) -> dict[str, Any]:
     """JSON view of one result for the API, the CLI and exports."""
     return {
@@ -234,16 +192,73 @@ def result_row(res: Result) -> dict[str, Any]:
     }
 
 
+@dataclass
+class _Loaded:
+    """What one ledger file holds, verified from its first round up to its first bad one."""
+
+    file: BinaryIO
+    version: int
+    results: list[Result]
+    spans: list[Span]  # each verified frame's place in the file (format 2)
+    frames: list[bytes]  # the verified frames themselves (format 1, to be rewritten)
+    end: int  # where the verified rounds end in the file (format 2)
+    problem: str | None  # why the rest of the file, if any, was not taken
+
+
+def _verified(f: BinaryIO, job: str, rules: ChainRules) -> _Loaded:
+    """Verify a ledger file round by round, keeping the verified prefix: a torn last write or
+    a corrupt frame costs the rounds from there on, which the node fetches again from peers,
+    never the rounds before it."""
+    scan = FileScan(f, job)
+    got = _Loaded(f, scan.version, [], [], [], 0, None)
+    for span, frame in scan:
+        i = len(got.results) + 1
+        if not isinstance(frame, bytes):
+            got.problem = f"round {i}: not a frame"
+            break
+        try:
+            res = parse_result(open_envelope(frame, expect_kind=RESULT))
+            verify_round(res, got.results, rules)
+        except WireError as exc:
+            got.problem = f"round {i}: {exc}"
+            break
+        except EvidenceError as exc:
+            got.problem = str(exc)
+            break
+        got.results.append(kept(res))
+        if span is None:
+            got.frames.append(frame)
+        else:
+            got.spans.append(span)
+    got.end, got.problem = scan.end, got.problem or scan.problem
+    return got
+
+
 class Ledger:
+    """One job's verified chain: the parsed results in memory (``kept``: what later rounds
+    check against), the signed frames in the file (``frames`` reads them back)."""
+
     def __init__(self, path: Path, job: str, rules: ChainRules | None = None) -> None:
         self.path = path
         self.job = job
         self.rules = rules or ChainRules(job=job)
-        self.frames: list[bytes] = []
         self.results: list[Result] = []
+        self._source: BinaryIO | bytes = b""  # what ``frames`` reads: the open file, or bytes
+        self._spans: list[Span] = []  # each frame's offset and length in the source
+        # Where the verified rounds end in the file: the next round is appended there. 0: the
+        # file is not ours to append to (none yet, an older format, a tail that could not be
+        # cut), and the next write rewrites it whole.
+        self._end = 0
+
+    @property
+    def frames(self) -> LedgerFrames:
+        """The signed frame of every round, read from the file on access."""
+        return LedgerFrames(self._source, self._spans, len(self._spans))
 
     @property
     def backup(self) -> Path:
+        """Where an older node kept the previous copy of a ledger it rewrote whole each round;
+        read as a fallback, never written."""
         return self.path.with_name(self.path.name + ".prev")
 
     @property
@@ -277,19 +292,51 @@ class Ledger:
         return height > 0 and head is not None and head != self.head[:HEAD_CHARS]
 
     def load(self) -> list[str]:
-        """Load from disk, falling back to the previous copy; returns problems reported."""
+        """Load the verified rounds from disk; returns the problems reported. A file that
+        verifies only in part keeps its verified rounds and loses the rest (cut off the file,
+        so that the next round follows the last good one); an older node's previous copy is
+        taken where it verifies more rounds. A file in the older format is rewritten in this
+        one."""
         problems: list[str] = []
+        best: tuple[Path, _Loaded] | None = None
         for candidate in (self.path, self.backup):
-            if not candidate.exists():
-                continue
             try:
-                frames = read_ledger_file(candidate)
-                self.results = [kept(r) for r in verify_chain(frames, self.job, self.rules)]
-                self.frames = frames
-                return problems
-            except LedgerError as exc:
-                problems.append(f"{candidate.name}: {exc}")
-                log.error("ledger file %s is corrupt: %s", candidate, exc)
+                f: BinaryIO = candidate.open("rb")
+            except FileNotFoundError:
+                continue
+            except OSError as exc:
+                problems.append(f"{candidate.name}: cannot be opened ({exc.strerror or exc})")
+                continue
+            got = _verified(f, self.job, self.rules)
+            if got.problem:
+                problems.append(f"{candidate.name}: {got.problem}")
+                log.error("ledger file %s is corrupt: %s", candidate, got.problem)
+            if best is None or len(got.results) > len(best[1].results):
+                if best is not None:
+                    best[1].file.close()
+                best = (candidate, got)
+            else:
+                f.close()
+            if not got.problem:
+                break
+        if best is None or not best[1].results:
+            if best is not None:
+                best[1].file.close()
+            return problems
+        candidate, got = best
+        if candidate == self.path and got.version == FORMAT:
+            self._source, self._spans = got.file, got.spans
+            self._end = cut(self.path, got.end) if got.problem else got.end
+        else:
+            frames = got.frames or LedgerFrames(got.file, got.spans, len(got.spans))[:]
+            got.file.close()
+            try:
+                self._rewrite(frames)
+            except StateWriteError as exc:  # served from memory until a write succeeds
+                problems.append(f"{self.path.name}: could not be rewritten ({exc})")
+                data, self._spans = pack(self.job, frames)
+                self._source, self._end = data, 0
+        self.results = got.results
         return problems
 
     def check_next(self, res: Result) -> None:
@@ -302,43 +349,49 @@ class Ledger:
             raise LedgerError(str(exc)) from None
 
     def append(self, frame: bytes, res: Result, checked: bool = False) -> None:
-        """Add the next round; ``checked``: its evidence was just verified (``check_next``)."""
+        """Add the next round; ``checked``: its evidence was just verified (``check_next``).
+        On StateWriteError nothing changed, in memory or on disk."""
         if not checked:
             self.check_next(res)
         elif res.round != len(self.results) + 1 or res.prev_result != self.head:
             raise LedgerError(f"round {res.round} does not extend the ledger at round {len(self.results)}")
-        self._adopt([*self.frames, frame], [*self.results, res])
+        self._write_tail([frame])
+        self.results = [*self.results, kept(res)]
 
-    def _adopt(self, frames: list[bytes], results: list[Result]) -> None:
-        self.save(frames)  # on StateWriteError the file on disk still holds the previous rounds
-        self.frames, self.results = frames, [kept(r) for r in results]
+    def replace(self, frames: Sequence[bytes], results: list[Result] | None = None) -> None:
+        """Adopt a chain received from a peer; ``results``: the frames, already verified. A
+        chain that extends ours (a catch-up on the same branch) is appended; another branch
+        rewrites the file whole. On StateWriteError nothing changed."""
+        results = verify_chain(list(frames), self.job, self.rules) if results is None else results
+        n = len(self._spans)
+        if self._end and len(frames) >= n and all(a == b for a, b in zip(self.frames, frames[:n], strict=True)):
+            self._write_tail(list(frames[n:]))
+        else:
+            self._rewrite(frames)
+        self.results = [kept(r) for r in results]
 
-    def save(self, frames: list[bytes] | None = None) -> None:
-        frames = self.frames if frames is None else frames
-        data = msgpack.packb({"v": 1, "job": self.job, "frames": frames}, use_bin_type=True)
-        if self.path.exists():
-            try:
-                atomic_write(self.backup, self.path.read_bytes())
-            except OSError as exc:
-                log.warning("could not keep the previous ledger copy: %s", exc)
+    def _write_tail(self, frames: list[bytes]) -> None:
+        """Append ``frames`` to the file (``ledgerfile.append_frames``)."""
+        if not self._end:
+            self._rewrite([*self.frames, *frames])
+            return
+        spans = append_frames(self.path, self._end, frames)
+        self._spans = [*self._spans, *spans]
+        self._end = spans[-1][0] + spans[-1][1] if spans else self._end
+
+    def _rewrite(self, frames: Sequence[bytes]) -> None:
+        """Replace the file whole (atomically) with ``frames``."""
+        data, spans = pack(self.job, frames)
         atomic_write(self.path, data)
-
-    def replace(self, frames: list[bytes], results: list[Result] | None = None) -> None:
-        """Adopt a chain received from a peer; ``results``: the frames, already verified."""
-        self._adopt(list(frames), verify_chain(frames, self.job, self.rules) if results is None else results)
+        try:
+            source = self.path.open("rb")
+        except OSError as exc:
+            raise StateWriteError(exc.errno, f"could not read back {self.path}: {exc.strerror or exc}") from exc
+        self._source, self._spans, self._end = source, spans, len(data)
+        with contextlib.suppress(OSError):
+            self.backup.unlink()  # an older node's copy: what it held is in the new file
 
 
 def _count(value: WireValue) -> TypeGuard[int]:
     """A non-negative int from the wire (a bool is not one)."""
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
-
-
-def read_ledger_file(path: Path) -> list[bytes]:
-    try:
-        body = msgpack.unpackb(path.read_bytes(), raw=False)
-        frames = body["frames"]
-        if not all(isinstance(f, bytes) for f in frames):
-            raise TypeError("frames")
-    except Exception as exc:  # a torn or foreign file may fail msgpack in any way: it is unreadable
-        raise LedgerError(f"round ?: file cannot be read ({exc.__class__.__name__})") from None
-    return list(frames)

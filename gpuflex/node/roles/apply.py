@@ -5,7 +5,7 @@ A result is applied only if it extends this node's ledger exactly and its eviden
 (``evidence.verify_round``: the plan from the coordinator its attempt belongs to, min_nodes
 signed updates made for that plan, the hash links), checked before its model is fetched. A
 result for a round already committed here loses to ours unless it carries its evidence and
-the chain it ends wins fork choice (``ledger.prefer_chain``: the heavier chain, then the
+the chain it ends wins fork choice (``forkchoice.prefer_chain``: the heavier chain, then the
 longer, then the earlier attempt where they differ); a ledger from catch-up sync is checked
 round by round the same way, and may be shorter than ours if it is heavier. A finished job's
 ledger is final. An aborted attempt is recorded so its round is retried.
@@ -17,12 +17,12 @@ import logging
 
 from gpuflex.errors import GpuflexError
 from gpuflex.node.core.evidence import EvidenceError, verify_round
+from gpuflex.node.core.forkchoice import prefer_chain
 from gpuflex.node.core.kinds import EventKind
 from gpuflex.node.core.ledger import (
     HEAD_CHARS,
     LedgerClaim,
     LedgerError,
-    prefer_chain,
     verify_chain,
     verify_tail,
 )

@@ -13,7 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpuflex.node.core.evidence import ChainRules, EvidenceError, cap_from, verify_round
-from gpuflex.node.core.ledger import Ledger, LedgerError, prefer_chain, result_key, verify_chain
+from gpuflex.node.core.forkchoice import prefer_chain, result_key
+from gpuflex.node.core.ledger import Ledger, LedgerError, verify_chain
 from gpuflex.node.core.ranking import coordinator_ranking
 from mesh.codec import WireError, open_envelope
 from mesh.identity import Identity

@@ -11,12 +11,11 @@ import pytest
 import trio
 
 from gpuflex.node.core.evidence import ChainRules
+from gpuflex.node.core.forkchoice import chain_weight, result_key
 from gpuflex.node.core.kinds import EventKind
 from gpuflex.node.core.ledger import (
     LedgerClaim,
     LedgerError,
-    chain_weight,
-    result_key,
     verify_chain,
 )
 from mesh.codec import WireError, open_envelope

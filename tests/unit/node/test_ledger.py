@@ -1,7 +1,9 @@
 from __future__ import annotations
 
+import errno
 import gc
 import itertools
+import os
 import tracemalloc
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -12,20 +14,22 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from gpuflex.audit import load_results, read_strict
+from gpuflex.node.core.forkchoice import chain_weight, prefer_chain
 from gpuflex.node.core.ledger import (
     HEAD_CHARS,
     Ledger,
     LedgerClaim,
     LedgerError,
-    chain_weight,
     kept,
-    prefer_chain,
     result_row,
     verify_chain,
 )
+from gpuflex.node.core.ledgerfile import export_bytes, read_ledger_file
 from gpuflex.node.core.messages import RESULT, Result, parse_result
 from gpuflex.node.core.workfields import DEVICE_CHARS
 from mesh.codec import SIGNING_DOMAIN, open_envelope, seal
+from mesh.fsutil import StateWriteError
 from tests.unit.node.chain import JOB, make_chain, private_branch, rules_for
 
 
@@ -77,16 +81,108 @@ def test_result_signed_by_someone_else_is_caught() -> None:
         verify_chain([forged], JOB)
 
 
-def test_ledger_file_falls_back_to_previous_good_copy(tmp_path: Path) -> None:
-    frames, _ = make_chain(3)
-    ledger = Ledger(tmp_path / "ledger.msgpack", JOB)
+def _filled(path: Path, frames: list[bytes]) -> Ledger:
+    ledger = Ledger(path, JOB)
     for frame in frames:
         ledger.append(frame, parse_result(open_envelope(frame)))
+    return ledger
+
+
+def test_a_torn_last_round_is_cut_off_and_the_rounds_before_it_stand(tmp_path: Path) -> None:
+    frames, _ = make_chain(3)
+    ledger = _filled(tmp_path / "ledger.msgpack", frames)
+    whole = ledger.path.stat().st_size
     ledger.path.write_bytes(ledger.path.read_bytes()[:-50])  # torn write
     fresh = Ledger(tmp_path / "ledger.msgpack", JOB)
     problems = fresh.load()
-    assert problems and "ledger.msgpack" in problems[0]
-    assert len(fresh) == 2  # the previous copy holds the chain up to round 2
+    assert problems and "ledger.msgpack" in problems[0] and "round 3" in problems[0]
+    assert len(fresh) == 2 and list(fresh.frames) == frames[:2]
+    assert fresh.path.stat().st_size == whole - len(frames[2]) - 3  # the torn tail is cut off
+    fresh.append(frames[2], parse_result(open_envelope(frames[2])))  # and round 3 follows round 2
+    again = Ledger(tmp_path / "ledger.msgpack", JOB)
+    assert again.load() == [] and list(again.frames) == frames
+
+
+def test_a_corrupt_middle_round_keeps_the_rounds_before_it(tmp_path: Path) -> None:
+    frames, _ = make_chain(3)
+    ledger = _filled(tmp_path / "ledger.msgpack", frames)
+    data = bytearray(ledger.path.read_bytes())
+    data[data.index(frames[1]) + len(frames[1]) // 2] ^= 0x01
+    ledger.path.write_bytes(bytes(data))
+    fresh = Ledger(tmp_path / "ledger.msgpack", JOB)
+    problems = fresh.load()
+    assert problems and "round 2" in problems[0]
+    assert list(fresh.frames) == frames[:1]
+
+
+def test_each_round_appends_its_own_frame_and_nothing_else(tmp_path: Path) -> None:
+    frames, _ = make_chain(4)
+    ledger = Ledger(tmp_path / "ledger.msgpack", JOB)
+    sizes = []
+    for frame in frames:
+        ledger.append(frame, parse_result(open_envelope(frame)))
+        sizes.append(ledger.path.stat().st_size)
+    growth = [b - a for a, b in itertools.pairwise(sizes)]
+    assert growth == [len(msgpack.packb(f, use_bin_type=True)) for f in frames[1:]]
+    assert not ledger.backup.exists()
+    assert ledger.frames[1] == frames[1] and ledger.frames[-1] == frames[-1] and ledger.frames[1:3] == frames[1:3]
+    assert ledger.frames == frames and len(ledger.frames) == 4
+    with pytest.raises(IndexError):
+        ledger.frames[4]
+
+
+def test_a_view_of_the_frames_outlives_a_rewrite_of_the_file(tmp_path: Path) -> None:
+    frames, _ = make_chain(3)
+    ledger = _filled(tmp_path / "ledger.msgpack", frames)
+    view = ledger.frames
+    ledger.replace(frames[:2])  # not an extension of ours: the file is rewritten whole
+    assert list(ledger.frames) == frames[:2]
+    assert list(view) == frames  # read from the file as it was when the view was made
+    ledger.replace(frames)  # an extension: appended
+    assert list(ledger.frames) == frames
+
+
+def test_an_older_nodes_whole_file_ledger_and_its_previous_copy_still_load(tmp_path: Path) -> None:
+    frames, _ = make_chain(3)
+    path = tmp_path / "ledger.msgpack"
+    path.write_bytes(msgpack.packb({"v": 1, "job": JOB, "frames": frames}, use_bin_type=True)[:-50])  # torn
+    (tmp_path / "ledger.msgpack.prev").write_bytes(msgpack.packb({"v": 1, "job": JOB, "frames": frames[:2]},
+                                                                 use_bin_type=True))
+    ledger = Ledger(path, JOB)
+    problems = ledger.load()
+    assert problems and "ledger.msgpack:" in problems[0]
+    assert list(ledger.frames) == frames[:2]  # the previous copy: the longer verified chain
+    assert not ledger.backup.exists()  # what it held is in the rewritten file
+    again = Ledger(path, JOB)
+    assert again.load() == [] and list(again.frames) == frames[:2]  # rewritten in the append-only format
+    assert read_ledger_file(path) == frames[:2]
+
+
+def test_the_exported_ledger_is_the_whole_chain_in_one_map_and_audits(tmp_path: Path) -> None:
+    frames, _ = make_chain(3)
+    ledger = _filled(tmp_path / "ledger.msgpack", frames)
+    out = tmp_path / "export.msgpack"
+    out.write_bytes(export_bytes(ledger.path, JOB))
+    assert read_strict(out) == (JOB, frames)
+    assert [r.round for r in load_results(out)] == [1, 2, 3]
+
+
+def test_a_failed_append_leaves_the_file_and_the_ledger_as_they_were(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    frames, _ = make_chain(3)
+    ledger = _filled(tmp_path / "ledger.msgpack", frames[:2])
+    before = ledger.path.read_bytes()
+
+    def full(fd: int, data: memoryview, at: int) -> int:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "pwrite", full)
+    with pytest.raises(StateWriteError):
+        ledger.append(frames[2], parse_result(open_envelope(frames[2])))
+    monkeypatch.undo()
+    assert ledger.path.read_bytes() == before and len(ledger) == 2 and list(ledger.frames) == frames[:2]
+    ledger.append(frames[2], parse_result(open_envelope(frames[2])))
+    assert list(ledger.frames) == frames
 
 
 def test_append_refuses_a_result_that_does_not_extend_the_chain(tmp_path: Path) -> None:

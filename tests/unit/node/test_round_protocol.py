@@ -145,7 +145,7 @@ async def test_a_round_below_min_nodes_is_aborted_and_retried(autojump_clock, tm
 
 
 async def test_fork_choice_settles_two_sides_of_a_partition_on_one_ledger(autojump_clock, tmp_path) -> None:
-    from gpuflex.node.core.ledger import result_key
+    from gpuflex.node.core.forkchoice import result_key
 
     net = FakeNet(tmp_path, 4, fast_spec(rounds=3, min_nodes=2))
     for n in net.nodes.values():
