@@ -363,8 +363,11 @@ class Ledger:
         chain that extends ours (a catch-up on the same branch) is appended; another branch
         rewrites the file whole. On StateWriteError nothing changed."""
         results = verify_chain(list(frames), self.job, self.rules) if results is None else results
-        n = len(self._spans)
-        if self._end and len(frames) >= n and all(a == b for a, b in zip(self.frames, frames[:n], strict=True)):
+        n = len(self.results)
+        # Ours is a prefix of theirs where the digests agree (a digest covers the signed bytes):
+        # judged in memory, not by reading our frames back from the file.
+        extends = len(results) >= n and all(a.digest == b.digest for a, b in zip(self.results, results, strict=False))
+        if self._end and extends:
             self._write_tail(list(frames[n:]))
         else:
             self._rewrite(frames)
@@ -377,7 +380,7 @@ class Ledger:
             return
         spans = append_frames(self.path, self._end, frames)
         self._spans = [*self._spans, *spans]
-        self._end = spans[-1][0] + spans[-1][1] if spans else self._end
+        self._end = spans[-1][0] + spans[-1][1] if spans else self._end  # the last frame's end
 
     def _rewrite(self, frames: Sequence[bytes]) -> None:
         """Replace the file whole (atomically) with ``frames``."""

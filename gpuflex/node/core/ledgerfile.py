@@ -143,11 +143,10 @@ def bin_header(size: int) -> int:
     return 2 if size < 2**8 else 3 if size < 2**16 else 5
 
 
-def pack(job: str, frames: Sequence[bytes]) -> tuple[bytes, list[Span]]:
-    """A whole ledger file of ``frames`` and where each frame lies in it."""
-    parts = [msgpack.packb({"v": FORMAT, "job": job}, use_bin_type=True)]
+def packed(frames: Sequence[bytes], at: int) -> tuple[bytes, list[Span]]:
+    """``frames`` as the file holds them, written at offset ``at``, and where each lies."""
+    parts: list[bytes] = []
     spans: list[Span] = []
-    at = len(parts[0])
     for frame in frames:
         at += bin_header(len(frame))
         spans.append((at, len(frame)))
@@ -156,10 +155,17 @@ def pack(job: str, frames: Sequence[bytes]) -> tuple[bytes, list[Span]]:
     return b"".join(parts), spans
 
 
+def pack(job: str, frames: Sequence[bytes]) -> tuple[bytes, list[Span]]:
+    """A whole ledger file of ``frames`` and where each frame lies in it."""
+    header = msgpack.packb({"v": FORMAT, "job": job}, use_bin_type=True)
+    data, spans = packed(frames, len(header))
+    return header + data, spans
+
+
 def append_frames(path: Path, end: int, frames: Sequence[bytes]) -> list[Span]:
     """Write ``frames`` at ``end`` of the file and fsync; the spans they took. A write that
     fails is cut off again (StateWriteError): the file holds what it held."""
-    data = b"".join(msgpack.packb(frame, use_bin_type=True) for frame in frames)
+    data, spans = packed(frames, end)
     try:
         fd = os.open(path, os.O_WRONLY)
     except OSError as exc:
@@ -176,10 +182,6 @@ def append_frames(path: Path, end: int, frames: Sequence[bytes]) -> list[Span]:
         raise StateWriteError(exc.errno, f"could not write {path}: {exc.strerror or exc}") from exc
     finally:
         os.close(fd)
-    spans: list[Span] = []
-    for frame in frames:
-        end += bin_header(len(frame)) + len(frame)
-        spans.append((end - len(frame), len(frame)))
     return spans
 
 

@@ -137,16 +137,16 @@ class ResultApplier:
         wins fork choice over ours; True if adopted. A finished job's ledger is final."""
         book, port = self.book, self.port
         async with book.apply_lock:
-            ours = book.ledger.frames
-            if frames == ours[: len(frames)]:
+            ours = book.ledger.frames  # read from the file: compared once, up to the first difference
+            same = next((i for i, (a, b) in enumerate(zip(ours, frames, strict=False)) if a != b),
+                        min(len(ours), len(frames)))
+            if same == len(frames):  # theirs is a prefix of ours
                 return False
             if book.finished:
                 self._keep_final(frames, peer)
                 return False
             try:
                 # The common prefix is ours, already verified: check from where they differ.
-                same = next((i for i, (a, b) in enumerate(zip(ours, frames, strict=False)) if a != b),
-                            min(len(ours), len(frames)))
                 results = [*book.ledger.results[:same], *verify_tail(frames, same, book.ledger)]
                 if not prefer_chain(book.ledger.results, results):
                     return False
