@@ -90,4 +90,4 @@ def brief(summary: dict[str, Any]) -> dict[str, Any]:
 
 def ledger_rows(book: JobBook) -> list[dict[str, Any]]:
     """The ledger as the API's rows, one per committed round."""
-    return [result_row(x) for x in book.ledger.results]
+    return [result_row(x) for x in book.ledger.whole_results()]

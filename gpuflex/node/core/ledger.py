@@ -10,22 +10,23 @@ verified rounds before it stand, the tail is cut off, and the node fetches the r
 A write that fails (a full disk) is cut off again and changes nothing in memory, so the node
 never acts on a round it could not record; it catches up from peers once writes succeed.
 
-In memory a ledger holds each round's parsed result without its evidence (``kept``) and reads
-the frames back from the file when a peer asks for them (``LedgerFrames``).
+In memory a ledger holds its last rounds parsed without their evidence (``kept``), the older
+ones by their digest, hashes, coordinator, metrics and weight only (``slim``), and reads the
+frames back from the file when a peer, an export or the API asks for them (``LedgerFrames``).
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, TypeGuard
 
 from gpuflex.node.core.evidence import ChainRules, EvidenceError, verify_round
 from gpuflex.node.core.forkchoice import chain_weight
+from gpuflex.node.core.kept import WHOLE_ROUNDS, is_slim, kept, slim, whole
 from gpuflex.node.core.ledgerfile import (
     FORMAT,
     FileScan,
@@ -85,7 +86,7 @@ def verify_chain(frames: list[bytes], job: str | None = None, rules: ChainRules 
 
 def verify_tail(frames: list[bytes], start: int, ledger: Ledger) -> list[Result]:
     """Verify ``frames[start:]`` as the rounds after our first ``start`` (already verified)."""
-    history = list(ledger.results[:start])
+    history = ledger.history(start)
     for i, frame in enumerate(frames[start:], start=start + 1):
         try:
             res = parse_result(open_envelope(frame, expect_kind=RESULT))
@@ -110,7 +111,7 @@ class ChainCheck:
     def __init__(self, ledger: Ledger, start: int = 0) -> None:
         self.ledger = ledger
         # A catch-up that resumes after this node's first ``start`` rounds takes those as read.
-        self.results: list[Result] = list(ledger.results[:start])
+        self.results: list[Result] = ledger.history(start)
         self.held = 0  # bytes of frames kept that this node did not already hold
         self._same = True  # every frame so far equals ours
 
@@ -135,7 +136,8 @@ class ChainCheck:
         if self._same and i < len(ours) and frame == ours[i]:
             self.results.append(self.ledger.results[i])
             return ours[i]
-        self._same = False
+        if self._same:  # they differ from here: check against whole history
+            self._same, self.results = False, self.ledger.history(i)
         try:
             res = parse_result(open_envelope(frame, expect_kind=RESULT))
             verify_round(res, self.results, self.ledger.rules)
@@ -146,29 +148,6 @@ class ChainCheck:
         self.results.append(res)
         self.held += len(frame)
         return frame
-
-
-#: What a kept result no longer holds once verified: the signed updates and partials it carries.
-EVIDENCE_FIELDS = ("updates", "partials")
-
-
-def kept(res: Result) -> Result:
-    """``res`` as a ledger keeps it once its evidence verified: without the signed update and
-    partial headers it carries, and without its parsed copy of the signed header bytes. Those
-    are half to two thirds of a parsed result (one signed update header per contributor: a
-    megabyte a round at a thousand members, held three times over as the frame, the signed
-    header and the parsed body); the ledger's frames still hold every byte, for the file, for
-    sync and for an audit. What later rounds check against stays: the digest, the model hash,
-    the plan, the contributors (``evidence.verify_round`` reads nothing else of its history)."""
-    if not res.updates and not res.partials and not res.env.signed:
-        return res
-    digest, plan = res.digest, res.plan  # hashed and parsed while the envelope is whole
-    body = res.env.body
-    env = dataclasses.replace(res.env, signed=b"", body={k: v for k, v in body.items() if k not in EVIDENCE_FIELDS})
-    env.__dict__.update(digest=digest, msg_id=res.env.msg_id)  # cached_property's own slots
-    out = dataclasses.replace(res, updates=[], partials=[], env=env)
-    out.__dict__.update(digest=digest, plan=plan)
-    return out
 
 
 def result_row(res: Result) -> dict[str, Any]:
@@ -230,6 +209,9 @@ def _verified(f: BinaryIO, job: str, rules: ChainRules) -> _Loaded:
             got.frames.append(frame)
         else:
             got.spans.append(span)
+            old = len(got.results) - 1 - WHOLE_ROUNDS  # slim as it goes: the file may be long
+            if old >= 0:
+                got.results[old] = slim(got.results[old], LedgerFrames(f, got.spans, old + 1), old)
     got.end, got.problem = scan.end, got.problem or scan.problem
     return got
 
@@ -336,8 +318,35 @@ class Ledger:
                 problems.append(f"{self.path.name}: could not be rewritten ({exc})")
                 data, self._spans = pack(self.job, frames)
                 self._source, self._end = data, 0
-        self.results = got.results
+        self._settle(got.results)
         return problems
+
+    def history(self, n: int) -> list[Result]:
+        """The first ``n`` rounds, the last ``WHOLE_ROUNDS`` of them whole: what a check of a
+        round ``n + 1`` reads (``evidence.verify_round``), for a round that is not the next."""
+        out = list(self.results[:n])
+        frames = self.frames
+        for i in range(max(0, len(out) - WHOLE_ROUNDS), len(out)):
+            if is_slim(out[i]):
+                out[i] = whole(frames[i])
+        return out
+
+    def whole_results(self) -> Iterator[Result]:
+        """Every round with its plan and contributor rows, read back from the file for the
+        rounds held slim (an export, the API's ledger): one frame at a time."""
+        frames = self.frames
+        return (whole(frames[i]) if is_slim(r) else r for i, r in enumerate(self.results))
+
+    def _settle(self, results: list[Result], start: int = 0) -> None:
+        """Hold ``results`` as this ledger's rounds, after the file changed: all but the last
+        ``WHOLE_ROUNDS`` slim, reading their rows from the file as it is now. Rounds before
+        ``start`` are slim already and their frames did not move (an append)."""
+        frames = self.frames
+        old = len(results) - WHOLE_ROUNDS
+        self.results = [
+            (slim(r, frames, i) if i >= start or not is_slim(r) else r) if i < old
+            else (whole(frames[i]) if is_slim(r) else r)
+            for i, r in enumerate(results)]
 
     def check_next(self, res: Result) -> None:
         """Raise LedgerError unless ``res`` extends this ledger with its evidence complete."""
@@ -356,7 +365,7 @@ class Ledger:
         elif res.round != len(self.results) + 1 or res.prev_result != self.head:
             raise LedgerError(f"round {res.round} does not extend the ledger at round {len(self.results)}")
         self._write_tail([frame])
-        self.results = [*self.results, kept(res)]
+        self._settle([*self.results, kept(res)], start=len(self.results) - WHOLE_ROUNDS)
 
     def replace(self, frames: Sequence[bytes], results: list[Result] | None = None) -> None:
         """Adopt a chain received from a peer; ``results``: the frames, already verified. A
@@ -371,7 +380,7 @@ class Ledger:
             self._write_tail(list(frames[n:]))
         else:
             self._rewrite(frames)
-        self.results = [kept(r) for r in results]
+        self._settle([kept(r) for r in results])
 
     def _write_tail(self, frames: list[bytes]) -> None:
         """Append ``frames`` to the file (``ledgerfile.append_frames``)."""

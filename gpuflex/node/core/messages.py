@@ -8,6 +8,7 @@ values and any malformed body becomes a ``WireError`` (logged, dropped, penalise
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any
@@ -234,7 +235,7 @@ class Result:
     plan_frame: bytes
     updates: list[bytes]
     partials: list[bytes]
-    contributors: list[dict[str, Any]]
+    contributors: Sequence[dict[str, Any]]  # a ledger holds an old round's on disk (``kept.FrameRows``)
     absent: tuple[str, ...]
     metrics: dict[str, Any]
     strategy: str

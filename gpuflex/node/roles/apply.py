@@ -74,7 +74,7 @@ class ResultApplier:
             book.tasks.start_soon(self.port.catch_up, [res.coordinator, via])
             return f"result for round {res.round} on another branch; fetching its chain"
         try:  # the same parent: this one result's evidence decides if it counts at all
-            verify_round(res, book.ledger.results[: res.round - 1], book.ledger.rules)
+            verify_round(res, book.ledger.history(res.round - 1), book.ledger.rules)
         except EvidenceError as exc:
             self.incidents.rejected(res.coordinator, res.round, f"competing result rejected: {exc}")
             return ""

@@ -15,13 +15,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gpuflex.audit import load_results, read_strict
+from gpuflex.node.core.evidence import verify_round
 from gpuflex.node.core.forkchoice import chain_weight, prefer_chain
+from gpuflex.node.core.kept import WHOLE_ROUNDS, FrameRows, is_slim, kept
 from gpuflex.node.core.ledger import (
     HEAD_CHARS,
     Ledger,
     LedgerClaim,
     LedgerError,
-    kept,
     result_row,
     verify_chain,
 )
@@ -345,3 +346,54 @@ def test_a_kept_result_drops_its_evidence_and_less_than_half_its_memory_but_chec
     assert ledger.head == full[2].digest
     reloaded = Ledger(ledger.path, JOB, rules_for(ids))
     assert reloaded.load() == [] and reloaded.head == full[2].digest and not reloaded.results[0].updates
+
+
+def test_rounds_before_the_last_few_are_held_slim_and_read_back_whole_from_the_file(tmp_path: Path) -> None:
+    frames, ids = make_chain(rounds=8, members=5)
+    full = verify_chain(frames, JOB, rules_for(ids))
+    ledger = _filled(tmp_path / "ledger.msgpack", frames)
+    old = len(frames) - WHOLE_ROUNDS
+    assert [is_slim(r) for r in ledger.results] == [True] * old + [False] * WHOLE_ROUNDS
+    for a, b in zip(full, ledger.results, strict=True):
+        # What every round is read for, as the full result says it: the chain, the models,
+        # the coordinators, the metrics, fork-choice weight, and the rows when they are listed.
+        assert (b.digest, b.prev_result, b.model_hash, b.coordinator, b.metrics, b.env.ts, len(b.contributors)) == \
+               (a.digest, a.prev_result, a.model_hash, a.coordinator, a.metrics, a.env.ts, len(a.contributors))
+        assert list(b.contributors) == a.contributors and b.contributors == a.contributors
+    assert all(isinstance(r.contributors, FrameRows) and not r.plan_frame and not r.env.raw
+               for r in ledger.results[:old])
+    assert chain_weight(ledger.results) == chain_weight(full) and ledger.weight == chain_weight(full)
+    assert [result_row(r) for r in ledger.whole_results()] == [result_row(r) for r in full]
+    # A check that starts in the past (a competing result, a fork) reads whole history.
+    for n in range(len(frames)):
+        history = ledger.history(n)
+        assert not any(is_slim(r) for r in history[-WHOLE_ROUNDS:])
+        verify_round(full[n], history, ledger.rules)
+    # Loaded from disk: the same; the next round checks against it as before.
+    again = Ledger(ledger.path, JOB, rules_for(ids))
+    assert again.load() == [] and [is_slim(r) for r in again.results] == [is_slim(r) for r in ledger.results]
+    assert [result_row(r) for r in again.whole_results()] == [result_row(r) for r in full]
+    # Cut back to a round that was slim (another branch rewrites the file whole): the new head
+    # rounds are whole again, read from the new file.
+    again.replace(frames[:4])
+    assert [is_slim(r) for r in again.results] == [True] + [False] * WHOLE_ROUNDS
+    assert again.results[-1].plan.members == full[3].plan.members
+    assert list(again.results[0].contributors) == full[0].contributors
+    again.append(frames[4], parse_result(open_envelope(frames[4])))
+    assert [is_slim(r) for r in again.results] == [True, True, False, False, False]
+
+
+def test_a_slim_round_holds_a_small_part_of_a_kept_ones_memory(tmp_path: Path) -> None:
+    frames, ids = make_chain(rounds=WHOLE_ROUNDS + 6, members=24)
+    _filled(tmp_path / "ledger.msgpack", frames)
+    _filled(tmp_path / "short.msgpack", frames[:WHOLE_ROUNDS])
+
+    def loaded(name: str) -> Ledger:
+        ledger = Ledger(tmp_path / name, JOB, rules_for(ids))
+        assert ledger.load() == []
+        return ledger
+
+    _, short = retained_bytes(lambda: loaded("short.msgpack"))  # every round whole
+    _, long = retained_bytes(lambda: loaded("ledger.msgpack"))  # six more rounds, slim
+    per_whole, per_slim = short / WHOLE_ROUNDS, (long - short) / 6
+    assert per_slim < 0.2 * per_whole, (per_slim, per_whole)
