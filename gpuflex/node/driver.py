@@ -369,8 +369,8 @@ class JobDriver:
         """This node's training throughput for this job (samples per second; 0 if unknown)."""
         return self.book.rates.get(self.book.me, 0.0)
 
-    async def offer_ledger(self, frames: list[bytes], peer: str) -> bool:
-        return await self.applier.offer_ledger(frames, peer)
+    async def offer_ledger(self, frames: Sequence[bytes], peer: str, held: int = 0) -> bool:
+        return await self.applier.offer_ledger(frames, peer, held)
 
     async def payload_limit(self, sender: str) -> int:
         """How large an update or partial from ``sender`` may be: what this job's model allows,

@@ -35,6 +35,7 @@ from typing import Any, Protocol
 import trio
 
 from gpuflex.node.core.ledger import ChainCheck, LedgerClaim, LedgerError
+from gpuflex.node.core.ledgerfile import ChainFrames
 from gpuflex.node.core.messages import JOB, SYNC
 from mesh.codec import Envelope, WireError, WireReason, open_envelope, seal
 from mesh.messaging import Inbound, Rejected, SendError
@@ -83,7 +84,9 @@ class SyncedJob(Protocol):
 
     def chain_check(self, start: int = 0) -> ChainCheck: ...
 
-    async def offer_ledger(self, frames: list[bytes], peer: str) -> bool: ...
+    async def offer_ledger(self, frames: Sequence[bytes], peer: str, held: int = 0) -> bool:
+        """Adopt ``frames`` if they win; the first ``held`` of them are this node's own."""
+        ...
 
 
 def job_page(jobs: Mapping[str, SyncedJob], after: str) -> dict[str, Any]:
@@ -247,15 +250,16 @@ class CatchUp:
         for resume in ((held, 0) if held else (0,)):
             frames = await self._fetch(peer, job_id, job, resume)
             if frames is not None:  # offered only with something fetched beyond what resumed
-                return len(frames) > resume and await job.offer_ledger(frames, peer)
+                return len(frames) > resume and await job.offer_ledger(frames, peer, resume)
         return False
 
-    async def _fetch(self, peer: str, job_id: str, job: SyncedJob, resume: int) -> list[bytes] | None:
-        """This node's first ``resume`` frames and the verified frames of ``peer``'s ledger
-        after them; None when, resuming after a round of ours, the peer's ledger has no
-        round there that extends ours."""
+    async def _fetch(self, peer: str, job_id: str, job: SyncedJob, resume: int) -> ChainFrames | None:
+        """This node's first ``resume`` frames (a view of its file, not read) and the verified
+        frames of ``peer``'s ledger after them; None when, resuming after a round of ours, the
+        peer's ledger has no round there that extends ours."""
         check = job.chain_check(resume)
-        frames: list[bytes] = list(job.ledger_frames()[:resume])
+        got: list[bytes] = []
+        frames = ChainFrames(job.ledger_frames(), resume, got)
         for _ in range(MAX_LEDGER_PAGES):
             if len(frames) >= job.rounds or check.held >= LEDGER_SYNC_BYTES:
                 break
@@ -269,7 +273,7 @@ class CatchUp:
                 return None
             try:
                 for frame in page[: job.rounds - len(frames)]:
-                    frames.append(check.extend(frame))
+                    got.append(check.extend(frame))
             except LedgerError as exc:
                 self.mesh.inbound.reject(peer, WireError(WireReason.EVIDENCE, f"ledger from {peer[-8:]}: {exc}"),
                                          f"sync page of job {job_id}")

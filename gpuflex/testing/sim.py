@@ -284,6 +284,8 @@ class Simulation:
         # Node homes in memory where the system has it: a thousand address books and ledgers,
         # each written atomically with fsync, would otherwise time the disk, not the protocol.
         shm = Path("/dev/shm")
+        if cfg.homes_in:
+            Path(cfg.homes_in).mkdir(parents=True, exist_ok=True)  # the operator's folder, made if new
         self._tmp = None if home is not None else tempfile.mkdtemp(
             prefix="gpuflex-sim-", dir=cfg.homes_in or (shm if shm.is_dir() else None))
         root = home if home is not None else Path(self._tmp or ".")

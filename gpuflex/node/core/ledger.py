@@ -64,7 +64,7 @@ class LedgerClaim:
                    head if isinstance(head, str) and len(head) == HEAD_CHARS else None)
 
 
-def verify_chain(frames: list[bytes], job: str | None = None, rules: ChainRules | None = None) -> list[Result]:
+def verify_chain(frames: Sequence[bytes], job: str | None = None, rules: ChainRules | None = None) -> list[Result]:
     """Check every signature, hash link and round's evidence (``evidence.verify_round``);
     returns the parsed results. Without ``rules`` (an offline audit of a file alone) the
     rules are the job id's: min_nodes 1, round 1's coordinator unchecked."""
@@ -84,7 +84,7 @@ def verify_chain(frames: list[bytes], job: str | None = None, rules: ChainRules 
     return results
 
 
-def verify_tail(frames: list[bytes], start: int, ledger: Ledger) -> list[Result]:
+def verify_tail(frames: Sequence[bytes], start: int, ledger: Ledger) -> list[Result]:
     """Verify ``frames[start:]`` as the rounds after our first ``start`` (already verified)."""
     history = ledger.history(start)
     for i, frame in enumerate(frames[start:], start=start + 1):

@@ -35,7 +35,41 @@ class LedgerError(GpuflexError, ValueError):
     """The ledger does not verify; the message names the round and the reason."""
 
 
-class LedgerFrames(Sequence[bytes]):
+class _Frames(Sequence[bytes]):
+    """A sequence of signed frames that reads each one when asked for (``_read``)."""
+
+    __slots__ = ()
+
+    def _read(self, i: int) -> bytes:
+        raise NotImplementedError
+
+    @overload
+    def __getitem__(self, index: int) -> bytes: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[bytes]: ...
+
+    def __getitem__(self, index: int | slice) -> bytes | list[bytes]:
+        count = len(self)
+        if isinstance(index, slice):
+            return [self._read(i) for i in range(*index.indices(count))]
+        i = index + count if index < 0 else index
+        if not 0 <= i < count:
+            raise IndexError("ledger round out of range")
+        return self._read(i)
+
+    def __iter__(self) -> Iterator[bytes]:
+        return (self._read(i) for i in range(len(self)))
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Sequence) or isinstance(other, (str, bytes)):
+            return NotImplemented
+        return len(other) == len(self) and all(a == b for a, b in zip(self, other, strict=True))
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+class LedgerFrames(_Frames):
     """A ledger's signed frames, read from its file when asked for, not held in memory.
 
     Each view holds the file it was made from open, so a file replaced whole (a fork switch)
@@ -50,30 +84,6 @@ class LedgerFrames(Sequence[bytes]):
     def __len__(self) -> int:
         return self._count
 
-    @overload
-    def __getitem__(self, index: int) -> bytes: ...
-
-    @overload
-    def __getitem__(self, index: slice) -> list[bytes]: ...
-
-    def __getitem__(self, index: int | slice) -> bytes | list[bytes]:
-        if isinstance(index, slice):
-            return [self._read(i) for i in range(*index.indices(self._count))]
-        i = index + self._count if index < 0 else index
-        if not 0 <= i < self._count:
-            raise IndexError("ledger round out of range")
-        return self._read(i)
-
-    def __iter__(self) -> Iterator[bytes]:
-        return (self._read(i) for i in range(self._count))
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, Sequence) or isinstance(other, (str, bytes)):
-            return NotImplemented
-        return len(other) == self._count and all(a == b for a, b in zip(self, other, strict=True))
-
-    __hash__ = None  # type: ignore[assignment]
-
     def _read(self, i: int) -> bytes:
         offset, size = self._spans[i]
         if isinstance(self._source, bytes):
@@ -82,6 +92,23 @@ class LedgerFrames(Sequence[bytes]):
         if len(data) != size:  # the file was cut behind this node's back
             raise LedgerError(f"round {i + 1}: the ledger file was cut short")
         return data
+
+
+class ChainFrames(_Frames):
+    """A peer's chain as a catch-up holds it: the first ``held`` rounds are this node's own
+    (``ours``, a view read when asked for: a catch-up of a node a round behind a ledger of a
+    thousand rounds need not read them), then the frames received after them."""
+
+    __slots__ = ("_ours", "_tail", "held")
+
+    def __init__(self, ours: Sequence[bytes], held: int, tail: list[bytes]) -> None:
+        self._ours, self.held, self._tail = ours, held, tail
+
+    def __len__(self) -> int:
+        return self.held + len(self._tail)
+
+    def _read(self, i: int) -> bytes:
+        return self._ours[i] if i < self.held else self._tail[i - self.held]
 
 
 class FileScan:

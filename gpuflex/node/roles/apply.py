@@ -14,6 +14,7 @@ ledger is final. An aborted attempt is recorded so its round is retried.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 
 from gpuflex.errors import GpuflexError
 from gpuflex.node.core.evidence import EvidenceError, verify_round
@@ -26,12 +27,12 @@ from gpuflex.node.core.ledger import (
     verify_chain,
     verify_tail,
 )
-from gpuflex.node.core.messages import Result, parse_result, parse_secagg_reports
+from gpuflex.node.core.messages import RESULT, Result, parse_result, parse_secagg_reports
 from gpuflex.node.models import Models
 from gpuflex.node.policy import IncidentPolicy
 from gpuflex.node.port import JobPort
 from gpuflex.node.state import JobBook
-from mesh.codec import WireError, WireReason
+from mesh.codec import WireError, WireReason, open_envelope
 from mesh.errors import MeshError
 from mesh.fsutil import StateWriteError
 from mesh.messaging import Inbound, Rejected
@@ -132,13 +133,15 @@ class ResultApplier:
                 metrics=met)
             book.advance()
 
-    async def offer_ledger(self, frames: list[bytes], peer: str) -> bool:
+    async def offer_ledger(self, frames: Sequence[bytes], peer: str, held: int = 0) -> bool:
         """Adopt ``peer``'s ledger of this job if every round of it carries its evidence and it
-        wins fork choice over ours; True if adopted. A finished job's ledger is final."""
+        wins fork choice over ours; True if adopted. A finished job's ledger is final.
+        ``held``: its first rounds are this node's own (a catch-up that resumed after them)."""
         book, port = self.book, self.port
         async with book.apply_lock:
             ours = book.ledger.frames  # read from the file: compared once, up to the first difference
-            same = next((i for i, (a, b) in enumerate(zip(ours, frames, strict=False)) if a != b),
+            start = held if self._still_ours(frames, held) else 0
+            same = next((i for i in range(start, min(len(ours), len(frames))) if ours[i] != frames[i]),
                         min(len(ours), len(frames)))
             if same == len(frames):  # theirs is a prefix of ours
                 return False
@@ -171,6 +174,19 @@ class ResultApplier:
             book.advance()
             return True
 
+    def _still_ours(self, frames: Sequence[bytes], held: int) -> bool:
+        """Whether the first ``held`` of ``frames`` are still this ledger's first rounds (it may
+        have switched branch since a catch-up began): the round at ``held`` has our digest, and
+        a digest covers every round before it through the hash chain. One frame read, not
+        ``held`` of them."""
+        results = self.book.ledger.results
+        if not held or held > len(results) or held > len(frames):
+            return False
+        try:
+            return open_envelope(frames[held - 1], expect_kind=RESULT).digest == results[held - 1].digest
+        except WireError:
+            return False
+
     def may_win(self, claim: LedgerClaim) -> bool:
         """Whether a peer's ledger of this job, as the peer describes it (unchecked), is worth
         fetching: it could win fork choice (``Ledger.may_win``). A finished job's ledger is
@@ -186,7 +202,7 @@ class ResultApplier:
                 and len(self._forks_seen) < MAX_FORKS_REPORTED
                 and not any(h.startswith(head) for h in self._forks_seen))
 
-    def _keep_final(self, frames: list[bytes], peer: str) -> None:
+    def _keep_final(self, frames: Sequence[bytes], peer: str) -> None:
         """A finished job keeps its ledger; a different one that also carries its evidence (two
         halves of a partition that each finished the job) is reported once, not adopted."""
         book = self.book

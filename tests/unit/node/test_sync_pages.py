@@ -51,7 +51,7 @@ class FakeJob:
     def ledger_frames(self) -> list[bytes]:
         return self.ledger
 
-    async def offer_ledger(self, frames: list[bytes], peer: str) -> None:
+    async def offer_ledger(self, frames: Sequence[bytes], peer: str, held: int = 0) -> None:
         raise AssertionError("not offered in these tests")
 
 
@@ -100,7 +100,7 @@ class LedgerJob:
     """A job as sync sees it, holding a real verified ledger; records the ledgers offered to it."""
 
     ledger: Ledger
-    offered: list[list[bytes]] = field(default_factory=list)
+    offered: list[Sequence[bytes]] = field(default_factory=list)
     served: list[bytes] | None = None  # frames to serve instead of the ledger's (a hostile peer)
 
     @property
@@ -127,7 +127,7 @@ class LedgerJob:
     def ledger_frames(self) -> Sequence[bytes]:
         return self.ledger.frames if self.served is None else self.served
 
-    async def offer_ledger(self, frames: list[bytes], peer: str) -> bool:
+    async def offer_ledger(self, frames: Sequence[bytes], peer: str, held: int = 0) -> bool:
         self.offered.append(frames)
         return True
 
@@ -257,3 +257,30 @@ async def test_a_ledger_forked_before_our_head_is_fetched_from_round_one_without
     assert await CatchUp(cast(MeshNode, wire), {JOB: asker}, lambda env: None).sync_from_peer(ids[1].peer_id)
     assert ledger_asks(wire) == [3, 0]  # round 4 does not extend our round 3: from round 1 again
     assert asker.offered == [honest] and not wire.inbound.seen
+
+
+class CountedReads(Sequence[bytes]):
+    """A ledger's frames that count how many of them were read."""
+
+    def __init__(self, frames: Sequence[bytes]) -> None:
+        self.frames, self.reads = frames, 0
+
+    def __len__(self) -> int:
+        return len(self.frames)
+
+    def __getitem__(self, index: Any) -> Any:
+        got = self.frames[index]
+        self.reads += len(got) if isinstance(index, slice) else 1
+        return got
+
+
+async def test_a_node_a_round_behind_fetches_that_round_and_reads_none_of_its_own(tmp_path: Path) -> None:
+    honest, ids = make_chain(rounds=7, members=3)
+    asker = ledger_of(tmp_path, honest[:6], ids)
+    ours = asker.served = CountedReads(asker.ledger.frames)  # type: ignore[assignment]
+    peer = CatchUp(cast(MeshNode, None), {JOB: ledger_of(tmp_path, honest, ids)}, lambda env: None)
+    wire = Wire(ids[0], peer)
+    assert await CatchUp(cast(MeshNode, wire), {JOB: asker}, lambda env: None).sync_from_peer(ids[1].peer_id)
+    assert ledger_asks(wire) == [6]  # resumed after the six rounds it holds
+    assert ours.reads == 0  # ... without reading them back from its file
+    assert asker.offered == [honest]  # what it offers still reads as the whole chain
