@@ -12,15 +12,16 @@ so memory holds only what is read often:
 - ``slim``: a round older than the last ``WHOLE_ROUNDS``, which no check of a new round reads
   but by its digest, coordinator and weight. It drops its plan too, and its contributor rows
   become ``FrameRows``: their count (the round's fork-choice weight) is held, the rows are read
-  back from the frame when an export or the API lists them. ``Ledger.history`` gives a prefix
-  of the chain with its last rounds whole again, for the checks that start in the past (a
-  competing result, a catch-up from a fork).
+  back from the frame when an export or the API lists them; its plan likewise
+  (``Result.reread``), parsed each time and not kept. ``Ledger.history`` gives a prefix of the
+  chain with its last rounds whole again, for the checks that start in the past (a competing
+  result, a catch-up from a fork), so that they do not parse a frame per look.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, overload
 
 from gpuflex.node.core.evidence import QUORUM_ROUNDS
@@ -43,17 +44,17 @@ class FrameRows(Sequence[dict[str, Any]]):
     """An old round's contributor rows: their count held, the rows read from the round's signed
     frame (on disk) each time they are listed, and not kept."""
 
-    __slots__ = ("_count", "_frames", "_index")
+    __slots__ = ("_count", "_read")
 
-    def __init__(self, frames: Sequence[bytes], index: int, count: int) -> None:
-        self._frames, self._index, self._count = frames, index, count
+    def __init__(self, read: Callable[[], bytes], count: int) -> None:
+        self._read, self._count = read, count
 
     def __len__(self) -> int:
         return self._count
 
     def rows(self) -> list[dict[str, Any]]:
         """The rows, as the frame signed them (a file that changed under us raises WireError)."""
-        return list(parse_result(open_envelope(self._frames[self._index], expect_kind=RESULT)).contributors)
+        return list(parse_result(open_envelope(self._read(), expect_kind=RESULT)).contributors)
 
     @overload
     def __getitem__(self, index: int) -> dict[str, Any]: ...
@@ -75,6 +76,18 @@ class FrameRows(Sequence[dict[str, Any]]):
     __hash__ = None  # type: ignore[assignment]
 
 
+class _Frame:
+    """Reads one round's frame from a ledger's frames (a view of its file)."""
+
+    __slots__ = ("_frames", "_index")
+
+    def __init__(self, frames: Sequence[bytes], index: int) -> None:
+        self._frames, self._index = frames, index
+
+    def __call__(self) -> bytes:
+        return self._frames[self._index]
+
+
 def _stripped(env: Envelope, drop: tuple[str, ...]) -> Envelope:
     """``env`` without ``drop`` in its body, its signed header and its frame; its hashes kept."""
     digest, msg_id = env.digest, env.msg_id  # hashed while the signed bytes are there
@@ -93,7 +106,7 @@ def kept(res: Result) -> Result:
         return res
     digest, plan = res.digest, res.plan  # hashed and parsed while the envelope is whole
     out = dataclasses.replace(res, updates=[], partials=[], env=_stripped(res.env, EVIDENCE_FIELDS))
-    out.__dict__.update(digest=digest, plan=plan)
+    out.__dict__.update(digest=digest, parsed_plan=plan)
     return out
 
 
@@ -106,9 +119,9 @@ def slim(res: Result, frames: Sequence[bytes], index: int) -> Result:
     """``res``, round ``index + 1`` of the ledger whose frames are ``frames``, as an old round is
     held: its scalars (digest, hashes, coordinator, metrics, time), the count of its
     contributors, and where its frame is; without its plan or its rows."""
-    rows = FrameRows(frames, index, len(res.contributors))
-    out = dataclasses.replace(res, updates=[], partials=[], plan_frame=b"", contributors=rows,
-                              env=_stripped(res.env, SLIM_FIELDS))
+    read = _Frame(frames, index)
+    out = dataclasses.replace(res, updates=[], partials=[], plan_frame=b"", env=_stripped(res.env, SLIM_FIELDS),
+                              contributors=FrameRows(read, len(res.contributors)), reread=read)
     out.__dict__.update(digest=res.digest)
     return out
 

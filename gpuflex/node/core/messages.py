@@ -8,7 +8,7 @@ values and any malformed body becomes a ``WireError`` (logged, dropped, penalise
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any
@@ -241,6 +241,9 @@ class Result:
     strategy: str
     env: Envelope
     step_hash: str | None = None  # the encoded step members rebuild the model from, if any
+    # A round a ledger holds slim (``kept.slim``) reads its signed frame back from the file with
+    # this, for the plan and rows it no longer holds; None for every other result.
+    reread: Callable[[], bytes] | None = field(default=None, compare=False, repr=False)
 
     @cached_property
     def digest(self) -> str:
@@ -248,10 +251,17 @@ class Result:
         head is read at every presence a node receives."""
         return self.env.digest
 
-    @cached_property
+    @property
     def plan(self) -> Plan:
-        """The signed plan this result commits (parsed and verified once)."""
-        return parse_plan(open_envelope(self.plan_frame, expect_kind=PLAN))
+        """The signed plan this result commits, parsed and verified once and kept; a slim
+        round's is parsed from its frame on disk each time, and not kept."""
+        got: Plan | None = self.__dict__.get("parsed_plan")
+        if got is None:
+            if not self.plan_frame and self.reread is not None:
+                return parse_result(open_envelope(self.reread(), expect_kind=RESULT)).plan
+            got = parse_plan(open_envelope(self.plan_frame, expect_kind=PLAN))
+            self.__dict__["parsed_plan"] = got  # frozen: the one value it will ever have
+        return got
 
 
 def parse_result(env: Envelope) -> Result:

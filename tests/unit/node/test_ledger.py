@@ -362,6 +362,9 @@ def test_rounds_before_the_last_few_are_held_slim_and_read_back_whole_from_the_f
         assert list(b.contributors) == a.contributors and b.contributors == a.contributors
     assert all(isinstance(r.contributors, FrameRows) and not r.plan_frame and not r.env.raw
                for r in ledger.results[:old])
+    # A slim round's plan is read back from its frame when asked for, and not kept.
+    assert [r.plan.members for r in ledger.results] == [r.plan.members for r in full]
+    assert not any("parsed_plan" in r.__dict__ for r in ledger.results[:old])
     assert chain_weight(ledger.results) == chain_weight(full) and ledger.weight == chain_weight(full)
     assert [result_row(r) for r in ledger.whole_results()] == [result_row(r) for r in full]
     # A check that starts in the past (a competing result, a fork) reads whole history.
