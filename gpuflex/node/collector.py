@@ -6,6 +6,15 @@ every direct child has reported or its deadline passes. Updates that arrive by f
 deeper in the tree (their own leader died, or could not be reached) are accepted as well, so
 their work is not lost; the nodes they went past are told (``Taken``), so that they stop
 waiting for them.
+
+Work that went past a node may have reached that node too: a member whose send to its leader
+timed out, or which took a slow leader for dead, sends higher, and the leader had already
+folded it. The leader's partial then carries work this node holds as well. Such work is held
+aside here, not folded, until the collector closes (``add_past``): a partial that carries it
+is taken and the copy held aside dropped, so neither is lost and nothing counts twice. Folded
+at once, the partial was refused as overlapping (and its honest leader penalised), the whole
+group's work was lost, and the root waited for that leader until its deadline: the 1,000-node
+simulation's round 1 took 74 s for a tree bound of 2 s.
 """
 
 from __future__ import annotations
@@ -22,6 +31,17 @@ from aggregation.tree import children
 from gpuflex.node.core.messages import Partial, Plan, Update, capped
 from gpuflex.node.core.pipeline import Reducer
 from gpuflex.node.core.secure import Folded
+
+
+@dataclass(frozen=True)
+class Past:
+    """Work that reached this node past its own parent, held aside until the collector closes."""
+
+    work: Update | Partial
+    delta: Folded
+    samples: int
+    covers: frozenset[str]  # its sender and every contributor it carries
+    within: tuple[Update, ...] = ()  # a partial's updates
 
 
 def subtree_height(parent: dict[str, str | None], node: str) -> int:
@@ -68,6 +88,7 @@ class Collector:
     samples: int = 0
     done: trio.Event = field(default_factory=trio.Event)
     closed: bool = False
+    past: dict[str, Past] = field(default_factory=dict)  # by sender: work that went past a node, not folded yet
 
     def __post_init__(self) -> None:
         self.expected = set(children(self.plan.parent, self.me)) | {self.me}
@@ -90,17 +111,69 @@ class Collector:
             self.done.set()
             self.on_done()
 
+    def went_past(self, sender: str) -> bool:
+        """Whether work from ``sender`` comes past its own parent (it is not this node's child)."""
+        return sender != self.me and self.plan.parent.get(sender) != self.me
+
+    def overlaps(self, covers: set[str]) -> bool:
+        """Whether work covering ``covers`` would count a contribution twice: it meets work
+        folded here, or only a part of some work held aside (a partial that carries work held
+        aside carries all of it, as its leader folded that work whole)."""
+        aside = set().union(*(p.covers for p in self.past.values()))
+        return bool(covers & (self.covered - aside)) or any(
+            p.covers & covers and not p.covers <= covers for p in self.past.values())
+
+    @property
+    def contributions(self) -> int:
+        """The signed updates held here, folded or aside."""
+        return len(self.updates) + len(self.within) + sum(len(p.within) or 1 for p in self.past.values())
+
     def add_update(self, update: Update, delta: Folded) -> None:
-        """Fold a verified update, weighing at most the plan's sample cap (``capped``)."""
+        """Fold a verified update, weighing at most the plan's sample cap (``capped``); one that
+        went past a node is held aside (``add_past``)."""
         update = capped(update, self.plan.sample_cap)
+        if self.went_past(update.peer):
+            self._hold(Past(update, delta, update.samples, frozenset({update.peer})))
+            return
         self.updates.append(update)
         self._fold(update.peer, delta, update.samples, {update.peer})
 
     def add_partial(self, partial: Partial, delta: np.ndarray | SparseVector, ups: list[Update]) -> None:
-        """Fold a verified partial; ``ups``: the updates it carries, as its check walked them."""
+        """Fold a verified partial; ``ups``: the updates it carries, as its check walked them.
+        Work held aside that it carries is dropped: it reached this node both ways."""
+        covers = {u.peer for u in ups} | {partial.leader}
+        for sender in [s for s, p in self.past.items() if p.covers <= covers]:
+            del self.past[sender]
+        if self.went_past(partial.leader):
+            self._hold(Past(partial, delta, partial.samples, frozenset(covers), tuple(ups)))
+            return
         self.partials.append(partial)
         self.within.extend(ups)
-        self._fold(partial.leader, delta, partial.samples, {u.peer for u in ups} | {partial.leader})
+        self._fold(partial.leader, delta, partial.samples, covers)
+
+    def _hold(self, past: Past) -> None:
+        """Hold aside work that went past a node (it may reach this node again, inside the
+        partial of a node it went past): counted as reported, folded when the collector closes."""
+        sender = past.work.peer if isinstance(past.work, Update) else past.work.leader
+        self.past[sender] = past
+        self.covered |= past.covers
+        self.reported.add(sender)
+        if self.expected <= self.reported:
+            self.done.set()
+            self.on_done()
+
+    def close(self) -> None:
+        """Stop collecting, and fold the work still held aside: no partial carried it."""
+        self.closed = True
+        held, self.past = list(self.past.values()), {}
+        for past in held:
+            if isinstance(past.work, Update):
+                self.updates.append(past.work)
+            else:
+                self.partials.append(past.work)
+                self.within.extend(past.within)
+            self._fold(past.work.peer if isinstance(past.work, Update) else past.work.leader, past.delta,
+                       past.samples, set(past.covers))
 
     def child_down(self, child: str) -> None:
         """A dead child's own children fail over to this node: wait for them instead."""

@@ -120,7 +120,8 @@ class Leader:
             raise WireError(WireReason.HASH, f"partial from {part.leader[-8:]} does not match its signed hash")
         ups = walk_contributions(part.updates, part.partials, part.job, part.round, col.plan)
         covers = {u.peer for u in ups}
-        if not covers <= col.allowed or covers & col.covered or sum(u.samples for u in ups) != part.samples:
+        if not covers <= col.allowed or col.overlaps(covers | {part.leader}) \
+                or sum(u.samples for u in ups) != part.samples:
             raise WireError(WireReason.ROUND, f"partial from {part.leader[-8:]} covers the wrong contributions")
         if any(u.base_hash != col.plan.base_hash for u in ups):
             raise WireError(WireReason.ROUND, "partial mixes updates from another base model")
@@ -171,8 +172,9 @@ class Leader:
         self.port.emit(EventKind.WORK_TAKEN_ABOVE, taken.round, taken.by, message=(
             f"round {taken.round}: {taken.by[-8:]} took {len(peers)} contribution(s) that went past this node"))
         if both:
-            log.warning("round %d: %d contribution(s) reached both this node and %s; its partial will "
-                        "overlap theirs", taken.round, len(both), taken.by[-8:])
+            log.info("round %d: %d contribution(s) reached both this node and %s; this node's partial "
+                     "carries them, and %s drops the copy it holds aside", taken.round, len(both),
+                     taken.by[-8:], taken.by[-8:])
 
     # -- reduce ----------------------------------------------------------------------------------
 
@@ -191,7 +193,7 @@ class Leader:
                         f"round {col.plan.round}: {child[-8:]} {why}; expecting its group directly"))
             if not col.done.is_set() or self._short(col):
                 await changed.wait(col.deadline)  # a child's report and a peer's health both notify
-        col.closed = True
+        col.close()
 
     def _short(self, col: Collector) -> bool:
         """The root, every child reported, still short of ``min_nodes``: a member that a
@@ -202,7 +204,7 @@ class Leader:
         update is masked for its own group's sum."""
         book = self.book
         if col.plan.coordinator != book.me or book.spec.secure_aggregation \
-                or len(col.updates) + len(col.within) >= book.spec.min_nodes:
+                or col.contributions >= book.spec.min_nodes:
             return False
         return any(p not in col.covered and p != book.me and p not in book.left
                    and self.port.health(p) != PeerState.DOWN for p in col.plan.members)

@@ -325,6 +325,8 @@ class FakeNet:
         #: (sender, receiver) pairs whose requests fail although each sees the other up: a
         #: stream that breaks while a relayed link is re-established.
         self.lost_sends: set[tuple[str, str]] = set()
+        # (sender, receiver): the message is handled there, but the sender sees its stream reset.
+        self.lost_replies: set[tuple[str, str]] = set()
         #: Per node, the peers it keeps no record of (health None, as a large mesh's node for
         #: most peers), until their presence reaches it.
         self.unknown: dict[str, set[str]] = {}
@@ -480,6 +482,8 @@ class FakeNet:
         elif env.kind == PARTIAL:
             part = parse_partial(env)
             self.forwarded.add((part.round, part.attempt, part.leader))
+        if (src.peer_id, peer) in self.lost_replies:
+            raise SendError(f"peer {peer[-8:]}: stream reset before the reply")
         return box["reply"]
 
     async def broadcast(self, src: FakeNode, frame: bytes) -> int:

@@ -326,6 +326,33 @@ async def test_a_leader_told_that_its_member_went_past_it_stops_waiting_for_that
     assert [e.peer for e in told] == [root], net.dump()
 
 
+async def test_an_update_that_reached_its_leader_and_went_past_it_counts_once_and_loses_no_group(
+        autojump_clock, tmp_path) -> None:
+    """A member's update reaches its leader, but the reply is lost, so the member sends it to
+    the root too. The leader's partial carries it; the root held its own copy aside and drops
+    it for the partial. Before, the root folded its copy at once and refused the partial as
+    overlapping (penalising an honest leader), lost the leader's whole group, and waited for
+    that leader until its reduce deadline."""
+    net = FakeNet(tmp_path, 5, fast_spec(rounds=1, min_nodes=5, group_size=2, train_timeout_s=60.0))
+    tree = net.first_tree()
+    root = next(p for p, up in tree.items() if up is None)
+    leader = next(p for p in tree if tree[p] == root and p in tree.values())
+    member = next(p for p, up in tree.items() if up == leader)
+    net.lost_replies = {(member, leader)}
+    # The leader's partial reaches the root after the member's own copy does.
+    net.jitter = lambda a, b: 1.0 if (a.peer_id, b.peer_id) == (leader, root) else 0.01
+    async with trio.open_nursery() as nursery:
+        await net.start(nursery)
+        await net.wait_rounds(1)
+        committed_at = trio.current_time()
+        (res,) = one_ledger(net, 1)
+        nursery.cancel_scope.cancel()
+    assert (1, 0, member, leader) in net.acks and (1, 0, member, root) in net.acks, net.dump()  # it reached both
+    assert res.attempt == 0 and sorted(c["peer"] for c in res.contributors) == sorted(net.order), net.dump()
+    assert committed_at < 20.0, f"the round committed only at {committed_at:.1f} s\n{net.dump()}"
+    assert not any(n.penalties for n in net.nodes.values()), {n.index: n.penalties for n in net.nodes.values()}
+
+
 async def test_a_taken_notice_from_a_node_not_above_the_receiver_is_refused_and_penalised(
         autojump_clock, tmp_path) -> None:
     """Only an ancestor in the plan's tree may say it took a node's children's work: a notice
