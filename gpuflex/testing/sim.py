@@ -520,12 +520,15 @@ class Simulation:
                     state = ("gone" if c is None else "no job" if cd is None
                              else f"r{cd.committed} {cd.book.status.phase}")
                     told = c.events.history() if c is not None and c.events is not None else []
-                    last = [e for e in told if e.get("round") is not None][-1:]
+                    last = [e for e in told if e.get("round") is not None][-3:]
                     own = cd.book.current.collectors.get(attempt) if cd is not None else None
                     held = ("" if own is None else
                             f"; its collector {'closed' if own.closed else 'done' if own.done.is_set() else 'open'}, "
                             f"{len(own.expected - own.reported)} unreported, {len(own.past)} aside")
-                    missing.append(f"{child[-6:]} ({state}{held}{'; ' + last[0]['message'][:90] if last else ''})")
+                    refusals = dict(c.mesh.inbound.refused_by) if c is not None and c.mesh is not None else {}
+                    said = " | ".join(e["message"][:90] for e in last)
+                    missing.append(f"{child[-6:]} ({state}{held}; refused {refusals or 'none'}"
+                                   f"{'; ' + said if said else ''})")
                 refused = dict(n.mesh.inbound.refused_by) if n.mesh is not None else {}
                 told = n.events.history() if n.events is not None else []
                 rejected = [e["message"][:120] for e in told if e.get("type") == EventKind.REJECTED][-1:]
