@@ -43,6 +43,10 @@ class Past:
     covers: frozenset[str]  # its sender and every contributor it carries
     within: tuple[Update, ...] = ()  # a partial's updates
 
+    @property
+    def sender(self) -> str:
+        return self.work.peer if isinstance(self.work, Update) else self.work.leader
+
 
 def subtree_height(parent: dict[str, str | None], node: str) -> int:
     kids = children(parent, node)
@@ -154,10 +158,9 @@ class Collector:
     def _hold(self, past: Past) -> None:
         """Hold aside work that went past a node (it may reach this node again, inside the
         partial of a node it went past): counted as reported, folded when the collector closes."""
-        sender = past.work.peer if isinstance(past.work, Update) else past.work.leader
-        self.past[sender] = past
+        self.past[past.sender] = past
         self.covered |= past.covers
-        self.reported.add(sender)
+        self.reported.add(past.sender)
         if self.expected <= self.reported:
             self.done.set()
             self.on_done()
@@ -172,8 +175,7 @@ class Collector:
             else:
                 self.partials.append(past.work)
                 self.within.extend(past.within)
-            self._fold(past.work.peer if isinstance(past.work, Update) else past.work.leader, past.delta,
-                       past.samples, set(past.covers))
+            self._fold(past.sender, past.delta, past.samples, set(past.covers))
 
     def child_down(self, child: str) -> None:
         """A dead child's own children fail over to this node: wait for them instead."""

@@ -3,6 +3,8 @@ trio's MockClock, so every deadline passes without real waiting."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 import trio
@@ -15,6 +17,25 @@ from mesh.messaging import SendError
 from tests.unit.node.fakenet import FakeNet, fast_spec
 
 pytestmark = pytest.mark.timeout(10)
+
+
+def three_levels(net: FakeNet) -> tuple[str, str, str]:
+    """Round 1's root, a leader below it, and a member of that leader's group."""
+    tree = net.first_tree()
+    root = next(p for p, up in tree.items() if up is None)
+    leader = next(p for p in tree if tree[p] == root and p in tree.values())
+    return root, leader, next(p for p, up in tree.items() if up == leader)
+
+
+async def one_round(net: FakeNet) -> tuple[Any, float]:
+    """Run ``net`` until round 1 commits everywhere: its result and when it committed."""
+    async with trio.open_nursery() as nursery:
+        await net.start(nursery)
+        await net.wait_rounds(1)
+        committed_at = trio.current_time()
+        (res,) = one_ledger(net, 1)
+        nursery.cancel_scope.cancel()
+    return res, committed_at
 
 
 def one_ledger(net: FakeNet, rounds: int) -> list:
@@ -281,10 +302,7 @@ async def test_a_member_its_leader_cannot_reach_fails_over_to_a_root_that_waits_
     and the next attempt was short alike (test_nat.py went to attempt 20 so). It waits for
     that member until its deadline instead, and attempt 0 commits with every member."""
     net = FakeNet(tmp_path, 5, fast_spec(rounds=1, min_nodes=5, group_size=2))
-    tree = net.first_tree()
-    root = next(p for p, up in tree.items() if up is None)
-    leader = next(p for p in tree if tree[p] == root and p in tree.values())
-    member = next(p for p, up in tree.items() if up == leader)
+    _, leader, member = three_levels(net)
     net.pair_cuts = {frozenset((leader, member))}
     # The member learns the leader is out of reach only when its send times out.
     net.jitter = lambda a, b: 4.0 if (a.peer_id, b.peer_id) == (member, leader) else 0.01
@@ -307,17 +325,9 @@ async def test_a_leader_told_that_its_member_went_past_it_stops_waiting_for_that
     round), and the root for the leader. The round commits with every member, and the leader's
     partial does not overlap the root's."""
     net = FakeNet(tmp_path, 5, fast_spec(rounds=1, min_nodes=5, group_size=2, train_timeout_s=60.0))
-    tree = net.first_tree()
-    root = next(p for p, up in tree.items() if up is None)
-    leader = next(p for p in tree if tree[p] == root and p in tree.values())
-    member = next(p for p, up in tree.items() if up == leader)
+    root, leader, member = three_levels(net)
     net.lost_sends = {(member, leader)}
-    async with trio.open_nursery() as nursery:
-        await net.start(nursery)
-        await net.wait_rounds(1)
-        committed_at = trio.current_time()
-        (res,) = one_ledger(net, 1)
-        nursery.cancel_scope.cancel()
+    res, committed_at = await one_round(net)
     assert res.attempt == 0, net.dump()
     assert contributors(res) == set(net.order)
     assert (1, 0, member, root) in net.acks, net.dump()
@@ -334,19 +344,11 @@ async def test_an_update_that_reached_its_leader_and_went_past_it_counts_once_an
     overlapping (penalising an honest leader), lost the leader's whole group, and waited for
     that leader until its reduce deadline."""
     net = FakeNet(tmp_path, 5, fast_spec(rounds=1, min_nodes=5, group_size=2, train_timeout_s=60.0))
-    tree = net.first_tree()
-    root = next(p for p, up in tree.items() if up is None)
-    leader = next(p for p in tree if tree[p] == root and p in tree.values())
-    member = next(p for p, up in tree.items() if up == leader)
+    root, leader, member = three_levels(net)
     net.lost_replies = {(member, leader)}
     # The leader's partial reaches the root after the member's own copy does.
     net.jitter = lambda a, b: 1.0 if (a.peer_id, b.peer_id) == (leader, root) else 0.01
-    async with trio.open_nursery() as nursery:
-        await net.start(nursery)
-        await net.wait_rounds(1)
-        committed_at = trio.current_time()
-        (res,) = one_ledger(net, 1)
-        nursery.cancel_scope.cancel()
+    res, committed_at = await one_round(net)
     assert (1, 0, member, leader) in net.acks and (1, 0, member, root) in net.acks, net.dump()  # it reached both
     assert res.attempt == 0 and sorted(c["peer"] for c in res.contributors) == sorted(net.order), net.dump()
     assert committed_at < 20.0, f"the round committed only at {committed_at:.1f} s\n{net.dump()}"
@@ -359,10 +361,8 @@ async def test_a_taken_notice_from_a_node_not_above_the_receiver_is_refused_and_
     from anyone else, or naming peers outside the receiver's subtree, is refused and counted
     against its sender, and the leader still waits for its member."""
     net = FakeNet(tmp_path, 5, fast_spec(rounds=1, min_nodes=5, group_size=2, train_timeout_s=60.0))
+    root, leader, member = three_levels(net)
     tree = net.first_tree()
-    root = next(p for p, up in tree.items() if up is None)
-    leader = next(p for p in tree if tree[p] == root and p in tree.values())
-    member = next(p for p, up in tree.items() if up == leader)
     stranger = next(p for p in tree if p not in (root, leader, member) and tree[p] != leader)
     net.nodes[member].train_s = 30.0  # the leader is still waiting for it when the notices come
     async with trio.open_nursery() as nursery:

@@ -7,7 +7,18 @@ import trio
 
 from gpuflex.jobspec import JobSpec
 from tests.unit.node import fakenet
-from tests.unit.node.fakenet import FakeNet, fast_spec
+from tests.unit.node.fakenet import FakeNet, FakeNode, fast_spec
+
+
+async def _cut_off_after_round_1(net: FakeNet, nursery: trio.Nursery, straggler: FakeNode) -> None:
+    """Start ``net``; once ``straggler`` holds round 1, cut it off until the others hold round 3."""
+    for n in net.nodes.values():
+        n.train_s = 2.0
+    await net.start(nursery)
+    await net.wait_until(lambda: straggler.driver is not None and straggler.driver.book.committed == 1)
+    alone = net.order.index(straggler.peer_id)
+    net.split([i for i in range(len(net.order)) if i != alone], [alone])
+    await net.wait_rounds(3, [n for n in net.nodes.values() if n is not straggler])
 
 
 async def _miss_two_rounds_and_catch_up(tmp_path, spec: JobSpec) -> int:
@@ -15,14 +26,8 @@ async def _miss_two_rounds_and_catch_up(tmp_path, spec: JobSpec) -> int:
     their ledger. Returns how many steps it replayed while catching up."""
     net = FakeNet(tmp_path, 4, spec)
     straggler = net.node(3)
-    for n in net.nodes.values():
-        n.train_s = 2.0
     async with trio.open_nursery() as nursery:
-        await net.start(nursery)
-        await net.wait_until(lambda: straggler.driver is not None and straggler.driver.book.committed == 1)
-        alone = net.order.index(straggler.peer_id)
-        net.split([i for i in range(4) if i != alone], [alone])
-        await net.wait_rounds(3, [net.node(i) for i in range(3)])
+        await _cut_off_after_round_1(net, nursery, straggler)
         book = straggler.driver.book
         assert book.committed == 1
         before = book.status.steps_replayed
@@ -60,3 +65,29 @@ async def test_a_member_rounds_behind_replays_the_missed_fragment_steps(autojump
                      codec="int8", fragments=4)
     replayed = await _miss_two_rounds_and_catch_up(tmp_path, spec)
     assert replayed == 2, "both missed fragment steps were replayed"
+
+
+async def test_a_catch_up_that_resumed_after_our_rounds_is_adopted_and_a_false_held_prefix_is_not(
+        autojump_clock, tmp_path) -> None:
+    """``offer_ledger(frames, peer, held)`` as sync calls it: our first round as a view of our
+    file, then the peer's rounds after it, is adopted. A chain whose first round is not ours,
+    offered as if it were (``held`` = 1), changes nothing: the round at ``held`` does not have
+    our digest, so it is compared from round 1, and the rounds after it do not verify."""
+    from gpuflex.node.core.ledgerfile import ChainFrames
+    from tests.unit.node.chain import make_chain
+
+    net = FakeNet(tmp_path, 4, fast_spec(rounds=3, min_nodes=2))
+    straggler = net.node(3)
+    async with trio.open_nursery() as nursery:
+        await _cut_off_after_round_1(net, nursery, straggler)
+        book = straggler.driver.book
+        theirs = net.ledger(net.node(0))
+        # Another job's round 1 in place of ours, with the rest of theirs: not ours, so not taken as read.
+        foreign = ChainFrames(make_chain(rounds=1)[0], 1, theirs[1:])
+        assert not await straggler.driver.offer_ledger(foreign, net.node(0).peer_id, 1)
+        assert book.committed == 1
+        net.heal()
+        assert await straggler.driver.offer_ledger(ChainFrames(book.ledger.frames, 1, theirs[1:]),
+                                                   net.node(0).peer_id, 1)
+        nursery.cancel_scope.cancel()
+    assert book.committed == 3 and list(book.ledger.frames) == theirs
