@@ -580,6 +580,10 @@ class MeshNode:
                 self._in_flight[peer] = left
             self._used[peer] = trio.current_time()
 
+    def streams_with(self, peer: str) -> int:
+        """Streams with ``peer`` open now, either side's (``in_use``)."""
+        return self._in_flight.get(peer, 0)
+
     def idle_connections(self) -> list[str]:
         """Connected peers outside the keep set that neither side has used for ``TRIM_IDLE_S``
         and that carry no stream now (``in_use``): a round's member it sent an update to, a peer

@@ -529,8 +529,8 @@ class Simulation:
                     # Streams open between the two now, as each side counts them (``MeshNode.in_use``):
                     # a send of the child's in flight shows on its side, and on ours once it arrived.
                     if c is not None and c.mesh is not None and n.mesh is not None:
-                        held += (f"; streams open: {c.mesh._in_flight.get(n.peer_id, 0)} on its side, "
-                                 f"{n.mesh._in_flight.get(child, 0)} here; connected "
+                        held += (f"; streams open: {c.mesh.streams_with(n.peer_id)} on its side, "
+                                 f"{n.mesh.streams_with(child)} here; connected "
                                  f"{child in n.mesh.connected_ids()}")
                     said = " | ".join(e["message"][:90] for e in last)
                     missing.append(f"{child[-6:]} ({state}{held}; refused {refusals or 'none'}"

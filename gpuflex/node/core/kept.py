@@ -25,8 +25,8 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any, overload
 
 from gpuflex.node.core.evidence import QUORUM_ROUNDS
-from gpuflex.node.core.messages import RESULT, Result, parse_result
-from mesh.codec import Envelope, open_envelope
+from gpuflex.node.core.messages import Result, result_of
+from mesh.codec import Envelope
 
 #: The rounds at the head of a ledger held whole: the plan of the last (who is eligible to
 #: coordinate), the contributors of the last ``QUORUM_ROUNDS`` (quorum, sample cap, a masked
@@ -54,7 +54,7 @@ class FrameRows(Sequence[dict[str, Any]]):
 
     def rows(self) -> list[dict[str, Any]]:
         """The rows, as the frame signed them (a file that changed under us raises WireError)."""
-        return list(parse_result(open_envelope(self._read(), expect_kind=RESULT)).contributors)
+        return list(result_of(self._read()).contributors)
 
     @overload
     def __getitem__(self, index: int) -> dict[str, Any]: ...
@@ -128,4 +128,4 @@ def slim(res: Result, frames: Sequence[bytes], index: int) -> Result:
 
 def whole(frame: bytes) -> Result:
     """A slim round made whole again from its frame, as ``kept`` holds it."""
-    return kept(parse_result(open_envelope(frame, expect_kind=RESULT)))
+    return kept(result_of(frame))

@@ -37,9 +37,9 @@ from gpuflex.node.core.ledgerfile import (
     cut,
     pack,
 )
-from gpuflex.node.core.messages import RESULT, Result, parse_result
+from gpuflex.node.core.messages import Result, result_of
 from gpuflex.node.core.workfields import WireValue, contributor_work
-from mesh.codec import WireError, open_envelope
+from mesh.codec import WireError
 from mesh.fsutil import StateWriteError, atomic_write
 
 log = logging.getLogger("gpuflex.ledger")
@@ -71,7 +71,7 @@ def verify_chain(frames: Sequence[bytes], job: str | None = None, rules: ChainRu
     results: list[Result] = []
     for i, frame in enumerate(frames, start=1):
         try:
-            res = parse_result(open_envelope(frame, expect_kind=RESULT))
+            res = result_of(frame)
         except WireError as exc:
             raise LedgerError(f"round {i}: {exc}") from None
         if rules is None:
@@ -89,7 +89,7 @@ def verify_tail(frames: Sequence[bytes], start: int, ledger: Ledger) -> list[Res
     history = ledger.history(start)
     for i, frame in enumerate(frames[start:], start=start + 1):
         try:
-            res = parse_result(open_envelope(frame, expect_kind=RESULT))
+            res = result_of(frame)
             verify_round(res, history, ledger.rules)
         except WireError as exc:
             raise LedgerError(f"round {i}: {exc}") from None
@@ -124,7 +124,7 @@ class ChainCheck:
         fault of the peer's, the catch-up starts again from round 1. A frame that does not
         even open says yes here, so that ``extend`` rejects it and the peer pays."""
         try:
-            res = parse_result(open_envelope(frame, expect_kind=RESULT))
+            res = result_of(frame)
         except WireError:
             return True
         return res.prev_result == (self.results[-1].digest if self.results else GENESIS)
@@ -139,7 +139,7 @@ class ChainCheck:
         if self._same:  # they differ from here: check against whole history
             self._same, self.results = False, self.ledger.history(i)
         try:
-            res = parse_result(open_envelope(frame, expect_kind=RESULT))
+            res = result_of(frame)
             verify_round(res, self.results, self.ledger.rules)
         except WireError as exc:
             raise LedgerError(f"round {i + 1}: {exc}") from None
@@ -196,7 +196,7 @@ def _verified(f: BinaryIO, job: str, rules: ChainRules) -> _Loaded:
             got.problem = f"round {i}: not a frame"
             break
         try:
-            res = parse_result(open_envelope(frame, expect_kind=RESULT))
+            res = result_of(frame)
             verify_round(res, got.results, rules)
         except WireError as exc:
             got.problem = f"round {i}: {exc}"
@@ -309,6 +309,7 @@ class Ledger:
         if candidate == self.path and got.version == FORMAT:
             self._source, self._spans = got.file, got.spans
             self._end = cut(self.path, got.end) if got.problem else got.end
+            self.results = got.results  # slimmed as verified, against this very file
         else:
             frames = got.frames or LedgerFrames(got.file, got.spans, len(got.spans))[:]
             got.file.close()
@@ -318,7 +319,7 @@ class Ledger:
                 problems.append(f"{self.path.name}: could not be rewritten ({exc})")
                 data, self._spans = pack(self.job, frames)
                 self._source, self._end = data, 0
-        self._settle(got.results)
+            self._settle(got.results)  # what was slimmed read the file just closed
         return problems
 
     def history(self, n: int) -> list[Result]:
@@ -337,16 +338,13 @@ class Ledger:
         frames = self.frames
         return (whole(frames[i]) if is_slim(r) else r for i, r in enumerate(self.results))
 
-    def _settle(self, results: list[Result], start: int = 0) -> None:
-        """Hold ``results`` as this ledger's rounds, after the file changed: all but the last
-        ``WHOLE_ROUNDS`` slim, reading their rows from the file as it is now. Rounds before
-        ``start`` are slim already and their frames did not move (an append)."""
+    def _settle(self, results: list[Result]) -> None:
+        """Hold ``results`` as this ledger's rounds after the file was written whole: all but
+        the last ``WHOLE_ROUNDS`` slim, reading their rows from the file as it is now."""
         frames = self.frames
         old = len(results) - WHOLE_ROUNDS
-        self.results = [
-            (slim(r, frames, i) if i >= start or not is_slim(r) else r) if i < old
-            else (whole(frames[i]) if is_slim(r) else r)
-            for i, r in enumerate(results)]
+        self.results = [slim(r, frames, i) if i < old else whole(frames[i]) if is_slim(r) else r
+                        for i, r in enumerate(results)]
 
     def check_next(self, res: Result) -> None:
         """Raise LedgerError unless ``res`` extends this ledger with its evidence complete."""
@@ -365,7 +363,11 @@ class Ledger:
         elif res.round != len(self.results) + 1 or res.prev_result != self.head:
             raise LedgerError(f"round {res.round} does not extend the ledger at round {len(self.results)}")
         self._write_tail([frame])
-        self._settle([*self.results, kept(res)], start=len(self.results) - WHOLE_ROUNDS)
+        results = [*self.results, kept(res)]
+        leaving = len(results) - 1 - WHOLE_ROUNDS  # the round that leaves the whole window
+        if leaving >= 0:  # the rounds before it are slim already, and appends move no frame
+            results[leaving] = slim(results[leaving], self.frames, leaving)
+        self.results = results
 
     def replace(self, frames: Sequence[bytes], results: list[Result] | None = None) -> None:
         """Adopt a chain received from a peer; ``results``: the frames, already verified. A

@@ -99,16 +99,16 @@ class ChainFrames(_Frames):
     (``ours``, a view read when asked for: a catch-up of a node a round behind a ledger of a
     thousand rounds need not read them), then the frames received after them."""
 
-    __slots__ = ("_ours", "_tail", "held")
+    __slots__ = ("_held", "_ours", "_tail")
 
     def __init__(self, ours: Sequence[bytes], held: int, tail: list[bytes]) -> None:
-        self._ours, self.held, self._tail = ours, held, tail
+        self._ours, self._held, self._tail = ours, held, tail
 
     def __len__(self) -> int:
-        return self.held + len(self._tail)
+        return self._held + len(self._tail)
 
     def _read(self, i: int) -> bytes:
-        return self._ours[i] if i < self.held else self._tail[i - self.held]
+        return self._ours[i] if i < self._held else self._tail[i - self._held]
 
 
 class FileScan:

@@ -258,7 +258,7 @@ class Result:
         got: Plan | None = self.__dict__.get("parsed_plan")
         if got is None:
             if not self.plan_frame and self.reread is not None:
-                return parse_result(open_envelope(self.reread(), expect_kind=RESULT)).plan
+                return result_of(self.reread()).plan
             got = parse_plan(open_envelope(self.plan_frame, expect_kind=PLAN))
             self.__dict__["parsed_plan"] = got  # frozen: the one value it will ever have
         return got
@@ -282,6 +282,11 @@ def parse_result(env: Envelope) -> Result:
     if res.step_hash is not None and not valid_hash(res.step_hash):
         raise WireError(WireReason.GARBLED, "result field 'step_hash' is not a blob hash")
     return res
+
+
+def result_of(frame: bytes) -> Result:
+    """The signed ``Result`` a frame holds (its signature checked); WireError if it is none."""
+    return parse_result(open_envelope(frame, expect_kind=RESULT))
 
 
 def walk_contributions(updates: list[bytes], partials: list[bytes], job: str, round_: int,
