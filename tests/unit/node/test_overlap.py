@@ -25,6 +25,12 @@ def round_lengths(node: FakeNode) -> dict[int, float]:
     return {e.round: e.at - planned[e.round] for e in node.events if e.kind == EventKind.ROUND_COMMITTED}
 
 
+def late_round_s(net: FakeNet) -> float:
+    """The mean time from plan to commit from round 3 on, over every node and so over the same
+    mix of roles each round."""
+    return float(np.mean([t for node in net.alive_nodes() for r, t in round_lengths(node).items() if r >= 3]))
+
+
 #: Mock seconds every message takes: a slow uplink, so updates and results travel a while.
 LINK_S = 1.5
 
@@ -65,9 +71,9 @@ async def test_a_budgeted_round_holds_more_steps_in_the_same_time_with_a_head_st
     steps_on = [c["steps"] for r in with_ahead[2:] for c in r.contributors]
     steps_off = [c["steps"] for r in without[2:] for c in r.contributors]
     assert np.mean(steps_on) > 1.5 * np.mean(steps_off), (steps_on, steps_off)
-    late_on = [t for r, t in round_lengths(on.alive_nodes()[0]).items() if r >= 3]
-    late_off = [t for r, t in round_lengths(off.alive_nodes()[0]).items() if r >= 3]
-    assert np.mean(late_on) < np.mean(late_off) + 1.0, (late_on, late_off)
+    # Over every node, not one: a node's round lasts 1.5 s longer in the rounds it roots than
+    # in those it is a member of, and which rounds those are follows the random peer ids.
+    assert late_round_s(on) < late_round_s(off) + 1.0, (late_round_s(on), late_round_s(off))
 
 
 class LineTrainer:
