@@ -52,6 +52,9 @@ async def send_up(port: JobPort, book: JobBook, plan: Plan, deadlines: RoundDead
     ends. A masked update goes to its own leader only: no other node could unmask it.
     ``delivered`` runs once, when the first receiver has taken it.
     Raises SendError when no ancestor took it and the round is still open."""
+    if not book.round_open(plan):
+        dropped(port, book, plan, what)
+        return
     chain = ancestors(plan.parent, book.me)[: 1 if masked else None]
     errors: list[str] = []
     # A home uplink moves a model-sized payload in seconds to minutes, not in a fixed 10 s.
@@ -89,6 +92,28 @@ async def send_up(port: JobPort, book: JobBook, plan: Plan, deadlines: RoundDead
             return
     if errors and book.round_open(plan):
         raise SendError("; ".join(errors))
+
+
+def dropped(port: JobPort, book: JobBook, plan: Plan, what: Work) -> None:
+    """Say that work done for ``plan`` is not sent, and why: a leader whose plan stopped being in
+    force mid-round once kept its group's partial without a word, and its parent waited for it
+    until its deadline with nothing to show why."""
+    port.emit(EventKind.WORK_DROPPED, plan.round, message=(
+        f"round {plan.round}: this node's {what} is not sent: {why_closed(book, plan)}"))
+
+
+def why_closed(book: JobBook, plan: Plan) -> str:
+    """Why work for ``plan`` no longer counts (``JobBook.round_open``); "" while it does."""
+    rs = book.current
+    if book.committed >= plan.round:
+        return f"round {plan.round} is committed"
+    if plan.round != rs.round:
+        return f"this node is at round {rs.round}"
+    if plan.attempt in rs.aborted:
+        return f"attempt {plan.attempt} was aborted"
+    if rs.plan is not None and rs.plan.attempt != plan.attempt:
+        return f"attempt {rs.plan.attempt}'s plan is in force here"
+    return ""
 
 
 async def _watch(port: JobPort, book: JobBook, plan: Plan, deadlines: RoundDeadlines, target: str) -> bool:

@@ -69,6 +69,7 @@ class EventKind(StrEnum):
     LEADER_DOWN = "leader_down"
     WORK_TAKEN_ABOVE = "work_taken_above"
     REDUCE_EMPTY = "reduce_empty"
+    WORK_DROPPED = "work_dropped"  # this node's update or partial is not sent: its plan is no longer in force
     SECAGG_RECOVERED = "secagg_recovered"
     SECAGG_RECOVERY_FAILED = "secagg_recovery_failed"
     SECAGG_ANSWERED = "secagg_answered"

@@ -36,7 +36,7 @@ from gpuflex.node.policy import IncidentPolicy
 from gpuflex.node.port import JobPort
 from gpuflex.node.recovery import collect_answers
 from gpuflex.node.state import JobBook, RoundDeadlines
-from gpuflex.node.uplink import Work, send_up
+from gpuflex.node.uplink import Work, dropped, send_up
 from mesh.blob import blob_hash
 from mesh.codec import WireError, WireReason, seal
 from mesh.health import PeerState
@@ -216,6 +216,7 @@ class Leader:
         await self._collect(col)
         if (plan.attempt in book.current.aborted and book.current.round == plan.round) \
                 or book.committed >= plan.round:
+            dropped(self.port, book, plan, Work.PARTIAL)
             return None
         if col.acc.count == 0:
             self.port.emit(EventKind.REDUCE_EMPTY, plan.round,

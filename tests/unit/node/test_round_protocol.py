@@ -163,6 +163,8 @@ async def test_a_round_below_min_nodes_is_aborted_and_retried(autojump_clock, tm
     aborted = [e for n in net.alive_nodes() for e in n.events if e.kind == EventKind.ROUND_ABORTED]
     assert aborted and all("contributions < min_nodes=3" in e.message for e in aborted)
     assert all(EventKind.ROUND_RETRIED in n.kinds() for n in net.alive_nodes())
+    dropped = [e.message for e in straggler.events if e.kind == EventKind.WORK_DROPPED]
+    assert any(m.endswith("update is not sent: attempt 0 was aborted") for m in dropped), dropped
 
 
 async def test_fork_choice_settles_two_sides_of_a_partition_on_one_ledger(autojump_clock, tmp_path) -> None:
