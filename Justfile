@@ -35,7 +35,9 @@ demo *ARGS: setup
 # (tests/conftest.py): the real-process tests spend more than half their time waiting on
 # deadlines and the network. Four were once too many for two cores (load averages of 10 to 19
 # and waits running out, when the suite took 750-1,100 CPU seconds); at about 400 CPU seconds
-# they keep the load near 5 and the run under five minutes (BENCHMARKS.md, "The suite").
+# they kept the load near 5 and the run under five minutes. The suite has grown back to
+# 800-960 CPU seconds and 440-520 s on two cores, over the five-minute budget (BENCHMARKS.md,
+# "The suite, 2026-12-02").
 # Bytecode is cached even where the environment sets PYTHONDONTWRITEBYTECODE: every worker and
 # every node or CLI process the tests start would otherwise compile the project again (and
 # pytest rewrite every test module's asserts again), about 15 CPU seconds per worker.
