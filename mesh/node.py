@@ -581,7 +581,8 @@ class MeshNode:
             self._used[peer] = trio.current_time()
 
     def streams_with(self, peer: str) -> int:
-        """Streams with ``peer`` open now, either side's (``in_use``)."""
+        """Requests to ``peer`` and streams from it under way now (``in_use``). A request counts
+        from before its stream is open: while it routes, dials and negotiates too."""
         return self._in_flight.get(peer, 0)
 
     def idle_connections(self) -> list[str]:

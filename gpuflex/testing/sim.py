@@ -526,8 +526,9 @@ class Simulation:
                             f"; its collector {'closed' if own.closed else 'done' if own.done.is_set() else 'open'}, "
                             f"{len(own.expected - own.reported)} unreported, {len(own.past)} aside")
                     refusals = dict(c.mesh.inbound.refused_by) if c is not None and c.mesh is not None else {}
-                    # Streams open between the two now, as each side counts them (``MeshNode.in_use``):
-                    # a send of the child's in flight shows on its side, and on ours once it arrived.
+                    # Streams between the two now, as each side counts them (``MeshNode.in_use``): a
+                    # send of the child's shows on its side from before its stream opens, and on ours
+                    # only once our handler serves it.
                     if c is not None and c.mesh is not None and n.mesh is not None:
                         held += (f"; streams open: {c.mesh.streams_with(n.peer_id)} on its side, "
                                  f"{n.mesh.streams_with(child)} here; connected "
