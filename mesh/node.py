@@ -137,6 +137,25 @@ class MeshEvent(StrEnum):
     REACHABILITY = "reachability"
 
 
+class Stage(StrEnum):
+    """Where a request is, so that a timeout names the stage that took the time: at a thousand
+    nodes a leader's partial once timed out with nothing to say whether routing, opening the
+    stream, the upload or the receiver's handler held it."""
+
+    CONNECT = "before connecting"
+    ROUTE = "finding a route"
+    OPEN = "dialling and opening a stream"
+    SEND = "sending"
+    REPLY = "waiting for the reply"
+
+
+@dataclass
+class RequestStage:
+    """The stage one request has reached (see ``Stage``)."""
+
+    stage: Stage = Stage.CONNECT
+
+
 PEER_EVENTS = {PeerState.UP: MeshEvent.PEER_UP, PeerState.SUSPECT: MeshEvent.PEER_SUSPECT,
                PeerState.DOWN: MeshEvent.PEER_DOWN}
 
@@ -697,11 +716,16 @@ class MeshNode:
 
     # -- outbound ----------------------------------------------------------------------------
 
-    async def open(self, peer: str, protocol: str, timeout: float) -> Any:
-        """A new stream to ``peer``: the transport seam (see the module docstring)."""
+    async def open(self, peer: str, protocol: str, timeout: float, at: RequestStage | None = None) -> Any:
+        """A new stream to ``peer``: the transport seam (see the module docstring). ``at``
+        follows the stages, so that a timeout can say where the time went."""
         self._used[peer] = trio.current_time()
         with trio.fail_after(timeout):
+            if at is not None:
+                at.stage = Stage.ROUTE
             await self.nat.route(peer, timeout)
+            if at is not None:
+                at.stage = Stage.OPEN
             return await self.host.new_stream(libp2p_id(peer), [protocol])
 
     async def request(self, peer: str, frame: bytes, payload: bytes | memoryview | None = None,
@@ -709,10 +733,12 @@ class MeshNode:
         """Deliver a signed frame (and payload) to ``peer`` and return its handler's reply."""
         if peer == self.peer_id:
             raise SendError("cannot send to self")
+        at = RequestStage()
         try:
             with trio.fail_after(timeout), self.in_use(peer):
-                stream = await self.open(peer, MSG_PROTOCOL, timeout)
+                stream = await self.open(peer, MSG_PROTOCOL, timeout, at)
                 try:
+                    at.stage = Stage.SEND
                     await write_frame(stream, frame)
                     size = 0 if payload is None else len(payload)
                     view = memoryview(payload if payload is not None else b"")
@@ -724,11 +750,12 @@ class MeshNode:
                     for start in range(0, size if on_stream else 0, 1 << 20):
                         await stream.write(bytes(view[start : start + (1 << 20)]))
                     self.bytes_sent += len(frame) + size
+                    at.stage = Stage.REPLY
                     reply = await read_obj(stream, MAX_FRAME)
                 finally:
                     await close(stream)
         except trio.TooSlowError:
-            raise SendError(f"peer {peer[-8:]} did not answer within {timeout:.0f}s") from None
+            raise SendError(f"peer {peer[-8:]} did not answer within {timeout:.0f}s ({at.stage})") from None
         except (WireError, OSError) as exc:
             raise SendError(f"peer {peer[-8:]}: {exc}") from None
         except Exception as exc:  # the verb's contract: any failure to deliver is a SendError

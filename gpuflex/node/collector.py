@@ -197,6 +197,15 @@ class Collector:
             self.on_done()
         return both
 
+    def nothing_from(self, child: str) -> None:
+        """``child`` has nothing to send (``Empty``): stop waiting for it. Work of its own that
+        still comes while this collector is open is taken, as a straggler's would be."""
+        if child in self.expected and child not in self.reported:
+            self.reported.add(child)
+            if self.expected <= self.reported and not self.done.is_set():
+                self.done.set()
+                self.on_done()
+
     @property
     def progress(self) -> float:
         return len(self.reported & self.expected) / max(1, len(self.expected))

@@ -23,7 +23,18 @@ from aggregation.tree import children
 from gpuflex.node.collector import Collector
 from gpuflex.node.core.kinds import EventKind, JobState, Phase, Role
 from gpuflex.node.core.ledger import HEAD_CHARS, ChainCheck, LedgerClaim
-from gpuflex.node.core.messages import ABORT, PARTIAL, PLAN, RESULT, SECAGG_RECOVER, TAKEN, UPDATE, MessageKind, Plan
+from gpuflex.node.core.messages import (
+    ABORT,
+    EMPTY,
+    PARTIAL,
+    PLAN,
+    RESULT,
+    SECAGG_RECOVER,
+    TAKEN,
+    UPDATE,
+    MessageKind,
+    Plan,
+)
 from gpuflex.node.core.pipeline import RESIDUAL_FILE, DeltaEncoder
 from gpuflex.node.export import JobExport, job_export
 from gpuflex.node.faults import NO_FAULTS, Faults
@@ -81,10 +92,10 @@ class JobDriver:
         self._handlers: dict[str, Callable[[Inbound], Awaitable[Any]]] = {
             PLAN: self.on_plan, UPDATE: self.leader.on_update, PARTIAL: self.leader.on_partial,
             RESULT: self.applier.on_result, ABORT: self.applier.on_abort,
-            SECAGG_RECOVER: self.member.on_secagg_recover, TAKEN: self.leader.on_taken}
+            SECAGG_RECOVER: self.member.on_secagg_recover, TAKEN: self.leader.on_taken, EMPTY: self.leader.on_empty}
 
     #: The message kinds a job handles (the job manager routes them here by the body's job id).
-    HANDLED: tuple[MessageKind, ...] = (PLAN, UPDATE, PARTIAL, RESULT, ABORT, SECAGG_RECOVER, TAKEN)
+    HANDLED: tuple[MessageKind, ...] = (PLAN, UPDATE, PARTIAL, RESULT, ABORT, SECAGG_RECOVER, TAKEN, EMPTY)
     #: The kinds that carry a payload (a delta), as large as the job's model allows.
     WITH_PAYLOAD: tuple[MessageKind, ...] = (UPDATE, PARTIAL)
 

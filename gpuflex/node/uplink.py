@@ -77,8 +77,8 @@ async def send_up(port: JobPort, book: JobBook, plan: Plan, deadlines: RoundDead
                 await port.request(target, frame, payload, timeout=timeout)
             except SendError as exc:
                 errors.append(str(exc))
-                log.warning("round %d: %s to %s failed (%s); trying the next ancestor", plan.round, what,
-                            target[-8:], exc)
+                port.emit(EventKind.SEND_RETRIED, plan.round, target, message=(
+                    f"round {plan.round}: {what} to {target[-8:]} failed ({exc}); trying the next ancestor"))
                 continue
             port.emit(SENT[what], plan.round, target, message=f"round {plan.round}: {what} sent to {target[-8:]}")
             if delivered is not None:

@@ -21,6 +21,7 @@ import random
 import shutil
 import tempfile
 import time
+from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
@@ -103,6 +104,12 @@ def modelled_wall_time(epoch: float) -> float:
     return epoch + trio.current_time()
 
 
+#: The events that say what became of a node's own update or partial (``SimEvents.sending``).
+SENDING_KINDS = frozenset({EventKind.UPDATE_SENT, EventKind.UPDATE_FAILED, EventKind.PARTIAL_SENT,
+                           EventKind.PARTIAL_FAILED, EventKind.SEND_RETRIED, EventKind.WORK_DROPPED,
+                           EventKind.REDUCE_EMPTY, EventKind.RESEND, EventKind.LEADER_DOWN})
+
+
 class SimEvents(EventLog):
     """A node's event log that also tells the simulation which rounds' updates a parent took
     from this node (``update_sent``: a leader or root accepted it): an accepted update of a
@@ -111,11 +118,16 @@ class SimEvents(EventLog):
     def __init__(self, on_sent: Callable[[int, str], None]) -> None:
         super().__init__(history=32)
         self._on_sent = on_sent
+        # What became of this node's own work, kept apart: peer events fill the history of 32,
+        # and a stalled round's report then had nothing to say of a leader's partial.
+        self.sending: deque[str] = deque(maxlen=6)
 
     def emit(self, type_: Any, *, job: str | None = None, round: int | None = None,
              peer: str | None = None, message: str = "", **extra: Any) -> dict[str, Any]:
         if type_ == EventKind.UPDATE_SENT and round is not None and peer is not None:
             self._on_sent(round, peer)
+        if type_ in SENDING_KINDS:
+            self.sending.append(f"t={trio.current_time():.1f} {message[:110]}")
         return super().emit(type_, job=job, round=round, peer=peer, message=message, **extra)
 
 
@@ -519,8 +531,7 @@ class Simulation:
                     cd = self._driver(c) if c is not None else None
                     state = ("gone" if c is None else "no job" if cd is None
                              else f"r{cd.committed} {cd.book.status.phase}")
-                    told = c.events.history() if c is not None and c.events is not None else []
-                    last = [e for e in told if e.get("round") is not None][-3:]
+                    sending = list(c.events.sending) if c is not None and c.events is not None else []
                     own = cd.book.current.collectors.get(attempt) if cd is not None else None
                     held = ("" if own is None else
                             f"; its collector {'closed' if own.closed else 'done' if own.done.is_set() else 'open'}, "
@@ -533,7 +544,7 @@ class Simulation:
                         held += (f"; streams open: {c.mesh.streams_with(n.peer_id)} on its side, "
                                  f"{n.mesh.streams_with(child)} here; connected "
                                  f"{child in n.mesh.connected_ids()}")
-                    said = " | ".join(e["message"][:90] for e in last)
+                    said = " | ".join(sending[-4:])
                     missing.append(f"{child[-6:]} ({state}{held}; refused {refusals or 'none'}"
                                    f"{'; ' + said if said else ''})")
                 refused = dict(n.mesh.inbound.refused_by) if n.mesh is not None else {}

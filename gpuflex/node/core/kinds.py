@@ -66,6 +66,7 @@ class EventKind(StrEnum):
     PARTIAL_FAILED = "partial_failed"
     PARTIAL_VERIFIED = "partial_verified"
     RESEND = "resend"
+    SEND_RETRIED = "send_retried"  # one ancestor did not take this node's work; the next is tried
     LEADER_DOWN = "leader_down"
     WORK_TAKEN_ABOVE = "work_taken_above"
     REDUCE_EMPTY = "reduce_empty"

@@ -35,6 +35,7 @@ class MessageKind(StrEnum):
     SECAGG_RECOVER = "secagg_recover"
     SECAGG_SHARES = "secagg_shares"
     TAKEN = "taken"
+    EMPTY = "empty"
 
 
 JOB, PRESENCE, PLAN, UPDATE, PARTIAL, RESULT, ABORT, SYNC = list(MessageKind)[:8]  # in the order above
@@ -56,6 +57,9 @@ register_kind(SECAGG_SHARES, 2 * 1024 * 1024)
 # contribution, about 55 bytes each, so a whole 4,000-member subtree fits.
 TAKEN = MessageKind.TAKEN
 register_kind(TAKEN, 256 * 1024)
+# A leader's word to its parent that it has nothing to send (``Empty``): a few ids and counts.
+EMPTY = MessageKind.EMPTY
+register_kind(EMPTY, 4 * 1024)
 #: A Shamir share is one element of GF(2^521 - 1): 66 bytes, big-endian.
 SHARE_BYTES = 66
 #: Rounds and attempts are counts a signer writes: bounded, so no one wins anything with a

@@ -19,6 +19,7 @@ from aggregation.secagg import SecAggError
 from gpuflex.node.collector import Collector, Reduced, ancestors, descendants, subtree_height
 from gpuflex.node.core.kinds import EventKind
 from gpuflex.node.core.messages import (
+    EMPTY,
     PARTIAL,
     TAKEN,
     Plan,
@@ -29,7 +30,7 @@ from gpuflex.node.core.messages import (
 )
 from gpuflex.node.core.pipeline import decode_update, make_reducer, pack_partial, unpack_partial
 from gpuflex.node.core.secure import SecAggReducer
-from gpuflex.node.core.taken import parse_taken
+from gpuflex.node.core.taken import parse_empty, parse_taken
 from gpuflex.node.core.workfields import WireValue
 from gpuflex.node.core.workplan import fold_vector
 from gpuflex.node.policy import IncidentPolicy
@@ -68,10 +69,12 @@ class Leader:
 
     def fold_own(self, plan: Plan, trained: TrainedUpdate) -> bool:
         """Fold this node's own update into the collector it runs for ``plan``, typed as it was
-        made (nothing parsed or verified again); False if it runs none (it sends it up)."""
+        made (nothing parsed or verified again); False if it runs none, or if that one closed
+        while this node trained (it sends the update up). Folded into a closed collector, a
+        slow leader's own update was lost: nothing sends a collector's work after it closes."""
         rs = self.book.current
         col = rs.collectors.get(plan.attempt) if rs.round == plan.round else None
-        if col is None or col.plan.env.digest != plan.env.digest:  # none, or a replaced plan's
+        if col is None or col.closed or col.plan.env.digest != plan.env.digest:  # none, closed, or a replaced plan's
             return False
         spec, up = self.book.spec, trained.update
         col.add_update(up, fold_vector(spec, plan, up, decode_update(spec, trained.payload, up.delta_size)))
@@ -156,6 +159,28 @@ class Leader:
         except SendError as exc:  # it waits until its deadline, as it did before notices
             log.info("round %d: could not tell %s what went past it: %s", plan.round, node[-8:], exc)
 
+    async def _say_empty(self, plan: Plan, parent: str) -> None:
+        """Tell ``parent`` that this leader has nothing to send, so it stops waiting for it."""
+        frame = seal(self.port.identity, EMPTY, {
+            "job": self.book.job_id, "round": plan.round, "attempt": plan.attempt, "plan": plan.digest,
+            "leader": self.book.me})
+        try:
+            await self.port.request(parent, frame, timeout=max(TAKEN_TIMEOUT_MIN_S, plan.reduce_slack_s))
+        except SendError as exc:  # it waits for this node until its deadline, as before the notice
+            log.info("round %d: could not tell %s this node has nothing to send: %s", plan.round, parent[-8:], exc)
+
+    async def on_empty(self, msg: Inbound) -> None:
+        """A child leader has nothing to send: stop waiting for it."""
+        empty = parse_empty(msg.envelope)
+        rs = self.book.current
+        col = rs.collectors.get(empty.attempt) if empty.job == self.book.job_id and rs.round == empty.round else None
+        if col is None or col.plan.digest != empty.plan:
+            raise Rejected(f"no collector for round {empty.round} attempt {empty.attempt} here")
+        if col.plan.parent.get(empty.leader) != self.book.me:
+            raise WireError(WireReason.ROUND, f"{empty.leader[-8:]} is not this node's child in the plan's tree")
+        col.nothing_from(empty.leader)
+        log.info("round %d: %s has nothing to send; not waiting for it", empty.round, empty.leader[-8:])
+
     async def on_taken(self, msg: Inbound) -> None:
         """An ancestor folded work that went past this node: stop waiting for it."""
         taken = parse_taken(msg.envelope)
@@ -221,6 +246,9 @@ class Leader:
         if col.acc.count == 0:
             self.port.emit(EventKind.REDUCE_EMPTY, plan.round,
                            message=f"round {plan.round}: nothing reached this leader")
+            parent = plan.parent.get(book.me)
+            if parent is not None:
+                book.tasks.start_soon(self._say_empty, plan, parent)
             return None
         updates, samples = col.updates, col.samples
         group_reports = [r for p in col.partials for r in p.secagg]

@@ -11,7 +11,7 @@ import trio
 
 from gpuflex.node.core.kinds import EventKind
 from gpuflex.node.core.ledger import verify_chain
-from gpuflex.node.core.messages import TAKEN
+from gpuflex.node.core.messages import EMPTY, TAKEN
 from mesh.codec import seal
 from mesh.messaging import SendError
 from tests.unit.node.fakenet import FakeNet, fast_spec
@@ -388,6 +388,35 @@ async def test_a_taken_notice_from_a_node_not_above_the_receiver_is_refused_and_
     assert member in contributors(res)
 
 
+async def test_an_empty_notice_from_a_node_not_a_child_or_not_its_signer_is_refused_and_penalised(
+        autojump_clock, tmp_path) -> None:
+    """Only a child in the plan's tree may say it has nothing to send, and only of itself: a
+    notice from a grandchild, or signed by another key, is refused and counted against its
+    sender, and the root still waits for the child."""
+    net = FakeNet(tmp_path, 5, fast_spec(rounds=1, min_nodes=5, group_size=2, train_timeout_s=60.0))
+    root, leader, member = three_levels(net)
+    net.nodes[leader].train_s = 30.0  # the root is still waiting for it when the notices come
+    async with trio.open_nursery() as nursery:
+        await net.start(nursery)
+        await net.wait_until(lambda: plan_of(net.nodes[root]) is not None
+                             and net.nodes[root].driver.book.current.collectors)
+        plan = plan_of(net.nodes[root])
+        body = {"job": net.info.job_id, "round": 1, "attempt": plan.attempt, "plan": plan.digest}
+        grandchild = seal(net.nodes[member].identity, EMPTY, {**body, "leader": member})
+        with pytest.raises(SendError, match="not this node's child"):
+            await net.deliver(net.nodes[member], root, grandchild, None)
+        forged = seal(net.nodes[member].identity, EMPTY, {**body, "leader": leader})
+        with pytest.raises(SendError, match="signed by its leader"):
+            await net.deliver(net.nodes[member], root, forged, None)
+        col = net.nodes[root].driver.book.current.collectors[plan.attempt]
+        assert leader in col.expected - col.reported
+        await net.wait_rounds(1)
+        (res,) = one_ledger(net, 1)
+        nursery.cancel_scope.cancel()
+    assert net.nodes[root].penalties == {member: 2}
+    assert leader in contributors(res)
+
+
 async def test_nodes_that_keep_no_record_of_the_last_rounds_contributors_wait_for_their_word(
         autojump_clock, tmp_path) -> None:
     """In a large mesh a node keeps no record of most peers (health unknown). Here, after round
@@ -456,6 +485,8 @@ async def test_an_update_no_ancestor_took_is_sent_again_while_the_round_is_open(
         nursery.cancel_scope.cancel()
     assert member.peer_id in contributors(res), net.dump()
     assert EventKind.UPDATE_FAILED not in member.kinds()
+    retried = [e.message for e in member.events if e.kind == EventKind.SEND_RETRIED]
+    assert retried and f"update to {root.peer_id[-8:]} failed" in retried[0], net.dump()
 
 
 async def test_a_candidate_a_node_keeps_no_record_of_but_hears_from_keeps_its_turn(autojump_clock, tmp_path) -> None:
@@ -475,3 +506,41 @@ async def test_a_candidate_a_node_keeps_no_record_of_but_hears_from_keeps_its_tu
         nursery.cancel_scope.cancel()
     assert results[0].attempt == 0 and results[0].coordinator == first.peer_id, net.dump()
     assert all(contributors(r) == set(net.order) for r in results), net.dump()
+
+
+def leader_its_members_went_past(net: FakeNet) -> tuple[str, str, list[str]]:
+    """Round 1's root, a leader below it whose members cannot reach it (they send to the root),
+    and the root's other children."""
+    root, leader, _ = three_levels(net)
+    tree = net.first_tree()
+    net.pair_cuts = {frozenset((leader, m)) for m, up in tree.items() if up == leader}
+    return root, leader, [p for p, up in tree.items() if up == root and p != leader]
+
+
+async def test_a_leader_left_with_nothing_says_so_and_its_parent_stops_waiting(autojump_clock, tmp_path) -> None:
+    """Its members went past it and its own training outlasts the round: it tells its parent
+    that it has nothing, and the root commits when the leader's collector closes (12 + 2 s), not
+    at its own deadline (12 + 4 s). The 1,000-node simulation's round 1 waited so for slow
+    leaders whose groups had all gone past them."""
+    net = FakeNet(tmp_path, 5, fast_spec(rounds=1, min_nodes=2, group_size=2))
+    _, leader, _ = leader_its_members_went_past(net)
+    net.nodes[leader].train_delays = [100.0]
+    res, committed_at = await one_round(net)
+    assert EventKind.REDUCE_EMPTY in net.nodes[leader].kinds(), net.dump()
+    assert leader not in contributors(res) and len(contributors(res)) == 4, net.dump()
+    assert committed_at < 15.0, net.dump()
+
+
+async def test_a_leaders_own_update_done_after_its_group_closed_goes_up_and_counts(autojump_clock, tmp_path) -> None:
+    """The same leader's own update, done after its collector closed while its parent still
+    waits for another child, is sent to the parent and counts. It was folded into the closed
+    collector, which nothing sends: the update was lost."""
+    net = FakeNet(tmp_path, 5, fast_spec(rounds=1, min_nodes=2, group_size=2))
+    root, leader, others = leader_its_members_went_past(net)
+    net.nodes[leader].train_delays = [15.0]  # past its own reduce deadline (12 + 2 s), before the root's (12 + 4 s)
+    for other in others:
+        net.nodes[other].train_delays = [15.5]  # the root waits for them meanwhile
+    res, _ = await one_round(net)
+    assert contributors(res) == set(net.order), net.dump()
+    sent = [e for e in net.nodes[leader].events if e.kind == EventKind.UPDATE_SENT]
+    assert sent and sent[0].peer == root, net.dump()
