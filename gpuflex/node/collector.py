@@ -93,6 +93,7 @@ class Collector:
     done: trio.Event = field(default_factory=trio.Event)
     closed: bool = False
     past: dict[str, Past] = field(default_factory=dict)  # by sender: work that went past a node, not folded yet
+    how: dict[str, str] = field(default_factory=dict)  # by reporter: how it came to count as reported
 
     def __post_init__(self) -> None:
         self.expected = set(children(self.plan.parent, self.me)) | {self.me}
@@ -111,6 +112,7 @@ class Collector:
         self.samples += samples
         self.covered |= covers
         self.reported.add(reporter)
+        self.how[reporter] = "folded"
         if self.expected <= self.reported:
             self.done.set()
             self.on_done()
@@ -161,6 +163,7 @@ class Collector:
         self.past[past.sender] = past
         self.covered |= past.covers
         self.reported.add(past.sender)
+        self.how[past.sender] = "held aside"
         if self.expected <= self.reported:
             self.done.set()
             self.on_done()
@@ -180,6 +183,7 @@ class Collector:
     def child_down(self, child: str) -> None:
         """A dead child's own children fail over to this node: wait for them instead."""
         self.reported.add(child)
+        self.how[child] = "down"
         self.expected |= set(children(self.plan.parent, child))
         if self.expected <= self.reported:
             self.done.set()
@@ -192,6 +196,7 @@ class Collector:
         gone = peers - self.covered - {self.me}
         self.allowed -= gone
         self.reported |= gone & self.expected
+        self.how.update((p, "taken above") for p in gone & self.expected)
         if gone and self.expected <= self.reported and not self.done.is_set():
             self.done.set()
             self.on_done()
@@ -202,9 +207,20 @@ class Collector:
         still comes while this collector is open is taken, as a straggler's would be."""
         if child in self.expected and child not in self.reported:
             self.reported.add(child)
+            self.how[child] = "empty"
             if self.expected <= self.reported and not self.done.is_set():
                 self.done.set()
                 self.on_done()
+
+    def how_reported(self) -> str:
+        """The expected reporters by how they came to count as reported, in words (the
+        ``reduce_empty`` event says why a leader has nothing)."""
+        counts: dict[str, int] = {}
+        for peer in self.expected:
+            how = self.how.get(peer, "not reported")
+            key = how if peer != self.me else f"this node: {self.how.get(peer, 'not in')}"
+            counts[key] = counts.get(key, 0) + 1
+        return ", ".join(f"{k} {v}" if not k.startswith("this node") else k for k, v in sorted(counts.items()))
 
     @property
     def progress(self) -> float:

@@ -127,7 +127,7 @@ class SimEvents(EventLog):
         if type_ == EventKind.UPDATE_SENT and round is not None and peer is not None:
             self._on_sent(round, peer)
         if type_ in SENDING_KINDS:
-            self.sending.append(f"t={trio.current_time():.1f} {message[:110]}")
+            self.sending.append(f"t={trio.current_time():.1f} {message[:200]}")
         return super().emit(type_, job=job, round=round, peer=peer, message=message, **extra)
 
 
@@ -509,6 +509,10 @@ class Simulation:
                     self._describe_plan(fig, plans[done])
                 self.rounds.append(fig)
                 say(f"round {done} committed at t={now:.1f}s: {fig.seconds} s, {fig.contributors} contributors")
+                empty = [f"{n.peer_id[-6:]}: {m}" for n in live if n.events is not None
+                         for m in n.events.sending if f"round {done}: nothing reached" in m]
+                if empty:  # leaders that had nothing to send, and why (``Collector.how_reported``)
+                    say(f"  {len(empty)} leader(s) had nothing to send, e.g. {' | '.join(empty[:4])}")
                 last_t, last_bytes, quiet_since = now, now_bytes, now
 
     def _waiting_on(self, live: list[SimNode], most: int = 6) -> str:

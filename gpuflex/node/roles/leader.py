@@ -245,9 +245,13 @@ class Leader:
             return None
         if col.acc.count == 0:
             self.port.emit(EventKind.REDUCE_EMPTY, plan.round,
-                           message=f"round {plan.round}: nothing reached this leader")
+                           message=f"round {plan.round}: nothing reached this leader ({col.how_reported()})")
+            # Only once every child is accounted for: a child not reported by the deadline may
+            # still send past this node to the parent, which must then still be waiting. Said at
+            # any closing, it let the root stop waiting early, and at 1,000 simulated nodes round
+            # 1 committed in 9 s with 17 contributors.
             parent = plan.parent.get(book.me)
-            if parent is not None:
+            if parent is not None and col.expected - col.reported <= {book.me}:
                 book.tasks.start_soon(self._say_empty, plan, parent)
             return None
         updates, samples = col.updates, col.samples
