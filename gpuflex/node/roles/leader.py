@@ -169,13 +169,18 @@ class Leader:
         except SendError as exc:  # it waits for this node until its deadline, as before the notice
             log.info("round %d: could not tell %s this node has nothing to send: %s", plan.round, parent[-8:], exc)
 
+    def _collector_of(self, job: str, round_: int, attempt: int, digest: str) -> Collector:
+        """The collector a notice is about, or Rejected: its plan no longer in force here."""
+        rs = self.book.current
+        col = rs.collectors.get(attempt) if job == self.book.job_id and rs.round == round_ else None
+        if col is None or col.plan.digest != digest:
+            raise Rejected(f"no collector for round {round_} attempt {attempt} here")
+        return col
+
     async def on_empty(self, msg: Inbound) -> None:
         """A child leader has nothing to send: stop waiting for it."""
         empty = parse_empty(msg.envelope)
-        rs = self.book.current
-        col = rs.collectors.get(empty.attempt) if empty.job == self.book.job_id and rs.round == empty.round else None
-        if col is None or col.plan.digest != empty.plan:
-            raise Rejected(f"no collector for round {empty.round} attempt {empty.attempt} here")
+        col = self._collector_of(empty.job, empty.round, empty.attempt, empty.plan)
         if col.plan.parent.get(empty.leader) != self.book.me:
             raise WireError(WireReason.ROUND, f"{empty.leader[-8:]} is not this node's child in the plan's tree")
         col.nothing_from(empty.leader)
@@ -184,10 +189,7 @@ class Leader:
     async def on_taken(self, msg: Inbound) -> None:
         """An ancestor folded work that went past this node: stop waiting for it."""
         taken = parse_taken(msg.envelope)
-        rs = self.book.current
-        col = rs.collectors.get(taken.attempt) if taken.job == self.book.job_id and rs.round == taken.round else None
-        if col is None or col.plan.digest != taken.plan:
-            raise Rejected(f"no collector for round {taken.round} attempt {taken.attempt} here")
+        col = self._collector_of(taken.job, taken.round, taken.attempt, taken.plan)
         if taken.by not in ancestors(col.plan.parent, self.book.me):
             raise WireError(WireReason.ROUND, f"{taken.by[-8:]} is not above this node in the plan's tree")
         peers = set(taken.peers)

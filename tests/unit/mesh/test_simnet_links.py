@@ -37,7 +37,7 @@ async def test_a_small_write_waits_at_most_the_sparse_queue_behind_bulk_and_dela
     for _ in range(10):  # ten seconds of bulk booked on b's downlink
         net.transmit(a, b, 10 * MB)
     booked = b._down_free
-    sent, landed = net.transmit(a, b, 64)
+    _, landed = net.transmit(a, b, 64)
     assert landed is not None and landed < net.delay(a, b) + 2 * SPARSE_QUEUE_S + 1e-3  # at most that on each link
     assert b._down_free == pytest.approx(booked + 64 * 8 / (80 * MB))  # its bytes still take the link
     _, after = net.transmit(a, b, SPARSE_BYTES + 1)  # a bulk write again waits for all of it

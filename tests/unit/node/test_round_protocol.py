@@ -357,6 +357,14 @@ async def test_an_update_that_reached_its_leader_and_went_past_it_counts_once_an
     assert not any(n.penalties for n in net.nodes.values()), {n.index: n.penalties for n in net.nodes.values()}
 
 
+async def collecting(net: FakeNet, node: str) -> tuple[Any, dict[str, Any]]:
+    """Once ``node`` collects for round 1: its plan, and the fields a notice about it carries."""
+    await net.wait_until(lambda: plan_of(net.nodes[node]) is not None
+                         and net.nodes[node].driver.book.current.collectors)
+    plan = plan_of(net.nodes[node])
+    return plan, {"job": net.info.job_id, "round": 1, "attempt": plan.attempt, "plan": plan.digest}
+
+
 async def test_a_taken_notice_from_a_node_not_above_the_receiver_is_refused_and_penalised(
         autojump_clock, tmp_path) -> None:
     """Only an ancestor in the plan's tree may say it took a node's children's work: a notice
@@ -369,10 +377,7 @@ async def test_a_taken_notice_from_a_node_not_above_the_receiver_is_refused_and_
     net.nodes[member].train_s = 30.0  # the leader is still waiting for it when the notices come
     async with trio.open_nursery() as nursery:
         await net.start(nursery)
-        await net.wait_until(lambda: plan_of(net.nodes[leader]) is not None
-                             and net.nodes[leader].driver.book.current.collectors)
-        plan = plan_of(net.nodes[leader])
-        body = {"job": net.info.job_id, "round": 1, "attempt": plan.attempt, "plan": plan.digest}
+        plan, body = await collecting(net, leader)
         forged = seal(net.nodes[stranger].identity, TAKEN, {**body, "by": stranger, "peers": [member]})
         with pytest.raises(SendError, match="not above this node"):
             await net.deliver(net.nodes[stranger], leader, forged, None)
@@ -398,10 +403,7 @@ async def test_an_empty_notice_from_a_node_not_a_child_or_not_its_signer_is_refu
     net.nodes[leader].train_s = 30.0  # the root is still waiting for it when the notices come
     async with trio.open_nursery() as nursery:
         await net.start(nursery)
-        await net.wait_until(lambda: plan_of(net.nodes[root]) is not None
-                             and net.nodes[root].driver.book.current.collectors)
-        plan = plan_of(net.nodes[root])
-        body = {"job": net.info.job_id, "round": 1, "attempt": plan.attempt, "plan": plan.digest}
+        plan, body = await collecting(net, root)
         grandchild = seal(net.nodes[member].identity, EMPTY, {**body, "leader": member})
         with pytest.raises(SendError, match="not this node's child"):
             await net.deliver(net.nodes[member], root, grandchild, None)
