@@ -51,8 +51,8 @@ def parse_taken(env: Envelope) -> Taken:
 class Empty:
     """A leader's word to its parent that its collector closed with nothing in it: every member's
     work went past it, or none came, and its own update is not in. Without the word the parent
-    waited for the leader until its own deadline: at a thousand simulated members, slow leaders
-    whose groups had all gone past them held round 1 for 50 s."""
+    waited for the leader until its own deadline: at a thousand simulated members, leaders
+    whose groups had all gone past them held round 1 until the root's deadline."""
 
     job: str
     round: int

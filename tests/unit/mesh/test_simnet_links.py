@@ -1,9 +1,9 @@
 """The modelled links (``mesh.testing.simnet``): bulk writes queue in order, a small write
 waits at most ``SPARSE_QUEUE_S`` behind them and still takes its share of the link.
 
-Queued strictly in order, a ping to a root receiving a hundred 10 MB updates waited behind
-all of them, 80 s at 100 Mbit/s, so the 1,000-node simulation marked busy roots and leaders
-down, their members went past them, and the root's downlink filled further."""
+Queued strictly in order, a ping to a root receiving a hundred 10 MB updates would wait
+behind all of them, 80 s at 100 Mbit/s, where TCP's windows and a router's queue bound the
+wait of a sparse flow to a few milliseconds under fq_codel."""
 
 from __future__ import annotations
 
