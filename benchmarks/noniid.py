@@ -121,8 +121,12 @@ def central_at_steps(spec: Any, steps: list[int], config: Any) -> dict[int, floa
         done += 1
 
     budget = dataclasses.replace(spec, local_epochs=0, local_steps=max(steps))
-    local_train(model, DataLoader(bundle.train, batch_size=spec.batch_size, shuffle=True), budget, device,
-                before_step=checkpoint)
+    # Seeded as ``central_baseline`` seeds its run, so a checkpoint scores what that run scores.
+    loader = DataLoader(bundle.train, batch_size=spec.batch_size, shuffle=True,
+                        generator=torch.Generator().manual_seed(spec.seed % 2**63))
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(spec.seed)
+        local_train(model, loader, budget, device, before_step=checkpoint)
     scores[max(steps)] = evaluate(model, bundle.test, device)["accuracy"]
     return scores
 
