@@ -100,10 +100,10 @@ def central_at_steps(spec: Any, steps: list[int], config: Any) -> dict[int, floa
     import dataclasses
 
     import torch
-    from torch.utils.data import DataLoader
 
+    from gpuflex.ml.baseline import seeded_train
     from gpuflex.ml.models import build_model
-    from gpuflex.ml.train import evaluate, local_train, pick_device
+    from gpuflex.ml.train import evaluate, pick_device
     from gpuflex.ml.workload import load_bundle, resolve_data_path
 
     bundle = load_bundle(spec, resolve_data_path(spec, config))
@@ -121,12 +121,8 @@ def central_at_steps(spec: Any, steps: list[int], config: Any) -> dict[int, floa
         done += 1
 
     budget = dataclasses.replace(spec, local_epochs=0, local_steps=max(steps))
-    # Seeded as ``central_baseline`` seeds its run, so a checkpoint scores what that run scores.
-    loader = DataLoader(bundle.train, batch_size=spec.batch_size, shuffle=True,
-                        generator=torch.Generator().manual_seed(spec.seed % 2**63))
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(spec.seed)
-        local_train(model, loader, budget, device, before_step=checkpoint)
+    # Trained as ``central_baseline`` trains, so a checkpoint scores what that run scores.
+    seeded_train(spec, model, bundle.train, budget, device, before_step=checkpoint)
     scores[max(steps)] = evaluate(model, bundle.test, device)["accuracy"]
     return scores
 

@@ -142,7 +142,6 @@ class Stage(StrEnum):
     nodes a leader's partial once timed out with nothing to say whether routing, opening the
     stream, the upload or the receiver's handler held it."""
 
-    CONNECT = "before connecting"
     ROUTE = "finding a route"
     OPEN = "dialling and opening a stream"
     SEND = "sending"
@@ -153,7 +152,7 @@ class Stage(StrEnum):
 class RequestStage:
     """The stage one request has reached (see ``Stage``)."""
 
-    stage: Stage = Stage.CONNECT
+    stage: Stage = Stage.ROUTE
 
 
 PEER_EVENTS = {PeerState.UP: MeshEvent.PEER_UP, PeerState.SUSPECT: MeshEvent.PEER_SUSPECT,
@@ -721,8 +720,6 @@ class MeshNode:
         follows the stages, so that a timeout can say where the time went."""
         self._used[peer] = trio.current_time()
         with trio.fail_after(timeout):
-            if at is not None:
-                at.stage = Stage.ROUTE
             await self.nat.route(peer, timeout)
             if at is not None:
                 at.stage = Stage.OPEN

@@ -19,6 +19,7 @@ simulation's round 1 took 74 s for a tree bound of 2 s.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -215,12 +216,9 @@ class Collector:
     def how_reported(self) -> str:
         """The expected reporters by how they came to count as reported, in words (the
         ``reduce_empty`` event says why a leader has nothing)."""
-        counts: dict[str, int] = {}
-        for peer in self.expected:
-            how = self.how.get(peer, "not reported")
-            key = how if peer != self.me else f"this node: {self.how.get(peer, 'not in')}"
-            counts[key] = counts.get(key, 0) + 1
-        return ", ".join(f"{k} {v}" if not k.startswith("this node") else k for k, v in sorted(counts.items()))
+        counts = Counter(self.how.get(peer, "not reported") for peer in self.expected - {self.me})
+        return ", ".join([f"{k} {v}" for k, v in sorted(counts.items())]
+                         + [f"this node: {self.how.get(self.me, 'not in')}"])
 
     @property
     def progress(self) -> float:

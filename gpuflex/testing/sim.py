@@ -120,14 +120,14 @@ class SimEvents(EventLog):
         self._on_sent = on_sent
         # What became of this node's own work, kept apart: peer events fill the history of 32,
         # and a stalled round's report then had nothing to say of a leader's partial.
-        self.sending: deque[str] = deque(maxlen=6)
+        self.sending: deque[tuple[EventKind, int | None, str]] = deque(maxlen=6)  # kind, round, text
 
     def emit(self, type_: Any, *, job: str | None = None, round: int | None = None,
              peer: str | None = None, message: str = "", **extra: Any) -> dict[str, Any]:
         if type_ == EventKind.UPDATE_SENT and round is not None and peer is not None:
             self._on_sent(round, peer)
         if type_ in SENDING_KINDS:
-            self.sending.append(f"t={trio.current_time():.1f} {message[:200]}")
+            self.sending.append((type_, round, f"t={trio.current_time():.1f} {message[:200]}"))
         return super().emit(type_, job=job, round=round, peer=peer, message=message, **extra)
 
 
@@ -509,8 +509,8 @@ class Simulation:
                     self._describe_plan(fig, plans[done])
                 self.rounds.append(fig)
                 say(f"round {done} committed at t={now:.1f}s: {fig.seconds} s, {fig.contributors} contributors")
-                empty = [f"{n.peer_id[-6:]}: {m}" for n in live if n.events is not None
-                         for m in n.events.sending if f"round {done}: nothing reached" in m]
+                empty = [f"{n.peer_id[-6:]}: {text}" for n in live if n.events is not None
+                         for kind, r, text in n.events.sending if kind == EventKind.REDUCE_EMPTY and r == done]
                 if empty:  # leaders that had nothing to send, and why (``Collector.how_reported``)
                     say(f"  {len(empty)} leader(s) had nothing to send, e.g. {' | '.join(empty[:4])}")
                 last_t, last_bytes, quiet_since = now, now_bytes, now
@@ -548,7 +548,7 @@ class Simulation:
                         held += (f"; streams open: {c.mesh.streams_with(n.peer_id)} on its side, "
                                  f"{n.mesh.streams_with(child)} here; connected "
                                  f"{child in n.mesh.connected_ids()}")
-                    said = " | ".join(sending[-4:])
+                    said = " | ".join(text for *_, text in sending[-4:])
                     missing.append(f"{child[-6:]} ({state}{held}; refused {refusals or 'none'}"
                                    f"{'; ' + said if said else ''})")
                 refused = dict(n.mesh.inbound.refused_by) if n.mesh is not None else {}

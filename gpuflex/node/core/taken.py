@@ -32,16 +32,16 @@ class Taken:
     env: Envelope
 
 
-def _attempt_of(b: object, what: str) -> dict[str, object]:
-    """The fields both notices carry: which job, round, attempt and plan they are about."""
-    return {"job": read_field(b, "job", str, what), "round": read_count(b, "round", what, 1, MAX_ROUND),
-            "attempt": read_count(b, "attempt", what, 0, MAX_ATTEMPT), "plan": read_field(b, "plan", str, what)}
+def _attempt_of(b: object, what: str) -> tuple[str, int, int, str]:
+    """The fields both notices carry first: the job, round, attempt and plan they are about."""
+    return (read_field(b, "job", str, what), read_count(b, "round", what, 1, MAX_ROUND),
+            read_count(b, "attempt", what, 0, MAX_ATTEMPT), read_field(b, "plan", str, what))
 
 
 def parse_taken(env: Envelope) -> Taken:
     b, what = env.body, "taken notice"
-    taken = Taken(**_attempt_of(b, what), by=read_field(b, "by", str, what),  # type: ignore[arg-type]
-                  peers=read_strs(b, "peers", what), env=env)
+    taken = Taken(*_attempt_of(b, what), by=read_field(b, "by", str, what), peers=read_strs(b, "peers", what),
+                  env=env)
     if taken.by != env.sender or not taken.peers:
         raise WireError(WireReason.GARBLED, "taken notice must be signed by its sender and name peers")
     return taken
@@ -64,7 +64,7 @@ class Empty:
 
 def parse_empty(env: Envelope) -> Empty:
     b, what = env.body, "empty notice"
-    empty = Empty(**_attempt_of(b, what), leader=read_field(b, "leader", str, what), env=env)  # type: ignore[arg-type]
+    empty = Empty(*_attempt_of(b, what), leader=read_field(b, "leader", str, what), env=env)
     if empty.leader != env.sender:
         raise WireError(WireReason.GARBLED, "empty notice must be signed by its leader")
     return empty
