@@ -23,6 +23,7 @@ import trio
 
 from gpuflex.jobpolicy import PLUGIN_FIELDS, JobPolicy, Refusal, RefusalKind
 from gpuflex.node.admission import Admission
+from gpuflex.node.clock import DeadlineClock
 from gpuflex.node.control import ApiError
 from gpuflex.node.core.kinds import EventKind, JobState
 from gpuflex.node.core.messages import JOB, PRESENCE, SYNC, created_at
@@ -89,8 +90,10 @@ def job_id_of(env: Envelope) -> str:
 
 class JobManager:
     def __init__(self, mesh: MeshNode, events: EventLog, home: Path, faults: Faults = NO_FAULTS,
-                 config: NodeConfig | None = None, trainers: TrainerFactory | None = None) -> None:
+                 config: NodeConfig | None = None, trainers: TrainerFactory | None = None,
+                 clock: DeadlineClock | None = None) -> None:
         self.mesh, self.events, self.home, self.faults = mesh, events, home, faults
+        self.clock = clock or DeadlineClock()  # a simulator's ties the wall clock to its modelled time
         self.config = config if config is not None else NodeConfig()
         self._trainers = trainers or partial(load_trainer, config=self.config)  # a simulator's stand-in, or torch
         self.admission = Admission(JobPolicy(self.config, own_id=mesh.peer_id), events,
@@ -132,8 +135,7 @@ class JobManager:
                     saved.append(open_envelope(path.read_bytes(), expect_kind=JOB))
                 except (WireError, Rejected, OSError) as exc:
                     self.events.emit(EventKind.STATE_CORRUPT, message=f"job file {path} is unreadable: {exc}")
-            # Oldest first, as they arrived, so "newest first" (job list, a bare job status)
-            # still holds after a restart; a job id alone says nothing about age.
+            # Oldest first, so "newest first" (job list, a bare job status) holds after a restart.
             for env in sorted(saved, key=created_at):
                 try:
                     self._adopt(env, resumed=True)
@@ -192,10 +194,9 @@ class JobManager:
                 return None
         self.unsaved_jobs.discard(job_id)
         info = JobInfo(job_id=job_id, spec=spec, initial_members=members, frame=env.raw, submitted_by=env.sender)
-        port = NodePort(self.mesh, self.events, self.home, job_id, self._services,
+        port = NodePort(self.mesh, self.events, self.home, job_id, self._services, self.clock,
                         marks=self.marks if plugins else None)
-        driver = JobDriver(info, port, self.jobs_dir, faults=self.faults,
-                           trainers=self._trainers)
+        driver = JobDriver(info, port, self.jobs_dir, faults=self.faults, trainers=self._trainers)
         self.drivers[job_id] = driver
         self.events.emit(EventKind.JOB_RECEIVED, job=job_id, peer=env.sender, message=(
             f"job {job_id} ({printable(spec.name, 60)}): {spec.rounds} rounds of {spec.model} on {spec.data}"))
@@ -247,7 +248,7 @@ class JobManager:
         alive, shared = set(self.mesh.peers.alive()), {}  # type: ignore[var-annotated]
         for job in [*active, *failed]:
             members = self.drivers[job].known_members() & alive
-            for peer in recipients(me, members, self.drivers[job], self._spread.setdefault(job, {})):
+            for peer in recipients(me, members, self.drivers[job], self._spread.setdefault(job, {}), self.mesh):
                 shared.setdefault(peer, []).append(job)
             if self.drivers[job].state == JobState.RUNNING:  # its rounds' members, spread evenly
                 self.mesh.watch(self._spread[job].get("spread") or neighbours(me, members, WATCH_PER_JOB),

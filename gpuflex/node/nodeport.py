@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -87,8 +87,9 @@ class NodePort:
         return None if rec is None else rec.state
 
     def private_peers(self) -> set[str]:
-        me = self._mesh.peer_id
-        return {p for p in [me, *(rec.peer_id for rec in self._mesh.peers.all())] if self.behind_nat(p)}
+        mesh = self._mesh  # records, and presence's word of peers the bounded table holds no record of
+        return {p for p in [mesh.peer_id, *(rec.peer_id for rec in mesh.peers.all()), *mesh.said_reach]
+                if self.behind_nat(p)}
 
     def behind_nat(self, peer: str) -> bool:
         # A peer this node holds no record of claims nothing: claimed_reachability says unknown.
@@ -97,11 +98,16 @@ class NodePort:
         return self._mesh.claimed_reachability(peer) in BEHIND_NAT
 
     def punched_peers(self) -> set[str]:
-        out = {rec.peer_id for rec in self._mesh.peers.all()
-               if self._mesh.claimed_reachability(rec.peer_id) == Reachability.RELAYED}
+        mesh = self._mesh  # a record's claim, or a presence's for a peer the bounded table holds no record of
+        out = {p for p in [*(rec.peer_id for rec in mesh.peers.all()), *mesh.said_reach]
+               if mesh.claimed_reachability(p) == Reachability.RELAYED}
         if self._mesh.nat.reachability() == Reachability.RELAYED:
             out.add(self._mesh.peer_id)
         return out
+
+    def reach_unknown(self, peers: Collection[str]) -> set[str]:
+        me = self._mesh.peer_id
+        return {p for p in peers if p != me and self._mesh.claimed_reachability(p) == Reachability.UNKNOWN}
 
     def coordinates(self) -> Mapping[str, Coordinate]:
         return {**self._mesh.coords, self._mesh.peer_id: self._mesh.coord}

@@ -10,7 +10,7 @@ what a job can do to its node.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
@@ -117,6 +117,12 @@ class JobPort(Protocol):
     def punched_peers(self) -> set[str]:
         """Of ``private_peers``, those that say they are reached through a relay and a hole
         punch (``relayed``): they lead groups before any group grows past ``group_size``."""
+        ...
+
+    def reach_unknown(self, peers: Collection[str]) -> set[str]:
+        """Of ``peers`` (this node aside), those whose reachability this node holds no claim
+        of (no presence or NodeInfo says): in a mesh with homes in it, such a member leads
+        only after the reachable and the hole-punched ones, as it may be a home nobody can dial."""
         ...
 
     def coordinates(self) -> Mapping[str, Coordinate]:

@@ -303,9 +303,6 @@ class JobBook:
     def head_model(self) -> str:
         return self.ledger.results[-1].model_hash if self.ledger.results else self.init_hash
 
-    def recent_coordinators(self) -> list[str]:
-        return [r.coordinator for r in self.ledger.results]
-
     def recent_durations(self) -> list[WireValue]:
         return [r.metrics.get("duration_s") for r in self.ledger.results]
 
@@ -317,6 +314,9 @@ class JobBook:
     def expected_coordinator(self, attempt: int) -> str | None:
         """The one peer whose plan counts for the current round's ``attempt``."""
         return self.ledger.rules.expected_coordinator(self.ledger.results, attempt)
+
+    def coordinator_order(self) -> list[str]:
+        return self.ledger.rules.coordinator_order(self.ledger.results)  # attempt a's is the a-th
 
     @property
     def finished(self) -> bool:

@@ -21,7 +21,7 @@ import random
 import shutil
 import tempfile
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
@@ -34,6 +34,7 @@ import numpy as np
 import trio
 
 from gpuflex.jobspec import JobSpec
+from gpuflex.node.clock import DeadlineClock
 from gpuflex.node.core.kinds import EventKind
 from gpuflex.node.core.messages import JOB
 from gpuflex.node.events import EventLog
@@ -110,6 +111,11 @@ SENDING_KINDS = frozenset({EventKind.UPDATE_SENT, EventKind.UPDATE_FAILED, Event
                            EventKind.REDUCE_EMPTY, EventKind.RESEND, EventKind.LEADER_DOWN})
 
 
+#: The steps of a round whose first time at each node the simulation keeps (``SimEvents.reached``).
+TIMELINE_KINDS = (EventKind.ROUND_COMMITTED, EventKind.PLAN_RECEIVED, EventKind.TRAINED, EventKind.UPDATE_SENT,
+                  EventKind.PARTIAL_SENT)
+
+
 class SimEvents(EventLog):
     """A node's event log that also tells the simulation which rounds' updates a parent took
     from this node (``update_sent``: a leader or root accepted it): an accepted update of a
@@ -121,11 +127,19 @@ class SimEvents(EventLog):
         # What became of this node's own work, kept apart: peer events fill the history of 32,
         # and a stalled round's report then had nothing to say of a leader's partial.
         self.sending: deque[tuple[EventKind, int | None, str]] = deque(maxlen=6)  # kind, round, text
+        # When this node first reached each step of a round (``TIMELINE_KINDS``): where a round's
+        # time goes, across the mesh (``Simulation._timeline``).
+        self.reached: dict[tuple[EventKind, int], float] = {}
+        self.last_in: dict[int, float] = {}  # round -> when work (an update or partial) last came in
 
     def emit(self, type_: Any, *, job: str | None = None, round: int | None = None,
              peer: str | None = None, message: str = "", **extra: Any) -> dict[str, Any]:
         if type_ == EventKind.UPDATE_SENT and round is not None and peer is not None:
             self._on_sent(round, peer)
+        if type_ in TIMELINE_KINDS and round is not None:
+            self.reached.setdefault((type_, round), trio.current_time())
+        if type_ in (EventKind.UPDATE_RECEIVED, EventKind.PARTIAL_VERIFIED) and round is not None:
+            self.last_in[round] = trio.current_time()
         if type_ in SENDING_KINDS:
             self.sending.append((type_, round, f"t={trio.current_time():.1f} {message[:200]}"))
         return super().emit(type_, job=job, round=round, peer=peer, message=message, **extra)
@@ -276,7 +290,12 @@ class SimNode:
         def trainer(*a: Any) -> StandInTrainer:
             return StandInTrainer(self.index, dim, cfg.compute_s, self.model.speed)
 
-        jobs = self.jobs = JobManager(mesh, events, self.home, trainers=trainer)
+        # Deadlines cross the wire as wall-clock times (``DeadlineClock``): read off the real
+        # clock, a plan's deadlines shrank by the real seconds it was in flight, which in a
+        # slow simulation are many per modelled second. At 300 nodes of 10 MB updates, leaders
+        # got plans whose reduce deadline had passed and closed empty on arrival.
+        jobs = self.jobs = JobManager(mesh, events, self.home, trainers=trainer,
+                                      clock=DeadlineClock(partial(modelled_wall_time, net.epoch)))
         with trio.CancelScope() as scope:
             self.scope = scope
             async with trio.open_nursery() as nursery:
@@ -497,6 +516,10 @@ class Simulation:
                 d = self._driver(n)
                 plan = d.book.current.plan if d is not None else None
                 if plan is not None:
+                    if plan.round not in plans:  # what its coordinator knew as it planned
+                        left = self._left_out(plan)
+                        say(f"round {plan.round}'s plan (attempt {plan.attempt}): {self._leaders_of(plan)}"
+                            f"{'; it leaves out ' + left if left else ''}")
                     plans[plan.round] = plan
                     break
             committed = max((d.committed for n in live if (d := self._driver(n)) is not None), default=0)
@@ -511,9 +534,73 @@ class Simulation:
                 say(f"round {done} committed at t={now:.1f}s: {fig.seconds} s, {fig.contributors} contributors")
                 empty = [f"{n.peer_id[-6:]}: {text}" for n in live if n.events is not None
                          for kind, r, text in n.events.sending if kind == EventKind.REDUCE_EMPTY and r == done]
+                say(f"  {self._timeline(done, last_t)}")
                 if empty:  # leaders that had nothing to send, and why (``Collector.how_reported``)
                     say(f"  {len(empty)} leader(s) had nothing to send, e.g. {' | '.join(empty[:4])}")
                 last_t, last_bytes, quiet_since = now, now_bytes, now
+
+    def _timeline(self, round_: int, since: float) -> str:
+        """When the live nodes reached each step of ``round_`` (the last round's model applied,
+        the plan, training done, update taken, partial taken), as seconds after ``since`` (the
+        last commit, or the job's submission): median / 90th percentile / last."""
+        parts = []
+        for kind, r in [(EventKind.ROUND_COMMITTED, round_ - 1), *((k, round_) for k in TIMELINE_KINDS[1:])]:
+            ts = sorted(t - since for n in self.live() if n.events is not None
+                        and (t := n.events.reached.get((kind, r))) is not None)
+            if ts:
+                parts.append(f"{kind.value}{'(prev)' if r < round_ else ''} {len(ts)}: "
+                             f"{ts[len(ts) // 2]:.1f}/{ts[int(len(ts) * 0.9)]:.1f}/{ts[-1]:.1f}")
+        def rooted(n: SimNode) -> bool:
+            results = d.book.ledger.results if (d := self._driver(n)) is not None else []
+            return len(results) >= round_ and results[round_ - 1].coordinator == n.peer_id
+
+        root = next((n for n in self.live() if rooted(n)), None)
+        if root is not None and root.events is not None:
+            ev = root.events
+            marks = {"trained": ev.reached.get((EventKind.TRAINED, round_)), "last work in": ev.last_in.get(round_),
+                     "committed": ev.reached.get((EventKind.ROUND_COMMITTED, round_))}
+            parts.append("the root: " + ", ".join(f"{k} {t - since:.1f}" for k, t in marks.items() if t is not None))
+        return "steps (nodes: median/p90/last s after the last commit): " + "; ".join(parts)
+
+    def _leaders_of(self, plan: Any) -> str:
+        """The plan's leaders by their modelled reachability, and how its coordinator took the
+        private ones' (a node nobody can dial, placed as a leader, stalls its group)."""
+        leaders = {p for p in dict(plan.parent).values() if p is not None}
+        kinds = Counter(self.net.models[p].kind for p in leaders)
+        coord = next((n for n in self.nodes if n.peer_id == plan.coordinator), None)
+
+        def taken(p: str) -> str:
+            return str(coord.mesh.claimed_reachability(p)) if coord is not None and coord.mesh is not None else "?"
+
+        seen = Counter(taken(p) for p in leaders if self.net.models[p].kind == "private")
+        unlisted = Counter(f"{self.net.models[p].kind} taken as {taken(p)}"
+                           for p in plan.members if not self.net.models[p].public and p not in set(plan.private))
+        return (f"leaders: {dict(kinds)}; the private ones as the coordinator took them: {dict(seen) or 'none'}; "
+                f"the plan's private list {len(plan.private)} of {len(plan.members)}; homes not in it: "
+                f"{dict(unlisted) or 'none'}, of them leaders "
+                f"{sum(1 for p in leaders if not self.net.models[p].public and p not in set(plan.private))}")
+
+    def _left_out(self, plan: Any) -> str:
+        """The last round's contributors still live that ``plan`` does not name, counted by how
+        its coordinator sees them (health, heard first-hand, age of their presence): a plan of
+        fewer members than the round before says why."""
+        live = {n.peer_id for n in self.live()}
+        if plan.round > 1 and plan.round - 1 not in self.accepted:
+            self._contributors(plan.round - 1)  # the commit and the next plan within one poll
+        left = (set(self.accepted.get(plan.round - 1, [])) & live) - set(plan.members)
+        coord = next((n for n in self.live() if n.peer_id == plan.coordinator), None)
+        d = self._driver(coord) if coord is not None else None
+        if not left or coord is None or coord.mesh is None or d is None:
+            return f"{len(left)} of the last round's contributors" if left else ""
+        heard, now = set(coord.mesh.peers.heard()), trio.current_time()
+        views: Counter[str] = Counter()
+        for p in left:
+            rec = coord.mesh.peers.get(p)
+            seen = d.book.presence.get(p)
+            views[(f"{'no record' if rec is None else rec.state}, {'heard' if p in heard else 'not heard'}, "
+                   f"presence {'never' if seen is None else f'{now - seen:.0f} s old'}")] += 1
+        return f"{len(left)} of the last round's contributors: " + "; ".join(
+            f"{v} {k}" for k, v in views.most_common(6))
 
     def _waiting_on(self, live: list[SimNode], most: int = 6) -> str:
         """The open collectors of the round in force and, for each, the children that have not
@@ -549,12 +636,13 @@ class Simulation:
                                  f"{n.mesh.streams_with(child)} here; connected "
                                  f"{child in n.mesh.connected_ids()}")
                     said = " | ".join(text for *_, text in sending[-4:])
-                    missing.append(f"{child[-6:]} ({state}{held}; refused {refusals or 'none'}"
+                    kind = "" if c is None else f", {c.model.kind}"
+                    missing.append(f"{child[-6:]} ({state}{kind}{held}; refused {refusals or 'none'}"
                                    f"{'; ' + said if said else ''})")
                 refused = dict(n.mesh.inbound.refused_by) if n.mesh is not None else {}
                 told = n.events.history() if n.events is not None else []
                 rejected = [e["message"][:120] for e in told if e.get("type") == EventKind.REJECTED][-1:]
-                waits.append(f"{n.peer_id[-6:]} a{attempt} (refused so far: {refused or 'none'}"
+                waits.append(f"{n.peer_id[-6:]} a{attempt} ({n.model.kind}; refused so far: {refused or 'none'}"
                              f"{'; last rejected: ' + rejected[0] if rejected else ''}) <- "
                              f"{', '.join(missing) or 'nobody (short of min_nodes)'}")
         return f"{len(waits)}: " + "; ".join(waits[:most]) if waits else "none"

@@ -101,6 +101,11 @@ class LinkModel:
     access_ms: float = 5.0
     speed: float = 1.0  # compute speed factor (read by the trainer stand-in, not the network)
 
+    @property
+    def kind(self) -> str:
+        """Its reachability in a word, for reports: public, punchable or private."""
+        return "public" if self.public else "punchable" if self.punchable else "private"
+
 
 @dataclass
 class Traffic:

@@ -116,6 +116,13 @@ class ChainRules:
             self._eligible[key] = cached
         return list(cached)
 
+    def coordinator_order(self, history: Sequence[Result]) -> list[str]:
+        """The next round's candidates in attempt order, from one ranking: attempt ``a``'s
+        coordinator is the ``a``-th, modulo their number (``expected_coordinator``). A node
+        that looks past the attempts that will be skipped reads this, not one attempt at a time."""
+        return coordinator_ranking(self.job, len(history) + 1, self.eligible(history),
+                                   [r.coordinator for r in history], 0, first=None if history else self.owner)
+
     def expected_coordinator(self, history: Sequence[Result], attempt: int) -> str | None:
         """The one peer whose plan counts for the next round's ``attempt``; None if nobody is
         eligible. Each attempt rotates the ranking by one, so a backup takes over by taking

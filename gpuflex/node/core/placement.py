@@ -24,14 +24,17 @@ from mesh.vivaldi import Coordinate
 
 def order_for_tree(me: str, members: Sequence[str], private: Collection[str],
                    group_size: int, slow: Collection[str] = (), punched: Collection[str] = (),
-                   coords: Mapping[str, Coordinate] | None = None) -> tuple[list[str], int]:
+                   coords: Mapping[str, Coordinate] | None = None,
+                   unsure: Collection[str] = ()) -> tuple[list[str], int]:
     """The member order for the plan and the group size to cut it with; ``me`` is the root.
 
     Leaders are reachable members, the ones not ``slow`` first: a slow leader would fold its
     group's updates, and send them on, at its own pace. Then, when those are too few to lead
     groups of ``group_size``, the ``punched`` ones among the private (home nodes reached through
-    a relay and a hole punch): they lead rather than any leader taking more than
-    ``group_size`` members. Groups grow past ``group_size`` only when even those are too few.
+    a relay and a hole punch), then the ``unsure`` ones (listed as private: the coordinator
+    knows nothing of their reachability, and one may be a home nobody can dial): they lead
+    rather than any leader taking more than ``group_size`` members. Groups grow past
+    ``group_size`` only when even those are too few.
 
     With the members' network coordinates (``coords``, ``mesh.vivaldi``) for most of them, the
     groups are cut by nearness instead (``near_groups``), when every group then has a leader
@@ -48,7 +51,7 @@ def order_for_tree(me: str, members: Sequence[str], private: Collection[str],
     if len(group_sizes(n, size)) > fit and len(group_sizes(n, size + 1)) < len(group_sizes(n, size)):
         size += 1  # fan-out group_size: within the cap, fewer leaders from home
     if coords is not None and sum(p in coords for p in members) * 2 >= len(members) > size:
-        near = near_groups(me, members, private, size, slow, punched, coords)
+        near = near_groups(me, members, private, size, slow, punched, coords, unsure)
         if near is not None:
             return near, size
     priv = [p for p in others if p in private]
@@ -58,7 +61,7 @@ def order_for_tree(me: str, members: Sequence[str], private: Collection[str],
     reach = [me] + [p for p in others if p not in private and p not in slow] + late
     needed = len(group_sizes(n, size))
     if needed > len(reach):  # too few directly reachable leaders: hole-punched homes lead too
-        holes = [p for p in priv if p in punched]
+        holes = [p for p in priv if p in punched] + [p for p in priv if p in unsure and p not in punched]
         reach += holes[: needed - len(reach)]
         priv = [p for p in priv if p not in reach]
     if needed > len(reach):  # still too few: fewer, larger groups, one per reachable leader
@@ -74,17 +77,18 @@ def order_for_tree(me: str, members: Sequence[str], private: Collection[str],
 
 
 #: ``_rank`` of a member behind NAT with no hole punch: its children could not reach it.
-UNREACHABLE = 4
+UNREACHABLE = 5
 
 
-def _rank(peer: str, me: str, private: Collection[str], slow: Collection[str], punched: Collection[str]) -> int:
+def _rank(peer: str, me: str, private: Collection[str], slow: Collection[str], punched: Collection[str],
+          unsure: Collection[str] = ()) -> int:
     """How fit ``peer`` is to lead (smaller is fitter): the root, then reachable and not slow,
-    reachable and slow, hole-punched, then behind NAT."""
+    reachable and slow, hole-punched, of unknown reachability, then behind NAT."""
     if peer == me:
         return 0
     if peer not in private:
         return 1 if peer not in slow else 2
-    return 3 if peer in punched else UNREACHABLE
+    return 3 if peer in punched else 4 if peer in unsure else UNREACHABLE
 
 
 def _bisect(points: list[str], sizes: list[int], at: Mapping[str, Coordinate]) -> list[list[str]]:
@@ -102,7 +106,8 @@ def _bisect(points: list[str], sizes: list[int], at: Mapping[str, Coordinate]) -
 
 
 def near_groups(me: str, members: Sequence[str], private: Collection[str], group_size: int,
-                slow: Collection[str], punched: Collection[str], coords: Mapping[str, Coordinate]) -> list[str] | None:
+                slow: Collection[str], punched: Collection[str], coords: Mapping[str, Coordinate],
+                unsure: Collection[str] = ()) -> list[str] | None:
     """The member order for groups of nearby members (by network coordinates), each led by its
     fittest member (``_rank``), nearest the group's others among equals; ``build_tree`` cuts
     exactly these groups, and groups their leaders in the same order, so upper levels are
@@ -120,12 +125,12 @@ def near_groups(me: str, members: Sequence[str], private: Collection[str], group
     groups = [[me, *rest[: sizes[0] - 1]]]
     if len(sizes) > 1:
         groups += _bisect(sorted(rest[sizes[0] - 1:]), sizes[1:], at)
-    fit = sorted(_rank(p, me, private, slow, punched) for p in everyone)[len(groups) - 1]
+    fit = sorted(_rank(p, me, private, slow, punched, unsure) for p in everyone)[len(groups) - 1]
     ordered: list[str] = []
     for group in groups:
-        leader = min(group, key=lambda p: (_rank(p, me, private, slow, punched),
+        leader = min(group, key=lambda p: (_rank(p, me, private, slow, punched, unsure),
                                            sum(at[p].rtt_to(at[q]) for q in group), p))
-        rank = _rank(leader, me, private, slow, punched)
+        rank = _rank(leader, me, private, slow, punched, unsure)
         if rank > max(fit, 1) or (rank == UNREACHABLE and leader != me):
             return None  # the plain order widens the groups rather than have nobody reach a leader
         ordered += [leader, *(p for p in group if p != leader)]

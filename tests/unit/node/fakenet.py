@@ -266,6 +266,11 @@ class FakePort:
     def punched_peers(self) -> set[str]:
         return set()
 
+    def reach_unknown(self, peers: Any) -> set[str]:
+        """Of ``peers``, the ``FakeNet.unclaimed`` ones (this node aside): no word of their
+        reachability reached this node."""
+        return (set(peers) & self.net.unclaimed) - {self.node.peer_id}
+
     def why_unreachable(self, peer: str) -> str:
         return ""
 
@@ -320,6 +325,7 @@ class FakeNet:
         self.roots: dict[tuple[int, int], str] = {}  # (round, attempt) -> the plan's root
         self.private: set[str] = set()  # nodes behind NAT (none by default)
         self.stale_claims: set[str] = set()  # nodes that know no other node's reachability
+        self.unclaimed: set[str] = set()  # nodes whose reachability no other node has word of
         self.presence_cut: set[frozenset[str]] = set()  # pairs of nodes whose presence never arrives
         self.pair_cuts: set[frozenset[str]] = set()  # pairs of nodes cut from each other alone
         #: (sender, receiver) pairs whose requests fail although each sees the other up: a

@@ -47,6 +47,10 @@ def test_any_attempt_names_one_coordinator_and_each_member_owns_one_attempt_in_n
     big = 2**31 - 2
     owner = rules.expected_coordinator(history, big)
     assert owner == owners[big % len(ids)]
+    # One ranking gives every attempt's (presence looks past the homes' turns with it).
+    order = rules.coordinator_order(history)
+    assert order == owners
+    assert rules.coordinator_order([]) == [rules.expected_coordinator([], a) for a in range(len(ids))]
     # A huge attempt is just another attempt: only its owner's plan counts for it.
     other = next(i for i in ids if i.peer_id != owner)
     with pytest.raises(EvidenceError, match=f"attempt {big} belongs to"):

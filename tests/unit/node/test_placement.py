@@ -315,3 +315,30 @@ def test_a_peer_coordinate_from_the_wire_is_bounded_or_refused(value: list[objec
     if coord is not None:
         assert all(math.isfinite(v) and abs(v) <= MAX_MS for v in (coord.x, coord.y, coord.height))
         assert 0 <= coord.error <= 1
+
+
+@given(st.integers(1, 20), st.integers(0, 20), st.integers(0, 20), st.integers(0, 20), st.integers(2, 6))
+def test_members_of_unknown_reachability_lead_only_after_the_reachable_and_the_punched(
+        n_public: int, n_punched: int, n_unsure: int, n_home: int, group_size: int) -> None:
+    """A coordinator that holds no claim of a member's reachability lists it as private: it
+    leads only when the reachable and the hole-punched members are too few, before any group
+    grows past ``group_size``; a plain home leads no group while any of those could."""
+    public = [f"pub{i}" for i in range(n_public)]
+    punched = [f"hole{i}" for i in range(n_punched)]
+    unsure = [f"unk{i}" for i in range(n_unsure)]
+    homes = [f"home{i}" for i in range(n_home)]
+    me = public[0]
+    members = [me, *sorted(public[1:] + punched + unsure + homes)]
+    private = set(punched) | set(unsure) | set(homes)
+    ordered, size = order_for_tree(me, members, private, group_size, punched=set(punched), unsure=set(unsure))
+    assert sorted(ordered) == sorted(members) and ordered[0] == me
+    parent = build_tree(ordered, size, me)
+    leaders = {p for p in parent.values() if p is not None}
+    needed = len(group_sizes(len(members), size))
+    if needed <= n_public:
+        assert leaders <= set(public), f"not reachable: {leaders - set(public)}"
+    if leaders & set(unsure):
+        assert set(punched) <= leaders, "an unknown member leads while a punched home does not"
+    if leaders & set(homes):
+        assert set(punched) | set(unsure) <= leaders, "a plain home leads while another could"
+    assert max(len(children(parent, p)) for p in parent) <= fan_out(size)

@@ -107,14 +107,32 @@ class _Book:
         self.coordinators, self.current = coordinators, _Round(4, plan)
         self.asked = 0
 
-    def expected_coordinator(self, attempt: int) -> str | None:
+    def coordinator_order(self) -> list[str]:
         self.asked += 1
-        return self.coordinators[attempt]
+        return list(self.coordinators)
 
 
 class _Driver:
-    def __init__(self, book: _Book) -> None:
-        self.book = book
+    def __init__(self, book: _Book, known: set[str] | None = None) -> None:
+        self.book, self.known = book, known or set()
+
+    def known_members(self) -> set[str]:
+        return set(self.known)
+
+
+class _Mesh:
+    """What ``recipients`` reads of the mesh: claims of reachability, and records held."""
+
+    def __init__(self, homes: set[str], recorded: set[str]) -> None:
+        from types import SimpleNamespace
+
+        self.homes = homes
+        self.peers = SimpleNamespace(get=lambda peer: object() if peer in recorded else None)
+
+    def claimed_reachability(self, peer: str) -> Any:
+        from mesh.reachability import Reachability
+
+        return Reachability.PRIVATE if peer in self.homes else Reachability.PUBLIC
 
 
 def test_presence_in_a_large_job_goes_to_a_bounded_few_members() -> None:
@@ -138,3 +156,43 @@ def test_presence_in_a_large_job_goes_to_a_bounded_few_members() -> None:
     assert recipients(me, members, _Driver(book), cache) == out and book.asked == asked  # ranked once a round
     small = set(sorted(members)[:PRESENCE_TO_ALL])
     assert recipients(me, small, _Driver(book), {}) == small - {me}
+
+
+def test_presence_also_goes_to_the_first_reachable_coordinators_past_the_homes() -> None:
+    """With most members at home, a round's plan comes from the first reachable candidate,
+    attempts past the first few: presence goes there too (with its reachability), or that
+    coordinator plans blind and takes homes for reachable leaders."""
+    from gpuflex.node.presence import PRESENCE_COORDINATOR_SCAN, PRESENCE_COORDINATORS, next_coordinators, recipients
+
+    members = {Identity.generate().peer_id for _ in range(300)}
+    me, *others = sorted(members)
+    order = others[:PRESENCE_COORDINATOR_SCAN + 5]
+    homes = set(order[:20]) | set(order[22:30])
+    reachable_first = [p for p in order[:PRESENCE_COORDINATOR_SCAN] if p not in homes][:PRESENCE_COORDINATORS]
+    assert reachable_first == [order[20], order[21], order[30]]
+    mesh = _Mesh(homes, recorded=members)
+    out = recipients(me, members, _Driver(_Book(order)), {}, mesh)
+    assert set(order[:PRESENCE_COORDINATORS]) | set(reachable_first) <= out
+    assert order[31] not in next_coordinators(order, homes.__contains__)
+    # None reachable within the scan: the first attempts' candidates only.
+    assert next_coordinators(order, lambda p: True) == set(order[:PRESENCE_COORDINATORS])
+
+
+def test_presence_goes_to_the_next_coordinators_this_node_keeps_no_record_of() -> None:
+    """A large mesh's peer table holds a bounded few records: a next coordinator this node
+    has no record of is not among the members it has up, yet its presence must reach it, or
+    that coordinator never plans this node again once it sat a round out. One it holds a
+    record of and does not have up (down, ignored) is not sent to."""
+    from gpuflex.node.presence import PRESENCE_COORDINATORS, recipients
+
+    members = {Identity.generate().peer_id for _ in range(300)}
+    me, *others = sorted(members)
+    order = others[:8]
+    unrecorded, down = order[0], order[1]
+    up = members - {unrecorded, down}
+    mesh = _Mesh(set(), recorded=members - {unrecorded})
+    out = recipients(me, up, _Driver(_Book(order), known=members), {}, mesh)
+    assert unrecorded in out and down not in out
+    assert set(order[2:PRESENCE_COORDINATORS]) <= out
+    # Not a member of the job (no presence of it, not in the ledger): not sent to.
+    assert unrecorded not in recipients(me, up, _Driver(_Book(order), known=members - {unrecorded}), {}, mesh)

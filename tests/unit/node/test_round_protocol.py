@@ -563,3 +563,26 @@ async def test_a_leader_with_a_child_still_out_says_nothing_and_the_childs_late_
     res, _ = await one_round(net)
     assert EventKind.REDUCE_EMPTY in net.nodes[leader].kinds(), net.dump()
     assert set(members) <= contributors(res), net.dump()
+
+
+async def test_members_of_unknown_reachability_are_listed_private_and_lead_no_group_while_others_can(
+        autojump_clock, tmp_path) -> None:
+    """Three public nodes, four homes known to be behind NAT, and two members the coordinator
+    has no word of reachability from (in a large mesh: no presence from them reached it, and it
+    holds no record). Taken for reachable, one of those led a group (two children); it may be a
+    home nobody can dial, or one that serves the model to its children over a home uplink.
+    Listed as private now, they lead nothing: the public leaders take one child more."""
+    net = FakeNet(tmp_path, 9, fast_spec(rounds=1, min_nodes=9, group_size=3))
+    nodes = [net.node(i).peer_id for i in range(9)]
+    net.private = set(nodes[3:7])
+    net.unclaimed = set(nodes[7:])
+    async with trio.open_nursery() as nursery:
+        await net.start(nursery)
+        await net.wait_rounds(1)
+        (result,) = one_ledger(net, 1)
+        nursery.cancel_scope.cancel()
+    plan = result.plan
+    assert set(nodes[7:]) <= set(plan.private) and set(nodes[3:7]) <= set(plan.private)
+    leaders = {p for p in dict(plan.parent).values() if p is not None}
+    assert leaders <= set(nodes[:3]), f"not public: {leaders - set(nodes[:3])}"
+    assert len(contributors(result)) == 9

@@ -69,3 +69,25 @@ def test_the_crashed_node_is_down_everywhere(run: tuple[Simulation, dict[str, An
     _, report = run
     assert report["crashed_undetected"] == [], report
     assert report["detection_s"][str(CRASHED)] <= DETECTION_S, report["detection_s"]
+
+
+
+def test_the_nodes_deadline_clock_is_the_modelled_wall_clock(run: tuple[Simulation, dict[str, Any]]) -> None:
+    """A plan's deadlines cross the wire as wall-clock times. Read off the real clock, they
+    shrank by the real seconds a plan was in flight, many per modelled second in a large
+    simulation, and leaders got plans whose reduce deadline had already passed. Every node's
+    deadline clock moves with modelled time instead: 100 modelled seconds are 100 seconds."""
+    import trio
+    import trio.testing
+
+    sim, _ = run
+    clocks = [n.jobs.clock for n in sim.nodes if n.jobs is not None]
+    assert len(clocks) == len(sim.nodes)
+
+    async def modelled_seconds() -> list[float]:
+        before = [c.wall() for c in clocks]
+        await trio.sleep(100.0)  # the mock clock jumps: no real time passes
+        return [c.wall() - b for c, b in zip(clocks, before, strict=True)]
+
+    moved = trio.run(modelled_seconds, clock=trio.testing.MockClock(autojump_threshold=0))
+    assert all(abs(m - 100.0) < 1e-6 for m in moved), moved
