@@ -11,7 +11,6 @@ saved, and the node keeps relaying its frame like any gossip (relaying runs noth
 from __future__ import annotations
 
 import logging
-import time
 from collections import Counter
 from collections.abc import Sequence
 from functools import partial
@@ -399,7 +398,8 @@ class JobManager:
         # Peers this node heard itself: the job's first members are its first eligible
         # coordinators, and a key known by hearsay alone may never answer (its turns would idle).
         members = sorted({self.mesh.peer_id, *self.mesh.peers.heard()})
-        frame = seal(self.mesh.identity, JOB, {"spec": spec.to_dict(), "members": members, "created": time.time()})
+        body = {"spec": spec.to_dict(), "members": members, "created": self.clock.wall()}  # as deadlines read time
+        frame = seal(self.mesh.identity, JOB, body)
         env = open_envelope(frame, expect_kind=JOB)
         await self.mesh.broadcast(frame)
         return {"job_id": job_id_of(env), "members": members}

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 import math
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -99,7 +98,10 @@ class Preparation:
             created = created_at(open_envelope(self.book.info.frame, expect_kind=JOB))
         except WireError:
             return False
-        return created > 0 and time.time() - created > CATCH_UP_FIRST_AFTER_S  # 0: no time was signed
+        # The deadline clock's wall (the real one, or a simulator's modelled one): read off the
+        # real clock, a simulated job looked old to nodes it reached many real seconds later,
+        # and one node in ten at 300 and 1,000 nodes caught up for 8 s before round 1.
+        return created > 0 and self.port.clock.wall() - created > CATCH_UP_FIRST_AFTER_S  # 0: no time was signed
 
     async def _build(self) -> None:
         """Load this node's part of the data and build the model; its size bounds the model

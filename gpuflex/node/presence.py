@@ -211,4 +211,7 @@ def recipients(me: str, members: set[str], driver: Any, cache: dict[str, Any],
         out.update(p for p, up in plan.parent.items() if up == me)
         out.add(plan.parent[me] or me)
     unrecorded = {c for c in cache["coordinators"] - members if mesh is not None and mesh.peers.get(c) is None}
-    return ((out & members) | (unrecorded & driver.known_members())) - {me}
+    out &= members
+    if unrecorded:  # the job's known members, a set of every presence held: built only when needed
+        out |= unrecorded & driver.known_members()
+    return out - {me}

@@ -494,7 +494,8 @@ class Simulation:
             "train_timeout_s": max(30.0, 4 * cfg.compute_s / 0.25), "plan_timeout_s": 10.0,
             "reduce_timeout_s": 10.0})
         members = sorted({first.peer_id, *first.mesh.peers.alive()})
-        frame = seal(first.identity, JOB, {"spec": spec.to_dict(), "members": members, "created": time.time()})
+        frame = seal(first.identity, JOB, {"spec": spec.to_dict(), "members": members,
+                                            "created": modelled_wall_time(self.net.epoch)})
         self.job_id = job_id_of(open_envelope(frame, expect_kind=JOB))
         await first.mesh.broadcast(frame)
 
@@ -573,12 +574,12 @@ class Simulation:
             return str(coord.mesh.claimed_reachability(p)) if coord is not None and coord.mesh is not None else "?"
 
         seen = Counter(taken(p) for p in leaders if self.net.models[p].kind == "private")
-        unlisted = Counter(f"{self.net.models[p].kind} taken as {taken(p)}"
-                           for p in plan.members if not self.net.models[p].public and p not in set(plan.private))
+        listed = set(plan.private)
+        unlisted = [p for p in plan.members if not self.net.models[p].public and p not in listed]
+        how = Counter(f"{self.net.models[p].kind} taken as {taken(p)}" for p in unlisted)
         return (f"leaders: {dict(kinds)}; the private ones as the coordinator took them: {dict(seen) or 'none'}; "
-                f"the plan's private list {len(plan.private)} of {len(plan.members)}; homes not in it: "
-                f"{dict(unlisted) or 'none'}, of them leaders "
-                f"{sum(1 for p in leaders if not self.net.models[p].public and p not in set(plan.private))}")
+                f"the plan's private list {len(listed)} of {len(plan.members)}; homes not in it: "
+                f"{dict(how) or 'none'}, of them leaders {len(leaders & set(unlisted))}")
 
     def _left_out(self, plan: Any) -> str:
         """The last round's contributors still live that ``plan`` does not name, counted by how

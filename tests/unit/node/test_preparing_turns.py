@@ -116,3 +116,28 @@ async def test_what_a_peer_said_is_forgotten_with_its_presence(autojump_clock, t
     kept = {net.node(2).peer_id, net.node(3).peer_id}
     assert set(book.presence) == kept
     assert set(book.rates) == set(book.passing) == book.ready_peers == kept
+
+
+def test_a_job_is_old_by_the_deadline_clock_not_the_machines() -> None:
+    """Whether a job was published long enough ago to catch its ledger up first reads the
+    node's deadline clock. Read off the machine's clock, a simulated job looked old to the
+    nodes it reached many real seconds after it was made, and one node in ten at 300 and 1,000
+    simulated nodes caught up for 8 s before round 1 (its plan 8.5–9 s late)."""
+    from types import SimpleNamespace
+    from typing import Any, cast
+
+    from gpuflex.node.clock import DeadlineClock
+    from gpuflex.node.core.messages import JOB
+    from gpuflex.node.prepare import CATCH_UP_FIRST_AFTER_S, Preparation
+    from mesh.codec import seal
+    from mesh.identity import Identity
+
+    made = 1_000.0  # a modelled wall clock, far from the machine's
+    frame = seal(Identity(bytes([9]) * 32), JOB, {"spec": {}, "members": [], "created": made})
+    now = [made + CATCH_UP_FIRST_AFTER_S - 1]
+    port = SimpleNamespace(clock=DeadlineClock(wall=lambda: now[0]))
+    book = SimpleNamespace(info=SimpleNamespace(frame=frame))
+    prep = Preparation(cast(Any, port), cast(Any, book), cast(Any, None), cast(Any, None))
+    assert not prep._long_running()
+    now[0] = made + CATCH_UP_FIRST_AFTER_S + 1
+    assert prep._long_running()
