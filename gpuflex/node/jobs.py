@@ -247,7 +247,7 @@ class JobManager:
         alive, shared = set(self.mesh.peers.alive()), {}  # type: ignore[var-annotated]
         for job in [*active, *failed]:
             members = self.drivers[job].known_members() & alive
-            for peer in recipients(me, members, self.drivers[job], self._spread.setdefault(job, {}), self.mesh):
+            for peer in recipients(me, members, self.drivers[job], self._spread.setdefault(job, {})):
                 shared.setdefault(peer, []).append(job)
             if self.drivers[job].state == JobState.RUNNING:  # its rounds' members, spread evenly
                 self.mesh.watch(self._spread[job].get("spread") or neighbours(me, members, WATCH_PER_JOB),

@@ -86,21 +86,22 @@ class NodePort:
         rec = self._mesh.peers.get(peer)
         return None if rec is None else rec.state
 
+    def _claimants(self) -> list[str]:
+        """The peers this node may hold a word of reachability from: those it keeps a record of,
+        and those whose presence said it (a large mesh's table holds records of a bounded few)."""
+        return [*(rec.peer_id for rec in self._mesh.peers.all()), *self._mesh.said_reach]
+
     def private_peers(self) -> set[str]:
-        mesh = self._mesh  # records, and presence's word of peers the bounded table holds no record of
-        return {p for p in [mesh.peer_id, *(rec.peer_id for rec in mesh.peers.all()), *mesh.said_reach]
-                if self.behind_nat(p)}
+        return {p for p in [self._mesh.peer_id, *self._claimants()] if self.behind_nat(p)}
 
     def behind_nat(self, peer: str) -> bool:
-        # A peer this node holds no record of claims nothing: claimed_reachability says unknown.
+        # A peer with neither a record nor presence that says claims nothing: unknown, not behind NAT.
         if peer == self._mesh.peer_id:
             return self._mesh.nat.reachability() in BEHIND_NAT
         return self._mesh.claimed_reachability(peer) in BEHIND_NAT
 
     def punched_peers(self) -> set[str]:
-        mesh = self._mesh  # a record's claim, or a presence's for a peer the bounded table holds no record of
-        out = {p for p in [*(rec.peer_id for rec in mesh.peers.all()), *mesh.said_reach]
-               if mesh.claimed_reachability(p) == Reachability.RELAYED}
+        out = {p for p in self._claimants() if self._mesh.claimed_reachability(p) == Reachability.RELAYED}
         if self._mesh.nat.reachability() == Reachability.RELAYED:
             out.add(self._mesh.peer_id)
         return out

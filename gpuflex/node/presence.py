@@ -19,11 +19,12 @@ from gpuflex.node.core.ledger import LedgerClaim
 from gpuflex.node.core.messages import MAX_ROUND, PRESENCE
 from gpuflex.node.core.workfields import WireValue
 from gpuflex.node.core.workplan import valid_rate
+from gpuflex.node.port import JobPort
 from gpuflex.safetext import printable
 from mesh.codec import Envelope, WireError, WireReason, seal
 from mesh.identity import Identity
 from mesh.overlay import neighbours
-from mesh.reachability import BEHIND_NAT, Reachability
+from mesh.reachability import Reachability
 from mesh.reachability import parse as parse_reachability
 from mesh.vivaldi import Coordinate, from_wire
 
@@ -174,43 +175,32 @@ def next_coordinators(order: Sequence[str], behind_nat: Callable[[str], bool]) -
     return first | set(reachable[:PRESENCE_COORDINATORS])
 
 
-class PeerWord(Protocol):
-    """What ``recipients`` reads of the mesh (``MeshNode``): what a peer says of its
-    reachability, and whether this node keeps a record of it."""
-
-    def claimed_reachability(self, peer: str) -> Reachability: ...
-
-    @property
-    def peers(self) -> Any: ...
-
-
-def recipients(me: str, members: set[str], driver: Any, cache: dict[str, Any],
-               mesh: PeerWord | None = None) -> set[str]:
+def recipients(me: str, members: set[str], driver: Any, cache: dict[str, Any]) -> set[str]:
     """Whom one job's presence goes to (``members``: the job's members this node has up):
     every member in a small job; in a larger one the ``PRESENCE_SPREAD`` members the overlay
     would link this node to (recomputed only when the members change, kept in ``cache``), the
-    next coordinators (``next_coordinators``, as ``mesh`` says of their reachability), and this
-    node's parent and children in the current round's tree (``driver.book``, its round state).
-    A next coordinator this node keeps no record of (a large mesh's table holds a bounded few)
-    is sent to too, if it is a known member of the job: without its presence, a coordinator
-    does not plan a member that sat a round out, and at 1,000 simulated nodes rounds 2 and 3
-    planned 666 and 627 of the 1,000."""
+    next coordinators (``next_coordinators``, as ``driver.port`` says of their reachability),
+    and this node's parent and children in the current round's tree (``driver.book``, its round
+    state). A next coordinator this node keeps no record of (a large mesh's table holds a
+    bounded few) is sent to too, if it is a known member of the job: without its presence, a
+    coordinator does not plan a member that sat a round out, and at 1,000 simulated nodes
+    rounds 2 and 3 planned 666 and 627 of the 1,000."""
     if len(members) <= PRESENCE_TO_ALL:
         return members - {me}
     key = frozenset(members)
     if cache.get("key") != key:
         cache["key"], cache["spread"] = key, neighbours(me, members, PRESENCE_SPREAD)
     book: RoundView = driver.book
+    port: JobPort = driver.port
     round_ = book.current.round
     if cache.get("round") != round_:  # a rendezvous ranking of every eligible member: once a round
-        cache["round"], cache["coordinators"] = round_, next_coordinators(
-            book.coordinator_order(), lambda p: mesh is not None and mesh.claimed_reachability(p) in BEHIND_NAT)
+        cache["round"], cache["coordinators"] = round_, next_coordinators(book.coordinator_order(), port.behind_nat)
     out = set(cache["spread"]) | cache["coordinators"]
     plan = book.current.plan
     if plan is not None and me in plan.parent:
         out.update(p for p, up in plan.parent.items() if up == me)
         out.add(plan.parent[me] or me)
-    unrecorded = {c for c in cache["coordinators"] - members if mesh is not None and mesh.peers.get(c) is None}
+    unrecorded = {c for c in cache["coordinators"] - members if port.health(c) is None}
     out &= members
     if unrecorded:  # the job's known members, a set of every presence held: built only when needed
         out |= unrecorded & driver.known_members()

@@ -332,6 +332,7 @@ class Simulation:
             node = SimNode(i, Identity.generate(), model, root / f"n{i}")
             self.net.place(node.peer_id, model)
             self.nodes.append(node)
+        self.by_peer = {n.peer_id: n for n in self.nodes}
         self.samples: list[dict[str, Any]] = []
         self.rounds: list[RoundFigure] = []
         self.job_id: str | None = None
@@ -568,7 +569,7 @@ class Simulation:
         private ones' (a node nobody can dial, placed as a leader, stalls its group)."""
         leaders = {p for p in dict(plan.parent).values() if p is not None}
         kinds = Counter(self.net.models[p].kind for p in leaders)
-        coord = next((n for n in self.nodes if n.peer_id == plan.coordinator), None)
+        coord = self.by_peer.get(plan.coordinator)
 
         def taken(p: str) -> str:
             return str(coord.mesh.claimed_reachability(p)) if coord is not None and coord.mesh is not None else "?"
@@ -589,7 +590,7 @@ class Simulation:
         if plan.round > 1 and plan.round - 1 not in self.accepted:
             self._contributors(plan.round - 1)  # the commit and the next plan within one poll
         left = (set(self.accepted.get(plan.round - 1, [])) & live) - set(plan.members)
-        coord = next((n for n in self.live() if n.peer_id == plan.coordinator), None)
+        coord = self.by_peer.get(plan.coordinator) if plan.coordinator in live else None
         d = self._driver(coord) if coord is not None else None
         if not left or coord is None or coord.mesh is None or d is None:
             return f"{len(left)} of the last round's contributors" if left else ""

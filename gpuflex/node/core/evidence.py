@@ -71,10 +71,9 @@ class ChainRules:
     # The eligible members as of the last result seen (its digest): asked at every presence,
     # quorum check and incoming update, and a sort of every member each time.
     _eligible: dict[str | None, tuple[str, ...]] = field(default_factory=dict, compare=False, repr=False)
-    # The expected coordinator per attempt, as of the same last result: a rendezvous ranking
-    # (a hash per member) that presence asked for three attempts at every round, on every node.
-    _coordinators: dict[tuple[str | None, int], str | None] = field(default_factory=dict, compare=False,
-                                                                     repr=False)
+    # The candidates in attempt order, as of the same last result: a rendezvous ranking (a hash
+    # per member), asked at every presence and turn; every attempt's coordinator is read off it.
+    _order: dict[str | None, tuple[str, ...]] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def for_job(cls, job: str, spec: JobSpec, initial_members: Sequence[str], owner: str | None = None) -> ChainRules:
@@ -116,27 +115,29 @@ class ChainRules:
             self._eligible[key] = cached
         return list(cached)
 
+    def _order_of(self, history: Sequence[Result]) -> tuple[str, ...]:
+        key = history[-1].digest if history else None
+        cached = self._order.get(key)
+        if cached is None:
+            cached = tuple(coordinator_ranking(self.job, len(history) + 1, self.eligible(history),
+                                               [r.coordinator for r in history], 0,
+                                               first=None if history else self.owner))
+            self._order.clear()
+            self._order[key] = cached
+        return cached
+
     def coordinator_order(self, history: Sequence[Result]) -> list[str]:
         """The next round's candidates in attempt order, from one ranking: attempt ``a``'s
         coordinator is the ``a``-th, modulo their number (``expected_coordinator``). A node
         that looks past the attempts that will be skipped reads this, not one attempt at a time."""
-        return coordinator_ranking(self.job, len(history) + 1, self.eligible(history),
-                                   [r.coordinator for r in history], 0, first=None if history else self.owner)
+        return list(self._order_of(history))
 
     def expected_coordinator(self, history: Sequence[Result], attempt: int) -> str | None:
         """The one peer whose plan counts for the next round's ``attempt``; None if nobody is
-        eligible. Each attempt rotates the ranking by one, so a backup takes over by taking
-        the next attempt, and nobody can pick the attempt that names it."""
-        key = (history[-1].digest if history else None, attempt)
-        if key in self._coordinators:
-            return self._coordinators[key]
-        ranked = coordinator_ranking(self.job, len(history) + 1, self.eligible(history),
-                                     [r.coordinator for r in history], attempt,
-                                     first=None if history else self.owner)
-        if len(self._coordinators) >= 64 or any(k[0] != key[0] for k in self._coordinators):
-            self._coordinators.clear()  # a new head (or many attempts): bounded, recomputed
-        self._coordinators[key] = ranked[0] if ranked else None
-        return self._coordinators[key]
+        eligible. Each attempt rotates the ranking by one (``coordinator_ranking``), so a backup
+        takes over by taking the next attempt, and nobody can pick the attempt that names it."""
+        order = self._order_of(history)
+        return order[attempt % len(order)] if order else None
 
     def sample_cap(self, history: Sequence[Result]) -> int | None:
         """The sample cap the next round's plan must carry; None when the coordinator picks it

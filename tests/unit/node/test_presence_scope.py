@@ -112,27 +112,28 @@ class _Book:
         return list(self.coordinators)
 
 
+class _Port:
+    """What ``recipients`` reads of the job's port: who is behind NAT, whose record is held
+    (``health`` is None for a peer with none)."""
+
+    def __init__(self, homes: set[str] | None = None, recorded: set[str] | None = None) -> None:
+        self.homes, self.recorded = homes or set(), recorded
+
+    def behind_nat(self, peer: str) -> bool:
+        return peer in self.homes
+
+    def health(self, peer: str) -> Any:
+        from mesh.health import PeerState
+
+        return PeerState.UP if self.recorded is None or peer in self.recorded else None
+
+
 class _Driver:
-    def __init__(self, book: _Book, known: set[str] | None = None) -> None:
-        self.book, self.known = book, known or set()
+    def __init__(self, book: _Book, known: set[str] | None = None, port: _Port | None = None) -> None:
+        self.book, self.known, self.port = book, known or set(), port or _Port()
 
     def known_members(self) -> set[str]:
         return set(self.known)
-
-
-class _Mesh:
-    """What ``recipients`` reads of the mesh: claims of reachability, and records held."""
-
-    def __init__(self, homes: set[str], recorded: set[str]) -> None:
-        from types import SimpleNamespace
-
-        self.homes = homes
-        self.peers = SimpleNamespace(get=lambda peer: object() if peer in recorded else None)
-
-    def claimed_reachability(self, peer: str) -> Any:
-        from mesh.reachability import Reachability
-
-        return Reachability.PRIVATE if peer in self.homes else Reachability.PUBLIC
 
 
 def test_presence_in_a_large_job_goes_to_a_bounded_few_members() -> None:
@@ -170,8 +171,7 @@ def test_presence_also_goes_to_the_first_reachable_coordinators_past_the_homes()
     homes = set(order[:20]) | set(order[22:30])
     reachable_first = [p for p in order[:PRESENCE_COORDINATOR_SCAN] if p not in homes][:PRESENCE_COORDINATORS]
     assert reachable_first == [order[20], order[21], order[30]]
-    mesh = _Mesh(homes, recorded=members)
-    out = recipients(me, members, _Driver(_Book(order)), {}, mesh)
+    out = recipients(me, members, _Driver(_Book(order), port=_Port(homes)), {})
     assert set(order[:PRESENCE_COORDINATORS]) | set(reachable_first) <= out
     assert order[31] not in next_coordinators(order, homes.__contains__)
     # None reachable within the scan: the first attempts' candidates only.
@@ -190,9 +190,9 @@ def test_presence_goes_to_the_next_coordinators_this_node_keeps_no_record_of() -
     order = others[:8]
     unrecorded, down = order[0], order[1]
     up = members - {unrecorded, down}
-    mesh = _Mesh(set(), recorded=members - {unrecorded})
-    out = recipients(me, up, _Driver(_Book(order), known=members), {}, mesh)
+    port = _Port(recorded=members - {unrecorded})
+    out = recipients(me, up, _Driver(_Book(order), known=members, port=port), {})
     assert unrecorded in out and down not in out
     assert set(order[2:PRESENCE_COORDINATORS]) <= out
     # Not a member of the job (no presence of it, not in the ledger): not sent to.
-    assert unrecorded not in recipients(me, up, _Driver(_Book(order), known=members - {unrecorded}), {}, mesh)
+    assert unrecorded not in recipients(me, up, _Driver(_Book(order), known=members - {unrecorded}, port=port), {})
